@@ -1,0 +1,83 @@
+"""Atomic file output and checksums.
+
+Every artifact is written to a temporary sibling and renamed into place, so an interrupted job
+never leaves a half-written file that a rerun would trust.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import polars as pl
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary directory beside `path`; it replaces `path` only if the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp_path = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp_path
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            shutil.rmtree(tmp_path)
+
+
+def write_parquet(frame: pl.DataFrame, path: str | Path) -> None:
+    with atomic_path(path) as tmp:
+        frame.write_parquet(tmp, compression="zstd")
+
+
+def write_json(obj, path: str | Path) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def write_text(text: str, path: str | Path) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def read_parquet(path: str | Path) -> pl.DataFrame:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"missing input file: {path}")
+    try:
+        return pl.read_parquet(path)
+    except Exception as err:  # polars raises several types for corrupt files
+        raise ValueError(f"cannot read Parquet file {path}: {err}") from err

@@ -1,0 +1,27 @@
+"""Common English nouns used as KV-retrieval keys (single words, lowercase, distinct)."""
+
+KEY_WORDS = (
+    "apple", "river", "garden", "window", "pencil", "candle", "bridge", "forest", "mountain",
+    "ocean", "rabbit", "tiger", "eagle", "falcon", "salmon", "turtle", "violin", "guitar",
+    "piano", "drum", "trumpet", "basket", "bottle", "button", "camera", "carpet", "castle",
+    "cheese", "cherry", "circle", "cloud", "coffee", "copper", "cotton", "desert", "diamond",
+    "dinner", "doctor", "dragon", "engine", "farmer", "feather", "finger", "flower", "glass",
+    "gold", "hammer", "harbor", "helmet", "honey", "island", "jacket", "jungle", "kettle",
+    "kitchen", "ladder", "lemon", "letter", "library", "lizard", "magnet", "marble", "market",
+    "meadow", "mirror", "monkey", "needle", "orange", "oxygen", "palace", "paper", "parrot",
+    "pepper", "pillow", "planet", "pocket", "potato", "prison", "pumpkin", "puzzle", "queen",
+    "radio", "rocket", "saddle", "sailor", "scallops", "school", "shadow", "shelter", "silver",
+    "singer", "sister", "soldier", "spider", "spoon", "square", "statue", "stone", "storm",
+    "sugar", "summer", "table", "teacher", "tennis", "ticket", "tomato", "tongue", "tower",
+    "train", "tunnel", "umbrella", "valley", "village", "wagon", "wallet", "water", "whale",
+    "wheel", "winter", "wizard", "wolf", "yellow", "zebra", "anchor", "arrow", "badge", "banner",
+    "barrel", "beacon", "blanket", "blossom", "bucket", "cabin", "canyon", "carrot", "cellar",
+    "chimney", "compass", "cookie", "crayon", "crystal", "curtain", "dolphin", "donkey", "feast",
+    "fossil", "galaxy", "garlic", "giant", "glove", "goblin", "granite", "gravel", "harvest",
+    "hazel", "horizon", "iceberg", "jigsaw", "kayak", "lantern", "lobster", "maple", "meteor",
+    "mustard", "napkin", "nectar", "noodle", "oasis", "olive", "onion", "orchard", "otter",
+    "paddle", "peanut", "pebble", "pelican", "penguin", "pirate", "plum", "poodle", "present",
+    "psychiatry", "quartz", "quilt", "raccoon", "raven", "ribbon", "saucer", "scarf", "sketch",
+    "sparrow", "squirrel", "stadium", "steamer", "tablet", "teapot", "thunder", "timber",
+    "trophy", "tulip", "velvet", "vessel", "walnut", "whistle", "willow", "yogurt",
+)
