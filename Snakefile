@@ -1,0 +1,20 @@
+# gna: the Gather-and-Aggregate study as a Snakemake workflow.
+# `snakemake --cores all` runs the default config (config/config.yaml); `--configfile X`
+# replaces it. Each phase lives in rules/<phase>.smk; logic lives in src/gna.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+include: "rules/common.smk"
+include: "rules/models.smk"
+include: "rules/tasks.smk"
+include: "rules/baseline.smk"
+include: "rules/report.smk"
+
+
+rule all:
+    input:
+        "data/results/baseline.parquet",
+        "data/report/index.html",
+    default_target: True

@@ -1,0 +1,58 @@
+# Score every model on every task; lm-eval tasks by name; one tidy table of all scores.
+
+
+rule baseline:
+    input:
+        model="data/models/{model}",
+        task="data/tasks/{task}.parquet",
+    output:
+        summary="data/results/baseline/{model}/{task}.parquet",
+        per_item="data/results/baseline/{model}/{task}.items.parquet",
+    params:
+        batch_size=config["eval"]["batch_size"],
+        dtype=config["dtype"],
+        code=code_version("scoring", "models", "io"),
+    log:
+        "data/logs/baseline/{model}/{task}.log",
+    benchmark:
+        "data/benchmarks/baseline/{model}/{task}.tsv"
+    threads: 2
+    resources:
+        mem_mb=4000,
+        runtime=120,
+    script:
+        "../workflow_scripts/baseline.py"
+
+
+rule lm_eval:
+    input:
+        model="data/models/{model}",
+    output:
+        "data/results/lmeval/{model}/{lmtask}.parquet",
+    params:
+        options={k: v for k, v in config["lm_eval"].items() if k != "tasks"},
+        include_path=(get_path(config["lm_eval"]["include_path"]) if config["lm_eval"]["include_path"] else None),
+        batch_size=config["eval"]["batch_size"],
+        dtype=config["dtype"],
+        code=code_version("lmeval_bridge", "models", "io"),
+    log:
+        "data/logs/lm_eval/{model}/{lmtask}.log",
+    benchmark:
+        "data/benchmarks/lm_eval/{model}/{lmtask}.tsv"
+    threads: 2
+    resources:
+        mem_mb=4000,
+        runtime=240,
+    script:
+        "../workflow_scripts/lm_eval.py"
+
+
+rule collect_baseline:
+    input:
+        get_baseline_results,
+    output:
+        "data/results/baseline.parquet",
+    log:
+        "data/logs/collect_baseline.log",
+    script:
+        "../workflow_scripts/collect.py"

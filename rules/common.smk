@@ -1,0 +1,59 @@
+# Config loading + validation, and the small get_* helpers the rules share.
+import os
+import re
+from pathlib import Path
+
+from gna.config import load_schema, validate_config
+from gna.provenance import code_version
+
+# `--configfile X` replaces the default config instead of merging model lists into it.
+if not workflow.overwrite_configfiles:
+    workflow.configfile(os.path.join(workflow.basedir, "config/config.yaml"))
+_validated = validate_config(config, load_schema(os.path.join(workflow.basedir, "config/schema.yaml")))
+config.clear()
+config.update(_validated)
+
+MODELS = list(config["models"])
+TASKS = ["kv_retrieval"] + [f"mmlu_{fmt}" for fmt in config["tasks"]["mmlu"]["formats"]]
+LM_EVAL_TASKS = config["lm_eval"]["tasks"]
+
+
+def _alternation(names):
+    return "|".join(map(re.escape, names)) if names else "(?!)"
+
+
+wildcard_constraints:
+    model=_alternation(MODELS),
+    task=_alternation(TASKS),
+    lmtask=_alternation(LM_EVAL_TASKS),
+    fmt="letter|cloze",
+
+
+def get_path(path):
+    """Relative paths in config are relative to the workflow folder."""
+    path = Path(path)
+    return str(path if path.is_absolute() else Path(workflow.basedir) / path)
+
+
+def get_model_spec(wildcards):
+    return config["models"][wildcards.model]
+
+
+def get_model_raw(wildcards):
+    spec = config["models"][wildcards.model]
+    if spec["source"] == "pypi-file":
+        return f"data/downloads/models/{wildcards.model}.gguf"
+    if spec["source"] == "local":
+        return get_path(spec["path"])
+    return []
+
+
+def get_mmlu_file(wildcards):
+    data = config["tasks"]["mmlu"]["data"]
+    return get_path(data["path"]) if data["source"] == "local" else "data/downloads/mmlu.jsonl"
+
+
+def get_baseline_results(wildcards):
+    return expand("data/results/baseline/{model}/{task}.parquet", model=MODELS, task=TASKS) + expand(
+        "data/results/lmeval/{model}/{lmtask}.parquet", model=MODELS, lmtask=LM_EVAL_TASKS
+    )

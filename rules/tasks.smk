@@ -1,0 +1,43 @@
+# Evaluation sets as Parquet: seeded KV-retrieval and MMLU in letter and cloze format.
+
+
+rule fetch_mmlu:
+    output:
+        "data/downloads/mmlu.jsonl",
+    params:
+        spec=config["tasks"]["mmlu"]["data"],
+        code=code_version("sources", "io"),
+    log:
+        "data/logs/fetch_mmlu.log",
+    resources:
+        mem_mb=1000,
+        runtime=30,
+    script:
+        "../workflow_scripts/fetch_file.py"
+
+
+rule kv_task:
+    output:
+        "data/tasks/kv_retrieval.parquet",
+    params:
+        kv=config["tasks"]["kv_retrieval"],
+        code=code_version("tasks", "words", "io"),
+    log:
+        "data/logs/kv_task.log",
+    script:
+        "../workflow_scripts/build_task.py"
+
+
+rule mmlu_task:
+    input:
+        get_mmlu_file,
+    output:
+        "data/tasks/mmlu_{fmt}.parquet",
+    params:
+        # the formats list is left out on purpose: adding a format must not rebuild the others
+        mmlu={k: v for k, v in config["tasks"]["mmlu"].items() if k not in ("formats", "data")},
+        code=code_version("tasks", "io"),
+    log:
+        "data/logs/mmlu_task/{fmt}.log",
+    script:
+        "../workflow_scripts/build_task.py"

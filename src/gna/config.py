@@ -1,0 +1,80 @@
+"""Config validation with messages that name the offending key.
+
+The workflow calls `validate_config` at parse time, before any job runs. JSON-schema errors are
+rewritten as "config key 'a.b.c': ..." and the allowed values or keys are listed.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _dotted(path) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<root>"
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    where = _dotted(error.absolute_path)
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        allowed = sorted(error.schema.get("properties", {}))
+        extra = sorted(set(error.instance) - set(allowed))
+        keys = ", ".join(f"{where}.{k}" if where != "<root>" else k for k in extra)
+        return f"config key '{keys}' is not allowed; allowed keys here: {', '.join(allowed)}"
+    if error.validator == "enum":
+        return (f"config key '{where}': {error.instance!r} is not allowed; "
+                f"allowed values: {', '.join(map(str, error.validator_value))}")
+    if error.validator == "required":
+        return f"config key '{where}': {error.message}"
+    return f"config key '{where}': {error.message}"
+
+
+def _with_defaults(validator_class):
+    """A validator that fills `default` values of absent properties (as snakemake.utils.validate)."""
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for prop, sub in properties.items():
+                if "default" in sub and prop not in instance:
+                    instance[prop] = copy.deepcopy(sub["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+def load_schema(path: str | Path) -> dict:
+    return yaml.safe_load(Path(path).read_text())
+
+
+def validate_config(config: dict, schema: dict) -> dict:
+    """Return a validated copy of `config` with defaults filled; raise ConfigError otherwise."""
+    config = copy.deepcopy(config)
+    validator = _with_defaults(jsonschema.Draft202012Validator)(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    if errors:
+        # branch errors of if/then are reported once, the deepest most specific first
+        messages = list(dict.fromkeys(_describe(e) for e in errors))
+        raise ConfigError("invalid config:\n  " + "\n  ".join(messages))
+    _check_semantics(config)
+    return config
+
+
+def _check_semantics(config: dict) -> None:
+    """Rules the schema cannot express."""
+    kv = config["tasks"]["kv_retrieval"]
+    if kv["sizes"] and len(set(kv["sizes"])) != len(kv["sizes"]):
+        raise ConfigError(f"config key 'tasks.kv_retrieval.sizes': duplicate sizes in {kv['sizes']}")
+    for name in config["models"]:
+        if "/" in name or name.startswith("."):
+            raise ConfigError(f"config key 'models.{name}': model names may not contain '/' or start with '.'")

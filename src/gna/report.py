@@ -1,0 +1,228 @@
+"""The HTML report: tables and figures regenerated from Parquet results, with provenance.
+
+Self-contained (figures embedded as base64 PNG) so the single file can be mailed or archived.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import html
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import polars as pl  # noqa: E402
+import seaborn as sns  # noqa: E402
+import yaml  # noqa: E402
+
+from gna.io import atomic_path, read_parquet, write_text  # noqa: E402
+from gna.models import read_provenance  # noqa: E402
+from gna.provenance import config_hash, git_commit, machine  # noqa: E402
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+h1{font-size:1.6em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
+table{border-collapse:collapse;margin:.8em 0;font-size:.9em} th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}
+th{background:#f4f4f4} td.l,th.l{text-align:left} .ref{background:#fff8e1}
+figure{margin:1em 0} figcaption{font-size:.9em;color:#444;max-width:900px}
+.note{background:#f6f8fa;border-left:4px solid #8aa;padding:.5em 1em} code{font-size:.9em}
+details pre{background:#f6f8fa;padding:1em;overflow:auto;font-size:.85em}
+"""
+
+
+def _table(frame: pl.DataFrame, left: tuple[str, ...] = (), fmt: dict | None = None) -> str:
+    fmt = fmt or {}
+    head = "".join(f"<th class='{'l' if c in left else ''}'>{html.escape(c)}</th>" for c in frame.columns)
+    rows = []
+    for row in frame.iter_rows(named=True):
+        cells = []
+        for col, val in row.items():
+            if val is None:
+                text = "–"
+            elif col in fmt:
+                text = fmt[col](val)
+            elif isinstance(val, float):
+                text = f"{val:.3f}"
+            else:
+                text = str(val)
+            cells.append(f"<td class='{'l' if col in left else ''}'>{html.escape(text)}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.1f}%"
+
+
+def _embed(png_path: str | Path, caption: str) -> str:
+    data = base64.b64encode(Path(png_path).read_bytes()).decode()
+    return (f"<figure><img src='data:image/png;base64,{data}' style='max-width:100%'>"
+            f"<figcaption>{caption}</figcaption></figure>")
+
+
+def _save(fig, path: str | Path) -> None:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def plot_kv(baseline: pl.DataFrame, path: str | Path) -> None:
+    kv = baseline.filter((pl.col("task") == "kv_retrieval") & (pl.col("metric") == "acc") & (pl.col("group") != "all"))
+    kv = kv.with_columns(pl.col("group").cast(pl.Int64).alias("dict_size")).sort("dict_size")
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    if not kv.is_empty():
+        sns.lineplot(data=kv.to_pandas(), x="dict_size", y="value", hue="model", marker="o", ax=ax)
+        sizes = kv["dict_size"].unique().sort().to_list()
+        ax.plot(sizes, [1 / s for s in sizes], ls="--", color="grey", label="chance")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(s) for s in sizes])
+        ax.set_title(f"KV-retrieval ({kv['format'][0]} template)")
+    ax.set_xlabel("dictionary size (keys)")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def plot_mmlu(baseline: pl.DataFrame, path: str | Path) -> None:
+    mm = baseline.filter(pl.col("task").str.starts_with("mmlu_") & (pl.col("metric") == "acc") & (pl.col("group") == "all"))
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    if not mm.is_empty():
+        sns.barplot(data=mm.to_pandas(), x="model", y="value", hue="format", ax=ax)
+        ax.axhline(0.25, ls="--", color="grey", label="chance")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(0, 1)
+    ax.set_title("MMLU: letter vs cloze on the same questions")
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def _timings(benchmark_dir: str | Path) -> pl.DataFrame:
+    rows = []
+    for tsv in sorted(Path(benchmark_dir).rglob("*.tsv")):
+        frame = pl.read_csv(tsv, separator="\t")
+        rows.append({"step": str(tsv.relative_to(benchmark_dir).with_suffix("")),
+                     "seconds": float(frame["s"][0]), "peak RSS (MB)": float(frame["max_rss"][0])})
+    return pl.DataFrame(rows, schema={"step": pl.String, "seconds": pl.Float64, "peak RSS (MB)": pl.Float64})
+
+
+def _model_rows(model_dirs: list[str]) -> pl.DataFrame:
+    rows = []
+    for folder in model_dirs:
+        info = read_provenance(folder)
+        spec = info.get("spec", {})
+        source = {
+            "pypi-file": lambda s: f"PyPI {s['package']}=={s['version']} : {s['member']}",
+            "hf": lambda s: f"HF {s['id']}" + (f"@{s['revision']}" if s.get("revision") else ""),
+            "local": lambda s: f"local {s['path']}",
+            "tiny-random": lambda s: f"tiny random {s.get('arch', 'llama')} (seed {s.get('seed', 0)})",
+        }.get(spec.get("source"), lambda s: "?")(spec)
+        rows.append({"model": info.get("name", Path(folder).name), "source": source,
+                     "sha256": (info.get("raw_file_sha256") or "–"), "architecture": info.get("architecture"),
+                     "layers": info.get("n_layers"), "params (M)": round(info.get("n_params", 0) / 1e6, 1),
+                     "convert s": info.get("seconds")})
+    return pl.DataFrame(rows)
+
+
+def _baseline_sections(baseline: pl.DataFrame, kv_task: pl.DataFrame, figures: dict) -> str:
+    ours = baseline.filter(pl.col("engine") == "gna")
+    parts = []
+    overall = (ours.filter(pl.col("group") == "all")
+               .pivot(on="metric", index=["model", "task", "format", "n", "chance"], values="value")
+               .sort(["model", "task"]))
+    cols = [c for c in ["model", "task", "format", "n", "acc", "acc_norm", "greedy_exact_match", "chance"] if c in overall.columns]
+    parts.append("<h2>Baseline</h2>")
+    parts.append("<p>Every model scored on every task by the gna engine (log-likelihood of each choice; "
+                 "<i>acc</i> = argmax of the summed log-prob, <i>acc_norm</i> = normalised by the choice's bytes, "
+                 "<i>greedy_exact_match</i> = greedy decoding reproduces the target).</p>")
+    parts.append(_table(overall.select(cols), left=("model", "task", "format"),
+                        fmt={c: _pct for c in ("acc", "acc_norm", "greedy_exact_match", "chance")}))
+
+    template = kv_task["template"][0]
+    kv = ours.filter((pl.col("task") == "kv_retrieval") & (pl.col("group") != "all") & (pl.col("metric") == "acc"))
+    kv_wide = (kv.with_columns(pl.col("group").cast(pl.Int64).alias("dict size"))
+               .pivot(on="model", index=["dict size", "n", "chance"], values="value").sort("dict size"))
+    example = html.escape(kv_task.filter(pl.col("dict_size") == kv_task["dict_size"].min())["context"][0])
+    parts.append("<h3>KV-retrieval by dictionary size</h3>")
+    parts.append(f"<p class='note'>Template: <b>{template}</b>. Example prompt (smallest dictionary):</p>"
+                 f"<pre>{example}</pre>")
+    parts.append(_table(kv_wide, fmt={c: _pct for c in kv_wide.columns if c not in ("dict size", "n")}))
+    parts.append(_embed(figures["kv"], "KV-retrieval accuracy vs dictionary size (chance dashed). "
+                        f"Template <b>{template}</b>; the predicted value is the argmax of summed log-prob "
+                        "over the dictionary's values."))
+
+    mm = ours.filter(pl.col("task").str.starts_with("mmlu_") & (pl.col("group") == "all") & (pl.col("metric") == "acc"))
+    if not mm.is_empty():
+        parts.append("<h3>MMLU: letter vs cloze</h3>")
+        findings = []
+        for model in mm["model"].unique().sort():
+            sub = {r["format"]: r for r in mm.filter(pl.col("model") == model).iter_rows(named=True)}
+            if {"letter", "cloze"} <= sub.keys():
+                findings.append(
+                    f"<li><b>{html.escape(model)}</b>: letter format {_pct(sub['letter']['value'])} vs cloze "
+                    f"{_pct(sub['cloze']['value'])} on the same {sub['letter']['n']} questions (chance 25%). "
+                    + ("Letter accuracy is near chance while cloze is above it: the model has some of the "
+                       "knowledge but cannot retrieve the option letter in context."
+                       if sub["letter"]["value"] < 0.32 and sub["cloze"]["value"] > sub["letter"]["value"] + 0.05
+                       else "") + "</li>")
+        parts.append("<ul>" + "".join(findings) + "</ul>")
+        parts.append(_embed(figures["mmlu"], "MMLU accuracy in letter format (retrieve the option letter) and "
+                            "cloze format (log-likelihood of the answer text) on the same questions; chance dashed. "
+                            "The study's format finding: the letter format demands in-context retrieval."))
+    lm = baseline.filter(pl.col("engine") == "lm-eval")
+    if not lm.is_empty():
+        parts.append("<h3>lm-evaluation-harness tasks</h3>")
+        keep = [c for c in ["model", "task", "metric", "value", "stderr", "n"] if c in lm.columns]
+        parts.append(_table(lm.select(keep).sort(["model", "task", "metric"]), left=("model", "task", "metric")))
+    return "\n".join(parts)
+
+
+REFERENCE = """
+<h2>Reference: the study's published numbers</h2>
+<p class='note'>For orientation only — these are <b>not</b> produced by this pipeline. Bick, Xing, Gu (ICML 2025),
+Llama-3.1-8B-Instruct pruned above layer 17, heads kept in layers 16/17:</p>
+<table class='ref'><thead><tr><th>heads kept L16</th><th>heads kept L17</th><th>MMLU (reference)</th>
+<th>knowledge tasks (reference)</th></tr></thead><tbody>
+<tr><td>22</td><td>24</td><td>66.32%</td><td>39.09%</td></tr>
+<tr><td>∅</td><td>24</td><td>24.36%</td><td>39.18%</td></tr>
+<tr><td>22</td><td>∅</td><td>25.59%</td><td>39.21%</td></tr>
+<tr><td>∅</td><td>∅</td><td>25.56%</td><td>39.21%</td></tr></tbody></table>
+"""
+
+
+def build_report(baseline_path, model_dirs, kv_task_path, html_path, figures: dict, options: dict,
+                 config: dict, benchmark_dir, workflow_dir) -> None:
+    baseline = read_parquet(baseline_path)
+    kv_task = read_parquet(kv_task_path)
+    plot_kv(baseline, figures["kv"])
+    plot_mmlu(baseline, figures["mmlu"])
+    models = _model_rows(model_dirs)
+    timings = _timings(benchmark_dir)
+    mach = machine()
+    prov = {
+        "generated": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "git commit": git_commit(workflow_dir),
+        "config hash": config_hash(config),
+        "python / torch": f"{mach['python']} / {mach['torch']}",
+        "machine": f"{mach['platform']}, {mach['cpu_count']} CPUs, CUDA {'yes' if mach['cuda'] else 'no'}",
+    }
+    body = [f"<h1>{html.escape(options['title'])}</h1>",
+            "<p>Regenerated from the pipeline's Parquet results; every number below was computed by this run "
+            "unless it sits in a table labelled <i>reference</i>.</p>",
+            _table(pl.DataFrame({"item": list(prov), "value": list(prov.values())}), left=("item", "value")),
+            "<h2>Models</h2>",
+            _table(models, left=("model", "source", "sha256", "architecture")),
+            _baseline_sections(baseline, kv_task, figures)]
+    if options.get("show_reference", True):
+        body.append(REFERENCE)
+    if not timings.is_empty():
+        body.append("<h2>Timings</h2><p>Wall time and peak memory of each step (Snakemake benchmark records).</p>")
+        body.append(_table(timings, left=("step",), fmt={"seconds": lambda v: f"{v:.1f}", "peak RSS (MB)": lambda v: f"{v:.0f}"}))
+    body.append("<h2>Config</h2><details><summary>the validated config of this run</summary><pre>"
+                + html.escape(yaml.safe_dump(config, sort_keys=False)) + "</pre></details>")
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(options['title'])}</title>"
+            f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>")
+    write_text(page, html_path)

@@ -1,0 +1,8 @@
+"""Score one model on one task: per-item scores and a tidy summary."""
+from gna.baseline import run_baseline
+from gna.runtime import setup
+
+setup(snakemake.log[0], snakemake.threads)
+run_baseline(snakemake.wildcards.model, snakemake.input.model, snakemake.input.task,
+             snakemake.output.summary, snakemake.output.per_item,
+             batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype)

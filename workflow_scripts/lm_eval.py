@@ -1,0 +1,9 @@
+"""Run one lm-evaluation-harness task on a prepared model; tidy Parquet of its metrics."""
+from gna.baseline import run_lm_eval_task
+from gna.runtime import setup
+
+setup(snakemake.log[0], snakemake.threads)
+run_lm_eval_task(snakemake.wildcards.model, snakemake.input.model, snakemake.wildcards.lmtask,
+                 snakemake.output[0], options=snakemake.params.options,
+                 include_path=snakemake.params.include_path,
+                 batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype)
