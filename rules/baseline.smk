@@ -47,6 +47,43 @@ rule lm_eval:
         "../workflow_scripts/lm_eval.py"
 
 
+rule lmeval_crosscheck_task:
+    input:
+        get_mmlu_file,
+    output:
+        directory("data/tasks/lmeval_crosscheck"),
+    params:
+        mmlu={k: v for k, v in config["tasks"]["mmlu"].items() if k not in ("formats", "data")},
+        sha256=config["tasks"]["mmlu"]["data"].get("sha256"),
+        code=code_version("lmeval_bridge", "tasks", "sources", "io"),
+    log:
+        "data/logs/lmeval_crosscheck_task.log",
+    script:
+        "../workflow_scripts/build_task.py"
+
+
+rule lm_eval_crosscheck:
+    input:
+        model="data/models/{model}",
+        task_dir="data/tasks/lmeval_crosscheck",
+    output:
+        "data/results/lmeval/{model}/crosscheck_mmlu_letter.parquet",
+    params:
+        batch_size=config["eval"]["batch_size"],
+        dtype=config["dtype"],
+        code=code_version("lmeval_bridge", "models", "io"),
+    log:
+        "data/logs/lm_eval/{model}/crosscheck_mmlu_letter.log",
+    benchmark:
+        "data/benchmarks/lm_eval/{model}/crosscheck_mmlu_letter.tsv"
+    threads: 2
+    resources:
+        mem_mb=4000,
+        runtime=240,
+    script:
+        "../workflow_scripts/lm_eval.py"
+
+
 rule collect_baseline:
     input:
         get_baseline_results,

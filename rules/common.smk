@@ -56,4 +56,8 @@ def get_mmlu_file(wildcards):
 def get_baseline_results(wildcards):
     return expand("data/results/baseline/{model}/{task}.parquet", model=MODELS, task=TASKS) + expand(
         "data/results/lmeval/{model}/{lmtask}.parquet", model=MODELS, lmtask=LM_EVAL_TASKS
+    ) + (
+        expand("data/results/lmeval/{model}/crosscheck_mmlu_letter.parquet", model=MODELS)
+        if config["lm_eval"]["crosscheck_mmlu"] and "letter" in config["tasks"]["mmlu"]["formats"]
+        else []
     )

@@ -36,7 +36,8 @@ rule mmlu_task:
     params:
         # the formats list is left out on purpose: adding a format must not rebuild the others
         mmlu={k: v for k, v in config["tasks"]["mmlu"].items() if k not in ("formats", "data")},
-        code=code_version("tasks", "io"),
+        sha256=config["tasks"]["mmlu"]["data"].get("sha256"),
+        code=code_version("tasks", "sources", "io"),
     log:
         "data/logs/mmlu_task/{fmt}.log",
     script:

@@ -1,17 +1,7 @@
 """lm-eval bridge: real lm-eval (HFLM + simple_evaluate) against our scoring engine, offline."""
 
 import json
-import os
-import sys
 from pathlib import Path
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-
-try:
-    import gna  # noqa: F401
-except ImportError:  # running from a checkout without `pip install -e .`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import polars as pl
 import pytest

@@ -14,6 +14,9 @@ from gna.scoring import chance_accuracy, score_table, summarize
 
 log = logging.getLogger("gna.baseline")
 
+# lm-eval task name of our own MMLU letter items (see lmeval_bridge.write_local_mmlu_task)
+CROSSCHECK_TASK = "gna_mmlu_letter"
+
 
 def task_format(table: pl.DataFrame) -> str:
     task = table["task"][0]

@@ -145,7 +145,8 @@ def _yaml_dumper():
     return Dumper
 
 
-def write_local_mmlu_task(items: pl.DataFrame, task_dir: Path, task_name: str) -> Path:
+def write_local_mmlu_task(items: pl.DataFrame, task_dir: Path, task_name: str,
+                          final_dir: Path | None = None) -> Path:
     """Write `task_dir/{task_name}.jsonl` and `task_dir/{task_name}.yaml`; return the YAML path.
 
     `items` are rows of tasks.load_mmlu_jsonl / select_mmlu (question_id, question,
@@ -154,6 +155,8 @@ def write_local_mmlu_task(items: pl.DataFrame, task_dir: Path, task_name: str) -
     with a per-item topic in the description, so its 0-shot context equals
     build_mmlu(items, pool, "letter", 0, seed). Docs keep the input order (sort by
     question_id beforehand if needed); doc i of lm-eval's samples is row i of `items`.
+    `final_dir`: where the folder will live when it is written to a temporary folder first
+    (the YAML names its data file by absolute path).
     Few-shot (num_fewshot > 0) is lm-eval's own sampling from this same split, not build_mmlu's
     pool, so only 0-shot is comparable."""
     import yaml
@@ -183,7 +186,7 @@ def write_local_mmlu_task(items: pl.DataFrame, task_dir: Path, task_name: str) -
         "task": task_name,
         "dataset_path": "json",
         "dataset_name": None,
-        "dataset_kwargs": {"data_files": {"test": str(data_path)}},
+        "dataset_kwargs": {"data_files": {"test": str(Path(final_dir or task_dir).resolve() / data_path.name)}},
         "test_split": "test",
         "output_type": "multiple_choice",
         "description": MMLU_DESCRIPTION,

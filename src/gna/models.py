@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from gna.io import atomic_dir, sha256_file
+from gna.sources import SourceError
 
 SOURCE_KINDS = ("pypi-file", "hf", "local", "tiny-random")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -49,8 +50,14 @@ def load_source(spec: dict, raw_file: str | Path | None, dtype: str = "float32")
         return _strip_quantization(model), tok
     if kind == "hf":
         kwargs = {"revision": spec.get("revision")} if spec.get("revision") else {}
-        tok = AutoTokenizer.from_pretrained(spec["id"], **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(spec["id"], dtype=torch_dtype, **kwargs)
+        try:
+            tok = AutoTokenizer.from_pretrained(spec["id"], **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(spec["id"], dtype=torch_dtype, **kwargs)
+        except OSError as err:
+            raise SourceError(
+                f"cannot load Hugging Face model {spec['id']!r}"
+                + (f" at revision {spec['revision']!r}" if spec.get("revision") else "")
+                + f" (no network, gated model without a token, or a wrong id?): {err}") from err
         return model, tok
     if kind == "local":
         folder = Path(spec["path"])

@@ -173,6 +173,18 @@ def _baseline_sections(baseline: pl.DataFrame, kv_task: pl.DataFrame, figures: d
                             "cloze format (log-likelihood of the answer text) on the same questions; chance dashed. "
                             "The study's format finding: the letter format demands in-context retrieval."))
     lm = baseline.filter(pl.col("engine") == "lm-eval")
+    cross = lm.filter((pl.col("task") == "gna_mmlu_letter") & (pl.col("metric") == "acc"))
+    if not cross.is_empty():
+        ours_letter = mm.filter(pl.col("format") == "letter").select("model", pl.col("value").alias("gna engine"),
+                                                                     pl.col("n").alias("n (gna)"))
+        check = cross.select("model", pl.col("value").alias("lm-eval"), pl.col("n").alias("n (lm-eval)")).join(
+            ours_letter, on="model", how="left")
+        parts.append("<h3>Cross-check with lm-evaluation-harness</h3>")
+        parts.append("<p>The same MMLU letter items, 0-shot, scored by lm-eval's HFLM on the same model: the two "
+                     "engines should agree exactly (they differ only if the config asks for few-shot prompts, "
+                     "which lm-eval samples differently).</p>")
+        parts.append(_table(check, left=("model",), fmt={"lm-eval": _pct, "gna engine": _pct}))
+        lm = lm.filter(pl.col("task") != "gna_mmlu_letter")
     if not lm.is_empty():
         parts.append("<h3>lm-evaluation-harness tasks</h3>")
         keep = [c for c in ["model", "task", "metric", "value", "stderr", "n"] if c in lm.columns]

@@ -1,0 +1,55 @@
+# Two commands do everything:  `make reproduce` (set up + run the default study)  and  `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+CORES  ?= all
+
+.PHONY: venv reproduce test test-fast dryrun pull push report lock clean-results
+
+# torch first, pinned to the CPU wheel (any looser spec can pull a multi-GB CUDA build), then
+# the project under a full constraint file so the resolver cannot replace it.
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install torch==2.13.0
+	$(BIN)/python -m pip install -c requirements.lock -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## Run the whole study on the default config (config/config.yaml) through DVC, which runs
+## `snakemake --cores $(CORES)` and records every output in its cache.
+reproduce: venv
+	$(BIN)/dvc repro
+
+## The test suite (unit tests on tiny models, the workflow on config/smoke.yaml, one test on
+## the real default model). `make test-fast` skips tests marked slow.
+test: venv
+	$(BIN)/python -m pytest
+
+test-fast: venv
+	$(BIN)/python -m pytest -m "not slow"
+
+dryrun: venv
+	$(BIN)/snakemake -n
+
+## Restore results from the DVC remote and make Snakemake trust them. `dvc checkout` restores
+## files but not Snakemake's run records, so Snakemake would rerun everything (or miss a later
+## config change); --touch re-records every output against the current config and code.
+pull: venv
+	$(BIN)/dvc pull
+	$(BIN)/dvc status --quiet
+	$(BIN)/snakemake --touch --forceall --cores 1 --quiet
+	$(BIN)/snakemake -n
+
+push: venv
+	$(BIN)/dvc push
+
+## Snakemake's own interactive report (figures with captions) beside data/report/index.html.
+report: venv
+	$(BIN)/snakemake --report data/report/snakemake-report.html
+
+lock: venv
+	$(BIN)/python -m pip freeze --exclude-editable | sed 's/^torch==.*/torch==2.13.0/' > requirements.lock.new
+	mv requirements.lock.new requirements.lock

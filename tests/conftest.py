@@ -1,0 +1,21 @@
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+# Tests never reach a model hub: the hub code paths are exercised against local caches.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+REPO = Path(__file__).resolve().parents[1]
+MINI_MMLU = REPO / "tests" / "data" / "mini_mmlu.jsonl"
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    from gna.tiny import tiny_random_model
+
+    return tiny_random_model({"arch": "llama", "layers": 3, "hidden": 48, "heads": 4, "kv_heads": 2, "seed": 3})

