@@ -21,7 +21,7 @@ venv: $(STAMP)
 ## Run the whole study on the default config (config/config.yaml) through DVC, which runs
 ## `snakemake --cores $(CORES)` and records every output in its cache.
 reproduce: venv
-	$(BIN)/dvc repro
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
 
 ## The test suite (unit tests on tiny models, the workflow on config/smoke.yaml, one test on
 ## the real default model). `make test-fast` skips tests marked slow.
@@ -38,7 +38,7 @@ dryrun: venv
 ## files but not Snakemake's run records, so Snakemake would rerun everything (or miss a later
 ## config change); --touch re-records every output against the current config and code.
 pull: venv
-	$(BIN)/dvc pull
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc pull
 	$(BIN)/dvc status --quiet
 	$(BIN)/snakemake --touch --forceall --cores 1 --quiet
 	$(BIN)/snakemake -n
