@@ -1,4 +1,5 @@
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -19,3 +20,18 @@ def tiny_llama():
     from gna.tiny import tiny_random_model
 
     return tiny_random_model({"arch": "llama", "layers": 3, "hidden": 48, "heads": 4, "kv_heads": 2, "seed": 3})
+
+
+def planned_jobs(text: str) -> dict[str, int]:
+    """Parse the 'Job stats' table of a dry run into {rule: count}."""
+    if "Nothing to be done" in text:
+        return {}
+    table = text.split("Job stats:")[1]
+    jobs = {}
+    for line in table.splitlines()[3:]:
+        match = re.match(r"^(\w+)\s+(\d+)$", line.strip())
+        if not match:
+            break
+        if match.group(1) != "total":
+            jobs[match.group(1)] = int(match.group(2))
+    return jobs

@@ -1,7 +1,6 @@
 """The whole DAG on config/smoke.yaml (tiny random model, 16-question MMLU fixture), run by the
 real Snakemake CLI in a temporary working directory, plus incremental-rerun and bad-input checks."""
 
-import re
 import shutil
 import subprocess
 import sys
@@ -11,7 +10,12 @@ import polars as pl
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, planned_jobs
+
+
+def planned_jobs_of(proc):
+    return planned_jobs(proc.stdout + proc.stderr)
+
 
 pytestmark = pytest.mark.workflow
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -27,22 +31,6 @@ def smk(workdir: Path, *args: str, config: dict | None = None, check: bool = Tru
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc
-
-
-def planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
-    """Parse the 'Job stats' table of a dry run into {rule: count}."""
-    text = proc.stdout + proc.stderr
-    if "Nothing to be done" in text:
-        return {}
-    table = text.split("Job stats:")[1]
-    jobs = {}
-    for line in table.splitlines()[3:]:
-        match = re.match(r"^(\w+)\s+(\d+)$", line.strip())
-        if not match:
-            break
-        if match.group(1) != "total":
-            jobs[match.group(1)] = int(match.group(2))
-    return jobs
 
 
 @pytest.fixture(scope="module")
@@ -73,19 +61,19 @@ def test_smoke_run_writes_results_and_report(smoke):
 
 
 def test_second_dry_run_has_nothing_to_do(smoke):
-    assert planned_jobs(smk(smoke, "-n")) == {}
+    assert planned_jobs_of(smk(smoke, "-n")) == {}
 
 
 def test_report_only_edit_reruns_only_the_report(smoke):
     cfg = yaml.safe_load(yaml.safe_dump(SMOKE))
     cfg["report"]["title"] = "a new title"
-    assert planned_jobs(smk(smoke, "-n", config=cfg)) == {"report": 1, "all": 1}
+    assert planned_jobs_of(smk(smoke, "-n", config=cfg)) == {"report": 1, "all": 1}
 
 
 def test_task_size_edit_reruns_only_dependents(smoke):
     cfg = yaml.safe_load(yaml.safe_dump(SMOKE))
     cfg["tasks"]["kv_retrieval"]["sizes"] = [3, 6, 8]
-    assert planned_jobs(smk(smoke, "-n", config=cfg)) == {
+    assert planned_jobs_of(smk(smoke, "-n", config=cfg)) == {
         "kv_task": 1, "baseline": 1, "collect_baseline": 1, "report": 1, "all": 1}
 
 
@@ -97,7 +85,7 @@ def test_rerun_after_edit_then_nothing_to_do(tmp_path, smoke):
     cfg["tasks"]["mmlu"]["n"] = 6
     proc = smk(work, config=cfg)
     assert "rule prepare_model" not in proc.stderr + proc.stdout
-    assert planned_jobs(smk(work, "-n", config=cfg)) == {}
+    assert planned_jobs_of(smk(work, "-n", config=cfg)) == {}
     assert pl.read_parquet(work / "data/tasks/mmlu_letter.parquet").height == 6
 
 
@@ -144,4 +132,4 @@ def test_slurm_profile_dry_run_without_slurm(tmp_path):
                                        "--configfile", str(cfg_path), "--profile", str(REPO / "profiles/slurm"), "-n"],
                           cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert planned_jobs(proc)["baseline"] == 3
+    assert planned_jobs_of(proc)["baseline"] == 3
