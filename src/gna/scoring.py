@@ -1,13 +1,12 @@
 """The evaluation engine: log-likelihood of each choice after a context.
 
-Fast path (`score_table`):
-  * logits only at the scored positions (the vocabulary projection is a large share of FLOPs);
-  * items whose choices are all single tokens (MMLU letters) run as right-padded batches and
-    read the last real position of each row (causal attention never sees the padding);
-  * items with multi-token choices run the shared context once, then all choices together on
-    a copy of its KV cache (shared-prefix reuse), instead of one full forward per choice.
-Slow reference (`score_table_ref`): one full forward of context+choice per choice. A test
-keeps the two equal.
+Fast path (`score_table`): each item's context and all of its choices are packed into one
+sequence with a block attention mask (gna.packing), items are batched, and the layers run
+through an explicit loop (gna.stack) that projects to the vocabulary only at scored positions.
+The same pass can read out after several depths (every prefix of the layers: gradual pruning)
+or resume from a cached hidden state with one layer removed (`score_removals`).
+Slow reference (`score_table_ref`): the model's own forward on context+choice, one choice at a
+time, logits everywhere. Tests keep the two equal.
 
 Tokenisation follows lm-eval: context ids = encode(context); choice ids =
 encode(context + choice)[len(context ids):], so the model sees context ids + choice ids.
@@ -22,6 +21,9 @@ from dataclasses import dataclass
 import polars as pl
 import torch
 from tqdm.auto import tqdm
+
+from gna.packing import PackedItem, collate, pack
+from gna.stack import DecoderStack, UnsupportedModel
 
 
 @dataclass
@@ -50,61 +52,6 @@ def encode(tok, context: str, choices: list[str]) -> Encoded:
     if not ctx:
         raise ValueError("empty context")
     return Encoded(ctx, conts)
-
-
-def _head(model, hidden: torch.Tensor) -> torch.Tensor:
-    return torch.log_softmax(model.get_output_embeddings()(hidden).float(), dim=-1)
-
-
-def _choice_scores(lp_first: torch.Tensor, conts: list[list[int]], lp_rest: dict[int, torch.Tensor]):
-    """Sum log-probs per choice; greedy = every choice token is the argmax at its position."""
-    totals, greedy = [], []
-    for j, cont in enumerate(conts):
-        total = float(lp_first[cont[0]])
-        ok = int(lp_first.argmax()) == cont[0]
-        if len(cont) > 1:
-            rest = lp_rest[j]  # [len(cont)-1, vocab], row i predicts cont[i+1]
-            idx = torch.tensor(cont[1:])
-            total += float(rest[torch.arange(len(idx)), idx].sum())
-            ok = ok and bool((rest.argmax(-1) == idx).all())
-        totals.append(total)
-        greedy.append(ok)
-    return totals, greedy
-
-
-@torch.inference_mode()
-def _score_with_prefix_cache(model, enc: Encoded):
-    base = model.base_model
-    ids = torch.tensor([enc.context])
-    multi = [j for j, c in enumerate(enc.choices) if len(c) > 1]
-    out = base(input_ids=ids, use_cache=bool(multi))
-    lp_first = _head(model, out.last_hidden_state[0, -1])
-    lp_rest: dict[int, torch.Tensor] = {}
-    if multi:
-        cache = out.past_key_values
-        cache.batch_repeat_interleave(len(multi))
-        width = max(len(enc.choices[j]) - 1 for j in multi)
-        inp = torch.zeros(len(multi), width, dtype=torch.long)
-        for r, j in enumerate(multi):
-            inp[r, : len(enc.choices[j]) - 1] = torch.tensor(enc.choices[j][:-1])
-        pos = torch.arange(len(enc.context), len(enc.context) + width).expand(len(multi), -1)
-        hidden = base(input_ids=inp, past_key_values=cache, position_ids=pos, use_cache=True).last_hidden_state
-        for r, j in enumerate(multi):
-            lp_rest[j] = _head(model, hidden[r, : len(enc.choices[j]) - 1])
-    return _choice_scores(lp_first, enc.choices, lp_rest)
-
-
-@torch.inference_mode()
-def _score_single_token_batch(model, encs: list[Encoded]):
-    """Right-padded batch; only the last real position of each row is projected to logits."""
-    lengths = [len(e.context) for e in encs]
-    inp = torch.zeros(len(encs), max(lengths), dtype=torch.long)
-    for r, e in enumerate(encs):
-        inp[r, : len(e.context)] = torch.tensor(e.context)
-    hidden = model.base_model(input_ids=inp, use_cache=False).last_hidden_state
-    last = hidden[torch.arange(len(encs)), torch.tensor(lengths) - 1]
-    lps = _head(model, last)
-    return [_choice_scores(lps[r], e.choices, {}) for r, e in enumerate(encs)]
 
 
 @torch.inference_mode()
@@ -137,33 +84,91 @@ def _per_item_frame(table: pl.DataFrame, scores: list, choices_bytes: list[list[
     return pl.DataFrame(rows)
 
 
+def _encode_table(tok, table: pl.DataFrame) -> list[Encoded]:
+    return [encode(tok, c, ch) for c, ch in zip(table["context"], table["choices"])]
+
+
+def _batches(packed: list[PackedItem], batch_size: int) -> list[list[int]]:
+    order = sorted(range(len(packed)), key=lambda i: len(packed[i].ids))  # little padding
+    return [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def _frame(table: pl.DataFrame, scores: list) -> pl.DataFrame:
+    return _per_item_frame(table, scores, [[len(c.encode()) for c in ch] for ch in table["choices"]])
+
+
 def score_table(model, tok, table: pl.DataFrame, batch_size: int = 8, progress: bool = True,
-                desc: str = "scoring") -> pl.DataFrame:
-    """Score every item of a task table; one row per item (see _per_item_frame)."""
-    encs = [encode(tok, c, ch) for c, ch in zip(table["context"], table["choices"])]
-    scores: list = [None] * len(encs)
-    single = [i for i, e in enumerate(encs) if all(len(c) == 1 for c in e.choices)]
-    multi = [i for i, e in enumerate(encs) if i not in set(single)]
-    single.sort(key=lambda i: len(encs[i].context))  # similar lengths waste less padding
-    bar = tqdm(total=len(encs), desc=desc, disable=not progress, mininterval=2.0)
-    for start in range(0, len(single), batch_size):
-        chunk = single[start: start + batch_size]
-        for i, s in zip(chunk, _score_single_token_batch(model, [encs[i] for i in chunk])):
-            scores[i] = s
-        bar.update(len(chunk))
-    for i in multi:
-        scores[i] = _score_with_prefix_cache(model, encs[i])
-        bar.update(1)
-    bar.close()
-    nbytes = [[len(c.encode()) for c in ch] for ch in table["choices"]]
-    return _per_item_frame(table, scores, nbytes)
+                desc: str = "scoring", layers: list[int] | None = None,
+                depths: list[int] | None = None) -> pl.DataFrame:
+    """Score every item of a task table; one row per item (see _per_item_frame).
+
+    layers: the decoder layers to run, in order (default: all, i.e. the unmodified model).
+    depths: read out after the first k of `layers` for each k, all in one pass; the result then
+    has one row per (depth, item) and a `depth` column. Reading out after k layers is exactly
+    the model pruned to its first k layers (final norm and head kept)."""
+    if not DecoderStack.supports(model):
+        if layers is not None or depths is not None:
+            raise UnsupportedModel(f"{type(model).__name__}: layer selection needs a Llama-family decoder")
+        return score_table_ref(model, tok, table)
+    stack = DecoderStack(model)
+    layers = list(range(stack.n_layers)) if layers is None else list(layers)
+    wanted = sorted(set(depths)) if depths is not None else [len(layers)]
+    if wanted[0] < 0 or wanted[-1] > len(layers):
+        raise ValueError(f"depths must lie in 0..{len(layers)}, got {depths}")
+    packed = [pack(e.context, e.choices) for e in _encode_table(tok, table)]
+    scores = {k: [None] * len(packed) for k in wanted}
+    dtype = next(model.parameters()).dtype
+    with torch.inference_mode(), tqdm(total=len(packed), desc=desc, disable=not progress, mininterval=2.0) as bar:
+        for chunk in _batches(packed, batch_size):
+            batch = collate([packed[i] for i in chunk], dtype)
+            h, rope = stack.embed(batch)
+            done = 0
+            for k in wanted:
+                h = stack.run(h, batch, rope, layers[done:k])
+                done = k
+                for i, s in zip(chunk, stack.readout(h, batch)):
+                    scores[k][i] = s
+            bar.update(len(chunk))
+    if depths is None:
+        return _frame(table, scores[wanted[0]])
+    return pl.concat([_frame(table, scores[k]).with_columns(pl.lit(k).alias("depth")) for k in wanted])
+
+
+def score_removals(model, tok, table: pl.DataFrame, layers: list[int], removals: list[int],
+                   batch_size: int = 8, progress: bool = True, desc: str = "removals") -> pl.DataFrame:
+    """Score the model made of `layers` with each layer of `removals` left out in turn.
+
+    Exact prefix reuse: the hidden state entering layer r is the same with or without r, so it is
+    computed once per batch and each variant runs only the layers after r. One row per
+    (removed_layer, item)."""
+    stack = DecoderStack(model)
+    layers = list(layers)
+    missing = [r for r in removals if r not in layers]
+    if missing:
+        raise ValueError(f"cannot remove layers {missing}: not among the kept layers {layers}")
+    packed = [pack(e.context, e.choices) for e in _encode_table(tok, table)]
+    scores = {r: [None] * len(packed) for r in removals}
+    dtype = next(model.parameters()).dtype
+    with torch.inference_mode(), tqdm(total=len(packed), desc=desc, disable=not progress, mininterval=2.0) as bar:
+        for chunk in _batches(packed, batch_size):
+            batch = collate([packed[i] for i in chunk], dtype)
+            h, rope = stack.embed(batch)
+            entering = {}
+            for pos, layer in enumerate(layers):
+                entering[layer] = h
+                if pos < len(layers) - 1 or layer in scores:
+                    h = stack.run(h, batch, rope, [layer])
+            for r in removals:
+                rest = layers[layers.index(r) + 1:]
+                out = stack.run(entering[r], batch, rope, rest)
+                for i, s in zip(chunk, stack.readout(out, batch)):
+                    scores[r][i] = s
+            bar.update(len(chunk))
+    return pl.concat([_frame(table, scores[r]).with_columns(pl.lit(r).alias("removed_layer")) for r in removals])
 
 
 def score_table_ref(model, tok, table: pl.DataFrame) -> pl.DataFrame:
-    encs = [encode(tok, c, ch) for c, ch in zip(table["context"], table["choices"])]
-    scores = [_score_full_ref(model, e) for e in encs]
-    nbytes = [[len(c.encode()) for c in ch] for ch in table["choices"]]
-    return _per_item_frame(table, scores, nbytes)
+    return _frame(table, [_score_full_ref(model, e) for e in _encode_table(tok, table)])
 
 
 def summarize(per_item: pl.DataFrame, by_group: bool) -> pl.DataFrame:

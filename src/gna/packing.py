@@ -1,0 +1,70 @@
+"""Pack a context and all of its choices into one sequence scored by a single forward pass.
+
+    tokens:    [ctx_0 … ctx_{L-1} | c1_0 … c1_{n1-2} | c2_0 … | …]
+    positions: [0 … L-1           | L … L+n1-2      | L …     | …]
+
+Each choice's tokens attend to the whole context and to their own earlier tokens only (a
+block mask), and their positions continue from the context, so every logit equals the one a
+separate forward of context + choice would give. The last token of a choice is never fed: it
+is only predicted. Items are right-padded into batches; padding attends only to itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+CONTEXT = -1
+PAD = -2
+
+
+@dataclass
+class PackedItem:
+    ids: list[int]
+    positions: list[int]
+    segment: list[int]             # CONTEXT, or the choice index
+    score_at: list[list[int]]      # per choice: packed positions whose logits predict its tokens
+    targets: list[list[int]]       # per choice: the token ids predicted there
+
+
+def pack(context: list[int], choices: list[list[int]]) -> PackedItem:
+    ids, positions, segment = list(context), list(range(len(context))), [CONTEXT] * len(context)
+    score_at, targets = [], []
+    for j, cont in enumerate(choices):
+        where = [len(context) - 1]
+        for t, tok in enumerate(cont[:-1]):
+            where.append(len(ids))
+            ids.append(tok)
+            positions.append(len(context) + t)
+            segment.append(j)
+        score_at.append(where)
+        targets.append(list(cont))
+    return PackedItem(ids, positions, segment, score_at, targets)
+
+
+@dataclass
+class PackedBatch:
+    ids: torch.Tensor        # [B, T]
+    positions: torch.Tensor  # [B, T]
+    mask: torch.Tensor       # [B, 1, T, T] additive float mask (0 = may attend)
+    items: list[PackedItem]
+
+
+def collate(items: list[PackedItem], dtype: torch.dtype = torch.float32) -> PackedBatch:
+    width = max(len(it.ids) for it in items)
+    ids = torch.zeros(len(items), width, dtype=torch.long)
+    pos = torch.zeros(len(items), width, dtype=torch.long)
+    seg = torch.full((len(items), width), PAD, dtype=torch.long)
+    for b, it in enumerate(items):
+        n = len(it.ids)
+        ids[b, :n] = torch.tensor(it.ids)
+        pos[b, :n] = torch.tensor(it.positions)
+        seg[b, :n] = torch.tensor(it.segment)
+    q, k = seg[:, :, None], seg[:, None, :]
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    allowed = causal & ((k == CONTEXT) | (k == q)) & (q != PAD)
+    allowed |= torch.eye(width, dtype=torch.bool)  # padding rows see themselves: no empty softmax
+    mask = torch.zeros(len(items), 1, width, width, dtype=dtype)
+    mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
+    return PackedBatch(ids, pos, mask, items)

@@ -1,0 +1,72 @@
+"""An explicit layer loop over a decoder-only transformer: embed → layers → norm → head.
+
+Owning the loop lets one forward serve many variants exactly: read out after any depth (layer
+pruning from the end), resume from a cached hidden state with a layer removed, or rerun only
+layers L..end with one head ablated. Works for the Llama family in transformers (Llama,
+Mistral, Qwen2/3, SmolLM…): `base_model` with embed_tokens, layers, norm, rotary_emb, and
+decoder layers called as layer(h, attention_mask=, position_ids=, position_embeddings=).
+The model's own forward is the reference (tests keep them equal).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gna.packing import PackedBatch
+
+
+class UnsupportedModel(TypeError):
+    pass
+
+
+class DecoderStack:
+    def __init__(self, model):
+        base = model.base_model
+        missing = [a for a in ("embed_tokens", "layers", "norm", "rotary_emb") if not hasattr(base, a)]
+        if missing:
+            raise UnsupportedModel(f"{type(model).__name__} has no {missing}; the layer loop needs a "
+                                   "Llama-family decoder")
+        self.model = model
+        self.base = base
+        self.layers = list(base.layers)
+        self.n_layers = len(self.layers)
+        self.head = model.get_output_embeddings()
+
+    @staticmethod
+    def supports(model) -> bool:
+        return all(hasattr(model.base_model, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb"))
+
+    def embed(self, batch: PackedBatch) -> tuple[torch.Tensor, tuple]:
+        h = self.base.embed_tokens(batch.ids)
+        return h, self.base.rotary_emb(h, position_ids=batch.positions)
+
+    def run(self, h: torch.Tensor, batch: PackedBatch, rope: tuple, layers: list[int]) -> torch.Tensor:
+        mask = batch.mask.to(h.dtype)
+        for i in layers:
+            h = self.layers[i](h, attention_mask=mask, position_ids=batch.positions, position_embeddings=rope)
+        return h
+
+    def readout(self, h: torch.Tensor, batch: PackedBatch, normed: bool = False):
+        """Per item: (summed log-prob per choice, greedy flag per choice), from the hidden state
+        `h` after some layer (the final norm is applied here unless `normed`)."""
+        rows, cols = [], []
+        for b, item in enumerate(batch.items):
+            for where in item.score_at:
+                rows.extend([b] * len(where))
+                cols.extend(where)
+        hidden = h[torch.tensor(rows), torch.tensor(cols)]
+        if not normed:
+            hidden = self.base.norm(hidden)
+        logp = torch.log_softmax(self.head(hidden).float(), dim=-1)
+        best = logp.argmax(-1)
+        out, cursor = [], 0
+        for item in batch.items:
+            totals, greedy = [], []
+            for targets in item.targets:
+                idx = torch.arange(cursor, cursor + len(targets))
+                tgt = torch.tensor(targets)
+                totals.append(float(logp[idx, tgt].sum()))
+                greedy.append(bool((best[idx] == tgt).all()))
+                cursor += len(targets)
+            out.append((totals, greedy))
+        return out
