@@ -10,6 +10,7 @@ include: "rules/common.smk"
 include: "rules/models.smk"
 include: "rules/tasks.smk"
 include: "rules/baseline.smk"
+include: "rules/prune.smk"
 include: "rules/report.smk"
 
 

@@ -1,29 +1,30 @@
 # The report: tables and figures regenerated from the Parquet results, with provenance.
 
 
+def _figure(name, category):
+    return report(f"data/report/figures/{name}.png", caption=f"captions/{name}.rst", category=category)
+
+
 rule report:
     input:
         baseline="data/results/baseline.parquet",
         models=expand("data/models/{model}", model=MODELS),
         kv_task="data/tasks/kv_retrieval.parquet",
+        prune_gradual=expand("data/results/prune/{model}/gradual.parquet", model=MODELS),
+        prune_individual=expand("data/results/prune/{model}/individual.parquet", model=MODELS),
+        prune_minimal=expand("data/results/prune/{model}/minimal_model.json", model=MODELS),
     output:
         html="data/report/index.html",
-        kv_figure=report(
-            "data/report/figures/baseline_kv.png",
-            caption="captions/baseline_kv.rst",
-            category="Baseline",
-        ),
-        mmlu_figure=report(
-            "data/report/figures/baseline_mmlu.png",
-            caption="captions/baseline_mmlu.rst",
-            category="Baseline",
-        ),
+        kv=_figure("baseline_kv", "Baseline"),
+        mmlu=_figure("baseline_mmlu", "Baseline"),
+        gradual=_figure("prune_gradual", "Layer pruning"),
+        individual=_figure("prune_individual", "Layer pruning"),
     params:
         report=config["report"],
         config=config,
         benchmark_dir="data/benchmarks",
         workflow_dir=workflow.basedir,
-        code=code_version("report", "provenance", "io"),
+        code=code_version("report", "report_prune", "htmlkit", "provenance", "io"),
     log:
         "data/logs/report.log",
     script:

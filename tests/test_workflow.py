@@ -1,6 +1,7 @@
 """The whole DAG on config/smoke.yaml (tiny random model, 16-question MMLU fixture), run by the
 real Snakemake CLI in a temporary working directory, plus incremental-rerun and bad-input checks."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -53,11 +54,17 @@ def test_smoke_run_writes_results_and_report(smoke):
     assert len(cross) == 1 and cross["value"][0] == pytest.approx(ours_letter["value"][0])
     html = (smoke / "data/report/index.html").read_text()
     for needle in ("gna smoke run", "tiny-llama", "Template: <b>lookup</b>", "KV-retrieval", "letter",
-                   "Cross-check with lm-evaluation-harness", "data:image/png;base64", "git commit", "Timings"):
+                   "Cross-check with lm-evaluation-harness", "data:image/png;base64", "git commit", "Timings",
+                   "Layer pruning", "Minimal model", "Individual layer removal"):
         assert needle in html, needle
     model_dir = smoke / "data/models/tiny-llama"
     assert {"model.safetensors", "config.json", "tokenizer.json", "gna_source.json"} <= {p.name for p in model_dir.iterdir()}
     assert not list((smoke / "data").rglob("*.tmp")), "temporary files left behind"
+    gradual = pl.read_parquet(smoke / "data/results/prune/tiny-llama/gradual.parquet")
+    assert set(gradual["layers_kept"]) == {1, 2, 3, 4} and set(gradual["task"]) == set(ours["task"])
+    minimal = json.loads((smoke / "data/results/prune/tiny-llama/minimal_model.json").read_text())
+    individual = pl.read_parquet(smoke / "data/results/prune/tiny-llama/individual.parquet")
+    assert set(individual["removed_layer"]) == {-1, *minimal["kept_layers"]}
 
 
 def test_second_dry_run_has_nothing_to_do(smoke):
@@ -74,7 +81,15 @@ def test_task_size_edit_reruns_only_dependents(smoke):
     cfg = yaml.safe_load(yaml.safe_dump(SMOKE))
     cfg["tasks"]["kv_retrieval"]["sizes"] = [3, 6, 8]
     assert planned_jobs_of(smk(smoke, "-n", config=cfg)) == {
-        "kv_task": 1, "baseline": 1, "collect_baseline": 1, "report": 1, "all": 1}
+        "kv_task": 1, "baseline": 1, "collect_baseline": 1, "prune_gradual": 1, "minimal_model": 1,
+        "prune_individual": 1, "report": 1, "all": 1}
+
+
+def test_minimal_fraction_edit_reruns_only_individual_removal(smoke):
+    cfg = yaml.safe_load(yaml.safe_dump(SMOKE))
+    cfg.setdefault("prune", {})["minimal_fraction"] = 0.5
+    assert planned_jobs_of(smk(smoke, "-n", config=cfg)) == {
+        "minimal_model": 1, "prune_individual": 1, "report": 1, "all": 1}
 
 
 def test_rerun_after_edit_then_nothing_to_do(tmp_path, smoke):

@@ -3,14 +3,7 @@ from gna.report import build_report
 from gna.runtime import setup
 
 setup(snakemake.log[0])
-build_report(
-    baseline_path=snakemake.input.baseline,
-    model_dirs=list(snakemake.input.models),
-    kv_task_path=snakemake.input.kv_task,
-    html_path=snakemake.output.html,
-    figures={"kv": snakemake.output.kv_figure, "mmlu": snakemake.output.mmlu_figure},
-    options=snakemake.params.report,
-    config=snakemake.params.config,
-    benchmark_dir=snakemake.params.benchmark_dir,
-    workflow_dir=snakemake.params.workflow_dir,
-)
+inputs = {name: snakemake.input[name] for name in snakemake.input.keys()}
+figures = {name: snakemake.output[name] for name in snakemake.output.keys() if name != "html"}
+build_report(inputs, snakemake.output.html, figures, options=snakemake.params.report, config=snakemake.params.config,
+             benchmark_dir=snakemake.params.benchmark_dir, workflow_dir=snakemake.params.workflow_dir)

@@ -75,6 +75,15 @@ def _check_semantics(config: dict) -> None:
     kv = config["tasks"]["kv_retrieval"]
     if kv["sizes"] and len(set(kv["sizes"])) != len(kv["sizes"]):
         raise ConfigError(f"config key 'tasks.kv_retrieval.sizes': duplicate sizes in {kv['sizes']}")
+    formats = {f"mmlu_{f}" for f in config["tasks"]["mmlu"]["formats"]} | {"kv_retrieval"}
+    prune = config["prune"]
+    for task in prune["tasks"]:
+        if task not in formats:
+            raise ConfigError(f"config key 'prune.tasks': {task!r} is not built; add its format to "
+                              f"tasks.mmlu.formats or remove it (built: {', '.join(sorted(formats))})")
+    if prune["retrieval_task"] not in prune["tasks"]:
+        raise ConfigError(f"config key 'prune.retrieval_task': {prune['retrieval_task']!r} must be one of "
+                          f"prune.tasks ({', '.join(prune['tasks'])})")
     for name in config["models"]:
         if "/" in name or name.startswith("."):
             raise ConfigError(f"config key 'models.{name}': model names may not contain '/' or start with '.'")

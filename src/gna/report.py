@@ -5,7 +5,6 @@ Self-contained (figures embedded as base64 PNG) so the single file can be mailed
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import html
 from pathlib import Path
@@ -18,56 +17,10 @@ import polars as pl  # noqa: E402
 import seaborn as sns  # noqa: E402
 import yaml  # noqa: E402
 
-from gna.io import atomic_path, read_parquet, write_text  # noqa: E402
+from gna.htmlkit import CSS, embed, pct, save_figure, table  # noqa: E402
+from gna.io import read_parquet, write_text  # noqa: E402
 from gna.models import read_provenance  # noqa: E402
 from gna.provenance import config_hash, git_commit, machine  # noqa: E402
-
-CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
-h1{font-size:1.6em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
-table{border-collapse:collapse;margin:.8em 0;font-size:.9em} th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}
-th{background:#f4f4f4} td.l,th.l{text-align:left} .ref{background:#fff8e1}
-figure{margin:1em 0} figcaption{font-size:.9em;color:#444;max-width:900px}
-.note{background:#f6f8fa;border-left:4px solid #8aa;padding:.5em 1em} code{font-size:.9em}
-details pre{background:#f6f8fa;padding:1em;overflow:auto;font-size:.85em}
-"""
-
-
-def _table(frame: pl.DataFrame, left: tuple[str, ...] = (), fmt: dict | None = None) -> str:
-    fmt = fmt or {}
-    head = "".join(f"<th class='{'l' if c in left else ''}'>{html.escape(c)}</th>" for c in frame.columns)
-    rows = []
-    for row in frame.iter_rows(named=True):
-        cells = []
-        for col, val in row.items():
-            if val is None:
-                text = "–"
-            elif col in fmt:
-                text = fmt[col](val)
-            elif isinstance(val, float):
-                text = f"{val:.3f}"
-            else:
-                text = str(val)
-            cells.append(f"<td class='{'l' if col in left else ''}'>{html.escape(text)}</td>")
-        rows.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
-
-
-def _pct(value: float) -> str:
-    return f"{100 * value:.1f}%"
-
-
-def _embed(png_path: str | Path, caption: str) -> str:
-    data = base64.b64encode(Path(png_path).read_bytes()).decode()
-    return (f"<figure><img src='data:image/png;base64,{data}' style='max-width:100%'>"
-            f"<figcaption>{caption}</figcaption></figure>")
-
-
-def _save(fig, path: str | Path) -> None:
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-
 
 def plot_kv(baseline: pl.DataFrame, path: str | Path) -> None:
     kv = baseline.filter((pl.col("task") == "kv_retrieval") & (pl.col("metric") == "acc") & (pl.col("group") != "all"))
@@ -84,7 +37,7 @@ def plot_kv(baseline: pl.DataFrame, path: str | Path) -> None:
     ax.set_ylabel("accuracy")
     ax.set_ylim(-0.02, 1.02)
     ax.legend(fontsize=8)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_mmlu(baseline: pl.DataFrame, path: str | Path) -> None:
@@ -97,7 +50,7 @@ def plot_mmlu(baseline: pl.DataFrame, path: str | Path) -> None:
     ax.set_ylim(0, 1)
     ax.set_title("MMLU: letter vs cloze on the same questions")
     ax.legend(fontsize=8)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def _timings(benchmark_dir: str | Path) -> pl.DataFrame:
@@ -138,8 +91,8 @@ def _baseline_sections(baseline: pl.DataFrame, kv_task: pl.DataFrame, figures: d
     parts.append("<p>Every model scored on every task by the gna engine (log-likelihood of each choice; "
                  "<i>acc</i> = argmax of the summed log-prob, <i>acc_norm</i> = normalised by the choice's bytes, "
                  "<i>greedy_exact_match</i> = greedy decoding reproduces the target).</p>")
-    parts.append(_table(overall.select(cols), left=("model", "task", "format"),
-                        fmt={c: _pct for c in ("acc", "acc_norm", "greedy_exact_match", "chance")}))
+    parts.append(table(overall.select(cols), left=("model", "task", "format"),
+                        fmt={c: pct for c in ("acc", "acc_norm", "greedy_exact_match", "chance")}))
 
     template = kv_task["template"][0]
     kv = ours.filter((pl.col("task") == "kv_retrieval") & (pl.col("group") != "all") & (pl.col("metric") == "acc"))
@@ -149,8 +102,8 @@ def _baseline_sections(baseline: pl.DataFrame, kv_task: pl.DataFrame, figures: d
     parts.append("<h3>KV-retrieval by dictionary size</h3>")
     parts.append(f"<p class='note'>Template: <b>{template}</b>. Example prompt (smallest dictionary):</p>"
                  f"<pre>{example}</pre>")
-    parts.append(_table(kv_wide, fmt={c: _pct for c in kv_wide.columns if c not in ("dict size", "n")}))
-    parts.append(_embed(figures["kv"], "KV-retrieval accuracy vs dictionary size (chance dashed). "
+    parts.append(table(kv_wide, fmt={c: pct for c in kv_wide.columns if c not in ("dict size", "n")}))
+    parts.append(embed(figures["kv"], "KV-retrieval accuracy vs dictionary size (chance dashed). "
                         f"Template <b>{template}</b>; the predicted value is the argmax of summed log-prob "
                         "over the dictionary's values."))
 
@@ -162,14 +115,14 @@ def _baseline_sections(baseline: pl.DataFrame, kv_task: pl.DataFrame, figures: d
             sub = {r["format"]: r for r in mm.filter(pl.col("model") == model).iter_rows(named=True)}
             if {"letter", "cloze"} <= sub.keys():
                 findings.append(
-                    f"<li><b>{html.escape(model)}</b>: letter format {_pct(sub['letter']['value'])} vs cloze "
-                    f"{_pct(sub['cloze']['value'])} on the same {sub['letter']['n']} questions (chance 25%). "
+                    f"<li><b>{html.escape(model)}</b>: letter format {pct(sub['letter']['value'])} vs cloze "
+                    f"{pct(sub['cloze']['value'])} on the same {sub['letter']['n']} questions (chance 25%). "
                     + ("Letter accuracy is near chance while cloze is above it: the model has some of the "
                        "knowledge but cannot retrieve the option letter in context."
                        if sub["letter"]["value"] < 0.32 and sub["cloze"]["value"] > sub["letter"]["value"] + 0.05
                        else "") + "</li>")
         parts.append("<ul>" + "".join(findings) + "</ul>")
-        parts.append(_embed(figures["mmlu"], "MMLU accuracy in letter format (retrieve the option letter) and "
+        parts.append(embed(figures["mmlu"], "MMLU accuracy in letter format (retrieve the option letter) and "
                             "cloze format (log-likelihood of the answer text) on the same questions; chance dashed. "
                             "The study's format finding: the letter format demands in-context retrieval."))
     lm = baseline.filter(pl.col("engine") == "lm-eval")
@@ -183,12 +136,12 @@ def _baseline_sections(baseline: pl.DataFrame, kv_task: pl.DataFrame, figures: d
         parts.append("<p>The same MMLU letter items, 0-shot, scored by lm-eval's HFLM on the same model: the two "
                      "engines should agree exactly (they differ only if the config asks for few-shot prompts, "
                      "which lm-eval samples differently).</p>")
-        parts.append(_table(check, left=("model",), fmt={"lm-eval": _pct, "gna engine": _pct}))
+        parts.append(table(check, left=("model",), fmt={"lm-eval": pct, "gna engine": pct}))
         lm = lm.filter(pl.col("task") != "gna_mmlu_letter")
     if not lm.is_empty():
         parts.append("<h3>lm-evaluation-harness tasks</h3>")
         keep = [c for c in ["model", "task", "metric", "value", "stderr", "n"] if c in lm.columns]
-        parts.append(_table(lm.select(keep).sort(["model", "task", "metric"]), left=("model", "task", "metric")))
+        parts.append(table(lm.select(keep).sort(["model", "task", "metric"]), left=("model", "task", "metric")))
     return "\n".join(parts)
 
 
@@ -205,10 +158,22 @@ Llama-3.1-8B-Instruct pruned above layer 17, heads kept in layers 16/17:</p>
 """
 
 
-def build_report(baseline_path, model_dirs, kv_task_path, html_path, figures: dict, options: dict,
-                 config: dict, benchmark_dir, workflow_dir) -> None:
-    baseline = read_parquet(baseline_path)
-    kv_task = read_parquet(kv_task_path)
+def _concat(paths) -> pl.DataFrame:
+    frames = [read_parquet(p) for p in paths]
+    return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
+
+
+def build_report(inputs: dict, html_path, figures: dict, options: dict, config: dict, benchmark_dir,
+                 workflow_dir) -> None:
+    """inputs: baseline, kv_task, models (folders), and per-model lists prune_gradual,
+    prune_individual, prune_minimal (empty lists skip that section)."""
+    import json
+
+    from gna.report_prune import prune_section
+
+    baseline = read_parquet(inputs["baseline"])
+    kv_task = read_parquet(inputs["kv_task"])
+    model_dirs = inputs["models"]
     plot_kv(baseline, figures["kv"])
     plot_mmlu(baseline, figures["mmlu"])
     models = _model_rows(model_dirs)
@@ -224,15 +189,19 @@ def build_report(baseline_path, model_dirs, kv_task_path, html_path, figures: di
     body = [f"<h1>{html.escape(options['title'])}</h1>",
             "<p>Regenerated from the pipeline's Parquet results; every number below was computed by this run "
             "unless it sits in a table labelled <i>reference</i>.</p>",
-            _table(pl.DataFrame({"item": list(prov), "value": list(prov.values())}), left=("item", "value")),
+            table(pl.DataFrame({"item": list(prov), "value": list(prov.values())}), left=("item", "value")),
             "<h2>Models</h2>",
-            _table(models, left=("model", "source", "sha256", "architecture")),
+            table(models, left=("model", "source", "sha256", "architecture")),
             _baseline_sections(baseline, kv_task, figures)]
+    if inputs.get("prune_gradual"):
+        minimal = [json.loads(open(p).read()) for p in inputs.get("prune_minimal", [])]
+        body.append(prune_section(_concat(inputs["prune_gradual"]), _concat(inputs.get("prune_individual", [])),
+                                  minimal, figures))
     if options.get("show_reference", True):
         body.append(REFERENCE)
     if not timings.is_empty():
         body.append("<h2>Timings</h2><p>Wall time and peak memory of each step (Snakemake benchmark records).</p>")
-        body.append(_table(timings, left=("step",), fmt={"seconds": lambda v: f"{v:.1f}", "peak RSS (MB)": lambda v: f"{v:.0f}"}))
+        body.append(table(timings, left=("step",), fmt={"seconds": lambda v: f"{v:.1f}", "peak RSS (MB)": lambda v: f"{v:.0f}"}))
     body.append("<h2>Config</h2><details><summary>the validated config of this run</summary><pre>"
                 + html.escape(yaml.safe_dump(config, sort_keys=False)) + "</pre></details>")
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(options['title'])}</title>"

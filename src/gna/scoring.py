@@ -134,37 +134,64 @@ def score_table(model, tok, table: pl.DataFrame, batch_size: int = 8, progress: 
     return pl.concat([_frame(table, scores[k]).with_columns(pl.lit(k).alias("depth")) for k in wanted])
 
 
-def score_removals(model, tok, table: pl.DataFrame, layers: list[int], removals: list[int],
-                   batch_size: int = 8, progress: bool = True, desc: str = "removals") -> pl.DataFrame:
-    """Score the model made of `layers` with each layer of `removals` left out in turn.
+@dataclass
+class Variant:
+    """A model variant that shares the computation before `resume_at` with the base model:
+    it takes the hidden state entering layer `resume_at` and runs `run_layers` under `context`."""
+    key: object
+    resume_at: int
+    run_layers: list[int]
+    context: object = None  # a callable returning a context manager (e.g. head ablation)
 
-    Exact prefix reuse: the hidden state entering layer r is the same with or without r, so it is
-    computed once per batch and each variant runs only the layers after r. One row per
-    (removed_layer, item)."""
+
+def score_variants(model, tok, table: pl.DataFrame, layers: list[int], variants: list[Variant],
+                   batch_size: int = 8, progress: bool = True, desc: str = "variants") -> dict:
+    """Score many variants with exact prefix reuse: per batch the base model's layers run once,
+    the hidden state entering each needed layer is kept, and each variant runs only its own
+    layers from there. Returns {variant.key: per-item frame}."""
+    import contextlib
+
     stack = DecoderStack(model)
-    layers = list(layers)
-    missing = [r for r in removals if r not in layers]
+    resume_points = {v.resume_at for v in variants}
+    missing = sorted(resume_points - set(layers))
     if missing:
-        raise ValueError(f"cannot remove layers {missing}: not among the kept layers {layers}")
+        raise ValueError(f"cannot resume at layers {missing}: not among the kept layers {layers}")
     packed = [pack(e.context, e.choices) for e in _encode_table(tok, table)]
-    scores = {r: [None] * len(packed) for r in removals}
+    scores = {v.key: [None] * len(packed) for v in variants}
+    last_needed = max(layers.index(r) for r in resume_points)
     dtype = next(model.parameters()).dtype
-    with torch.inference_mode(), tqdm(total=len(packed), desc=desc, disable=not progress, mininterval=2.0) as bar:
+    with torch.inference_mode(), tqdm(total=len(packed) * len(variants), desc=desc, disable=not progress,
+                                      mininterval=2.0, unit="item") as bar:
         for chunk in _batches(packed, batch_size):
             batch = collate([packed[i] for i in chunk], dtype)
             h, rope = stack.embed(batch)
             entering = {}
-            for pos, layer in enumerate(layers):
+            for pos, layer in enumerate(layers[: last_needed + 1]):
                 entering[layer] = h
-                if pos < len(layers) - 1 or layer in scores:
+                if pos < last_needed:
                     h = stack.run(h, batch, rope, [layer])
-            for r in removals:
-                rest = layers[layers.index(r) + 1:]
-                out = stack.run(entering[r], batch, rope, rest)
+            for v in variants:
+                with (v.context() if v.context else contextlib.nullcontext()):
+                    out = stack.run(entering[v.resume_at], batch, rope, v.run_layers)
                 for i, s in zip(chunk, stack.readout(out, batch)):
-                    scores[r][i] = s
-            bar.update(len(chunk))
-    return pl.concat([_frame(table, scores[r]).with_columns(pl.lit(r).alias("removed_layer")) for r in removals])
+                    scores[v.key][i] = s
+                bar.update(len(chunk))
+    return {key: _frame(table, vals) for key, vals in scores.items()}
+
+
+def score_removals(model, tok, table: pl.DataFrame, layers: list[int], removals: list[int],
+                   batch_size: int = 8, progress: bool = True, desc: str = "removals") -> pl.DataFrame:
+    """Score the model made of `layers` with each layer of `removals` left out in turn.
+
+    Exact prefix reuse: the hidden state entering layer r is the same with or without r, so each
+    variant runs only the layers after r. One row per (removed_layer, item)."""
+    layers = list(layers)
+    missing = [r for r in removals if r not in layers]
+    if missing:
+        raise ValueError(f"cannot remove layers {missing}: not among the kept layers {layers}")
+    variants = [Variant(r, r, layers[layers.index(r) + 1:]) for r in removals]
+    frames = score_variants(model, tok, table, layers, variants, batch_size, progress, desc)
+    return pl.concat([frames[r].with_columns(pl.lit(r).alias("removed_layer")) for r in removals])
 
 
 def score_table_ref(model, tok, table: pl.DataFrame) -> pl.DataFrame:

@@ -1,0 +1,64 @@
+# Layer pruning: gradual sweep from the end, the minimal model, one-at-a-time removal on it.
+
+
+rule prune_gradual:
+    input:
+        model="data/models/{model}",
+        tasks=expand("data/tasks/{task}.parquet", task=config["prune"]["tasks"]),
+    output:
+        "data/results/prune/{model}/gradual.parquet",
+    params:
+        max_items=config["prune"]["max_items"],
+        batch_size=config["eval"]["batch_size"],
+        dtype=config["dtype"],
+        code=code_version("pruning", "scoring", "stack", "packing", "models", "io"),
+    log:
+        "data/logs/prune_gradual/{model}.log",
+    benchmark:
+        "data/benchmarks/prune_gradual/{model}.tsv"
+    threads: 2
+    resources:
+        mem_mb=4000,
+        runtime=120,
+    script:
+        "../workflow_scripts/prune.py"
+
+
+rule minimal_model:
+    input:
+        "data/results/prune/{model}/gradual.parquet",
+    output:
+        "data/results/prune/{model}/minimal_model.json",
+    params:
+        task=config["prune"]["retrieval_task"],
+        metric=config["prune"]["retrieval_metric"],
+        fraction=config["prune"]["minimal_fraction"],
+        code=code_version("pruning", "io"),
+    log:
+        "data/logs/minimal_model/{model}.log",
+    script:
+        "../workflow_scripts/prune.py"
+
+
+rule prune_individual:
+    input:
+        model="data/models/{model}",
+        tasks=expand("data/tasks/{task}.parquet", task=config["prune"]["tasks"]),
+        minimal="data/results/prune/{model}/minimal_model.json",
+    output:
+        "data/results/prune/{model}/individual.parquet",
+    params:
+        max_items=config["prune"]["max_items"],
+        batch_size=config["eval"]["batch_size"],
+        dtype=config["dtype"],
+        code=code_version("pruning", "scoring", "stack", "packing", "models", "io"),
+    log:
+        "data/logs/prune_individual/{model}.log",
+    benchmark:
+        "data/benchmarks/prune_individual/{model}.tsv"
+    threads: 2
+    resources:
+        mem_mb=4000,
+        runtime=240,
+    script:
+        "../workflow_scripts/prune.py"

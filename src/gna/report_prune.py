@@ -1,0 +1,125 @@
+"""Report section for layer pruning: accuracy vs layers kept, and single-layer removal."""
+
+from __future__ import annotations
+
+import html
+
+import matplotlib.pyplot as plt
+import polars as pl
+import seaborn as sns
+
+from gna.htmlkit import embed, pct, save_figure, table
+
+METRIC = "acc"
+
+
+def _overall(frame: pl.DataFrame) -> pl.DataFrame:
+    return frame.filter((pl.col("metric") == METRIC) & (pl.col("group") == "all"))
+
+
+def plot_gradual(gradual: pl.DataFrame, minimal: dict[str, dict], path) -> None:
+    data = _overall(gradual)
+    models = sorted(data["model"].unique()) or ["(none)"]
+    fig, axes = plt.subplots(1, len(models), figsize=(6.2 * len(models), 3.8), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        sub = data.filter(pl.col("model") == model).sort("layers_kept")
+        if not sub.is_empty():
+            sns.lineplot(data=sub.to_pandas(), x="layers_kept", y="value", hue="task", marker="o", ms=4, ax=ax)
+            if model in minimal:
+                k = minimal[model]["layers_kept"]
+                ax.axvline(k, ls=":", color="black", lw=1)
+                ax.annotate(f"minimal: {k}", (k, 0.02), xytext=(4, 0), textcoords="offset points", fontsize=8)
+        ax.axhline(0.25, ls="--", color="grey", lw=0.8)
+        ax.set_title(f"{model}: gradual pruning from the end")
+        ax.set_xlabel("layers kept (0..k-1, final norm + head kept)")
+        ax.set_ylabel("accuracy")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+def plot_individual(individual: pl.DataFrame, path) -> None:
+    data = _overall(individual)
+    models = sorted(data["model"].unique()) or ["(none)"]
+    fig, axes = plt.subplots(1, len(models), figsize=(6.2 * len(models), 3.8), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        sub = data.filter(pl.col("model") == model)
+        removed = sub.filter(pl.col("removed_layer") >= 0).sort("removed_layer")
+        if not removed.is_empty():
+            sns.lineplot(data=removed.to_pandas(), x="removed_layer", y="value", hue="task", marker="o", ms=4, ax=ax)
+            palette = dict(zip(removed["task"].unique(maintain_order=True), sns.color_palette()))
+            for row in sub.filter(pl.col("removed_layer") == -1).iter_rows(named=True):
+                ax.axhline(row["value"], ls=":", lw=1, color=palette.get(row["task"], "black"))
+        ax.set_title(f"{model}: remove one layer of the minimal model")
+        ax.set_xlabel("removed layer")
+        ax.set_ylabel("accuracy")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+def _collapse_sentence(model: str, sub: pl.DataFrame, task: str) -> str:
+    rows = sub.filter(pl.col("task") == task).sort("layers_kept")
+    if len(rows) < 2:
+        return ""
+    values = rows["value"].to_list()
+    ks = rows["layers_kept"].to_list()
+    drops = [(values[i + 1] - values[i], ks[i]) for i in range(len(values) - 1)]
+    drop, k = max(drops)
+    return (f"<b>{html.escape(model)}</b>, {task}: the largest single step is from {pct(values[ks.index(k) + 1])} "
+            f"with {k + 1} layers to {pct(values[ks.index(k)])} with {k}.")
+
+
+def prune_section(gradual: pl.DataFrame, individual: pl.DataFrame, minimal: list[dict], figures: dict) -> str:
+    by_model = {m["model"]: m for m in minimal}
+    plot_gradual(gradual, by_model, figures["gradual"])
+    plot_individual(individual, figures["individual"])
+    parts = ["<h2>Layer pruning</h2>",
+             "<p>Gradual pruning keeps decoder layers 0..k-1 (plus the final norm and the LM head) for every k; "
+             "individual removal takes the <i>minimal model</i> — the smallest prefix whose retrieval score "
+             "stays within the configured fraction of the full model's — and removes one layer at a time. "
+             "The study's finding to look for: knowledge (cloze) fades smoothly while the retrieval-heavy task "
+             "collapses at a specific depth, and a few single layers are critical.</p>"]
+    g = _overall(gradual)
+    sentences = [_collapse_sentence(model, g.filter(pl.col("model") == model), task)
+                 for model in sorted(g["model"].unique()) for task in sorted(g["task"].unique())]
+    parts.append("<ul>" + "".join(f"<li>{s}</li>" for s in sentences if s) + "</ul>")
+    parts.append(embed(figures["gradual"],
+                       "Accuracy vs layers kept, per task (chance for 4-way MMLU dashed; the KV chance is 1/size). "
+                       "The dotted line marks the minimal model. Every prefix is read out from one forward pass; "
+                       "this equals evaluating each pruned model separately (tested)."))
+    wide = (g.select("model", "task", "layers_kept", "value", "n")
+            .pivot(on="task", index=["model", "layers_kept"], values="value").sort(["model", "layers_kept"]))
+    parts.append("<details><summary>table: accuracy per number of layers kept</summary>"
+                 + table(wide, left=("model",), fmt={c: pct for c in wide.columns if c not in ("model", "layers_kept")})
+                 + "</details>")
+    if minimal:
+        mm = pl.DataFrame([{"model": m["model"], "layers kept": f"{m['layers_kept']} of {m['n_layers']}",
+                            "defined by": f"{m['task']} {m['metric']} ≥ {m['fraction']:.0%} of full",
+                            "full model": m["full_value"], "minimal model": m["value"]} for m in minimal])
+        parts.append("<h3>Minimal model</h3>")
+        parts.append(table(mm, left=("model", "layers kept", "defined by"), fmt={"full model": pct, "minimal model": pct}))
+    ind = _overall(individual)
+    if not ind.is_empty():
+        parts.append("<h3>Individual layer removal on the minimal model</h3>")
+        parts.append(embed(figures["individual"],
+                           "Accuracy after removing one layer of the minimal model (x: the removed layer); dotted: the "
+                           "minimal model with all its layers. Layers whose removal makes the retrieval task collapse "
+                           "are the candidates for the per-head search."))
+        crit = []
+        for m in minimal:
+            sub = ind.filter((pl.col("model") == m["model"]) & (pl.col("task") == m["task"]))
+            base = sub.filter(pl.col("removed_layer") == -1)["value"]
+            if base.is_empty():
+                continue
+            worst = sub.filter(pl.col("removed_layer") >= 0).sort("value").head(3)
+            crit.append(f"<li><b>{html.escape(m['model'])}</b>, {m['task']}: minimal model {pct(base[0])}; "
+                        + ", ".join(f"without layer {r['removed_layer']}: {pct(r['value'])}" for r in worst.iter_rows(named=True))
+                        + "</li>")
+        parts.append("<ul>" + "".join(crit) + "</ul>")
+        wide = (ind.select("model", "task", "removed_layer", "value")
+                .pivot(on="task", index=["model", "removed_layer"], values="value").sort(["model", "removed_layer"]))
+        parts.append("<details><summary>table: accuracy with one layer removed (−1 = none removed)</summary>"
+                     + table(wide, left=("model",), fmt={c: pct for c in wide.columns if c not in ("model", "removed_layer")})
+                     + "</details>")
+    return "\n".join(parts)
