@@ -49,24 +49,27 @@ class DecoderStack:
     def readout(self, h: torch.Tensor, batch: PackedBatch, normed: bool = False):
         """Per item: (summed log-prob per choice, greedy flag per choice), from the hidden state
         `h` after some layer (the final norm is applied here unless `normed`)."""
-        rows, cols = [], []
+        # Unique positions only: every choice's first token is predicted at the same (last
+        # context) position, so projecting per (choice, token) would repeat the vocab matmul.
+        where: dict[tuple[int, int], int] = {}
         for b, item in enumerate(batch.items):
-            for where in item.score_at:
-                rows.extend([b] * len(where))
-                cols.extend(where)
-        hidden = h[torch.tensor(rows), torch.tensor(cols)]
+            for positions in item.score_at:
+                for p in positions:
+                    where.setdefault((b, p), len(where))
+        rows = torch.tensor([b for b, _ in where])
+        cols = torch.tensor([p for _, p in where])
+        hidden = h[rows, cols]
         if not normed:
             hidden = self.base.norm(hidden)
         logp = torch.log_softmax(self.head(hidden).float(), dim=-1)
         best = logp.argmax(-1)
-        out, cursor = [], 0
-        for item in batch.items:
+        out = []
+        for b, item in enumerate(batch.items):
             totals, greedy = [], []
-            for targets in item.targets:
-                idx = torch.arange(cursor, cursor + len(targets))
+            for positions, targets in zip(item.score_at, item.targets):
+                idx = torch.tensor([where[(b, p)] for p in positions])
                 tgt = torch.tensor(targets)
                 totals.append(float(logp[idx, tgt].sum()))
                 greedy.append(bool((best[idx] == tgt).all()))
-                cursor += len(targets)
             out.append((totals, greedy))
         return out
