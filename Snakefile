@@ -11,6 +11,7 @@ include: "rules/models.smk"
 include: "rules/tasks.smk"
 include: "rules/baseline.smk"
 include: "rules/prune.smk"
+include: "rules/heads.smk"
 include: "rules/report.smk"
 
 

@@ -55,7 +55,9 @@ def test_smoke_run_writes_results_and_report(smoke):
     html = (smoke / "data/report/index.html").read_text()
     for needle in ("gna smoke run", "tiny-llama", "Template: <b>lookup</b>", "KV-retrieval", "letter",
                    "Cross-check with lm-evaluation-harness", "data:image/png;base64", "git commit", "Timings",
-                   "Layer pruning", "Minimal model", "Individual layer removal"):
+                   "Layer pruning", "Minimal model", "Individual layer removal", "Per-head ablation",
+                   "Removing the top-k heads together", "Heads kept in the critical layers",
+                   "Attribution pre-ranking vs the exact sweep"):
         assert needle in html, needle
     model_dir = smoke / "data/models/tiny-llama"
     assert {"model.safetensors", "config.json", "tokenizer.json", "gna_source.json"} <= {p.name for p in model_dir.iterdir()}
@@ -65,6 +67,10 @@ def test_smoke_run_writes_results_and_report(smoke):
     minimal = json.loads((smoke / "data/results/prune/tiny-llama/minimal_model.json").read_text())
     individual = pl.read_parquet(smoke / "data/results/prune/tiny-llama/individual.parquet")
     assert set(individual["removed_layer"]) == {-1, *minimal["kept_layers"]}
+    ranking = pl.read_parquet(smoke / "data/results/heads/tiny-llama/ranking.parquet")
+    assert len(ranking) == 16 and sorted(ranking["rank"]) == list(range(1, 17))
+    topk = pl.read_parquet(smoke / "data/results/heads/tiny-llama/topk.parquet")
+    assert set(topk["k"]) == {0, 1, 2, 4} and set(topk["condition"]) == {"top", "random"}
 
 
 def test_second_dry_run_has_nothing_to_do(smoke):
@@ -82,14 +88,20 @@ def test_task_size_edit_reruns_only_dependents(smoke):
     cfg["tasks"]["kv_retrieval"]["sizes"] = [3, 6, 8]
     assert planned_jobs_of(smk(smoke, "-n", config=cfg)) == {
         "kv_task": 1, "baseline": 1, "collect_baseline": 1, "prune_gradual": 1, "minimal_model": 1,
-        "prune_individual": 1, "report": 1, "all": 1}
+        "prune_individual": 1, "heads_topk": 1, "heads_kept": 1, "report": 1, "all": 1}
+
+
+def test_top_k_edit_reruns_only_the_top_k_table(smoke):
+    cfg = yaml.safe_load(yaml.safe_dump(SMOKE))
+    cfg["heads"]["top_k"] = [0, 1, 3]
+    assert planned_jobs_of(smk(smoke, "-n", config=cfg)) == {"heads_topk": 1, "report": 1, "all": 1}
 
 
 def test_minimal_fraction_edit_reruns_only_individual_removal(smoke):
     cfg = yaml.safe_load(yaml.safe_dump(SMOKE))
     cfg.setdefault("prune", {})["minimal_fraction"] = 0.5
     assert planned_jobs_of(smk(smoke, "-n", config=cfg)) == {
-        "minimal_model": 1, "prune_individual": 1, "report": 1, "all": 1}
+        "minimal_model": 1, "prune_individual": 1, "heads_kept": 1, "report": 1, "all": 1}
 
 
 def test_rerun_after_edit_then_nothing_to_do(tmp_path, smoke):

@@ -193,6 +193,12 @@ def build_report(inputs: dict, html_path, figures: dict, options: dict, config: 
             "<h2>Models</h2>",
             table(models, left=("model", "source", "sha256", "architecture")),
             _baseline_sections(baseline, kv_task, figures)]
+    if inputs.get("heads_ranking"):
+        from gna.report_heads import heads_section
+
+        body.append(heads_section(_concat(inputs["heads_ranking"]), _concat(inputs.get("heads_topk", [])),
+                                  _concat(inputs.get("heads_kept", [])), _concat(inputs.get("heads_dictsize", [])),
+                                  _concat(inputs.get("heads_attribution", [])), _concat(inputs["heads_sweep"]), figures))
     if inputs.get("prune_gradual"):
         minimal = [json.loads(open(p).read()) for p in inputs.get("prune_minimal", [])]
         body.append(prune_section(_concat(inputs["prune_gradual"]), _concat(inputs.get("prune_individual", [])),

@@ -73,3 +73,17 @@ class DecoderStack:
                 greedy.append(bool((best[idx] == tgt).all()))
             out.append((totals, greedy))
         return out
+
+    def target_logprob(self, h: torch.Tensor, batch: PackedBatch, targets: list[int]) -> torch.Tensor:
+        """Differentiable log-prob of each item's target choice (summed over its tokens)."""
+        rows, cols, toks, owner = [], [], [], []
+        for b, (item, target) in enumerate(zip(batch.items, targets)):
+            for p, t in zip(item.score_at[target], item.targets[target]):
+                rows.append(b)
+                cols.append(p)
+                toks.append(t)
+                owner.append(b)
+        hidden = self.base.norm(h[torch.tensor(rows), torch.tensor(cols)])
+        logp = torch.log_softmax(self.head(hidden).float(), dim=-1)
+        picked = logp[torch.arange(len(toks)), torch.tensor(toks)]
+        return torch.zeros(len(batch.items), dtype=picked.dtype).index_add(0, torch.tensor(owner), picked)

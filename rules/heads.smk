@@ -1,0 +1,133 @@
+# Per-head ablation: exact sweep + ranking, attribution pre-ranking, and the head tables.
+
+
+def _heads_code():
+    return code_version("heads", "head_tables", "scoring", "stack", "packing", "models", "io")
+
+
+rule heads_sweep:
+    input:
+        model="data/models/{model}",
+    output:
+        sweep="data/results/heads/{model}/sweep.parquet",
+        ranking="data/results/heads/{model}/ranking.parquet",
+    params:
+        sweep={k: config["heads"][k] for k in ("sweep_dict_size", "sweep_n", "seed")},
+        template=config["tasks"]["kv_retrieval"]["template"],
+        batch_size=config["eval"]["batch_size"],
+        dtype=config["dtype"],
+        code=_heads_code(),
+    log:
+        "data/logs/heads_sweep/{model}.log",
+    benchmark:
+        "data/benchmarks/heads_sweep/{model}.tsv"
+    threads: 2
+    resources:
+        mem_mb=4000,
+        runtime=240,
+    script:
+        "../workflow_scripts/heads.py"
+
+
+rule heads_attribution:
+    input:
+        model="data/models/{model}",
+        ranking="data/results/heads/{model}/ranking.parquet",
+    output:
+        "data/results/heads/{model}/attribution.parquet",
+    params:
+        sweep={k: config["heads"][k] for k in ("sweep_dict_size", "sweep_n", "seed")},
+        top_n=config["heads"]["attribution_top_n"],
+        template=config["tasks"]["kv_retrieval"]["template"],
+        batch_size=config["eval"]["batch_size"],
+        dtype=config["dtype"],
+        code=_heads_code(),
+    log:
+        "data/logs/heads_attribution/{model}.log",
+    benchmark:
+        "data/benchmarks/heads_attribution/{model}.tsv"
+    threads: 2
+    resources:
+        mem_mb=6000,
+        runtime=120,
+    script:
+        "../workflow_scripts/heads.py"
+
+
+rule heads_topk:
+    input:
+        model="data/models/{model}",
+        ranking="data/results/heads/{model}/ranking.parquet",
+        tasks=expand("data/tasks/{task}.parquet", task=TASKS),
+    output:
+        "data/results/heads/{model}/topk.parquet",
+    params:
+        top_k=config["heads"]["top_k"],
+        random_draws=config["heads"]["random_draws"],
+        control_tasks=config["heads"]["control_tasks"],
+        max_items=config["heads"]["table_max_items"],
+        seed=config["heads"]["seed"],
+        batch_size=config["eval"]["batch_size"],
+        dtype=config["dtype"],
+        code=_heads_code(),
+    log:
+        "data/logs/heads_topk/{model}.log",
+    benchmark:
+        "data/benchmarks/heads_topk/{model}.tsv"
+    threads: 2
+    resources:
+        mem_mb=4000,
+        runtime=240,
+    script:
+        "../workflow_scripts/heads.py"
+
+
+rule heads_kept:
+    input:
+        model="data/models/{model}",
+        ranking="data/results/heads/{model}/ranking.parquet",
+        minimal="data/results/prune/{model}/minimal_model.json",
+        tasks=expand("data/tasks/{task}.parquet", task=TASKS),
+    output:
+        "data/results/heads/{model}/kept.parquet",
+    params:
+        max_items=config["heads"]["table_max_items"],
+        batch_size=config["eval"]["batch_size"],
+        dtype=config["dtype"],
+        code=_heads_code(),
+    log:
+        "data/logs/heads_kept/{model}.log",
+    benchmark:
+        "data/benchmarks/heads_kept/{model}.tsv"
+    threads: 2
+    resources:
+        mem_mb=4000,
+        runtime=120,
+    script:
+        "../workflow_scripts/heads.py"
+
+
+rule heads_dictsize:
+    input:
+        model="data/models/{model}",
+        ranking="data/results/heads/{model}/ranking.parquet",
+    output:
+        "data/results/heads/{model}/dictsize.parquet",
+    params:
+        sizes=config["heads"]["dict_sizes"],
+        n=config["heads"]["dict_n"],
+        seed=config["heads"]["seed"],
+        template=config["tasks"]["kv_retrieval"]["template"],
+        batch_size=config["eval"]["batch_size"],
+        dtype=config["dtype"],
+        code=_heads_code(),
+    log:
+        "data/logs/heads_dictsize/{model}.log",
+    benchmark:
+        "data/benchmarks/heads_dictsize/{model}.tsv"
+    threads: 2
+    resources:
+        mem_mb=4000,
+        runtime=120,
+    script:
+        "../workflow_scripts/heads.py"
