@@ -18,12 +18,11 @@ import time
 from pathlib import Path
 
 import polars as pl
-import torch
 
 from gna.heads import attribution_scores, head_sites, rank_heads, spearman, sweep_heads, sweep_heads_naive
-from gna.models import load_model
 from gna.tasks import build_kv_retrieval
-from gna.tiny import tiny_random_model
+
+from _common import model_or_tiny
 
 
 def main() -> None:
@@ -35,13 +34,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/out/heads.json")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    if Path(args.model_dir, "config.json").exists():
-        model, tok = load_model(args.model_dir)
-        name = Path(args.model_dir).name
-    else:
-        model, tok = tiny_random_model({"layers": 8, "hidden": 128, "heads": 4, "kv_heads": 2, "seed": 0})
-        name = "tiny-random (no prepared model found)"
+    model, tok, name = model_or_tiny(args.model_dir, args.threads)
     table = build_kv_retrieval([args.dict_size], args.prompts, seed=4321, template="lookup")
     sites = head_sites(model)
     layers = list(range(0, len(sites), args.layer_stride))

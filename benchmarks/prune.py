@@ -18,12 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-import torch
 
-from gna.models import load_model
 from gna.scoring import score_removals, score_table
 from gna.tasks import build_kv_retrieval
-from gna.tiny import tiny_random_model
+
+from _common import model_or_tiny
 
 
 def _flat(frame: pl.DataFrame) -> np.ndarray:
@@ -38,14 +37,7 @@ def main() -> None:
     parser.add_argument("--removals", type=int, default=8, help="layers removed one at a time (the last N of the minimal model)")
     parser.add_argument("--out", default="benchmarks/out/prune.json")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-
-    if Path(args.model_dir, "config.json").exists():
-        model, tok = load_model(args.model_dir)
-        name = Path(args.model_dir).name
-    else:
-        model, tok = tiny_random_model({"layers": 8, "hidden": 128, "heads": 4, "kv_heads": 2, "seed": 0})
-        name = "tiny-random (no prepared model found)"
+    model, tok, name = model_or_tiny(args.model_dir, args.threads)
     n = model.config.num_hidden_layers
     table = build_kv_retrieval([10, 20], args.items // 2, seed=99, template="lookup")
     results = {"model": name, "n_layers": n, "items": len(table), "threads": args.threads}

@@ -61,3 +61,19 @@ def save_figure(fig, path: str | Path) -> None:
     plt.close(fig)
 
 
+
+
+def accuracy_axis(ax, title: str, xlabel: str, ylabel: str = "accuracy") -> None:
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(-0.02, 1.02)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+
+
+def dict_size_axis(ax, sizes: list[int]) -> None:
+    """Log-2 x axis over dictionary sizes with the 1/size chance line."""
+    ax.plot(sizes, [1 / s for s in sizes], ls="--", color="grey", label="chance")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(s) for s in sizes])

@@ -17,7 +17,7 @@ import polars as pl  # noqa: E402
 import seaborn as sns  # noqa: E402
 import yaml  # noqa: E402
 
-from gna.htmlkit import CSS, embed, pct, save_figure, table  # noqa: E402
+from gna.htmlkit import CSS, accuracy_axis, dict_size_axis, embed, pct, save_figure, table  # noqa: E402
 from gna.io import read_parquet, write_text  # noqa: E402
 from gna.models import read_provenance  # noqa: E402
 from gna.provenance import config_hash, git_commit, machine  # noqa: E402
@@ -28,15 +28,9 @@ def plot_kv(baseline: pl.DataFrame, path: str | Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.8))
     if not kv.is_empty():
         sns.lineplot(data=kv.to_pandas(), x="dict_size", y="value", hue="model", marker="o", ax=ax)
-        sizes = kv["dict_size"].unique().sort().to_list()
-        ax.plot(sizes, [1 / s for s in sizes], ls="--", color="grey", label="chance")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sizes, [str(s) for s in sizes])
-        ax.set_title(f"KV-retrieval ({kv['format'][0]} template)")
-    ax.set_xlabel("dictionary size (keys)")
-    ax.set_ylabel("accuracy")
-    ax.set_ylim(-0.02, 1.02)
-    ax.legend(fontsize=8)
+        dict_size_axis(ax, kv["dict_size"].unique().sort().to_list())
+    title = f"KV-retrieval ({kv['format'][0]} template)" if not kv.is_empty() else "KV-retrieval"
+    accuracy_axis(ax, title, "dictionary size (keys)")
     save_figure(fig, path)
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import polars as pl
 import seaborn as sns
 
-from gna.htmlkit import embed, pct, save_figure, table
+from gna.htmlkit import accuracy_axis, dict_size_axis, embed, pct, save_figure, table
 
 
 def _models(frame: pl.DataFrame) -> list[str]:
@@ -43,10 +43,7 @@ def plot_topk(topk: pl.DataFrame, path) -> None:
         sub = kv.filter(pl.col("model") == model).to_pandas()
         if not sub.empty:
             sns.lineplot(data=sub, x="k", y="value", hue="condition", marker="o", errorbar="sd", ax=ax)
-        ax.set_xlabel("heads removed together (k)")
-        ax.set_ylabel("KV-retrieval accuracy")
-        ax.set_ylim(-0.02, 1.02)
-        ax.set_title(f"{model}: top-ranked vs random heads")
+        accuracy_axis(ax, f"{model}: top-ranked vs random heads", "heads removed together (k)", "KV-retrieval accuracy")
     save_figure(fig, path)
 
 
@@ -58,15 +55,8 @@ def plot_dictsize(curves: pl.DataFrame, path) -> None:
         sub = data.filter(pl.col("model") == model).sort("dict_size")
         if not sub.is_empty():
             sns.lineplot(data=sub.to_pandas(), x="dict_size", y="value", hue="condition", marker="o", ax=ax)
-            sizes = sub["dict_size"].unique().sort().to_list()
-            ax.plot(sizes, [1 / s for s in sizes], ls="--", color="grey", label="chance")
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(sizes, [str(s) for s in sizes])
-        ax.set_xlabel("dictionary size")
-        ax.set_ylabel("KV-retrieval accuracy")
-        ax.set_ylim(-0.02, 1.02)
-        ax.legend(fontsize=8)
-        ax.set_title(f"{model}: removing the #1 or #2 head")
+            dict_size_axis(ax, sub["dict_size"].unique().sort().to_list())
+        accuracy_axis(ax, f"{model}: removing the #1 or #2 head", "dictionary size", "KV-retrieval accuracy")
     save_figure(fig, path)
 
 

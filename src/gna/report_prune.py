@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import polars as pl
 import seaborn as sns
 
-from gna.htmlkit import embed, pct, save_figure, table
+from gna.htmlkit import accuracy_axis, embed, pct, save_figure, table
 
 METRIC = "acc"
 
@@ -30,11 +30,7 @@ def plot_gradual(gradual: pl.DataFrame, minimal: dict[str, dict], path) -> None:
                 ax.axvline(k, ls=":", color="black", lw=1)
                 ax.annotate(f"minimal: {k}", (k, 0.02), xytext=(4, 0), textcoords="offset points", fontsize=8)
         ax.axhline(0.25, ls="--", color="grey", lw=0.8)
-        ax.set_title(f"{model}: gradual pruning from the end")
-        ax.set_xlabel("layers kept (0..k-1, final norm + head kept)")
-        ax.set_ylabel("accuracy")
-        ax.set_ylim(-0.02, 1.02)
-        ax.legend(fontsize=8)
+        accuracy_axis(ax, f"{model}: gradual pruning from the end", "layers kept (0..k-1, final norm + head kept)")
     save_figure(fig, path)
 
 
@@ -50,11 +46,7 @@ def plot_individual(individual: pl.DataFrame, path) -> None:
             palette = dict(zip(removed["task"].unique(maintain_order=True), sns.color_palette()))
             for row in sub.filter(pl.col("removed_layer") == -1).iter_rows(named=True):
                 ax.axhline(row["value"], ls=":", lw=1, color=palette.get(row["task"], "black"))
-        ax.set_title(f"{model}: remove one layer of the minimal model")
-        ax.set_xlabel("removed layer")
-        ax.set_ylabel("accuracy")
-        ax.set_ylim(-0.02, 1.02)
-        ax.legend(fontsize=8)
+        accuracy_axis(ax, f"{model}: remove one layer of the minimal model", "removed layer")
     save_figure(fig, path)
 
 

@@ -1,0 +1,20 @@
+"""Shared set-up for the benchmark scripts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from gna.models import load_model
+from gna.tiny import tiny_random_model
+
+
+def model_or_tiny(model_dir: str, threads: int):
+    """The prepared model if it exists, else a tiny random Llama (e.g. before `make reproduce`)."""
+    torch.set_num_threads(threads)
+    if Path(model_dir, "config.json").exists():
+        model, tok = load_model(model_dir)
+        return model, tok, Path(model_dir).name
+    model, tok = tiny_random_model({"layers": 8, "hidden": 128, "heads": 4, "kv_heads": 2, "seed": 0})
+    return model, tok, "tiny-random (no prepared model found)"
