@@ -140,9 +140,8 @@ def _baseline_sections(baseline: pl.DataFrame, kv_task: pl.DataFrame, figures: d
 
 
 REFERENCE = """
-<h2>Reference: the study's published numbers</h2>
-<p class='note'>For orientation only — these are <b>not</b> produced by this pipeline. Bick, Xing, Gu (ICML 2025),
-Llama-3.1-8B-Instruct pruned above layer 17, heads kept in layers 16/17:</p>
+<p class='note'><b>Reference, not produced by this pipeline:</b> the study's published table (Bick, Xing, Gu,
+ICML 2025) for Llama-3.1-8B-Instruct pruned above layer 17, heads kept in layers 16/17:</p>
 <table class='ref'><thead><tr><th>heads kept L16</th><th>heads kept L17</th><th>MMLU (reference)</th>
 <th>knowledge tasks (reference)</th></tr></thead><tbody>
 <tr><td>22</td><td>24</td><td>66.32%</td><td>39.09%</td></tr>
@@ -187,18 +186,17 @@ def build_report(inputs: dict, html_path, figures: dict, options: dict, config: 
             "<h2>Models</h2>",
             table(models, left=("model", "source", "sha256", "architecture")),
             _baseline_sections(baseline, kv_task, figures)]
+    if inputs.get("prune_gradual"):
+        minimal = [json.loads(open(p).read()) for p in inputs.get("prune_minimal", [])]
+        body.append(prune_section(_concat(inputs["prune_gradual"]), _concat(inputs.get("prune_individual", [])),
+                                  minimal, figures))
     if inputs.get("heads_ranking"):
         from gna.report_heads import heads_section
 
         body.append(heads_section(_concat(inputs["heads_ranking"]), _concat(inputs.get("heads_topk", [])),
                                   _concat(inputs.get("heads_kept", [])), _concat(inputs.get("heads_dictsize", [])),
-                                  _concat(inputs.get("heads_attribution", [])), _concat(inputs["heads_sweep"]), figures))
-    if inputs.get("prune_gradual"):
-        minimal = [json.loads(open(p).read()) for p in inputs.get("prune_minimal", [])]
-        body.append(prune_section(_concat(inputs["prune_gradual"]), _concat(inputs.get("prune_individual", [])),
-                                  minimal, figures))
-    if options.get("show_reference", True):
-        body.append(REFERENCE)
+                                  _concat(inputs.get("heads_attribution", [])), _concat(inputs["heads_sweep"]), figures,
+                                  reference=REFERENCE if options.get("show_reference", True) else ""))
     if not timings.is_empty():
         body.append("<h2>Timings</h2><p>Wall time and peak memory of each step (Snakemake benchmark records).</p>")
         body.append(table(timings, left=("step",), fmt={"seconds": lambda v: f"{v:.1f}", "peak RSS (MB)": lambda v: f"{v:.0f}"}))

@@ -74,7 +74,7 @@ def plot_attribution(attr: pl.DataFrame, path) -> None:
 
 
 def heads_section(ranking: pl.DataFrame, topk: pl.DataFrame, kept: pl.DataFrame, curves: pl.DataFrame,
-                  attribution: pl.DataFrame, sweep: pl.DataFrame, figures: dict) -> str:
+                  attribution: pl.DataFrame, sweep: pl.DataFrame, figures: dict, reference: str = "") -> str:
     plot_heatmap(ranking, figures["heads_heatmap"])
     plot_topk(topk, figures["heads_topk"])
     plot_dictsize(curves, figures["heads_dictsize"])
@@ -126,9 +126,10 @@ def heads_section(ranking: pl.DataFrame, topk: pl.DataFrame, kept: pl.DataFrame,
                 {"kept_a": f"heads kept L{r0['layer_a']}", "kept_b": f"heads kept L{r0['layer_b']}"})
             parts.append(f"<p><b>{html.escape(model)}</b>: the minimal model ({r0['layers_kept']} layers); in the two "
                          f"layers holding the best-ranked heads, keep only that head (or none). All other layers "
-                         f"keep all their heads. Compare the study's reference table below the pruning section.</p>")
+                         f"keep all their heads.</p>")
             parts.append(table(wide.drop("variant"), left=tuple(c for c in wide.columns if c.startswith("heads kept")),
                                fmt={c: pct for c in wide.columns if c not in ("variant",) and not c.startswith("heads kept")}))
+        parts.append(reference)
     if not curves.is_empty():
         parts.append("<h3>KV-retrieval vs dictionary size with the #1 or #2 head removed</h3>")
         wide = (curves.filter(pl.col("metric") == "acc")
