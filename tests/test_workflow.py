@@ -73,6 +73,11 @@ def test_smoke_run_writes_results_and_report(smoke):
     assert set(topk["k"]) == {0, 1, 2, 4} and set(topk["condition"]) == {"top", "random"}
 
 
+def test_snakemake_report_renders_every_figure_with_its_caption(smoke):
+    smk(smoke, "--report", str(smoke / "snakemake-report.html"))
+    assert (smoke / "snakemake-report.html").stat().st_size > 10_000
+
+
 def test_second_dry_run_has_nothing_to_do(smoke):
     assert planned_jobs_of(smk(smoke, "-n")) == {}
 
