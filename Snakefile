@@ -12,11 +12,12 @@ include: "rules/tasks.smk"
 include: "rules/baseline.smk"
 include: "rules/prune.smk"
 include: "rules/heads.smk"
+include: "rules/gna.smk"
 include: "rules/report.smk"
 
 
 rule all:
     input:
-        "data/results/baseline.parquet",
+        get_all_results(),
         "data/report/index.html",
     default_target: True

@@ -61,3 +61,19 @@ def get_baseline_results(wildcards):
         if config["lm_eval"]["crosscheck_mmlu"] and "letter" in config["tasks"]["mmlu"]["formats"]
         else []
     )
+
+
+def get_all_results():
+    """Every phase's results, listed explicitly so a phase added to an existing run is scheduled
+    even when the report it feeds is already up to date."""
+    per_model = [
+        "data/results/prune/{model}/gradual.parquet",
+        "data/results/prune/{model}/individual.parquet",
+        "data/results/heads/{model}/ranking.parquet",
+        "data/results/heads/{model}/attribution.parquet",
+        "data/results/heads/{model}/topk.parquet",
+        "data/results/heads/{model}/kept.parquet",
+        "data/results/heads/{model}/dictsize.parquet",
+        "data/results/gna/{model}/roles.parquet",
+    ]
+    return ["data/results/baseline.parquet"] + [p for t in per_model for p in expand(t, model=MODELS)]

@@ -19,6 +19,8 @@ rule report:
         heads_kept=expand("data/results/heads/{model}/kept.parquet", model=MODELS),
         heads_dictsize=expand("data/results/heads/{model}/dictsize.parquet", model=MODELS),
         heads_attribution=expand("data/results/heads/{model}/attribution.parquet", model=MODELS),
+        gna_roles=expand("data/results/gna/{model}/roles.parquet", model=MODELS),
+        gna_maps=expand("data/results/gna/{model}/maps.parquet", model=MODELS),
     output:
         html="data/report/index.html",
         kv=_figure("baseline_kv", "Baseline"),
@@ -29,12 +31,13 @@ rule report:
         heads_topk=_figure("heads_topk", "Heads"),
         heads_dictsize=_figure("heads_dictsize", "Heads"),
         heads_attribution=_figure("heads_attribution", "Heads"),
+        gna_maps=_figure("gna_maps", "Gather-and-Aggregate"),
     params:
         report=config["report"],
         config=config,
         benchmark_dir="data/benchmarks",
         workflow_dir=workflow.basedir,
-        code=code_version("report", "report_prune", "report_heads", "htmlkit", "provenance", "io"),
+        code=code_version("report", "report_prune", "report_heads", "report_gna", "htmlkit", "provenance", "io"),
     log:
         "data/logs/report.log",
     script:

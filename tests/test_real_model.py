@@ -46,3 +46,14 @@ def test_default_model_solves_lookup_kv_retrieval(smollm):
     # measured ~0.94-1.0 on this model; chance is 0.1
     assert items["correct"].mean() >= 0.75, items.select("target", "pred")
     assert items.filter(pl.col("correct"))["greedy_match"].mean() >= 0.75
+
+
+def test_segments_on_the_real_tokenizer(smollm):
+    from gna.gather_aggregate import kv_segments
+
+    _, tok = smollm
+    row = build_kv_retrieval([5], 1, seed=3, template="lookup").row(0, named=True)
+    seg = kv_segments(tok, row["context"], row["query_key"])
+    lines = row["context"].split("\n")[1:6]
+    assert [tok.convert_tokens_to_string(seg.tokens[a:b]) for a, b in seg.spans] == lines
+    assert lines[seg.correct].startswith(row["query_key"] + ":")

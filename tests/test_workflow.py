@@ -57,7 +57,7 @@ def test_smoke_run_writes_results_and_report(smoke):
                    "Cross-check with lm-evaluation-harness", "data:image/png;base64", "git commit", "Timings",
                    "Layer pruning", "Minimal model", "Individual layer removal", "Per-head ablation",
                    "Removing the top-k heads together", "Heads kept in the critical layers",
-                   "Attribution pre-ranking vs the exact sweep"):
+                   "Attribution pre-ranking vs the exact sweep", "Gather-and-Aggregate roles"):
         assert needle in html, needle
     model_dir = smoke / "data/models/tiny-llama"
     assert {"model.safetensors", "config.json", "tokenizer.json", "gna_source.json"} <= {p.name for p in model_dir.iterdir()}
@@ -119,6 +119,14 @@ def test_rerun_after_edit_then_nothing_to_do(tmp_path, smoke):
     assert "rule prepare_model" not in proc.stderr + proc.stdout
     assert planned_jobs_of(smk(work, "-n", config=cfg)) == {}
     assert pl.read_parquet(work / "data/tasks/mmlu_letter.parquet").height == 6
+
+
+def test_a_phase_missing_from_an_existing_run_is_scheduled(tmp_path, smoke):
+    """As after an upgrade that adds a phase: its results are missing while the report exists."""
+    work = tmp_path / "copy"
+    shutil.copytree(smoke, work, symlinks=True)
+    shutil.rmtree(work / "data/results/gna")
+    assert planned_jobs_of(smk(work, "-n")) == {"gna_roles": 1, "report": 1, "all": 1}
 
 
 def test_bad_config_fails_before_any_job(tmp_path):

@@ -190,6 +190,12 @@ def build_report(inputs: dict, html_path, figures: dict, options: dict, config: 
         minimal = [json.loads(open(p).read()) for p in inputs.get("prune_minimal", [])]
         body.append(prune_section(_concat(inputs["prune_gradual"]), _concat(inputs.get("prune_individual", [])),
                                   minimal, figures))
+    if inputs.get("gna_roles"):
+        from gna.report_gna import gna_section
+
+        gna_part = gna_section(_concat(inputs["gna_roles"]), _concat(inputs["gna_maps"]), figures)
+    else:
+        gna_part = ""
     if inputs.get("heads_ranking"):
         from gna.report_heads import heads_section
 
@@ -197,6 +203,7 @@ def build_report(inputs: dict, html_path, figures: dict, options: dict, config: 
                                   _concat(inputs.get("heads_kept", [])), _concat(inputs.get("heads_dictsize", [])),
                                   _concat(inputs.get("heads_attribution", [])), _concat(inputs["heads_sweep"]), figures,
                                   reference=REFERENCE if options.get("show_reference", True) else ""))
+    body.append(gna_part)
     if not timings.is_empty():
         body.append("<h2>Timings</h2><p>Wall time and peak memory of each step (Snakemake benchmark records).</p>")
         body.append(table(timings, left=("step",), fmt={"seconds": lambda v: f"{v:.1f}", "peak RSS (MB)": lambda v: f"{v:.0f}"}))

@@ -1,0 +1,25 @@
+# Gather-and-Aggregate: attention maps and role scores of the heads (attention models).
+
+
+rule gna_roles:
+    input:
+        model="data/models/{model}",
+        ranking="data/results/heads/{model}/ranking.parquet",
+    output:
+        roles="data/results/gna/{model}/roles.parquet",
+        maps="data/results/gna/{model}/maps.parquet",
+    params:
+        gna=config["gna"],
+        template=config["tasks"]["kv_retrieval"]["template"],
+        dtype=config["dtype"],
+        code=code_version("gather_aggregate", "models", "io"),
+    log:
+        "data/logs/gna_roles/{model}.log",
+    benchmark:
+        "data/benchmarks/gna_roles/{model}.tsv"
+    threads: 2
+    resources:
+        mem_mb=4000,
+        runtime=60,
+    script:
+        "../workflow_scripts/gna_roles.py"

@@ -1,0 +1,168 @@
+"""Gather-and-Aggregate: segments of a prompt, attention maps, and per-head role scores.
+
+A *Gather* head condenses each segment (a key:value line, an answer option) into a summary
+token — the token that ends the segment's line (its newline); an *Aggregate* head, at the
+answer position, reads the segments and picks one. See `role_scores` for the exact measures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass
+
+import polars as pl
+import torch
+
+LETTERS = ("A", "B", "C", "D")
+
+
+@dataclass
+class Segments:
+    spans: list[tuple[int, int]]  # token ranges [start, end) of each segment
+    summary: list[int]            # token index of each segment's summary token
+    answer: int                   # the answer position (last context token)
+    correct: int                  # index of the segment holding the answer
+    tokens: list[str]
+
+
+def _token_span(offsets: list[tuple[int, int]], start: int, end: int) -> tuple[int, int]:
+    idx = [i for i, (a, b) in enumerate(offsets) if a < end and b > start and b > a]
+    if not idx:
+        raise ValueError(f"no token covers characters {start}..{end}")
+    return idx[0], idx[-1] + 1
+
+
+def _segments(tok, context: str, char_spans: list[tuple[int, int]], correct: int) -> Segments:
+    enc = tok(context, return_offsets_mapping=True, add_special_tokens=False)
+    offsets = [tuple(o) for o in enc["offset_mapping"]]
+    spans, summary = [], []
+    for start, end in char_spans:
+        first, last = _token_span(offsets, start, end)
+        # the summary token ends the line: the token holding the newline after it, if any
+        newline = [i for i, (a, b) in enumerate(offsets) if a <= end < b] if end < len(context) else []
+        spans.append((first, last))
+        summary.append(newline[0] if newline else last - 1)
+    return Segments(spans, summary, len(offsets) - 1, correct, tok.convert_ids_to_tokens(enc["input_ids"]))
+
+
+def kv_segments(tok, context: str, query_key: str) -> Segments:
+    """Each dictionary line `key:value` is a segment (not the lookup example after it)."""
+    body_start = context.index("\n") + 1
+    body_end = context.find("\n\n", body_start)
+    body_end = body_end if body_end >= 0 else context.rfind("\n")
+    char_spans, keys, pos = [], [], body_start
+    for line in context[body_start:body_end].split("\n"):
+        if re.fullmatch(r"[^:\n]+:\d+", line):
+            char_spans.append((pos, pos + len(line)))
+            keys.append(line.split(":")[0])
+        pos += len(line) + 1
+    return _segments(tok, context, char_spans, keys.index(query_key))
+
+
+def mmlu_letter_segments(tok, context: str, target: int) -> Segments:
+    """Each answer option line `X. text` of the final question is a segment."""
+    char_spans = []
+    for letter in LETTERS:
+        start = context.rindex(f"\n{letter}. ") + 1
+        end = context.index("\n", start)
+        char_spans.append((start, end))
+    return _segments(tok, context, char_spans, target)
+
+
+@contextlib.contextmanager
+def eager_attention(model):
+    """Attention weights need the eager implementation; restore the original afterwards."""
+    original = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        yield model
+    finally:
+        model.set_attn_implementation(original)
+
+
+@torch.inference_mode()
+def attention_maps(model, tok, context: str) -> torch.Tensor:
+    """[layers, heads, T, T] attention weights of the context (no choice appended)."""
+    ids = tok(context, return_tensors="pt", add_special_tokens=False).input_ids
+    with eager_attention(model):
+        out = model(ids, output_attentions=True)
+    return torch.stack([a[0] for a in out.attentions]).float()
+
+
+def role_scores(maps: torch.Tensor, seg: Segments) -> dict[str, torch.Tensor]:
+    """Per (layer, head) scores of one sample:
+    gather              mass from each segment's summary token onto its own segment (mean)
+    aggregate_summary   mass from the answer position onto the summary tokens (the study's reading)
+    aggregate           mass from the answer position onto the segments, summary tokens included
+                        (small models often read the value inside the segment directly)
+    selectivity         share of `aggregate` that lands on the correct segment"""
+    gather = torch.stack([maps[:, :, s, a:b].sum(-1) for (a, b), s in zip(seg.spans, seg.summary)]).mean(0)
+    answer_row = maps[:, :, seg.answer]
+    per_segment = torch.stack([answer_row[..., a:b].sum(-1) + (answer_row[..., s] if not a <= s < b else 0)
+                               for (a, b), s in zip(seg.spans, seg.summary)], dim=-1)
+    aggregate = per_segment.sum(-1)
+    return {"gather": gather, "aggregate_summary": answer_row[..., seg.summary].sum(-1), "aggregate": aggregate,
+            "selectivity": per_segment[..., seg.correct] / aggregate.clamp_min(1e-9)}
+
+
+SCORES = ("gather", "aggregate", "aggregate_summary", "selectivity")
+
+
+def classify(gather: float, aggregate: float, selectivity: float, gather_min: float, aggregate_min: float,
+             n_segments: float) -> str:
+    """Aggregate: the answer position reads the segments and prefers the correct one (selectivity
+    at least twice chance); Gather: summary tokens condense their own segment; else other."""
+    if aggregate >= aggregate_min and selectivity >= min(1.0, 2.0 / n_segments):
+        return "aggregate"
+    return "gather" if gather >= gather_min else "other"
+
+
+def head_roles(model, tok, table: pl.DataFrame, segment_fn, gather_min: float = 0.5, aggregate_min: float = 0.3,
+               progress: bool = True) -> pl.DataFrame:
+    """Mean role scores of every head over the items of `table`, and a role per head."""
+    from tqdm.auto import tqdm
+
+    totals: dict[str, torch.Tensor] = {}
+    n_segments = 0.0
+    for row in tqdm(table.iter_rows(named=True), total=len(table), desc="G&A roles", disable=not progress):
+        seg = segment_fn(tok, row)
+        n_segments += len(seg.spans) / len(table)
+        scores = role_scores(attention_maps(model, tok, row["context"]), seg)
+        for k, v in scores.items():
+            totals[k] = totals.get(k, 0) + v / len(table)
+    n_layers, n_heads = totals["gather"].shape
+    rows = []
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            vals = {k: float(totals[k][layer, head]) for k in SCORES}
+            rows.append({"layer": layer, "head": head, **vals, "n": len(table),
+                         "role": classify(vals["gather"], vals["aggregate"], vals["selectivity"], gather_min,
+                                          aggregate_min, n_segments)})
+    return pl.DataFrame(rows)
+
+
+def kv_row_segments(tok, row: dict) -> Segments:
+    return kv_segments(tok, row["context"], row["query_key"])
+
+
+def mmlu_row_segments(tok, row: dict) -> Segments:
+    return mmlu_letter_segments(tok, row["context"], row["target"])
+
+
+def map_frame(model, tok, row: dict, heads: list[tuple[int, int]], segment_fn) -> pl.DataFrame:
+    """Long table of one sample's attention maps for `heads`: layer, head, query, key, weight,
+    plus token strings and segment marks for axis labels."""
+    seg = segment_fn(tok, row)
+    maps = attention_maps(model, tok, row["context"])
+    role_of = {i: "summary" for i in seg.summary} | {seg.answer: "answer"}
+    rows = []
+    T = maps.shape[-1]
+    for layer, head in heads:
+        weights = maps[layer, head]
+        for q in range(T):
+            for k in range(q + 1):
+                rows.append({"layer": layer, "head": head, "query": q, "key": k, "weight": float(weights[q, k])})
+    tokens = pl.DataFrame({"query": list(range(T)), "token": seg.tokens,
+                           "mark": [role_of.get(i, "") for i in range(T)]})
+    return pl.DataFrame(rows).join(tokens, on="query", how="left")
