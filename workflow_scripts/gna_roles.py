@@ -17,8 +17,13 @@ roles = roles.join(ranking.select("layer", "head", "rank", "acc_drop"), on=["lay
 model_name = snakemake.wildcards.model
 write_parquet(roles.with_columns(pl.lit(model_name).alias("model")), snakemake.output.roles)
 sample = build_kv_retrieval([cfg["map_dict_size"]], 1, cfg["seed"], snakemake.params.template).row(0, named=True)
-top = ranking.sort("rank").head(cfg["map_heads"])
-maps = map_frame(model, tok, sample, list(zip(top["layer"], top["head"])), kv_row_segments)
+# the top-ranked heads, plus the best-ranked Gather and Aggregate heads if they are not among them
+heads = list(zip(*ranking.sort("rank").head(cfg["map_heads"]).select("layer", "head").to_dict(as_series=False).values()))
+for role in ("gather", "aggregate"):
+    best = roles.filter(pl.col("role") == role).sort("rank").head(1)
+    if not best.is_empty() and (best["layer"][0], best["head"][0]) not in heads:
+        heads.append((best["layer"][0], best["head"][0]))
+maps = map_frame(model, tok, sample, heads, kv_row_segments)
 write_parquet(maps.with_columns(pl.lit(model_name).alias("model")), snakemake.output.maps)
 for role in ("gather", "aggregate"):
     best = roles.filter(pl.col("role") == role).sort("rank").head(3)

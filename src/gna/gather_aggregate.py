@@ -93,26 +93,32 @@ def attention_maps(model, tok, context: str) -> torch.Tensor:
 def role_scores(maps: torch.Tensor, seg: Segments) -> dict[str, torch.Tensor]:
     """Per (layer, head) scores of one sample:
     gather              mass from each segment's summary token onto its own segment (mean)
+    gather_strict       the same, leaving out the token just before the summary token
     aggregate_summary   mass from the answer position onto the summary tokens (the study's reading)
     aggregate           mass from the answer position onto the segments, summary tokens included
                         (small models often read the value inside the segment directly)
     selectivity         share of `aggregate` that lands on the correct segment"""
     gather = torch.stack([maps[:, :, s, a:b].sum(-1) for (a, b), s in zip(seg.spans, seg.summary)]).mean(0)
+    # the same without the token right before the summary: a previous-token head scores high on
+    # `gather` by attending only to the line's last token, which condenses nothing
+    gather_strict = torch.stack([maps[:, :, s, a:b].sum(-1) - (maps[:, :, s, s - 1] if a <= s - 1 < b else 0)
+                                 for (a, b), s in zip(seg.spans, seg.summary)]).mean(0)
     answer_row = maps[:, :, seg.answer]
     per_segment = torch.stack([answer_row[..., a:b].sum(-1) + (answer_row[..., s] if not a <= s < b else 0)
                                for (a, b), s in zip(seg.spans, seg.summary)], dim=-1)
     aggregate = per_segment.sum(-1)
-    return {"gather": gather, "aggregate_summary": answer_row[..., seg.summary].sum(-1), "aggregate": aggregate,
+    return {"gather": gather, "gather_strict": gather_strict, "aggregate_summary": answer_row[..., seg.summary].sum(-1), "aggregate": aggregate,
             "selectivity": per_segment[..., seg.correct] / aggregate.clamp_min(1e-9)}
 
 
-SCORES = ("gather", "aggregate", "aggregate_summary", "selectivity")
+SCORES = ("gather", "gather_strict", "aggregate", "aggregate_summary", "selectivity")
 
 
 def classify(gather: float, aggregate: float, selectivity: float, gather_min: float, aggregate_min: float,
              n_segments: float) -> str:
     """Aggregate: the answer position reads the segments and prefers the correct one (selectivity
-    at least twice chance); Gather: summary tokens condense their own segment; else other."""
+    at least twice chance); Gather: summary tokens condense their own segment beyond the token
+    right before them (`gather` here is the strict score); else other."""
     if aggregate >= aggregate_min and selectivity >= min(1.0, 2.0 / n_segments):
         return "aggregate"
     return "gather" if gather >= gather_min else "other"
@@ -137,7 +143,7 @@ def head_roles(model, tok, table: pl.DataFrame, segment_fn, gather_min: float = 
         for head in range(n_heads):
             vals = {k: float(totals[k][layer, head]) for k in SCORES}
             rows.append({"layer": layer, "head": head, **vals, "n": len(table),
-                         "role": classify(vals["gather"], vals["aggregate"], vals["selectivity"], gather_min,
+                         "role": classify(vals["gather_strict"], vals["aggregate"], vals["selectivity"], gather_min,
                                           aggregate_min, n_segments)})
     return pl.DataFrame(rows)
 

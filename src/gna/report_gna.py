@@ -13,8 +13,12 @@ from gna.htmlkit import embed, pct, save_figure, table
 
 def plot_maps(maps: pl.DataFrame, path) -> None:
     panels = maps.select("model", "layer", "head").unique(maintain_order=True).rows() or [("(none)", 0, 0)]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 5.4), squeeze=False)
-    for ax, (model, layer, head) in zip(axes[0], panels):
+    cols = min(3, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 5.4 * rows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for ax, (model, layer, head) in zip(axes.flat, panels):
         sub = maps.filter((pl.col("model") == model) & (pl.col("layer") == layer) & (pl.col("head") == head))
         if sub.is_empty():
             continue
@@ -40,16 +44,18 @@ def gna_section(roles: pl.DataFrame, maps: pl.DataFrame, figures: dict) -> str:
     parts = ["<h2>Gather-and-Aggregate roles</h2>",
              "<p>Role scores from each attention head's attention maps on KV-retrieval prompts, where each "
              "<code>key:value</code> line is a segment and its newline the summary token. <i>gather</i>: mass from "
-             "each summary token onto its own segment; <i>aggregate</i>: mass from the answer position onto the "
+             "each summary token onto its own segment (and without the token just before it, which a plain "
+             "previous-token head would score on); <i>aggregate</i>: mass from the answer position onto the "
              "segments; <i>aggregate (summary)</i>: onto the summary tokens only (the study's reading); "
              "<i>selectivity</i>: share of the aggregate mass on the correct segment. A head is an Aggregate head "
              "if aggregate ≥ the configured minimum and it prefers the correct segment (selectivity ≥ 2× chance), "
-             "else a Gather head if gather ≥ its minimum.</p>"]
+             "else a Gather head if gather without the previous token ≥ its minimum.</p>"]
     for model in sorted(roles["model"].unique()):
         sub = roles.filter(pl.col("model") == model)
         counts = sub.group_by("role").len().sort("role")
         top = sub.filter(pl.col("rank") <= 10).sort("rank").select(
-            "rank", pl.format("L{}H{}", "layer", "head").alias("head"), "role", "acc_drop", "gather", "aggregate",
+            "rank", pl.format("L{}H{}", "layer", "head").alias("head"), "role", "acc_drop", "gather",
+            pl.col("gather_strict").alias("gather (without previous token)"), "aggregate",
             pl.col("aggregate_summary").alias("aggregate (summary)"), "selectivity")
         best = {r: sub.filter(pl.col("role") == r).sort("rank").head(1) for r in ("gather", "aggregate")}
         found = "; ".join(f"best-ranked {r} head L{b['layer'][0]}H{b['head'][0]} (ablation rank {b['rank'][0]})"
@@ -57,7 +63,8 @@ def gna_section(roles: pl.DataFrame, maps: pl.DataFrame, figures: dict) -> str:
         parts.append(f"<h3>{html.escape(model)}</h3><p>{html.escape(found)}. Heads per role: "
                      + ", ".join(f"{r['role']} {r['len']}" for r in counts.iter_rows(named=True)) + f" (over {sub['n'][0]} prompts).</p>")
         parts.append(table(top, left=("head", "role"), fmt={"acc_drop": pct}))
-    parts.append(embed(figures["gna_maps"], "Attention maps of the top-ranked heads on one short KV prompt "
+    parts.append(embed(figures["gna_maps"], "Attention maps of the top-ranked heads and of the best-ranked Gather and "
+                       "Aggregate heads on one short KV prompt "
                        "(rows: query tokens, columns: key tokens; blue labels: summary tokens, red: the answer "
                        "position). A Gather head's summary rows attend within their own line; an Aggregate head's "
                        "answer row lands on the correct line."))
