@@ -14,6 +14,8 @@ encode(context + choice)[len(context ids):], so the model sees context ids + cho
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 
 import polars as pl
@@ -212,3 +214,16 @@ def summarize(per_item: pl.DataFrame, by_group: bool) -> pl.DataFrame:
 
 def chance_accuracy(table: pl.DataFrame) -> float:
     return float(sum(1 / len(c) for c in table["choices"]) / max(len(table), 1))
+
+
+class Timer:
+    def __enter__(self):
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self.start
+
+
+def isclose(a: float, b: float, tol: float = 1e-4) -> bool:
+    return math.isclose(a, b, rel_tol=tol, abs_tol=tol)
