@@ -75,5 +75,6 @@ def get_all_results():
         "data/results/heads/{model}/kept.parquet",
         "data/results/heads/{model}/dictsize.parquet",
         "data/results/gna/{model}/roles.parquet",
+        "data/results/gna/{model}/masking.parquet",
     ]
     return ["data/results/baseline.parquet"] + [p for t in per_model for p in expand(t, model=MODELS)]

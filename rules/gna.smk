@@ -23,3 +23,27 @@ rule gna_roles:
         runtime=60,
     script:
         "../workflow_scripts/gna_roles.py"
+
+
+rule gna_masking:
+    input:
+        model="data/models/{model}",
+        roles="data/results/gna/{model}/roles.parquet",
+    output:
+        "data/results/gna/{model}/masking.parquet",
+    params:
+        gna=config["gna"],
+        template=config["tasks"]["kv_retrieval"]["template"],
+        batch_size=config["eval"]["batch_size"],
+        dtype=config["dtype"],
+        code=code_version("gna_masking", "gather_aggregate", "heads", "scoring", "stack", "packing", "models", "io"),
+    log:
+        "data/logs/gna_masking/{model}.log",
+    benchmark:
+        "data/benchmarks/gna_masking/{model}.tsv"
+    threads: 2
+    resources:
+        mem_mb=4000,
+        runtime=60,
+    script:
+        "../workflow_scripts/gna_masking.py"

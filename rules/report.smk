@@ -21,6 +21,7 @@ rule report:
         heads_attribution=expand("data/results/heads/{model}/attribution.parquet", model=MODELS),
         gna_roles=expand("data/results/gna/{model}/roles.parquet", model=MODELS),
         gna_maps=expand("data/results/gna/{model}/maps.parquet", model=MODELS),
+        gna_masking=expand("data/results/gna/{model}/masking.parquet", model=MODELS),
     output:
         html="data/report/index.html",
         kv=_figure("baseline_kv", "Baseline"),

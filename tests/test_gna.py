@@ -61,3 +61,34 @@ def test_maps_and_roles_on_a_model(tiny_llama):
     assert len(roles) == 3 * 4 and set(roles["role"]) <= {"gather", "aggregate", "other"}
     frame = map_frame(model, tok, table.row(0, named=True), [(1, 2)], kv_row_segments)
     assert set(frame["mark"]) >= {"summary", "answer"} and frame["weight"].max() <= 1.0
+
+
+def test_unrestricted_head_masks_reproduce_the_model_and_restriction_bites(tiny_llama):
+    import numpy as np
+
+    from gna.gna_masking import head_mask, masking_experiment, score_masked
+    from gna.packing import collate, pack
+    from gna.scoring import encode, score_table
+
+    model, tok = tiny_llama
+    kv = build_kv_retrieval([3, 5], 3, 0, "lookup")
+    heads = {"gather": (1, 2), "aggregate": (2, 0)}
+    plain = score_table(model, tok, kv, progress=False)
+    same = score_masked(model, tok, kv, kv_row_segments, heads, restrict=False)
+    flat = lambda f: np.concatenate(f["logprobs"].to_list())  # noqa: E731
+    assert np.array_equal(flat(plain), flat(same))
+    masked = score_masked(model, tok, kv, kv_row_segments, heads, restrict=True)
+    assert not np.allclose(flat(plain), flat(masked), atol=1e-4)
+    # the Gather head's summary row sees exactly its own line; other heads keep the ordinary mask
+    row = kv.row(0, named=True)
+    enc = encode(tok, row["context"], row["choices"])
+    batch = collate([pack(enc.context, enc.choices)])
+    seg = kv_row_segments(tok, row)
+    mask = head_mask(batch, [seg], 4, 2, "gather")
+    (start, end), summary = seg.spans[0], seg.summary[0]
+    visible = (mask[0, 2, summary] == 0).nonzero().flatten().tolist()
+    assert visible == list(range(start, end)) + [summary]
+    assert torch.equal(mask[0, 1], batch.mask[0, 0])
+    result = masking_experiment(model, tok, kv, kv_row_segments, heads)
+    assert result["condition"].to_list() == ["(a) unmodified", "(b) G&A heads ablated", "(c) G&A pattern only"]
+    assert result["acc"][0] == plain["correct"].mean()

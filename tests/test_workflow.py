@@ -126,7 +126,7 @@ def test_a_phase_missing_from_an_existing_run_is_scheduled(tmp_path, smoke):
     work = tmp_path / "copy"
     shutil.copytree(smoke, work, symlinks=True)
     shutil.rmtree(work / "data/results/gna")
-    assert planned_jobs_of(smk(work, "-n")) == {"gna_roles": 1, "report": 1, "all": 1}
+    assert planned_jobs_of(smk(work, "-n")) == {"gna_roles": 1, "gna_masking": 1, "report": 1, "all": 1}
 
 
 def test_bad_config_fails_before_any_job(tmp_path):

@@ -193,7 +193,8 @@ def build_report(inputs: dict, html_path, figures: dict, options: dict, config: 
     if inputs.get("gna_roles"):
         from gna.report_gna import gna_section
 
-        gna_part = gna_section(_concat(inputs["gna_roles"]), _concat(inputs["gna_maps"]), figures)
+        gna_part = gna_section(_concat(inputs["gna_roles"]), _concat(inputs["gna_maps"]), figures,
+                               _concat(inputs.get("gna_masking", [])))
     else:
         gna_part = ""
     if inputs.get("heads_ranking"):

@@ -39,7 +39,7 @@ def plot_maps(maps: pl.DataFrame, path) -> None:
     save_figure(fig, path)
 
 
-def gna_section(roles: pl.DataFrame, maps: pl.DataFrame, figures: dict) -> str:
+def gna_section(roles: pl.DataFrame, maps: pl.DataFrame, figures: dict, masking: pl.DataFrame | None = None) -> str:
     plot_maps(maps, figures["gna_maps"])
     parts = ["<h2>Gather-and-Aggregate roles</h2>",
              "<p>Role scores from each attention head's attention maps on KV-retrieval prompts, where each "
@@ -68,4 +68,13 @@ def gna_section(roles: pl.DataFrame, maps: pl.DataFrame, figures: dict) -> str:
                        "(rows: query tokens, columns: key tokens; blue labels: summary tokens, red: the answer "
                        "position). A Gather head's summary rows attend within their own line; an Aggregate head's "
                        "answer row lands on the correct line."))
+    if masking is not None and not masking.is_empty():
+        parts.append("<h3>Per-sample G&A masking (KV-retrieval)</h3>")
+        parts.append("<p>The best-ranked Gather and Aggregate heads under three conditions, on fresh seeded KV "
+                     "prompts: (a) unmodified; (b) both heads ablated; (c) both heads restricted, per sample, to "
+                     "their G&A pattern — the Gather head's rows inside a line see only that line, the Aggregate "
+                     "head's answer rows see only the lines, every other row of the two heads only itself. If (c) "
+                     "stays near (a) while (b) falls, the G&A pattern alone carries the retrieval.</p>")
+        parts.append(table(masking.select("model", "heads", "condition", "n", "acc", "mean_logp").sort(["model", "condition"]),
+                           left=("model", "heads", "condition"), fmt={"acc": pct}))
     return "\n".join(parts)

@@ -1,0 +1,31 @@
+"""Per-sample G&A masking on KV-retrieval with the best-ranked Gather and Aggregate heads."""
+import polars as pl
+
+from gna.gather_aggregate import kv_row_segments
+from gna.gna_masking import masking_experiment
+from gna.io import read_parquet, write_parquet
+from gna.models import load_model
+from gna.runtime import setup
+from gna.tasks import build_kv_retrieval
+
+log = setup(snakemake.log[0], snakemake.threads)
+cfg = snakemake.params.gna
+roles = read_parquet(snakemake.input.roles)
+heads = {}
+for role in ("gather", "aggregate"):
+    best = roles.filter(pl.col("role") == role).sort("rank").head(1)
+    if not best.is_empty():
+        heads[role] = (best["layer"][0], best["head"][0])
+model_name = snakemake.wildcards.model
+if len(heads) < 2:
+    missing = ", ".join(sorted({"gather", "aggregate"} - set(heads)))
+    log.warning("no %s head was classified, so the masking experiment (it needs both roles) is skipped", missing)
+    result = pl.DataFrame(schema={"condition": pl.String, "heads": pl.String, "acc": pl.Float64,
+                                  "mean_logp": pl.Float64, "n": pl.Int64})
+else:
+    model, tok = load_model(snakemake.input.model, snakemake.params.dtype)
+    table = build_kv_retrieval([cfg["dict_size"]], cfg["n"], cfg["seed"] + 1, snakemake.params.template)
+    result = masking_experiment(model, tok, table, kv_row_segments, heads, batch_size=snakemake.params.batch_size)
+    for row in result.iter_rows(named=True):
+        log.info("%s: acc %.3f, mean logp %.3f", row["condition"], row["acc"], row["mean_logp"])
+write_parquet(result.with_columns(pl.lit(model_name).alias("model")), snakemake.output[0])
