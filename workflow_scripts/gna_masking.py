@@ -24,7 +24,7 @@ if len(heads) < 2:
                                   "mean_logp": pl.Float64, "n": pl.Int64})
 else:
     model, tok = load_model(snakemake.input.model, snakemake.params.dtype)
-    table = build_kv_retrieval([cfg["dict_size"]], cfg["n"], cfg["seed"] + 1, snakemake.params.template)
+    table = build_kv_retrieval([cfg["dict_size"]], cfg["masking_n"], cfg["seed"] + 1, snakemake.params.template)
     result = masking_experiment(model, tok, table, kv_row_segments, heads, batch_size=snakemake.params.batch_size)
     for row in result.iter_rows(named=True):
         log.info("%s: acc %.3f, mean logp %.3f", row["condition"], row["acc"], row["mean_logp"])
