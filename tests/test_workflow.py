@@ -1,6 +1,7 @@
 """The whole DAG on config/smoke.yaml (tiny random model, 16-question MMLU fixture), run by the
 real Snakemake CLI in a temporary working directory, plus incremental-rerun and bad-input checks."""
 
+import copy
 import json
 import shutil
 import subprocess
@@ -21,6 +22,19 @@ def planned_jobs_of(proc):
 pytestmark = pytest.mark.workflow
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 SMOKE = yaml.safe_load((REPO / "config" / "smoke.yaml").read_text())
+
+
+def smoke_config() -> dict:
+    """A fresh, editable copy of the smoke config."""
+    return copy.deepcopy(SMOKE)
+
+
+def fails_before_any_job(workdir: Path, config: dict, *args: str) -> str:
+    """Run with a bad config; it must fail without creating any output. Returns the output text."""
+    proc = smk(workdir, *args, config=config, check=False)
+    assert proc.returncode != 0
+    assert not (workdir / "data").exists()
+    return proc.stderr + proc.stdout
 
 
 def smk(workdir: Path, *args: str, config: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -83,13 +97,13 @@ def test_second_dry_run_has_nothing_to_do(smoke):
 
 
 def test_report_only_edit_reruns_only_the_report(smoke):
-    cfg = yaml.safe_load(yaml.safe_dump(SMOKE))
+    cfg = smoke_config()
     cfg["report"]["title"] = "a new title"
     assert planned_jobs_of(smk(smoke, "-n", config=cfg)) == {"report": 1, "all": 1}
 
 
 def test_task_size_edit_reruns_only_dependents(smoke):
-    cfg = yaml.safe_load(yaml.safe_dump(SMOKE))
+    cfg = smoke_config()
     cfg["tasks"]["kv_retrieval"]["sizes"] = [3, 6, 8]
     assert planned_jobs_of(smk(smoke, "-n", config=cfg)) == {
         "kv_task": 1, "baseline": 1, "collect_baseline": 1, "prune_gradual": 1, "minimal_model": 1,
@@ -97,13 +111,13 @@ def test_task_size_edit_reruns_only_dependents(smoke):
 
 
 def test_top_k_edit_reruns_only_the_top_k_table(smoke):
-    cfg = yaml.safe_load(yaml.safe_dump(SMOKE))
+    cfg = smoke_config()
     cfg["heads"]["top_k"] = [0, 1, 3]
     assert planned_jobs_of(smk(smoke, "-n", config=cfg)) == {"heads_topk": 1, "report": 1, "all": 1}
 
 
 def test_minimal_fraction_edit_reruns_only_individual_removal(smoke):
-    cfg = yaml.safe_load(yaml.safe_dump(SMOKE))
+    cfg = smoke_config()
     cfg.setdefault("prune", {})["minimal_fraction"] = 0.5
     assert planned_jobs_of(smk(smoke, "-n", config=cfg)) == {
         "minimal_model": 1, "prune_individual": 1, "heads_kept": 1, "report": 1, "all": 1}
@@ -113,7 +127,7 @@ def test_rerun_after_edit_then_nothing_to_do(tmp_path, smoke):
     # a real (not dry) rerun on a copy: only the MMLU-size dependents run, then the DAG is clean
     work = tmp_path / "copy"
     shutil.copytree(smoke, work, symlinks=True)
-    cfg = yaml.safe_load(yaml.safe_dump(SMOKE))
+    cfg = smoke_config()
     cfg["tasks"]["mmlu"]["n"] = 6
     proc = smk(work, config=cfg)
     assert "rule prepare_model" not in proc.stderr + proc.stdout
@@ -130,33 +144,26 @@ def test_a_phase_missing_from_an_existing_run_is_scheduled(tmp_path, smoke):
 
 
 def test_bad_config_fails_before_any_job(tmp_path):
-    cfg = yaml.safe_load(yaml.safe_dump(SMOKE))
+    cfg = smoke_config()
     cfg["tasks"]["kv_retrieval"]["sizez"] = [3]
-    proc = smk(tmp_path, config=cfg, check=False)
-    assert proc.returncode != 0
-    assert "config key 'tasks.kv_retrieval.sizez' is not allowed" in proc.stderr + proc.stdout
-    assert not (tmp_path / "data").exists()
+    assert "config key 'tasks.kv_retrieval.sizez' is not allowed" in fails_before_any_job(tmp_path, cfg)
 
 
 def test_unknown_model_source_names_allowed_values(tmp_path):
-    cfg = yaml.safe_load(yaml.safe_dump(SMOKE))
+    cfg = smoke_config()
     cfg["models"]["tiny-llama"]["source"] = "s3"
-    proc = smk(tmp_path, "-n", config=cfg, check=False)
-    assert proc.returncode != 0
-    assert "models.tiny-llama.source': 's3' is not allowed; allowed values: pypi-file, hf, local, tiny-random" in proc.stderr + proc.stdout
+    assert ("models.tiny-llama.source': 's3' is not allowed; allowed values: pypi-file, hf, local, tiny-random"
+            in fails_before_any_job(tmp_path, cfg, "-n"))
 
 
 def test_missing_local_file_is_named_before_any_job(tmp_path):
-    cfg = yaml.safe_load(yaml.safe_dump(SMOKE))
+    cfg = smoke_config()
     cfg["tasks"]["mmlu"]["data"]["path"] = "tests/data/no_such_mmlu.jsonl"
-    proc = smk(tmp_path, config=cfg, check=False)
-    assert proc.returncode != 0
-    assert "no_such_mmlu.jsonl" in proc.stderr + proc.stdout
-    assert not (tmp_path / "data").exists()
+    assert "no_such_mmlu.jsonl" in fails_before_any_job(tmp_path, cfg)
 
 
 def test_checksum_mismatch_fails_that_job_and_leaves_no_output(tmp_path):
-    cfg = yaml.safe_load(yaml.safe_dump(SMOKE))
+    cfg = smoke_config()
     cfg["tasks"]["mmlu"]["data"]["sha256"] = "0" * 64
     proc = smk(tmp_path, "--until", "mmlu_task", config=cfg, check=False)
     assert proc.returncode != 0
