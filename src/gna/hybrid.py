@@ -1,0 +1,346 @@
+"""Hybrid students: a teacher transformer whose attention heads are, head by head, either kept
+as attention (the teacher's own q/k/v/o weights) or replaced by an SSM head (gna.ssm).
+
+Design: head-wise replacement. Each layer's attention module becomes a `HybridMixer` that
+computes every query head's output — by softmax attention for kept heads, by a selective scan
+for the others — and sends the concatenation through the teacher's shared o_proj. A head's
+place in the model therefore never changes, so the head ranking names the same head in
+teacher and student, and k = 0 is a pure SSM with the teacher's MLPs. An SSM head starts from
+its attention head (C ← Q of the head, B ← K and x ← V of its K/V group, decays spread over
+time scales as in Mamba), then distillation fits it (gna.distill).
+
+Students are saved as a model folder (config.json + tokenizer + model.safetensors) plus
+gna_hybrid.json describing which heads are SSM heads; gna.models.load_model rebuilds them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gna.ssm import ssd_chunked, ssd_masked
+
+SPEC_FILE = "gna_hybrid.json"
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rope(x, cos, sin):
+    """Llama rotary embedding; x [B, heads, L, P], cos/sin [B, L, P]."""
+    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
+
+
+def _visibility(attention_mask, batch: int, length: int):
+    """[B, L, L] bool (l may read s) from a Llama-style mask, or None for plain causal."""
+    if attention_mask is None:
+        return None
+    mask = attention_mask[:, 0] if attention_mask.dim() == 4 else attention_mask
+    allowed = mask if mask.dtype == torch.bool else mask == 0
+    return allowed.expand(batch, length, length)
+
+
+class HybridMixer(nn.Module):
+    """Drop-in replacement for a Llama-family attention module (same call signature)."""
+
+    def __init__(self, attn: nn.Module, config, ssm_heads: list[int], state_size: int, layer_idx: int):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(attn, "head_dim", None) or config.hidden_size // self.num_heads
+        self.group = self.num_heads // self.num_kv_heads
+        self.scaling = self.head_dim ** -0.5
+        self.state_size = int(state_size)
+        self.ssm_heads = sorted(int(h) for h in ssm_heads)
+        bad = [h for h in self.ssm_heads if not 0 <= h < self.num_heads]
+        if bad:
+            raise ValueError(f"layer {layer_idx}: heads {bad} out of range 0..{self.num_heads - 1}")
+        self.swapped: set[int] = set()  # SSM heads temporarily run as attention (layer swap)
+        d, n, p, s = config.hidden_size, self.state_size, self.head_dim, len(self.ssm_heads)
+        bias = attn.q_proj.bias is not None
+        warnings.filterwarnings("ignore", "Initializing zero-element tensors")  # a layer may keep all heads
+        self.C_proj = nn.Linear(d, s * n, bias=bias)
+        self.B_proj = nn.Linear(d, s * n, bias=bias)
+        self.x_proj = nn.Linear(d, s * p, bias=bias)
+        self.decay_proj = nn.Linear(d, s, bias=True)
+        self.D = nn.Parameter(torch.zeros(s))
+        self.init_from_attention()
+
+    @torch.no_grad()
+    def init_from_attention(self, seed: int = 0):
+        n, p = self.state_size, self.head_dim
+        gen = torch.Generator().manual_seed(seed * 1000 + self.layer_idx)
+        for j, h in enumerate(self.ssm_heads):
+            g = h // self.group
+            for dst, src, rows, scale in ((self.C_proj, self.q_proj, h, self.scaling), (self.B_proj, self.k_proj, g, 1.0)):
+                block = src.weight[rows * p: (rows + 1) * p]
+                take = min(n, p)
+                w = dst.weight[j * n: (j + 1) * n]
+                w[:take] = block[:take] * scale
+                if n > p:  # extra state dimensions start small and random
+                    w[take:] = torch.randn(n - take, w.shape[1], generator=gen) * block.std() * 0.1
+                if dst.bias is not None:
+                    dst.bias[j * n: j * n + take] = src.bias[rows * p: rows * p + take] * scale
+                    dst.bias[j * n + take: (j + 1) * n] = 0
+            self.x_proj.weight[j * p: (j + 1) * p] = self.v_proj.weight[g * p: (g + 1) * p]
+            if self.x_proj.bias is not None:
+                self.x_proj.bias[j * p: (j + 1) * p] = self.v_proj.bias[g * p: (g + 1) * p]
+        # per-step decays exp(-dt), dt log-spaced in [0.001, 0.1] across heads (Mamba's init)
+        s = len(self.ssm_heads)
+        dt = torch.exp(torch.linspace(math.log(1e-3), math.log(1e-1), max(s, 1)))[:s]
+        self.decay_proj.weight.zero_()
+        self.decay_proj.bias.copy_(torch.log(torch.expm1(dt)))  # softplus⁻¹
+        self.D.zero_()
+
+    # -- which heads run how ------------------------------------------------------------------
+    @property
+    def attention_heads(self) -> list[int]:
+        ssm = set(self.ssm_heads) - self.swapped
+        return [h for h in range(self.num_heads) if h not in ssm]
+
+    @property
+    def active_ssm(self) -> list[int]:
+        """Positions j (into the SSM parameter blocks) of the SSM heads that run as SSM."""
+        return [j for j, h in enumerate(self.ssm_heads) if h not in self.swapped]
+
+    def ssm_params(self):
+        return [self.C_proj.weight, self.B_proj.weight, self.x_proj.weight, self.decay_proj.weight,
+                self.decay_proj.bias, self.D] + [b for b in (self.C_proj.bias, self.B_proj.bias, self.x_proj.bias)
+                                                  if b is not None]
+
+    # -- the two head kinds ------------------------------------------------------------------
+    def attention_output(self, u, position_embeddings, allowed, heads: list[int], return_kv: bool = False):
+        """Softmax attention of query `heads` with the teacher's weights: [B, L, len(heads), P]."""
+        b, length, _ = u.shape
+        p = self.head_dim
+        q = self.q_proj(u).view(b, length, self.num_heads, p)[:, :, heads].transpose(1, 2)
+        k = self.k_proj(u).view(b, length, self.num_kv_heads, p).transpose(1, 2)
+        v = self.v_proj(u).view(b, length, self.num_kv_heads, p).transpose(1, 2)
+        cos, sin = position_embeddings
+        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        groups = [h // self.group for h in heads]
+        out = F.scaled_dot_product_attention(
+            q, k[:, groups], v[:, groups], attn_mask=None if allowed is None else allowed[:, None],
+            is_causal=allowed is None, scale=self.scaling)
+        out = out.transpose(1, 2)
+        return (out, k, v) if return_kv else out
+
+    def ssm_inputs(self, u, which: list[int] | None = None):
+        """(x [B, L, S, P], log_a [B, L, S], B [B, L, S, N], C [B, L, S, N]) for SSM heads `which`."""
+        b, length, _ = u.shape
+        s, n, p = len(self.ssm_heads), self.state_size, self.head_dim
+        x = self.x_proj(u).view(b, length, s, p)
+        Bm = self.B_proj(u).view(b, length, s, n)
+        Cm = self.C_proj(u).view(b, length, s, n)
+        log_a = -F.softplus(self.decay_proj(u))
+        if which is not None and len(which) != s:
+            x, Bm, Cm, log_a = x[:, :, which], Bm[:, :, which], Cm[:, :, which], log_a[:, :, which]
+        return x, log_a, Bm, Cm
+
+    def ssm_output(self, u, allowed, which: list[int] | None = None, chunk: int = 64):
+        x, log_a, Bm, Cm = self.ssm_inputs(u, which)
+        D = self.D if which is None else self.D[which]
+        if allowed is None:
+            return ssd_chunked(x, log_a, Bm, Cm, D, chunk)[0]
+        return ssd_masked(x, log_a, Bm, Cm, D, allowed)
+
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
+        b, length, _ = hidden_states.shape
+        allowed = _visibility(attention_mask, b, length)
+        heads = hidden_states.new_zeros(b, length, self.num_heads, self.head_dim)
+        attn = self.attention_heads
+        if attn:
+            heads[:, :, attn] = self.attention_output(hidden_states, position_embeddings, allowed, attn)
+        active = self.active_ssm
+        if active:
+            heads[:, :, [self.ssm_heads[j] for j in active]] = self.ssm_output(hidden_states, allowed, active)
+        return self.o_proj(heads.reshape(b, length, -1)), None
+
+    # -- recurrent inference (cache = K/V of the used groups + SSM states) ----------------------
+    def prefill(self, u, position_embeddings):
+        b, length, _ = u.shape
+        heads = u.new_zeros(b, length, self.num_heads, self.head_dim)
+        cache = {}
+        attn = self.attention_heads
+        if attn:
+            out, k, v = self.attention_output(u, position_embeddings, None, attn, return_kv=True)
+            heads[:, :, attn] = out
+            groups = sorted({h // self.group for h in attn})
+            cache["k"], cache["v"], cache["groups"] = k[:, groups], v[:, groups], groups
+        active = self.active_ssm
+        if active:
+            x, log_a, Bm, Cm = self.ssm_inputs(u, active)
+            y, state = ssd_chunked(x, log_a, Bm, Cm, self.D[active])
+            heads[:, :, [self.ssm_heads[j] for j in active]] = y
+            cache["state"] = state
+        return self.o_proj(heads.reshape(b, length, -1)), cache
+
+    def step(self, u, position_embeddings, cache):
+        """One new token u [B, 1, d]; updates `cache` in place."""
+        from gna.ssm import ssd_recurrent
+
+        b = u.shape[0]
+        p = self.head_dim
+        heads = u.new_zeros(b, 1, self.num_heads, p)
+        attn = self.attention_heads
+        if attn:
+            cos, sin = position_embeddings
+            q = _rope(self.q_proj(u).view(b, 1, self.num_heads, p)[:, :, attn].transpose(1, 2), cos, sin)
+            k = _rope(self.k_proj(u).view(b, 1, self.num_kv_heads, p).transpose(1, 2), cos, sin)
+            v = self.v_proj(u).view(b, 1, self.num_kv_heads, p).transpose(1, 2)
+            groups = cache["groups"]
+            cache["k"] = torch.cat([cache["k"], k[:, groups]], dim=2)
+            cache["v"] = torch.cat([cache["v"], v[:, groups]], dim=2)
+            slot = [groups.index(h // self.group) for h in attn]
+            out = F.scaled_dot_product_attention(q, cache["k"][:, slot], cache["v"][:, slot], scale=self.scaling)
+            heads[:, :, attn] = out.transpose(1, 2)
+        active = self.active_ssm
+        if active:
+            x, log_a, Bm, Cm = self.ssm_inputs(u, active)
+            y, cache["state"] = ssd_recurrent(x, log_a, Bm, Cm, self.D[active], cache["state"])
+            heads[:, :, [self.ssm_heads[j] for j in active]] = y
+        return self.o_proj(heads.reshape(b, 1, -1))
+
+
+# -- building, saving, loading --------------------------------------------------------------
+
+def layers_of(model):
+    return model.base_model.layers
+
+
+def mixers(model) -> list[HybridMixer]:
+    return [layer.self_attn for layer in layers_of(model) if isinstance(layer.self_attn, HybridMixer)]
+
+
+def ssm_heads_for(n_layers: int, n_heads: int, kept: list[tuple[int, int]]) -> dict[int, list[int]]:
+    keep = {(int(layer), int(head)) for layer, head in kept}
+    return {i: [h for h in range(n_heads) if (i, h) not in keep] for i in range(n_layers)}
+
+
+def make_hybrid(model, kept: list[tuple[int, int]], state_size: int):
+    """Turn `model` (a Llama-family transformer, modified in place) into a hybrid keeping the
+    attention heads `kept` [(layer, head)]; all other heads become SSM heads."""
+    cfg = model.config
+    for i, layer in enumerate(layers_of(model)):
+        if not hasattr(layer, "self_attn") or not hasattr(layer.self_attn, "o_proj"):
+            raise TypeError(f"layer {i} of {type(model).__name__} has no attention module to replace")
+    spec = ssm_heads_for(cfg.num_hidden_layers, cfg.num_attention_heads, kept)
+    for i, layer in enumerate(layers_of(model)):
+        layer.self_attn = HybridMixer(layer.self_attn, cfg, spec[i], state_size, i)
+    return model
+
+
+def hybrid_spec(model, **extra) -> dict:
+    ms = mixers(model)
+    kept = [[m.layer_idx, h] for m in ms for h in range(m.num_heads) if h not in m.ssm_heads]
+    return {"state_size": ms[0].state_size, "kept_heads": kept, **extra}
+
+
+@contextlib.contextmanager
+def swapped_to_attention(model, layers: list[int]):
+    """Temporarily run every head of `layers` as the teacher's attention (the layer swap)."""
+    ms = {m.layer_idx: m for m in mixers(model)}
+    try:
+        for i in layers:
+            ms[i].swapped = set(ms[i].ssm_heads)
+        yield model
+    finally:
+        for i in layers:
+            ms[i].swapped = set()
+
+
+def save_student(model, tok, out_dir: Path, spec: dict):
+    """Write a student folder (call inside gna.io.atomic_dir)."""
+    from safetensors.torch import save_model
+
+    out_dir = Path(out_dir)
+    model.config.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    save_model(model, str(out_dir / "model.safetensors"))
+    (out_dir / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n")
+
+
+def is_student(model_dir: Path) -> bool:
+    return (Path(model_dir) / SPEC_FILE).is_file()
+
+
+def load_student(model_dir: Path, dtype=torch.float32):
+    from safetensors.torch import load_model as load_weights
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = Path(model_dir)
+    spec = json.loads((model_dir / SPEC_FILE).read_text())
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype)
+    make_hybrid(model, [tuple(x) for x in spec["kept_heads"]], spec["state_size"])
+    missing, unexpected = load_weights(model, str(model_dir / "model.safetensors"), strict=False)
+    # a tied embedding is stored once under one of its two names
+    tied = {"lm_head.weight", "model.embed_tokens.weight"} if model.config.tie_word_embeddings else set()
+    if unexpected or not (set(missing) <= tied and len(missing) < 2):
+        raise ValueError(f"{model_dir}: student weights do not match its {SPEC_FILE} "
+                         f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})")
+    model.eval()
+    return model, AutoTokenizer.from_pretrained(model_dir)
+
+
+# -- recurrent inference over the whole model ------------------------------------------------
+
+@torch.inference_mode()
+def prefill(model, ids: torch.Tensor):
+    """Run a hybrid on ids [B, L] keeping what generation needs; returns (last logits, caches)."""
+    base = model.base_model
+    h = base.embed_tokens(ids)
+    pos = torch.arange(ids.shape[1])[None].expand(ids.shape[0], -1)
+    rope = base.rotary_emb(h, position_ids=pos)
+    caches = []
+    for layer in base.layers:
+        out, cache = layer.self_attn.prefill(layer.input_layernorm(h), rope)
+        h = h + out
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        caches.append(cache)
+    return model.get_output_embeddings()(base.norm(h[:, -1:])), caches
+
+
+@torch.inference_mode()
+def step(model, token: torch.Tensor, position: int, caches: list[dict]):
+    """One decoding step for token [B, 1] at `position`; returns its logits [B, 1, V]."""
+    base = model.base_model
+    h = base.embed_tokens(token)
+    rope = base.rotary_emb(h, position_ids=torch.full_like(token, position))
+    for layer, cache in zip(base.layers, caches):
+        h = h + layer.self_attn.step(layer.input_layernorm(h), rope, cache)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return model.get_output_embeddings()(base.norm(h))
+
+
+def cache_nbytes(caches: list[dict]) -> int:
+    return sum(t.numel() * t.element_size() for c in caches for key, t in c.items() if key in ("k", "v", "state"))
+
+
+# -- inference memory from the configuration --------------------------------------------------
+
+def inference_memory(n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, kept: list[tuple[int, int]] | None,
+                     state_size: int, seq_len: int, bytes_per_value: int = 2, batch: int = 1) -> dict:
+    """Bytes of KV cache and SSM state for one sequence of `seq_len` tokens.
+
+    kept=None is the teacher (every head attention). A K/V group is cached when any of its
+    query heads is attention; each SSM head holds an N×P state whatever the length."""
+    group = n_heads // n_kv_heads
+    if kept is None:
+        kept = [(i, h) for i in range(n_layers) for h in range(n_heads)]
+    keep = {(int(a), int(b)) for a, b in kept}
+    kv_groups = len({(i, h // group) for i, h in keep})
+    n_ssm = n_layers * n_heads - len(keep)
+    kv = 2 * kv_groups * head_dim * seq_len * bytes_per_value * batch
+    state = n_ssm * state_size * head_dim * bytes_per_value * batch
+    return {"kv_cache_bytes": kv, "ssm_state_bytes": state, "total_bytes": kv + state}
