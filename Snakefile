@@ -13,6 +13,7 @@ include: "rules/baseline.smk"
 include: "rules/prune.smk"
 include: "rules/heads.smk"
 include: "rules/gna.smk"
+include: "rules/hybrid.smk"
 include: "rules/report.smk"
 
 

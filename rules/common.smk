@@ -77,4 +77,5 @@ def get_all_results():
         "data/results/gna/{model}/roles.parquet",
         "data/results/gna/{model}/masking.parquet",
     ]
-    return ["data/results/baseline.parquet"] + [p for t in per_model for p in expand(t, model=MODELS)]
+    return (["data/results/baseline.parquet"] + [p for t in per_model for p in expand(t, model=MODELS)]
+            + get_hybrid_results())

@@ -28,6 +28,7 @@ from torch import nn
 from gna.ssm import ssd_chunked, ssd_masked
 
 SPEC_FILE = "gna_hybrid.json"
+C_INIT_SCALE = 0.03
 
 
 def _rotate_half(x):
@@ -75,6 +76,7 @@ class HybridMixer(nn.Module):
         self.x_proj = nn.Linear(d, s * p, bias=bias)
         self.decay_proj = nn.Linear(d, s, bias=True)
         self.D = nn.Parameter(torch.zeros(s))
+        self.norm_weight = nn.Parameter(torch.ones(s, p))
         self.init_from_attention()
 
     @torch.no_grad()
@@ -83,7 +85,10 @@ class HybridMixer(nn.Module):
         gen = torch.Generator().manual_seed(seed * 1000 + self.layer_idx)
         for j, h in enumerate(self.ssm_heads):
             g = h // self.group
-            for dst, src, rows, scale in ((self.C_proj, self.q_proj, h, self.scaling), (self.B_proj, self.k_proj, g, 1.0)):
+            # C also carries 1/sqrt(P) like attention logits, and a small factor: without softmax's
+            # normalisation a sum over many positions would otherwise start far too large
+            c_scale = self.scaling * C_INIT_SCALE
+            for dst, src, rows, scale in ((self.C_proj, self.q_proj, h, c_scale), (self.B_proj, self.k_proj, g, 1.0)):
                 block = src.weight[rows * p: (rows + 1) * p]
                 take = min(n, p)
                 w = dst.weight[j * n: (j + 1) * n]
@@ -116,7 +121,7 @@ class HybridMixer(nn.Module):
 
     def ssm_params(self):
         return [self.C_proj.weight, self.B_proj.weight, self.x_proj.weight, self.decay_proj.weight,
-                self.decay_proj.bias, self.D] + [b for b in (self.C_proj.bias, self.B_proj.bias, self.x_proj.bias)
+                self.decay_proj.bias, self.D, self.norm_weight] + [b for b in (self.C_proj.bias, self.B_proj.bias, self.x_proj.bias)
                                                   if b is not None]
 
     # -- the two head kinds ------------------------------------------------------------------
@@ -151,9 +156,15 @@ class HybridMixer(nn.Module):
     def ssm_output(self, u, allowed, which: list[int] | None = None, chunk: int = 64):
         x, log_a, Bm, Cm = self.ssm_inputs(u, which)
         D = self.D if which is None else self.D[which]
-        if allowed is None:
-            return ssd_chunked(x, log_a, Bm, Cm, D, chunk)[0]
-        return ssd_masked(x, log_a, Bm, Cm, D, allowed)
+        y = ssd_chunked(x, log_a, Bm, Cm, D, chunk)[0] if allowed is None else ssd_masked(x, log_a, Bm, Cm, D, allowed)
+        return self.normalize(y, which)
+
+    def normalize(self, y, which=None):
+        """Per-head RMS norm of the scan output (as Mamba-2 before out_proj): softmax attention
+        outputs are averages of values, a linear scan's are sums, so their scale varies with
+        length; the norm removes that and its weight (fitted) sets the head's output scale."""
+        w = self.norm_weight if which is None else self.norm_weight[which]
+        return y * torch.rsqrt(y.square().mean(-1, keepdim=True) + 1e-6) * w
 
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
         b, length, _ = hidden_states.shape
@@ -182,7 +193,7 @@ class HybridMixer(nn.Module):
         if active:
             x, log_a, Bm, Cm = self.ssm_inputs(u, active)
             y, state = ssd_chunked(x, log_a, Bm, Cm, self.D[active])
-            heads[:, :, [self.ssm_heads[j] for j in active]] = y
+            heads[:, :, [self.ssm_heads[j] for j in active]] = self.normalize(y, active)
             cache["state"] = state
         return self.o_proj(heads.reshape(b, length, -1)), cache
 
@@ -209,7 +220,7 @@ class HybridMixer(nn.Module):
         if active:
             x, log_a, Bm, Cm = self.ssm_inputs(u, active)
             y, cache["state"] = ssd_recurrent(x, log_a, Bm, Cm, self.D[active], cache["state"])
-            heads[:, :, [self.ssm_heads[j] for j in active]] = y
+            heads[:, :, [self.ssm_heads[j] for j in active]] = self.normalize(y, active)
         return self.o_proj(heads.reshape(b, 1, -1))
 
 
