@@ -22,6 +22,15 @@ rule report:
         gna_roles=expand("data/results/gna/{model}/roles.parquet", model=MODELS),
         gna_maps=expand("data/results/gna/{model}/maps.parquet", model=MODELS),
         gna_masking=expand("data/results/gna/{model}/masking.parquet", model=MODELS),
+        hybrid_scores=expand("data/results/hybrid/{model}/{variant}.parquet", model=MODELS,
+                             variant=["teacher"] + hybrid_variants()) if HYBRID["enabled"] else [],
+        hybrid_swap=expand("data/results/hybrid/{model}/swap.parquet", model=MODELS)
+        if HYBRID["enabled"] and HYBRID["swap"] else [],
+        hybrid_memory=expand("data/results/hybrid/{model}/memory.parquet", model=MODELS) if HYBRID["enabled"] else [],
+        hybrid_align=expand("data/distill/{model}/align-n{n}.parquet", model=MODELS,
+                            n=sorted({HYBRID["state_size"], *HYBRID["state_sizes"]})) if HYBRID["enabled"] else [],
+        hybrid_kd=expand("data/distill/{model}/kd-{variant}.parquet", model=MODELS, variant=hybrid_variants())
+        if HYBRID["enabled"] else [],
     output:
         html="data/report/index.html",
         kv=_figure("baseline_kv", "Baseline"),
@@ -33,12 +42,14 @@ rule report:
         heads_dictsize=_figure("heads_dictsize", "Heads"),
         heads_attribution=_figure("heads_attribution", "Heads"),
         gna_maps=_figure("gna_maps", "Gather-and-Aggregate"),
+        hybrid_heads=_figure("hybrid_heads", "SSM and hybrid students"),
+        hybrid_training=_figure("hybrid_training", "SSM and hybrid students"),
     params:
         report=config["report"],
         config=config,
         benchmark_dir="data/benchmarks",
         workflow_dir=workflow.basedir,
-        code=code_version("report", "report_prune", "report_heads", "report_gna", "htmlkit", "provenance", "io"),
+        code=code_version("report", "report_prune", "report_heads", "report_gna", "report_hybrid", "htmlkit", "provenance", "io"),
     log:
         "data/logs/report.log",
     script:

@@ -55,6 +55,14 @@ def embed(png_path: str | Path, caption: str) -> str:
             f"<figcaption>{caption}</figcaption></figure>")
 
 
+def placeholder_figure(path: str | Path, text: str) -> None:
+    """A small figure saying why a section has nothing to draw (the rule's output must exist)."""
+    fig, ax = plt.subplots(figsize=(4, 1))
+    ax.axis("off")
+    ax.text(0.5, 0.5, text, ha="center", va="center")
+    save_figure(fig, path)
+
+
 def save_figure(fig, path: str | Path) -> None:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")

@@ -17,7 +17,7 @@ import polars as pl  # noqa: E402
 import seaborn as sns  # noqa: E402
 import yaml  # noqa: E402
 
-from gna.htmlkit import CSS, accuracy_axis, dict_size_axis, embed, pct, save_figure, table  # noqa: E402
+from gna.htmlkit import CSS, accuracy_axis, dict_size_axis, embed, pct, placeholder_figure, save_figure, table  # noqa: E402
 from gna.io import read_parquet, write_text  # noqa: E402
 from gna.models import read_provenance  # noqa: E402
 from gna.provenance import config_hash, git_commit, machine  # noqa: E402
@@ -205,6 +205,17 @@ def build_report(inputs: dict, html_path, figures: dict, options: dict, config: 
                                   _concat(inputs.get("heads_attribution", [])), _concat(inputs["heads_sweep"]), figures,
                                   reference=REFERENCE if options.get("show_reference", True) else ""))
     body.append(gna_part)
+    if inputs.get("hybrid_scores"):
+        from gna.report_hybrid import hybrid_section
+
+        body.append(hybrid_section(_concat(inputs["hybrid_scores"]), _concat(inputs.get("hybrid_swap", [])),
+                                   _concat(inputs.get("hybrid_memory", [])), _concat(inputs.get("hybrid_align", [])),
+                                   _concat(inputs.get("hybrid_kd", [])), config["hybrid"], figures,
+                                   reference=options.get("show_reference", True)))
+    else:
+        for key in ("hybrid_heads", "hybrid_training"):
+            if key in figures:
+                placeholder_figure(figures[key], "hybrid phase not run (hybrid.enabled: false)")
     if not timings.is_empty():
         body.append("<h2>Timings</h2><p>Wall time and peak memory of each step (Snakemake benchmark records).</p>")
         body.append(table(timings, left=("step",), fmt={"seconds": lambda v: f"{v:.1f}", "peak RSS (MB)": lambda v: f"{v:.0f}"}))
