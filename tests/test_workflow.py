@@ -71,7 +71,8 @@ def test_smoke_run_writes_results_and_report(smoke):
                    "Cross-check with lm-evaluation-harness", "data:image/png;base64", "git commit", "Timings",
                    "Layer pruning", "Minimal model", "Individual layer removal", "Per-head ablation",
                    "Removing the top-k heads together", "Heads kept in the critical layers",
-                   "Attribution pre-ranking vs the exact sweep", "Gather-and-Aggregate roles"):
+                   "Attribution pre-ranking vs the exact sweep", "Gather-and-Aggregate roles",
+                   "SSM and hybrid students", "attention heads kept vs knowledge", "layer swap", "inference memory"):
         assert needle in html, needle
     model_dir = smoke / "data/models/tiny-llama"
     assert {"model.safetensors", "config.json", "tokenizer.json", "gna_source.json"} <= {p.name for p in model_dir.iterdir()}
@@ -85,6 +86,19 @@ def test_smoke_run_writes_results_and_report(smoke):
     assert len(ranking) == 16 and sorted(ranking["rank"]) == list(range(1, 17))
     topk = pl.read_parquet(smoke / "data/results/heads/tiny-llama/topk.parquet")
     assert set(topk["k"]) == {0, 1, 2, 4} and set(topk["condition"]) == {"top", "random"}
+    # distilled students are model folders that load like any other model
+    from gna.hybrid import mixers
+    from gna.models import load_model
+
+    student, _ = load_model(smoke / "data/models/tiny-llama-hybrid-k2-n8")
+    kept = {(m.layer_idx, h) for m in mixers(student) for h in m.attention_heads}
+    assert kept == {tuple(x) for x in ranking.sort("rank").select("layer", "head").head(2).rows()}
+    scores = pl.concat([pl.read_parquet(p) for p in (smoke / "data/results/hybrid/tiny-llama").glob("k*.parquet")])
+    assert set(scores["variant"]) == {"k0-n8", "k2-n8", "k0-n4"}
+    assert {"kv_retrieval", "mmlu_letter", "mmlu_cloze", "heldout"} <= set(scores["task"])
+    memory = pl.read_parquet(smoke / "data/results/hybrid/tiny-llama/memory.parquet")
+    measured = memory.filter(pl.col("source") == "measured")
+    assert measured["total_bytes"][0] == measured["formula_bytes"][0]
 
 
 def test_snakemake_report_renders_every_figure_with_its_caption(smoke):
@@ -107,7 +121,15 @@ def test_task_size_edit_reruns_only_dependents(smoke):
     cfg["tasks"]["kv_retrieval"]["sizes"] = [3, 6, 8]
     assert planned_jobs_of(smk(smoke, "-n", config=cfg)) == {
         "kv_task": 1, "baseline": 1, "collect_baseline": 1, "prune_gradual": 1, "minimal_model": 1,
-        "prune_individual": 1, "heads_topk": 1, "heads_kept": 1, "report": 1, "all": 1}
+        "prune_individual": 1, "heads_topk": 1, "heads_kept": 1, "hybrid_score": 4, "hybrid_swap": 1, "report": 1,
+        "all": 1}
+
+
+def test_state_size_edit_reruns_only_the_affected_variants(smoke):
+    cfg = smoke_config()
+    cfg["hybrid"]["state_sizes"] = [4, 6]  # 8 stays as the heads-kept sweep's size; 6 replaces nothing else
+    assert planned_jobs_of(smk(smoke, "-n", config=cfg)) == {
+        "distill_align": 1, "distill_kd": 1, "hybrid_score": 1, "hybrid_memory": 1, "report": 1, "all": 1}
 
 
 def test_top_k_edit_reruns_only_the_top_k_table(smoke):
