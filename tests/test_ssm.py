@@ -166,3 +166,42 @@ def test_ablating_an_ssm_head_equals_zeroing_its_output_columns(hybrid):
     with torch.no_grad():
         mixers(surgery)[1].o_proj.weight[:, head * p: (head + 1) * p] = 0
         torch.testing.assert_close(surgery(input_ids=ids).logits, ablated)
+
+
+# -- G&A tools on students: implicit-attention maps and per-head masks on SSM heads -------------
+
+def test_student_maps_attention_heads_match_teacher_and_ssm_rows_are_normalised(tiny_llama, hybrid):
+    from gna.gather_aggregate import attention_maps
+
+    model, tok = tiny_llama
+    student, _ = hybrid
+    context = "Memorize:\nA:12\nB:34\n\nLookup:\nB:"
+    teacher_maps = attention_maps(model, tok, context)
+    maps = attention_maps(student, tok, context)
+    assert maps.shape == teacher_maps.shape
+    # layer 0 sees the same input in both: the kept head (0, 1) has the teacher's exact map
+    torch.testing.assert_close(maps[0, 1], teacher_maps[0, 1], rtol=1e-5, atol=1e-6)
+    ssm = mixers(student)[0].ssm_heads[0]
+    assert not torch.allclose(maps[0, ssm], teacher_maps[0, ssm], atol=1e-3)
+    torch.testing.assert_close(maps.sum(-1), torch.ones(maps.shape[:-1]), rtol=1e-5, atol=1e-5)
+    assert torch.all(maps.triu(1) == 0)
+
+
+def test_per_head_masks_on_a_student_reproduce_it_and_restricting_an_ssm_head_bites(hybrid):
+    import numpy as np
+
+    from gna.gather_aggregate import kv_row_segments
+    from gna.gna_masking import score_masked
+    from gna.scoring import score_table
+    from gna.tasks import build_kv_retrieval
+
+    student, tok = hybrid
+    kv = build_kv_retrieval([3, 5], 3, 0, "lookup")
+    flat = lambda f: np.concatenate(f["logprobs"].to_list())  # noqa: E731
+    plain = flat(score_table(student, tok, kv, progress=False))
+    for heads in ({"gather": (1, 2), "aggregate": (2, 1)},  # SSM heads (layer 1 and 2: heads 1, 2 are SSM)
+                  {"gather": (0, 1), "aggregate": (2, 3)}):  # kept attention heads
+        same = flat(score_masked(student, tok, kv, kv_row_segments, heads, restrict=False))
+        assert np.array_equal(same, plain)
+        masked = flat(score_masked(student, tok, kv, kv_row_segments, heads, restrict=True))
+        assert not np.allclose(masked, plain, atol=1e-4)

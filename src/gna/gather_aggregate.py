@@ -83,8 +83,15 @@ def eager_attention(model):
 
 @torch.inference_mode()
 def attention_maps(model, tok, context: str) -> torch.Tensor:
-    """[layers, heads, T, T] attention weights of the context (no choice appended)."""
+    """[layers, heads, T, T] attention weights of the context (no choice appended). For hybrid
+    students, SSM heads give their implicit attention |T| normalised per row (gna.hybrid)."""
+    from gna.hybrid import captured_maps, mixers
+
     ids = tok(context, return_tensors="pt", add_special_tokens=False).input_ids
+    if mixers(model):
+        with captured_maps(model) as maps:
+            model(ids)
+        return torch.stack([m[0] for m in maps]).float()
     with eager_attention(model):
         out = model(ids, output_attentions=True)
     return torch.stack([a[0] for a in out.attentions]).float()

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gna.ssm import ssd_chunked, ssd_masked
+from gna.ssm import materialize, ssd_chunked, ssd_masked
 
 SPEC_FILE = "gna_hybrid.json"
 C_INIT_SCALE = 0.03
@@ -42,12 +42,17 @@ def _rope(x, cos, sin):
 
 
 def _visibility(attention_mask, batch: int, length: int):
-    """[B, L, L] bool (l may read s) from a Llama-style mask, or None for plain causal."""
+    """(structure, per_head) from a Llama-style mask: structure is the [B, L, L] bool visibility
+    (l may read s; None = plain causal) that defines the sequence layout; per_head is a
+    [B, H, L, L] bool mask when the caller restricts heads individually (G&A masking), else None.
+    Per-head masks only remove entries from the layout, so the layout is their union."""
     if attention_mask is None:
-        return None
-    mask = attention_mask[:, 0] if attention_mask.dim() == 4 else attention_mask
+        return None, None
+    mask = attention_mask if attention_mask.dim() == 4 else attention_mask[:, None]
     allowed = mask if mask.dtype == torch.bool else mask == 0
-    return allowed.expand(batch, length, length)
+    if allowed.shape[1] > 1:
+        return allowed.any(1).expand(batch, length, length), allowed.expand(batch, -1, length, length)
+    return allowed[:, 0].expand(batch, length, length), None
 
 
 class HybridMixer(nn.Module):
@@ -68,6 +73,8 @@ class HybridMixer(nn.Module):
         if bad:
             raise ValueError(f"layer {layer_idx}: heads {bad} out of range 0..{self.num_heads - 1}")
         self.swapped: set[int] = set()  # SSM heads temporarily run as attention (layer swap)
+        self.capture = False  # keep the last forward's per-head maps in `captured` (captured_maps)
+        self.captured = None
         d, n, p, s = config.hidden_size, self.state_size, self.head_dim, len(self.ssm_heads)
         bias = attn.q_proj.bias is not None
         warnings.filterwarnings("ignore", "Initializing zero-element tensors")  # a layer may keep all heads
@@ -125,19 +132,24 @@ class HybridMixer(nn.Module):
                                                   if b is not None]
 
     # -- the two head kinds ------------------------------------------------------------------
-    def attention_output(self, u, position_embeddings, allowed, heads: list[int], return_kv: bool = False):
-        """Softmax attention of query `heads` with the teacher's weights: [B, L, len(heads), P]."""
+    def _qkv(self, u, position_embeddings, heads: list[int]):
         b, length, _ = u.shape
         p = self.head_dim
         q = self.q_proj(u).view(b, length, self.num_heads, p)[:, :, heads].transpose(1, 2)
         k = self.k_proj(u).view(b, length, self.num_kv_heads, p).transpose(1, 2)
         v = self.v_proj(u).view(b, length, self.num_kv_heads, p).transpose(1, 2)
         cos, sin = position_embeddings
-        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        return _rope(q, cos, sin), _rope(k, cos, sin), v
+
+    def attention_output(self, u, position_embeddings, allowed, heads: list[int], return_kv: bool = False,
+                         per_head=None):
+        """Softmax attention of query `heads` with the teacher's weights: [B, L, len(heads), P].
+        per_head: optional [B, len(heads), L, L] bool mask replacing `allowed` head by head."""
+        q, k, v = self._qkv(u, position_embeddings, heads)
         groups = [h // self.group for h in heads]
-        out = F.scaled_dot_product_attention(
-            q, k[:, groups], v[:, groups], attn_mask=None if allowed is None else allowed[:, None],
-            is_causal=allowed is None, scale=self.scaling)
+        mask = per_head if per_head is not None else (None if allowed is None else allowed[:, None])
+        out = F.scaled_dot_product_attention(q, k[:, groups], v[:, groups], attn_mask=mask, is_causal=mask is None,
+                                             scale=self.scaling)
         out = out.transpose(1, 2)
         return (out, k, v) if return_kv else out
 
@@ -153,11 +165,43 @@ class HybridMixer(nn.Module):
             x, Bm, Cm, log_a = x[:, :, which], Bm[:, :, which], Cm[:, :, which], log_a[:, :, which]
         return x, log_a, Bm, Cm
 
-    def ssm_output(self, u, allowed, which: list[int] | None = None, chunk: int = 64):
+    def ssm_output(self, u, allowed, which: list[int] | None = None, chunk: int = 64, restrict=None):
+        """SSM heads `which`: [B, L, len(which), P]. restrict: optional [B, len(which), L, L] bool
+        mask applied to each head's materialised matrix (the head's output is recomputed from the
+        masked matrix; the decays still follow the sequence layout `allowed`)."""
         x, log_a, Bm, Cm = self.ssm_inputs(u, which)
         D = self.D if which is None else self.D[which]
-        y = ssd_chunked(x, log_a, Bm, Cm, D, chunk)[0] if allowed is None else ssd_masked(x, log_a, Bm, Cm, D, allowed)
+        if restrict is not None:
+            T = materialize(log_a, Bm, Cm, D, allowed) * restrict
+            y = torch.einsum("bhls,bshp->blhp", T, x)
+        elif allowed is None:
+            y = ssd_chunked(x, log_a, Bm, Cm, D, chunk)[0]
+        else:
+            y = ssd_masked(x, log_a, Bm, Cm, D, allowed)
         return self.normalize(y, which)
+
+    def head_maps(self, u, position_embeddings, allowed, per_head=None):
+        """[B, H, L, L] per-head maps: attention probabilities for attention heads; for SSM heads
+        the implicit attention |T| normalised per row (T before the head norm, with the skip
+        term), so both read as 'share of the row's weight on each position'."""
+        b, length, _ = u.shape
+        maps = u.new_zeros(b, self.num_heads, length, length)
+        structure = allowed if allowed is not None else torch.ones(length, length, dtype=torch.bool).tril()[None]
+        attn = self.attention_heads
+        if attn:
+            q, k, _ = self._qkv(u, position_embeddings, attn)
+            scores = torch.einsum("bhlp,bhsp->bhls", q, k[:, [h // self.group for h in attn]]) * self.scaling
+            mask = per_head[:, attn] if per_head is not None else structure[:, None]
+            maps[:, attn] = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+        active = self.active_ssm
+        if active:
+            heads = [self.ssm_heads[j] for j in active]
+            x, log_a, Bm, Cm = self.ssm_inputs(u, active)
+            T = materialize(log_a, Bm, Cm, self.D[active], structure.expand(b, length, length)).abs()
+            if per_head is not None:
+                T = T * per_head[:, heads]
+            maps[:, heads] = T / T.sum(-1, keepdim=True).clamp_min(1e-12)
+        return maps
 
     def normalize(self, y, which=None):
         """Per-head RMS norm of the scan output (as Mamba-2 before out_proj): softmax attention
@@ -168,14 +212,19 @@ class HybridMixer(nn.Module):
 
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
         b, length, _ = hidden_states.shape
-        allowed = _visibility(attention_mask, b, length)
+        allowed, per_head = _visibility(attention_mask, b, length)
         heads = hidden_states.new_zeros(b, length, self.num_heads, self.head_dim)
         attn = self.attention_heads
         if attn:
-            heads[:, :, attn] = self.attention_output(hidden_states, position_embeddings, allowed, attn)
+            heads[:, :, attn] = self.attention_output(hidden_states, position_embeddings, allowed, attn,
+                                                      per_head=None if per_head is None else per_head[:, attn])
         active = self.active_ssm
         if active:
-            heads[:, :, [self.ssm_heads[j] for j in active]] = self.ssm_output(hidden_states, allowed, active)
+            ssm = [self.ssm_heads[j] for j in active]
+            heads[:, :, ssm] = self.ssm_output(hidden_states, allowed, active,
+                                               restrict=None if per_head is None else per_head[:, ssm])
+        if self.capture:
+            self.captured = self.head_maps(hidden_states, position_embeddings, allowed, per_head)
         return self.o_proj(heads.reshape(b, length, -1)), None
 
     # -- recurrent inference (cache = K/V of the used groups + SSM states) ----------------------
@@ -269,6 +318,22 @@ def swapped_to_attention(model, layers: list[int]):
     finally:
         for i in layers:
             ms[i].swapped = set()
+
+
+@contextlib.contextmanager
+def captured_maps(model):
+    """Within the block, each forward of a hybrid leaves [layers] of [B, H, L, L] head maps in
+    the yielded list (attention probabilities / normalised implicit attention)."""
+    ms = mixers(model)
+    out: list = []
+    for m in ms:
+        m.capture = True
+    try:
+        yield out
+    finally:
+        out.extend(m.captured for m in ms)
+        for m in ms:
+            m.capture, m.captured = False, None
 
 
 def save_student(model, tok, out_dir: Path, spec: dict):
