@@ -63,6 +63,38 @@ def get_baseline_results(wildcards):
     )
 
 
+HYBRID = config["hybrid"]
+
+
+def hybrid_variants():
+    """Student variant names: the heads-kept sweep at state_size, then the state-size sweep."""
+    pairs = [(k, HYBRID["state_size"]) for k in HYBRID["heads_kept"]]
+    pairs += [(HYBRID["state_sweep_heads_kept"], n) for n in HYBRID["state_sizes"]]
+    return list(dict.fromkeys(f"k{k}-n{n}" for k, n in pairs))
+
+
+def _check_gna_variants():
+    unknown = [v for v in HYBRID["gna_variants"] if v not in hybrid_variants()]
+    if HYBRID["enabled"] and unknown:
+        raise ValueError(f"config key 'hybrid.gna_variants': {unknown} are not students of this config; "
+                         f"allowed: {', '.join(hybrid_variants())}")
+
+
+_check_gna_variants()
+# students that also go through the Gather-and-Aggregate rules, named like models
+GNA_STUDENTS = [f"{m}-hybrid-{v}" for m in MODELS for v in HYBRID["gna_variants"]] if HYBRID["enabled"] else []
+GNA_MODELS = MODELS + GNA_STUDENTS
+
+
+def teacher_of(name):
+    return name.rsplit("-hybrid-", 1)[0] if name in GNA_STUDENTS else name
+
+
+def get_ranking(wildcards):
+    """A student's heads keep their teacher's identities, so it uses the teacher's ranking."""
+    return f"data/results/heads/{teacher_of(wildcards.model)}/ranking.parquet"
+
+
 def get_all_results():
     """Every phase's results, listed explicitly so a phase added to an existing run is scheduled
     even when the report it feeds is already up to date."""
@@ -74,8 +106,7 @@ def get_all_results():
         "data/results/heads/{model}/topk.parquet",
         "data/results/heads/{model}/kept.parquet",
         "data/results/heads/{model}/dictsize.parquet",
-        "data/results/gna/{model}/roles.parquet",
-        "data/results/gna/{model}/masking.parquet",
     ]
-    return (["data/results/baseline.parquet"] + [p for t in per_model for p in expand(t, model=MODELS)]
+    gna = expand("data/results/gna/{model}/{kind}.parquet", model=GNA_MODELS, kind=["roles", "masking"])
+    return (["data/results/baseline.parquet"] + [p for t in per_model for p in expand(t, model=MODELS)] + gna
             + get_hybrid_results())

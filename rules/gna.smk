@@ -2,9 +2,11 @@
 
 
 rule gna_roles:
+    wildcard_constraints:
+        model=_alternation(GNA_MODELS),
     input:
         model="data/models/{model}",
-        ranking="data/results/heads/{model}/ranking.parquet",
+        ranking=get_ranking,
     output:
         roles="data/results/gna/{model}/roles.parquet",
         maps="data/results/gna/{model}/maps.parquet",
@@ -12,7 +14,7 @@ rule gna_roles:
         gna=config["gna"],
         template=config["tasks"]["kv_retrieval"]["template"],
         dtype=config["dtype"],
-        code=code_version("gather_aggregate", "models", "io"),
+        code=code_version("gather_aggregate", "hybrid", "ssm", "models", "io"),
     log:
         "data/logs/gna_roles/{model}.log",
     benchmark:
@@ -26,9 +28,12 @@ rule gna_roles:
 
 
 rule gna_masking:
+    wildcard_constraints:
+        model=_alternation(GNA_MODELS),
     input:
         model="data/models/{model}",
         roles="data/results/gna/{model}/roles.parquet",
+        knowledge=[f"data/tasks/mmlu_cloze.parquet"] if "cloze" in config["tasks"]["mmlu"]["formats"] else [],
     output:
         "data/results/gna/{model}/masking.parquet",
     params:
@@ -36,7 +41,8 @@ rule gna_masking:
         template=config["tasks"]["kv_retrieval"]["template"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
-        code=code_version("gna_masking", "gather_aggregate", "heads", "scoring", "stack", "packing", "models", "io"),
+        code=code_version("gna_masking", "gather_aggregate", "heads", "hybrid", "ssm", "scoring", "stack", "packing",
+                          "models", "io"),
     log:
         "data/logs/gna_masking/{model}.log",
     benchmark:

@@ -2,15 +2,12 @@
 # variant), scoring, the layer swap and the inference-memory table. Students are written to
 # data/models/<model>-hybrid-k<heads kept>-n<state size>, loadable like any prepared model.
 
-HYBRID = config["hybrid"]
 TASK_FILES = {task: f"data/tasks/{task}.parquet" for task in TASKS}
 
 
-def hybrid_variants():
-    """Variant names: the heads-kept sweep at state_size, then the state-size sweep."""
-    pairs = [(k, HYBRID["state_size"]) for k in HYBRID["heads_kept"]]
-    pairs += [(HYBRID["state_sweep_heads_kept"], n) for n in HYBRID["state_sizes"]]
-    return list(dict.fromkeys(f"k{k}-n{n}" for k, n in pairs))
+def answer_row_variants():
+    """Hybrids with attention heads (the heads-kept sweep, k > 0)."""
+    return [f"k{k}-n{HYBRID['state_size']}" for k in HYBRID["heads_kept"] if k > 0]
 
 
 def pure_ssm_variant():
@@ -23,6 +20,8 @@ def get_hybrid_results():
     results = expand("data/results/hybrid/{model}/{variant}.parquet", model=MODELS,
                      variant=["teacher"] + hybrid_variants())
     results += expand("data/results/hybrid/{model}/memory.parquet", model=MODELS)
+    results += expand("data/results/hybrid/{model}/answer-rows-{variant}.parquet", model=MODELS,
+                      variant=answer_row_variants())
     if HYBRID["swap"]:
         results += expand("data/results/hybrid/{model}/swap.parquet", model=MODELS)
     return results
@@ -188,5 +187,29 @@ rule hybrid_memory:
     resources:
         mem_mb=6000,
         runtime=60,
+    script:
+        "../workflow_scripts/distill.py"
+
+
+rule hybrid_answer_rows:
+    input:
+        model="data/models/{model}-hybrid-{variant}",
+        tasks=list(TASK_FILES.values()),
+    output:
+        "data/results/hybrid/{model}/answer-rows-{variant}.parquet",
+    params:
+        max_items=HYBRID["eval_items"],
+        batch_size=config["eval"]["batch_size"],
+        dtype=config["dtype"],
+        code=code_version("gna_masking", "gather_aggregate", "heads", "hybrid", "ssm", "scoring", "stack", "packing",
+                          "models", "io"),
+    log:
+        "data/logs/hybrid_answer_rows/{model}-{variant}.log",
+    benchmark:
+        "data/benchmarks/hybrid_answer_rows/{model}-{variant}.tsv"
+    threads: 2
+    resources:
+        mem_mb=6000,
+        runtime=120,
     script:
         "../workflow_scripts/distill.py"

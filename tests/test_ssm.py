@@ -205,3 +205,25 @@ def test_per_head_masks_on_a_student_reproduce_it_and_restricting_an_ssm_head_bi
         assert np.array_equal(same, plain)
         masked = flat(score_masked(student, tok, kv, kv_row_segments, heads, restrict=True))
         assert not np.allclose(masked, plain, atol=1e-4)
+
+
+def test_answer_rows_masking_on_a_hybrid(hybrid, tiny_llama):
+    from gna.gna_masking import answer_rows_experiment, answer_rows_mask
+    from gna.packing import collate, pack
+    from gna.tasks import build_kv_retrieval
+
+    student, tok = hybrid
+    kv = build_kv_retrieval([3], 4, 0, "lookup")
+    frame = answer_rows_experiment(student, {"kv_retrieval": kv}, tok, batch_size=2)
+    assert frame["condition"].to_list() == ["unmodified", "attention answer rows masked"]
+    assert frame["attention_heads"][0] == len(KEPT)
+    assert frame["mean_logp"][0] != frame["mean_logp"][1]
+    item = pack([5, 6, 7], [[8, 9], [10]])
+    batch = collate([item])
+    mask = answer_rows_mask(batch, 4, [1])
+    answer = item.score_at[0][0]
+    assert (mask[0, 1, answer] == 0).nonzero().flatten().tolist() == [answer]
+    assert torch.equal(mask[0, 0], batch.mask[0, 0])
+    pure = make_hybrid(copy.deepcopy(tiny_llama[0]), [], state_size=4)
+    with pytest.raises(ValueError, match="no attention heads"):
+        answer_rows_experiment(pure, {"kv_retrieval": kv}, tok)

@@ -118,6 +118,16 @@ elif snakemake.rule in ("hybrid_score", "hybrid_swap"):
     for row in frame.filter(pl.col("group") == "all").filter(pl.col("metric").is_in(["acc", "perplexity"])).iter_rows(named=True):
         log.info("%s %s %s: %.3f", row["variant"], row["task"], row["metric"], row["value"])
 
+elif snakemake.rule == "hybrid_answer_rows":
+    from gna.gna_masking import answer_rows_experiment
+
+    model, tok = load_model(snakemake.input.model, p.dtype)
+    frame = answer_rows_experiment(model, task_tables(), tok, p.batch_size)
+    for row in frame.iter_rows(named=True):
+        log.info("%s %s: acc %.3f", row["task"], row["condition"], row["acc"])
+    write_parquet(frame.with_columns(pl.lit(model_name).alias("model"),
+                                     pl.lit(snakemake.wildcards.variant).alias("variant")), snakemake.output[0])
+
 elif snakemake.rule == "hybrid_memory":
     import json
     from pathlib import Path

@@ -20,12 +20,18 @@ model_name = snakemake.wildcards.model
 if len(heads) < 2:
     missing = ", ".join(sorted({"gather", "aggregate"} - set(heads)))
     log.warning("no %s head was classified, so the masking experiment (it needs both roles) is skipped", missing)
-    result = pl.DataFrame(schema={"condition": pl.String, "heads": pl.String, "acc": pl.Float64,
+    result = pl.DataFrame(schema={"condition": pl.String, "heads": pl.String, "task": pl.String, "acc": pl.Float64,
                                   "mean_logp": pl.Float64, "n": pl.Int64})
 else:
     model, tok = load_model(snakemake.input.model, snakemake.params.dtype)
     table = build_kv_retrieval([cfg["dict_size"]], cfg["masking_n"], cfg["seed"] + 1, snakemake.params.template)
-    result = masking_experiment(model, tok, table, kv_row_segments, heads, batch_size=snakemake.params.batch_size)
+    knowledge = None
+    if snakemake.input.knowledge:
+        from gna.pruning import sweep_subset
+
+        knowledge = sweep_subset(read_parquet(snakemake.input.knowledge[0]), cfg["knowledge_items"])
+    result = masking_experiment(model, tok, table, kv_row_segments, heads, batch_size=snakemake.params.batch_size,
+                                knowledge=knowledge)
     for row in result.iter_rows(named=True):
-        log.info("%s: acc %.3f, mean logp %.3f", row["condition"], row["acc"], row["mean_logp"])
+        log.info("%s %s: acc %.3f, mean logp %.3f", row["task"], row["condition"], row["acc"], row["mean_logp"])
 write_parquet(result.with_columns(pl.lit(model_name).alias("model")), snakemake.output[0])

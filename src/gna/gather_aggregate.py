@@ -104,7 +104,9 @@ def role_scores(maps: torch.Tensor, seg: Segments) -> dict[str, torch.Tensor]:
     aggregate_summary   mass from the answer position onto the summary tokens (the study's reading)
     aggregate           mass from the answer position onto the segments, summary tokens included
                         (small models often read the value inside the segment directly)
-    selectivity         share of `aggregate` that lands on the correct segment"""
+    selectivity         share of `aggregate` that lands on the correct segment
+    sharpness           top-1 weight of the summary rows and the answer row (mean): 1 = every such
+                        row puts all its weight on one position (the study: SSM G&A is smoother)"""
     gather = torch.stack([maps[:, :, s, a:b].sum(-1) for (a, b), s in zip(seg.spans, seg.summary)]).mean(0)
     # the same without the token right before the summary: a previous-token head scores high on
     # `gather` by attending only to the line's last token, which condenses nothing
@@ -114,11 +116,14 @@ def role_scores(maps: torch.Tensor, seg: Segments) -> dict[str, torch.Tensor]:
     per_segment = torch.stack([answer_row[..., a:b].sum(-1) + (answer_row[..., s] if not a <= s < b else 0)
                                for (a, b), s in zip(seg.spans, seg.summary)], dim=-1)
     aggregate = per_segment.sum(-1)
-    return {"gather": gather, "gather_strict": gather_strict, "aggregate_summary": answer_row[..., seg.summary].sum(-1), "aggregate": aggregate,
+    # sharpness: top-1 share of the rows that matter (summary rows and the answer row)
+    rows = list(seg.summary) + [seg.answer]
+    sharpness = maps[:, :, rows].max(-1).values.mean(-1)
+    return {"sharpness": sharpness, "gather": gather, "gather_strict": gather_strict, "aggregate_summary": answer_row[..., seg.summary].sum(-1), "aggregate": aggregate,
             "selectivity": per_segment[..., seg.correct] / aggregate.clamp_min(1e-9)}
 
 
-SCORES = ("gather", "gather_strict", "aggregate", "aggregate_summary", "selectivity")
+SCORES = ("gather", "gather_strict", "aggregate", "aggregate_summary", "selectivity", "sharpness")
 
 
 def classify(gather: float, aggregate: float, selectivity: float, gather_min: float, aggregate_min: float,
@@ -145,11 +150,15 @@ def head_roles(model, tok, table: pl.DataFrame, segment_fn, gather_min: float = 
         for k, v in scores.items():
             totals[k] = totals.get(k, 0) + v / len(table)
     n_layers, n_heads = totals["gather"].shape
+    from gna.hybrid import mixers
+
+    ssm = {(m.layer_idx, h) for m in mixers(model) for h in m.ssm_heads if h not in m.swapped}
     rows = []
     for layer in range(n_layers):
         for head in range(n_heads):
             vals = {k: float(totals[k][layer, head]) for k in SCORES}
-            rows.append({"layer": layer, "head": head, **vals, "n": len(table),
+            rows.append({"layer": layer, "head": head, "kind": "ssm" if (layer, head) in ssm else "attention",
+                         **vals, "n": len(table),
                          "role": classify(vals["gather_strict"], vals["aggregate"], vals["selectivity"], gather_min,
                                           aggregate_min, n_segments)})
     return pl.DataFrame(rows)

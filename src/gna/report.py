@@ -211,7 +211,8 @@ def build_report(inputs: dict, html_path, figures: dict, options: dict, config: 
         body.append(hybrid_section(_concat(inputs["hybrid_scores"]), _concat(inputs.get("hybrid_swap", [])),
                                    _concat(inputs.get("hybrid_memory", [])), _concat(inputs.get("hybrid_align", [])),
                                    _concat(inputs.get("hybrid_kd", [])), config["hybrid"], figures,
-                                   reference=options.get("show_reference", True)))
+                                   reference=options.get("show_reference", True),
+                                   answer_rows=_concat(inputs.get("hybrid_answer_rows", []))))
     else:
         for key in ("hybrid_heads", "hybrid_training"):
             if key in figures:

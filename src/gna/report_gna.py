@@ -39,6 +39,23 @@ def plot_maps(maps: pl.DataFrame, path) -> None:
     save_figure(fig, path)
 
 
+def sharpness_table(roles: pl.DataFrame) -> str:
+    """Mean sharpness of the ten top-ranked heads per model and head kind (attention vs SSM)."""
+    if roles.is_empty() or "sharpness" not in roles.columns:
+        return ""
+    if "kind" not in roles.columns:
+        roles = roles.with_columns(pl.lit("attention").alias("kind"))
+    top = roles.with_columns(pl.col("kind").fill_null("attention")).filter(pl.col("rank") <= 10)
+    summary = (top.group_by("model", "kind").agg(pl.len().alias("heads"), pl.col("sharpness").mean().alias("mean sharpness"),
+                                                pl.col("aggregate").mean().alias("mean aggregate"),
+                                                pl.col("gather_strict").mean().alias("mean gather (strict)"))
+               .sort("model", "kind"))
+    return ("<h3>Sharpness: attention vs SSM heads</h3><p>The ten top-ranked heads of each model (the same heads "
+            "in teacher and students), averaged per kind. The study reports SSM G&A as smoother than "
+            "attention's: lower sharpness for the SSM heads of a student than for the same heads as attention "
+            "in the teacher says the same.</p>" + table(summary, left=("model", "kind")))
+
+
 def gna_section(roles: pl.DataFrame, maps: pl.DataFrame, figures: dict, masking: pl.DataFrame | None = None) -> str:
     plot_maps(maps, figures["gna_maps"])
     parts = ["<h2>Gather-and-Aggregate roles</h2>",
@@ -49,12 +66,20 @@ def gna_section(roles: pl.DataFrame, maps: pl.DataFrame, figures: dict, masking:
              "segments; <i>aggregate (summary)</i>: onto the summary tokens only (the study's reading); "
              "<i>selectivity</i>: share of the aggregate mass on the correct segment. A head is an Aggregate head "
              "if aggregate ≥ the configured minimum and it prefers the correct segment (selectivity ≥ 2× chance), "
-             "else a Gather head if gather without the previous token ≥ its minimum.</p>"]
+             "else a Gather head if gather without the previous token ≥ its minimum. <i>sharpness</i>: the "
+             "top-1 weight of the rows that matter (summary rows and the answer row), 1 = all weight on one "
+             "position. Students (<code>…-hybrid-k…-n…</code>) keep their teacher's head identities and "
+             "ranking; their SSM heads (kind <i>ssm</i>) are scored on their implicit attention — the "
+             "materialised scan matrix, |T| normalised per row.</p>"]
     for model in sorted(roles["model"].unique()):
         sub = roles.filter(pl.col("model") == model)
         counts = sub.group_by("role").len().sort("role")
+        if "kind" not in sub.columns:
+            sub = sub.with_columns(pl.lit("attention").alias("kind"))
+        sub = sub.with_columns(pl.col("kind").fill_null("attention"))
         top = sub.filter(pl.col("rank") <= 10).sort("rank").select(
-            "rank", pl.format("L{}H{}", "layer", "head").alias("head"), "role", "acc_drop", "gather",
+            "rank", pl.format("L{}H{}", "layer", "head").alias("head"), "kind", "role", "acc_drop", "sharpness",
+            "gather",
             pl.col("gather_strict").alias("gather (without previous token)"), "aggregate",
             pl.col("aggregate_summary").alias("aggregate (summary)"), "selectivity")
         best = {r: sub.filter(pl.col("role") == r).sort("rank").head(1) for r in ("gather", "aggregate")}
@@ -62,7 +87,7 @@ def gna_section(roles: pl.DataFrame, maps: pl.DataFrame, figures: dict, masking:
                           for r, b in best.items() if not b.is_empty())
         parts.append(f"<h3>{html.escape(model)}</h3><p>{html.escape(found)}. Heads per role: "
                      + ", ".join(f"{r['role']} {r['len']}" for r in counts.iter_rows(named=True)) + f" (over {sub['n'][0]} prompts).</p>")
-        parts.append(table(top, left=("head", "role"), fmt={"acc_drop": pct}))
+        parts.append(table(top, left=("head", "kind", "role"), fmt={"acc_drop": pct}))
     parts.append(embed(figures["gna_maps"], "Attention maps of the top-ranked heads and of the best-ranked Gather and "
                        "Aggregate heads on one short KV prompt "
                        "(rows: query tokens, columns: key tokens; blue labels: summary tokens, red: the answer "
@@ -75,6 +100,12 @@ def gna_section(roles: pl.DataFrame, maps: pl.DataFrame, figures: dict, masking:
                      "their G&A pattern — the Gather head's rows inside a line see only that line, the Aggregate "
                      "head's answer rows see only the lines, every other row of the two heads only itself. If (c) "
                      "stays near (a) while (b) falls, the G&A pattern alone carries the retrieval.</p>")
-        parts.append(table(masking.select("model", "heads", "condition", "n", "acc", "mean_logp").sort(["model", "condition"]),
-                           left=("model", "heads", "condition"), fmt={"acc": pct}))
+        if "task" not in masking.columns:
+            masking = masking.with_columns(pl.lit("kv_retrieval").alias("task"))
+        parts.append("<p>The knowledge task (MMLU cloze, no option lines to restrict to) is scored under (a) and (b) "
+                     "only.</p>")
+        parts.append(table(masking.select("model", "heads", "task", "condition", "n", "acc", "mean_logp")
+                           .sort(["model", "task", "condition"]),
+                           left=("model", "heads", "task", "condition"), fmt={"acc": pct}))
+    parts.append(sharpness_table(roles))
     return "\n".join(parts)

@@ -118,7 +118,8 @@ def _bytes(v) -> str:
 
 
 def hybrid_section(scores: pl.DataFrame, swap: pl.DataFrame, memory: pl.DataFrame, align: pl.DataFrame,
-                   kd: pl.DataFrame, options: dict, figures: dict, reference: bool = True) -> str:
+                   kd: pl.DataFrame, options: dict, figures: dict, reference: bool = True,
+                   answer_rows: pl.DataFrame | None = None) -> str:
     parts = ["<h2>SSM and hybrid students</h2>",
              "<p>No SSM weights are reachable offline, so the pipeline distills its own from each model. "
              "<b>Design: head-wise replacement.</b> Every attention head of the teacher is either kept (its own "
@@ -181,6 +182,15 @@ def hybrid_section(scores: pl.DataFrame, swap: pl.DataFrame, memory: pl.DataFram
                              "top-ranked head — run as the teacher's attention again (all its heads), nothing "
                              "retrained.</p>")
                 parts.append(table(rows, left=("variant",), fmt=_fmt(rows)))
+    if answer_rows is not None and not answer_rows.is_empty():
+        parts.append("<h3>Aggregation lives in attention: answer rows of the attention heads masked</h3>"
+                     "<p>In each hybrid, every attention head's answer rows (the last context token and the choice "
+                     "tokens) are masked to see only themselves; SSM heads are untouched. The study (Zamba2): "
+                     "retrieval-heavy tasks drop sharply, knowledge tasks stay.</p>")
+        wide = (answer_rows.pivot(on="condition", index=["model", "variant", "attention_heads", "task"], values="acc")
+                .sort("model", "attention_heads", "task"))
+        parts.append(table(wide, left=("model", "variant", "task"),
+                           fmt={c: pct for c in wide.columns if c not in ("model", "variant", "task", "attention_heads")}))
     if reference:
         parts.append(REFERENCE_HEADS)
         parts.append(REFERENCE_STATE)
