@@ -7,6 +7,10 @@ rule gna_roles:
     input:
         model="data/models/{model}",
         ranking=get_ranking,
+        # a student draws the maps of its teacher's heads (teacher's G&A heads included)
+        teacher_roles=lambda wc: [f"data/results/gna/{teacher_of(wc.model)}/roles.parquet"]
+        if wc.model in GNA_STUDENTS else [],
+        mmlu_letter=["data/tasks/mmlu_letter.parquet"] if "letter" in config["tasks"]["mmlu"]["formats"] else [],
     output:
         roles="data/results/gna/{model}/roles.parquet",
         maps="data/results/gna/{model}/maps.parquet",
@@ -33,7 +37,8 @@ rule gna_masking:
     input:
         model="data/models/{model}",
         roles="data/results/gna/{model}/roles.parquet",
-        knowledge=[f"data/tasks/mmlu_cloze.parquet"] if "cloze" in config["tasks"]["mmlu"]["formats"] else [],
+        knowledge=["data/tasks/mmlu_cloze.parquet"] if "cloze" in config["tasks"]["mmlu"]["formats"] else [],
+        mmlu_letter=["data/tasks/mmlu_letter.parquet"] if "letter" in config["tasks"]["mmlu"]["formats"] else [],
     output:
         "data/results/gna/{model}/masking.parquet",
     params:

@@ -44,6 +44,7 @@ rule report:
         heads_dictsize=_figure("heads_dictsize", "Heads"),
         heads_attribution=_figure("heads_attribution", "Heads"),
         gna_maps=_figure("gna_maps", "Gather-and-Aggregate"),
+        gna_maps_mmlu=_figure("gna_maps_mmlu", "Gather-and-Aggregate"),
         hybrid_heads=_figure("hybrid_heads", "SSM and hybrid students"),
         hybrid_training=_figure("hybrid_training", "SSM and hybrid students"),
     params:

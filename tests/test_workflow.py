@@ -96,6 +96,10 @@ def test_smoke_run_writes_results_and_report(smoke):
     scores = pl.concat([pl.read_parquet(p) for p in (smoke / "data/results/hybrid/tiny-llama").glob("k*.parquet")])
     assert set(scores["variant"]) == {"k0-n8", "k2-n8", "k0-n4"}
     assert {"kv_retrieval", "mmlu_letter", "mmlu_cloze", "heldout"} <= set(scores["task"])
+    student_roles = pl.read_parquet(smoke / "data/results/gna/tiny-llama-hybrid-k2-n8/roles.parquet")
+    assert student_roles.filter(pl.col("kind") == "attention").height == 2 and student_roles.height == 16
+    answer_rows = pl.read_parquet(smoke / "data/results/hybrid/tiny-llama/answer-rows-k2-n8.parquet")
+    assert set(answer_rows["condition"]) == {"unmodified", "attention answer rows masked"}
     memory = pl.read_parquet(smoke / "data/results/hybrid/tiny-llama/memory.parquet")
     measured = memory.filter(pl.col("source") == "measured")
     assert measured["total_bytes"][0] == measured["formula_bytes"][0]
@@ -121,7 +125,8 @@ def test_task_size_edit_reruns_only_dependents(smoke):
     cfg["tasks"]["kv_retrieval"]["sizes"] = [3, 6, 8]
     assert planned_jobs_of(smk(smoke, "-n", config=cfg)) == {
         "kv_task": 1, "baseline": 1, "collect_baseline": 1, "prune_gradual": 1, "minimal_model": 1,
-        "prune_individual": 1, "heads_topk": 1, "heads_kept": 1, "hybrid_score": 4, "hybrid_swap": 1, "report": 1,
+        "prune_individual": 1, "heads_topk": 1, "heads_kept": 1, "hybrid_score": 4, "hybrid_swap": 1,
+        "hybrid_answer_rows": 1, "report": 1,
         "all": 1}
 
 
@@ -162,7 +167,8 @@ def test_a_phase_missing_from_an_existing_run_is_scheduled(tmp_path, smoke):
     work = tmp_path / "copy"
     shutil.copytree(smoke, work, symlinks=True)
     shutil.rmtree(work / "data/results/gna")
-    assert planned_jobs_of(smk(work, "-n")) == {"gna_roles": 1, "gna_masking": 1, "report": 1, "all": 1}
+    # the teacher and the two students of hybrid.gna_variants
+    assert planned_jobs_of(smk(work, "-n")) == {"gna_roles": 3, "gna_masking": 3, "report": 1, "all": 1}
 
 
 def test_bad_config_fails_before_any_job(tmp_path):
@@ -202,3 +208,10 @@ def test_slurm_profile_dry_run_without_slurm(tmp_path):
                           cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert planned_jobs_of(proc)["baseline"] == 3
+
+
+def test_unknown_gna_student_is_named_before_any_job(tmp_path):
+    cfg = smoke_config()
+    cfg["hybrid"]["gna_variants"] = ["k3-n8"]
+    message = fails_before_any_job(tmp_path, cfg)
+    assert "config key 'hybrid.gna_variants': ['k3-n8'] are not students of this config" in message

@@ -9,6 +9,24 @@ from gna.runtime import setup
 from gna.tasks import build_kv_retrieval
 
 log = setup(snakemake.log[0], snakemake.threads)
+
+
+def mmlu_letter_masking(model, tok, heads):
+    """The same experiment on MMLU letter (option lines as segments) for models above chance there."""
+    from gna.gather_aggregate import mmlu_row_segments
+    from gna.pruning import sweep_subset
+    from gna.scoring import score_table
+
+    letter = sweep_subset(read_parquet(snakemake.input.mmlu_letter[0]), cfg["knowledge_items"])
+    label = ", ".join(f"{role} L{l}H{h}" for role, (l, h) in heads.items())
+    plain = score_table(model, tok, letter, batch_size=snakemake.params.batch_size, progress=False)
+    acc = float(plain["correct"].mean())
+    if acc < cfg["mmlu_min_acc"]:
+        log.info("MMLU letter accuracy %.3f < gna.mmlu_min_acc %.2f: (b) and (c) not run on MMLU", acc, cfg["mmlu_min_acc"])
+        return pl.DataFrame([{"condition": "(a) unmodified", "heads": label, "task": "mmlu_letter", "acc": acc,
+                              "mean_logp": float(plain["logp_target"].mean()), "n": len(plain),
+                              "note": f"at chance (< {cfg['mmlu_min_acc']:.0%}): (b), (c) not run"}])
+    return masking_experiment(model, tok, letter, mmlu_row_segments, heads, batch_size=snakemake.params.batch_size)
 cfg = snakemake.params.gna
 roles = read_parquet(snakemake.input.roles)
 heads = {}
@@ -32,6 +50,8 @@ else:
         knowledge = sweep_subset(read_parquet(snakemake.input.knowledge[0]), cfg["knowledge_items"])
     result = masking_experiment(model, tok, table, kv_row_segments, heads, batch_size=snakemake.params.batch_size,
                                 knowledge=knowledge)
+    if snakemake.input.mmlu_letter:
+        result = pl.concat([result, mmlu_letter_masking(model, tok, heads)], how="diagonal_relaxed")
     for row in result.iter_rows(named=True):
         log.info("%s %s: acc %.3f, mean logp %.3f", row["task"], row["condition"], row["acc"], row["mean_logp"])
 write_parquet(result.with_columns(pl.lit(model_name).alias("model")), snakemake.output[0])

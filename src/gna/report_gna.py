@@ -11,31 +11,42 @@ import polars as pl
 from gna.htmlkit import embed, pct, save_figure, table
 
 
-def plot_maps(maps: pl.DataFrame, path) -> None:
-    panels = maps.select("model", "layer", "head").unique(maintain_order=True).rows() or [("(none)", 0, 0)]
-    cols = min(3, len(panels))
-    rows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 5.4 * rows), squeeze=False)
-    for ax in axes.flat[len(panels):]:
-        ax.axis("off")
-    for ax, (model, layer, head) in zip(axes.flat, panels):
-        sub = maps.filter((pl.col("model") == model) & (pl.col("layer") == layer) & (pl.col("head") == head))
-        if sub.is_empty():
-            continue
-        T = sub["query"].max() + 1
-        grid = np.zeros((T, T))
-        grid[sub["query"].to_numpy(), sub["key"].to_numpy()] = sub["weight"].to_numpy()
-        ax.imshow(grid, cmap="magma_r", vmin=0, vmax=1)
-        labels = (sub.select("query", "token", "mark").unique().sort("query"))
-        names = [t.replace("Ċ", "\\n").replace("Ġ", "·") for t in labels["token"]]
-        ax.set_xticks(range(T), names, rotation=90, fontsize=5)
-        ax.set_yticks(range(T), names, fontsize=5)
-        for i, mark in enumerate(labels["mark"]):
-            color = {"summary": "tab:blue", "answer": "tab:red"}.get(mark)
-            if color:
-                ax.get_xticklabels()[i].set_color(color)
-                ax.get_yticklabels()[i].set_color(color)
-        ax.set_title(f"{model} L{layer}H{head}", fontsize=9)
+def plot_maps(maps: pl.DataFrame, path, task: str = "kv_retrieval") -> None:
+    """Grid of maps: one row per head, one column per model (teacher first, then its students),
+    so the same head is seen as attention and as an SSM head side by side."""
+    from gna.htmlkit import placeholder_figure
+
+    if "task" in maps.columns:
+        maps = maps.filter(pl.col("task") == task)
+    if maps.is_empty():
+        placeholder_figure(path, f"no {task} maps in this run")
+        return
+    models = sorted(maps["model"].unique(), key=lambda m: ("-hybrid-" in m, m))
+    heads = maps.select("layer", "head").unique(maintain_order=True).rows()
+    size = 4.2 if len(models) > 1 else 5.2
+    fig, axes = plt.subplots(len(heads), len(models), figsize=(size * len(models), size * len(heads)), squeeze=False)
+    for r, (layer, head) in enumerate(heads):
+        for c, model in enumerate(models):
+            ax = axes[r, c]
+            sub = maps.filter((pl.col("model") == model) & (pl.col("layer") == layer) & (pl.col("head") == head))
+            if sub.is_empty():
+                ax.axis("off")
+                continue
+            T = sub["query"].max() + 1
+            grid = np.zeros((T, T))
+            grid[sub["query"].to_numpy(), sub["key"].to_numpy()] = sub["weight"].to_numpy()
+            ax.imshow(grid, cmap="magma_r", vmin=0, vmax=1)
+            labels = sub.select("query", "token", "mark").unique().sort("query")
+            names = [t.replace("Ċ", "\\n").replace("Ġ", "·") for t in labels["token"]]
+            fontsize = 5 if T <= 60 else 3
+            ax.set_xticks(range(T), names, rotation=90, fontsize=fontsize)
+            ax.set_yticks(range(T), names, fontsize=fontsize)
+            for i, mark in enumerate(labels["mark"]):
+                color = {"summary": "tab:blue", "answer": "tab:red"}.get(mark)
+                if color:
+                    ax.get_xticklabels()[i].set_color(color)
+                    ax.get_yticklabels()[i].set_color(color)
+            ax.set_title(f"{model} L{layer}H{head}", fontsize=8)
     save_figure(fig, path)
 
 
@@ -57,7 +68,9 @@ def sharpness_table(roles: pl.DataFrame) -> str:
 
 
 def gna_section(roles: pl.DataFrame, maps: pl.DataFrame, figures: dict, masking: pl.DataFrame | None = None) -> str:
-    plot_maps(maps, figures["gna_maps"])
+    plot_maps(maps, figures["gna_maps"], "kv_retrieval")
+    if "gna_maps_mmlu" in figures:
+        plot_maps(maps, figures["gna_maps_mmlu"], "mmlu_letter")
     parts = ["<h2>Gather-and-Aggregate roles</h2>",
              "<p>Role scores from each attention head's attention maps on KV-retrieval prompts, where each "
              "<code>key:value</code> line is a segment and its newline the summary token. <i>gather</i>: mass from "
@@ -88,11 +101,15 @@ def gna_section(roles: pl.DataFrame, maps: pl.DataFrame, figures: dict, masking:
         parts.append(f"<h3>{html.escape(model)}</h3><p>{html.escape(found)}. Heads per role: "
                      + ", ".join(f"{r['role']} {r['len']}" for r in counts.iter_rows(named=True)) + f" (over {sub['n'][0]} prompts).</p>")
         parts.append(table(top, left=("head", "kind", "role"), fmt={"acc_drop": pct}))
-    parts.append(embed(figures["gna_maps"], "Attention maps of the top-ranked heads and of the best-ranked Gather and "
-                       "Aggregate heads on one short KV prompt "
-                       "(rows: query tokens, columns: key tokens; blue labels: summary tokens, red: the answer "
-                       "position). A Gather head's summary rows attend within their own line; an Aggregate head's "
-                       "answer row lands on the correct line."))
+    parts.append(embed(figures["gna_maps"], "Maps of the top-ranked heads and of the best-ranked Gather and "
+                       "Aggregate heads on one short KV prompt, one column per model — the teacher, then its students, "
+                       "where the same head is attention (kept) or an SSM head (implicit attention |T|, normalised "
+                       "per row). Rows: query tokens, columns: key tokens; blue labels: summary tokens, red: the "
+                       "answer position. A Gather head's summary rows attend within their own line; an Aggregate "
+                       "head's answer row lands on the correct line."))
+    if "gna_maps_mmlu" in figures:
+        parts.append(embed(figures["gna_maps_mmlu"], "The same heads on the shortest MMLU letter prompt: each "
+                           "option line is a segment (blue: its last token), red: the answer position."))
     if masking is not None and not masking.is_empty():
         parts.append("<h3>Per-sample G&A masking (KV-retrieval)</h3>")
         parts.append("<p>The best-ranked Gather and Aggregate heads under three conditions, on fresh seeded KV "
@@ -104,8 +121,10 @@ def gna_section(roles: pl.DataFrame, maps: pl.DataFrame, figures: dict, masking:
             masking = masking.with_columns(pl.lit("kv_retrieval").alias("task"))
         parts.append("<p>The knowledge task (MMLU cloze, no option lines to restrict to) is scored under (a) and (b) "
                      "only.</p>")
-        parts.append(table(masking.select("model", "heads", "task", "condition", "n", "acc", "mean_logp")
+        if "note" not in masking.columns:
+            masking = masking.with_columns(pl.lit(None, pl.String).alias("note"))
+        parts.append(table(masking.select("model", "heads", "task", "condition", "n", "acc", "mean_logp", "note")
                            .sort(["model", "task", "condition"]),
-                           left=("model", "heads", "task", "condition"), fmt={"acc": pct}))
+                           left=("model", "heads", "task", "condition", "note"), fmt={"acc": pct}))
     parts.append(sharpness_table(roles))
     return "\n".join(parts)
