@@ -36,7 +36,8 @@ rule gna_masking:
         model=_alternation(GNA_MODELS),
     input:
         model="data/models/{model}",
-        roles="data/results/gna/{model}/roles.parquet",
+        # students mask their teacher's Gather and Aggregate heads: the same heads, now SSM or kept attention
+        roles=lambda wc: f"data/results/gna/{teacher_of(wc.model)}/roles.parquet",
         knowledge=["data/tasks/mmlu_cloze.parquet"] if "cloze" in config["tasks"]["mmlu"]["formats"] else [],
         mmlu_letter=["data/tasks/mmlu_letter.parquet"] if "letter" in config["tasks"]["mmlu"]["formats"] else [],
     output:

@@ -54,4 +54,10 @@ else:
         result = pl.concat([result, mmlu_letter_masking(model, tok, heads)], how="diagonal_relaxed")
     for row in result.iter_rows(named=True):
         log.info("%s %s: acc %.3f, mean logp %.3f", row["task"], row["condition"], row["acc"], row["mean_logp"])
+from gna.hybrid import mixers
+
+if len(heads) == 2 and mixers(model):  # a student: say which of the teacher's heads are SSM heads now
+    ssm = {(m.layer_idx, h) for m in mixers(model) for h in m.ssm_heads}
+    label = ", ".join(f"{role} L{l}H{h} ({'ssm' if (l, h) in ssm else 'attention'})" for role, (l, h) in heads.items())
+    result = result.with_columns(pl.lit(label).alias("heads"))
 write_parquet(result.with_columns(pl.lit(model_name).alias("model")), snakemake.output[0])
