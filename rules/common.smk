@@ -4,7 +4,7 @@ import re
 from pathlib import Path
 
 from gna.config import load_schema, validate_config
-from gna.provenance import code_version
+from gna.provenance import script_fingerprint
 
 # `--configfile X` replaces the default config instead of merging model lists into it.
 if not workflow.overwrite_configfiles:
@@ -27,6 +27,12 @@ wildcard_constraints:
     task=_alternation(TASKS),
     lmtask=_alternation(LM_EVAL_TASKS),
     fmt="letter|cloze",
+
+
+def code_of(rule_name):
+    """Fingerprint of the rule's script (workflow_scripts/<rule>.py) and of every gna module it
+    imports: a `code` param, so a library change reruns exactly the rules that run it."""
+    return script_fingerprint(Path(workflow.basedir) / "workflow_scripts" / f"{rule_name}.py")
 
 
 def get_path(path):

@@ -66,7 +66,7 @@ def test_maps_and_roles_on_a_model(tiny_llama):
 def test_unrestricted_head_masks_reproduce_the_model_and_restriction_bites(tiny_llama):
     import numpy as np
 
-    from gna.gna_masking import head_mask, masking_experiment, score_masked
+    from gna.masking import head_mask, masking_experiment, score_masked
     from gna.packing import collate, pack
     from gna.scoring import encode, score_table
 

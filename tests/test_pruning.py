@@ -4,7 +4,8 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from gna.pruning import gradual, individual, minimal_prefix, pruned_layers, sweep_subset
+from gna.pruning import gradual, individual, minimal_prefix, pruned_layers
+from gna.tasks import subset_evenly
 from gna.scoring import score_removals, score_table, score_table_ref
 from gna.tasks import build_kv_retrieval
 
@@ -111,5 +112,5 @@ def test_minimal_prefix_needs_every_larger_prefix_to_pass():
 
 def test_sweep_subset_is_stratified():
     table = build_kv_retrieval([3, 5, 7, 9], 10, 0, "lookup")
-    sub = sweep_subset(table, 8)
+    sub = subset_evenly(table, 8)
     assert len(sub) == 8 and sub["dict_size"].value_counts()["count"].to_list() == [2, 2, 2, 2]

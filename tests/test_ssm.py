@@ -191,7 +191,7 @@ def test_per_head_masks_on_a_student_reproduce_it_and_restricting_an_ssm_head_bi
     import numpy as np
 
     from gna.gather_aggregate import kv_row_segments
-    from gna.gna_masking import score_masked
+    from gna.masking import score_masked
     from gna.scoring import score_table
     from gna.tasks import build_kv_retrieval
 
@@ -208,7 +208,7 @@ def test_per_head_masks_on_a_student_reproduce_it_and_restricting_an_ssm_head_bi
 
 
 def test_answer_rows_masking_on_a_hybrid(hybrid, tiny_llama):
-    from gna.gna_masking import answer_rows_experiment, answer_rows_mask
+    from gna.masking import answer_rows_experiment, answer_rows_mask
     from gna.packing import collate, pack
     from gna.tasks import build_kv_retrieval
 

@@ -1,5 +1,5 @@
 """Score one model on one task: per-item scores and a tidy summary."""
-from gna.baseline import run_baseline
+from gna.evaluation import run_baseline
 from gna.runtime import setup
 
 setup(snakemake.log[0], snakemake.threads)

@@ -1,6 +1,6 @@
 """Build one evaluation set: KV-retrieval or MMLU in one format as Parquet, or the lm-eval
 cross-check task (our MMLU subset as an lm-eval YAML task)."""
-from gna.baseline import CROSSCHECK_TASK
+from gna.evaluation import CROSSCHECK_TASK
 from gna.io import write_parquet
 from gna.runtime import setup
 from gna.sources import verify_sha256

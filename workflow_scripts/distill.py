@@ -25,7 +25,7 @@ def heldout_ids():
 
 
 def task_tables():
-    from gna.pruning import sweep_subset
+    from gna.tasks import subset_evenly as sweep_subset
 
     tables = {}
     for path in snakemake.input.tasks:
@@ -97,7 +97,7 @@ elif snakemake.rule == "distill_kd":
 
 elif snakemake.rule in ("hybrid_score", "hybrid_swap"):
     from gna.hybrid import swapped_to_attention
-    from gna.hybrid_eval import score_model
+    from gna.evaluation import score_model
 
     model, tok = load_model(snakemake.input.model, p.dtype)
     tables, heldout = task_tables(), heldout_ids()
@@ -119,7 +119,7 @@ elif snakemake.rule in ("hybrid_score", "hybrid_swap"):
         log.info("%s %s %s: %.3f", row["variant"], row["task"], row["metric"], row["value"])
 
 elif snakemake.rule == "hybrid_answer_rows":
-    from gna.gna_masking import answer_rows_experiment
+    from gna.masking import answer_rows_experiment
 
     model, tok = load_model(snakemake.input.model, p.dtype)
     frame = answer_rows_experiment(model, task_tables(), tok, p.batch_size)

@@ -2,7 +2,7 @@
 import polars as pl
 
 from gna.gather_aggregate import kv_row_segments
-from gna.gna_masking import masking_experiment
+from gna.masking import masking_experiment
 from gna.io import read_parquet, write_parquet
 from gna.models import load_model
 from gna.runtime import setup
@@ -14,7 +14,7 @@ log = setup(snakemake.log[0], snakemake.threads)
 def mmlu_letter_masking(model, tok, heads):
     """The same experiment on MMLU letter (option lines as segments) for models above chance there."""
     from gna.gather_aggregate import mmlu_row_segments
-    from gna.pruning import sweep_subset
+    from gna.tasks import subset_evenly as sweep_subset
     from gna.scoring import score_table
 
     letter = sweep_subset(read_parquet(snakemake.input.mmlu_letter[0]), cfg["knowledge_items"])
@@ -45,7 +45,7 @@ else:
     table = build_kv_retrieval([cfg["dict_size"]], cfg["masking_n"], cfg["seed"] + 1, snakemake.params.template)
     knowledge = None
     if snakemake.input.knowledge:
-        from gna.pruning import sweep_subset
+        from gna.tasks import subset_evenly as sweep_subset
 
         knowledge = sweep_subset(read_parquet(snakemake.input.knowledge[0]), cfg["knowledge_items"])
     result = masking_experiment(model, tok, table, kv_row_segments, heads, batch_size=snakemake.params.batch_size,

@@ -21,7 +21,7 @@ def sweep_table():
 
 
 def task_tables():
-    from gna.pruning import sweep_subset
+    from gna.tasks import subset_evenly as sweep_subset
 
     tables = {}
     for path in snakemake.input.tasks:

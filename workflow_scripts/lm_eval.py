@@ -1,5 +1,5 @@
 """Run one lm-evaluation-harness task on a prepared model; tidy Parquet of its metrics."""
-from gna.baseline import CROSSCHECK_TASK, run_lm_eval_task
+from gna.evaluation import CROSSCHECK_TASK, run_lm_eval_task
 from gna.runtime import setup
 
 setup(snakemake.log[0], snakemake.threads)

@@ -17,7 +17,8 @@ if snakemake.rule == "minimal_model":
              best["n_layers"], best["task"], best["metric"], best["value"], best["full_value"])
 else:
     from gna.models import load_model
-    from gna.pruning import gradual, individual, sweep_subset
+    from gna.pruning import gradual, individual
+    from gna.tasks import subset_evenly as sweep_subset
     import polars as pl
 
     model, tok = load_model(snakemake.input.model, snakemake.params.dtype)

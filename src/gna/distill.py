@@ -104,19 +104,6 @@ def teacher_activations(model, ids: torch.Tensor, top_k: int, batch: int = 4, pr
     return {"hidden": torch.cat(hidden, dim=1).contiguous(), "top_logp": torch.cat(top_lp), "top_idx": torch.cat(top_ix)}
 
 
-@torch.inference_mode()
-def perplexity(model, ids: torch.Tensor, batch: int = 4) -> float:
-    """exp(mean next-token NLL) over windows ids [n, T]."""
-    total, count = 0.0, 0
-    for start in range(0, len(ids), batch):
-        chunk = ids[start: start + batch]
-        logits = model(input_ids=chunk, use_cache=False).logits[:, :-1].float()
-        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1), reduction="sum")
-        total += float(nll)
-        count += chunk[:, 1:].numel()
-    return math.exp(total / count)
-
-
 # -- stage 1: layer-local alignment -----------------------------------------------------------
 
 def _schedule(step: int, steps: int, warmup: int) -> float:

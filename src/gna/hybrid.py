@@ -283,6 +283,11 @@ def mixers(model) -> list[HybridMixer]:
     return [layer.self_attn for layer in layers_of(model) if isinstance(layer.self_attn, HybridMixer)]
 
 
+def ssm_heads_of(model) -> set[tuple[int, int]]:
+    """(layer, head) of every head that runs as an SSM head now (swapped heads excluded)."""
+    return {(m.layer_idx, h) for m in mixers(model) for h in m.ssm_heads if h not in m.swapped}
+
+
 def ssm_heads_for(n_layers: int, n_heads: int, kept: list[tuple[int, int]]) -> dict[int, list[int]]:
     keep = {(int(layer), int(head)) for layer, head in kept}
     return {i: [h for h in range(n_heads) if (i, h) not in keep] for i in range(n_layers)}

@@ -1,29 +1,10 @@
-"""Scoring students: task accuracy per variant, held-out perplexity, and inference memory."""
+"""Inference memory of students: the formula per variant and a measured check."""
 
 from __future__ import annotations
 
-import polars as pl
 import torch
 
 from gna.hybrid import cache_nbytes, inference_memory, prefill
-from gna.scoring import score_table, summarize
-
-
-def score_model(model, tok, tables: dict[str, pl.DataFrame], heldout: torch.Tensor | None, batch_size: int,
-                progress: bool = True) -> pl.DataFrame:
-    """Tidy (task, group, n, metric, value) for every task table, plus held-out perplexity."""
-    from gna.distill import perplexity
-
-    frames = []
-    for name, table in tables.items():
-        per_item = score_table(model, tok, table, batch_size=batch_size, progress=progress, desc=name)
-        by_group = name == "kv_retrieval"
-        frames.append(pl.concat([summarize(per_item, by_group=True), summarize(per_item, by_group=False)])
-                      if by_group else summarize(per_item, by_group=False))
-    if heldout is not None:
-        frames.append(pl.DataFrame({"task": ["heldout"], "group": ["all"], "n": [heldout.numel()],
-                                    "metric": ["perplexity"], "value": [perplexity(model, heldout)]}))
-    return pl.concat(frames, how="vertical_relaxed")
 
 
 def memory_rows(name: str, cfg, kept: list | None, state_size: int, seq_lens: list[int], bytes_per_value: int) -> list[dict]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import platform
@@ -13,16 +14,61 @@ import gna
 PACKAGE_DIR = Path(gna.__file__).parent
 
 
-def code_version(*modules: str) -> str:
-    """Short hash of the named modules of src/gna (e.g. 'scoring'), plus the package version.
+def _imported_names(source: str) -> set[str]:
+    """Every dotted module name an `import` / `from ... import` statement of `source` names
+    (also imports inside functions), with each imported name as a possible submodule."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
 
-    Snakemake does not see code imported by scripts; rules pass this as a param so that a change
-    to the modules a rule uses reruns exactly that rule and its dependents.
-    """
+
+def _module_file(name: str, package_dir: Path) -> Path | None:
+    """The source file of module `name` ('gna.x.y') inside `package_dir`, if it is one of ours."""
+    parts = name.split(".")
+    if parts[0] != "gna":
+        return None
+    base = package_dir.joinpath(*parts[1:])
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def import_closure(script: str | Path, package_dir: Path = PACKAGE_DIR) -> list[Path]:
+    """The gna modules `script` imports, directly or through other gna modules (sorted).
+    A package's __init__ counts for each of its submodules, as Python runs it first."""
+    package_dir = Path(package_dir)
+    seen: set[Path] = set()
+    todo = [Path(script)]
+    while todo:
+        source = todo.pop().read_text()
+        for name in _imported_names(source):
+            parts = name.split(".")
+            for depth in range(1, len(parts) + 1):  # gna, gna.engine, gna.engine.stack
+                found = _module_file(".".join(parts[:depth]), package_dir)
+                if found is not None and found not in seen:
+                    seen.add(found)
+                    todo.append(found)
+    return sorted(seen)
+
+
+def script_fingerprint(script: str | Path, package_dir: Path = PACKAGE_DIR) -> str:
+    """Short hash of a workflow script and of every gna module in its import closure.
+
+    Snakemake reruns a rule when its script changes but does not see the library code the
+    script imports; rules pass this as a param, so that a change to any module a rule runs
+    reruns exactly that rule and its dependents. Computed, never listed by hand."""
+    package_dir = Path(package_dir)
     digest = hashlib.sha256(gna.__version__.encode())
-    for name in sorted(set(modules)):
-        digest.update(name.encode())
-        digest.update((PACKAGE_DIR / f"{name}.py").read_bytes())
+    digest.update(Path(script).read_bytes())
+    for module in import_closure(script, package_dir):
+        digest.update(str(module.relative_to(package_dir)).encode())
+        digest.update(module.read_bytes())
     return digest.hexdigest()[:12]
 
 

@@ -49,14 +49,6 @@ def pruned_layers(model, keep: list[int]):
             m.layer_idx = idx
 
 
-def sweep_subset(table: pl.DataFrame, max_items: int | None) -> pl.DataFrame:
-    """Evenly spaced items (KV tables are ordered by dictionary size, so this is stratified)."""
-    if not max_items or len(table) <= max_items:
-        return table
-    step = len(table) / max_items
-    return table[[int(i * step) for i in range(max_items)]]
-
-
 def _tidy(per_item: pl.DataFrame, key: str, by_group: bool) -> pl.DataFrame:
     frames = []
     for value in per_item[key].unique().sort():

@@ -212,6 +212,15 @@ def summarize(per_item: pl.DataFrame, by_group: bool) -> pl.DataFrame:
     return long.sort(["task", "group", "metric"])
 
 
+def summarize_task(per_item: pl.DataFrame) -> pl.DataFrame:
+    """The tidy summary of one task's per-item scores: rows per group (dictionary size) and then
+    'all' for KV-retrieval, 'all' only for other tasks."""
+    overall = summarize(per_item, by_group=False)
+    if per_item.is_empty() or per_item["task"][0] != "kv_retrieval":
+        return overall
+    return pl.concat([summarize(per_item, by_group=True), overall])
+
+
 def chance_accuracy(table: pl.DataFrame) -> float:
     return float(sum(1 / len(c) for c in table["choices"]) / max(len(table), 1))
 

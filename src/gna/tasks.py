@@ -13,6 +13,7 @@ from pathlib import Path
 
 import polars as pl
 
+from gna.io import read_parquet
 from gna.words import KEY_WORDS
 
 KV_TEMPLATES = ("lookup", "study")
@@ -138,3 +139,22 @@ def build_mmlu(subset: pl.DataFrame, pool: pl.DataFrame, fmt: str, num_fewshot: 
             "question_id": row["question_id"], "topic": row["topic"],
         })
     return pl.DataFrame(rows)
+
+
+def subset_evenly(table: pl.DataFrame, max_items: int | None) -> pl.DataFrame:
+    """Evenly spaced items (KV tables are ordered by dictionary size, so this is stratified)."""
+    if not max_items or len(table) <= max_items:
+        return table
+    step = len(table) / max_items
+    return table[[int(i * step) for i in range(max_items)]]
+
+
+def load_task_tables(paths: list[str], max_items: int | None = None) -> dict[str, pl.DataFrame]:
+    """{task name: table} for task Parquet files, each cut to `max_items` evenly spaced items."""
+    tables = {}
+    for path in paths:
+        table = subset_evenly(read_parquet(path), max_items)
+        if table.is_empty():
+            raise ValueError(f"task file has no items: {path}")
+        tables[table["task"][0]] = table
+    return tables

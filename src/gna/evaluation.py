@@ -1,18 +1,22 @@
-"""Baseline scoring of one model on one task (our engine) or one lm-eval task."""
+"""Evaluation: baseline scoring of one model on one task (our engine) or one lm-eval task, and
+scoring a model on several tasks plus held-out perplexity (students and their teacher)."""
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 import polars as pl
+import torch
+import torch.nn.functional as F
 
 from gna.io import read_parquet, write_parquet
 from gna.models import load_model
 from gna.runtime import peak_rss_mb
-from gna.scoring import chance_accuracy, score_table, summarize
+from gna.scoring import chance_accuracy, score_table, summarize, summarize_task
 
-log = logging.getLogger("gna.baseline")
+log = logging.getLogger("gna.evaluation")
 
 # lm-eval task name of our own MMLU letter items (see lmeval_bridge.write_local_mmlu_task)
 CROSSCHECK_TASK = "gna_mmlu_letter"
@@ -73,3 +77,29 @@ def run_lm_eval_task(model_name: str, model_dir: str, task: str, out_path: str, 
     write_parquet(frame, out_path)
     log.info("%s on lm-eval task %s: %d metrics in %.1fs", model_name, task, len(frame), seconds)
     return frame
+
+
+def score_model(model, tok, tables: dict[str, pl.DataFrame], heldout: torch.Tensor | None, batch_size: int,
+                progress: bool = True) -> pl.DataFrame:
+    """Tidy (task, group, n, metric, value) for every task table, plus held-out perplexity."""
+    frames = []
+    for name, table in tables.items():
+        per_item = score_table(model, tok, table, batch_size=batch_size, progress=progress, desc=name)
+        frames.append(summarize_task(per_item))
+    if heldout is not None:
+        frames.append(pl.DataFrame({"task": ["heldout"], "group": ["all"], "n": [heldout.numel()],
+                                    "metric": ["perplexity"], "value": [perplexity(model, heldout)]}))
+    return pl.concat(frames, how="vertical_relaxed")
+
+
+@torch.inference_mode()
+def perplexity(model, ids: torch.Tensor, batch: int = 4) -> float:
+    """exp(mean next-token NLL) over windows ids [n, T]."""
+    total, count = 0.0, 0
+    for start in range(0, len(ids), batch):
+        chunk = ids[start: start + batch]
+        logits = model(input_ids=chunk, use_cache=False).logits[:, :-1].float()
+        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1), reduction="sum")
+        total += float(nll)
+        count += chunk[:, 1:].numel()
+    return math.exp(total / count)
