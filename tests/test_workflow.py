@@ -3,6 +3,7 @@ real Snakemake CLI in a temporary working directory, plus incremental-rerun and 
 
 import copy
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 import yaml
 
 from conftest import REPO, planned_jobs
+from golden import compare
 
 
 def planned_jobs_of(proc):
@@ -215,3 +217,44 @@ def test_unknown_gna_student_is_named_before_any_job(tmp_path):
     cfg["hybrid"]["gna_variants"] = ["k3-n8"]
     message = fails_before_any_job(tmp_path, cfg)
     assert "config key 'hybrid.gna_variants': ['k3-n8'] are not students of this config" in message
+
+
+def test_smoke_results_equal_golden(smoke):
+    try:
+        compare(smoke / "data")
+    except AssertionError as error:
+        raise AssertionError(f"{error}\nThe smoke results differ from tests/data/smoke_results. If the change is "
+                             "intended, refresh them with `make smoke-golden` (python tests/golden.py refresh) "
+                             "and commit tests/data/smoke_results.") from None
+
+
+@pytest.mark.slow
+def test_library_edit_reruns_exactly_the_rules_that_import_it(tmp_path, smoke):
+    """Dry runs with the gna package taken from an edited copy (PYTHONPATH): a module edit plans the
+    rules whose scripts import it, directly or through other modules, and what depends on them."""
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "src", src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    found = subprocess.run([sys.executable, "-c", "import gna; print(gna.__file__)"], env=env, cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert found == str(src / "gna" / "__init__.py")
+    cfg_path = tmp_path / "config.yaml"  # the smoke folder's config.yaml is rewritten by other tests
+    cfg_path.write_text(yaml.safe_dump(SMOKE))
+    cmd = SNAKEMAKE + ["--snakefile", str(REPO / "Snakefile"), "--directory", str(smoke), "--configfile",
+                       str(cfg_path), "--cores", "2", "-n"]
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0 and planned_jobs_of(proc) == {}, proc.stderr[-3000:]
+    checks = {
+        "report": lambda jobs: jobs == {"report": 1, "all": 1},
+        "head_ablation": lambda jobs: "heads_sweep" in jobs
+        and not {"baseline", "prune_gradual", "distill_teacher"} & set(jobs),
+        "stack": lambda jobs: {"baseline", "prune_gradual", "heads_sweep", "hybrid_score"} <= set(jobs),
+    }
+    for name, check in checks.items():
+        module = next(src.rglob(f"{name}.py"))
+        original = module.read_text()
+        module.write_text(original + "# edited\n")
+        proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+        module.write_text(original)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert check(planned_jobs_of(proc)), (name, planned_jobs_of(proc))

@@ -14,16 +14,22 @@ import gna
 PACKAGE_DIR = Path(gna.__file__).parent
 
 
-def _imported_names(source: str) -> set[str]:
+def _imported_names(source: str, package: str = "") -> set[str]:
     """Every dotted module name an `import` / `from ... import` statement of `source` names
-    (also imports inside functions), with each imported name as a possible submodule."""
+    (also imports inside functions), with each imported name as a possible submodule.
+    Relative imports are resolved against `package`, the dotted package the source lives in."""
     names = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if package else ""
+                module = ".".join(filter(None, (base, module)))
+            if module:
+                names.add(module)
+                names.update(f"{module}.{alias.name}" for alias in node.names)
     return names
 
 
@@ -46,8 +52,10 @@ def import_closure(script: str | Path, package_dir: Path = PACKAGE_DIR) -> list[
     seen: set[Path] = set()
     todo = [Path(script)]
     while todo:
-        source = todo.pop().read_text()
-        for name in _imported_names(source):
+        path = todo.pop()
+        # the package a module lives in, for its relative imports (a script has none)
+        package = ".".join(("gna", *path.relative_to(package_dir).parent.parts)) if path in seen else ""
+        for name in _imported_names(path.read_text(), package):
             parts = name.split(".")
             for depth in range(1, len(parts) + 1):  # gna, gna.engine, gna.engine.stack
                 found = _module_file(".".join(parts[:depth]), package_dir)

@@ -1,0 +1,109 @@
+"""Golden results of the smoke config: every Parquet result of a smoke run (data/results and
+data/distill), stored in tests/data/smoke_results/, so that a change to any number is caught.
+
+    python tests/golden.py refresh WORKDIR   # store the results of a finished smoke run in WORKDIR
+    python tests/golden.py refresh           # run the smoke config in a temporary folder first
+
+Refresh only after a change that is meant to change results (`make smoke-golden`)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import polars as pl
+import yaml
+from polars.testing import assert_frame_equal
+
+REPO = Path(__file__).resolve().parents[1]
+GOLDEN_DIR = REPO / "tests" / "data" / "smoke_results"
+RESULT_FOLDERS = ("results", "distill")
+# wall-clock columns: they differ between any two runs, so they are not part of a result
+TIMING_COLUMNS = ("seconds", "attribution_seconds", "verify_seconds")
+
+
+def stable(frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame` without its timing columns, rows sorted by every column (a stable order)."""
+    frame = frame.drop([c for c in TIMING_COLUMNS if c in frame.columns])
+    return frame.sort(frame.columns, nulls_last=True) if frame.width else frame
+
+
+def snapshot(data_dir: str | Path) -> dict[str, pl.DataFrame]:
+    """{path relative to `data_dir`: stable frame} for every Parquet result of a run."""
+    data_dir = Path(data_dir)
+    return {
+        path.relative_to(data_dir).as_posix(): stable(pl.read_parquet(path))
+        for folder in RESULT_FOLDERS
+        for path in sorted((data_dir / folder).rglob("*.parquet"))
+    }
+
+
+def read_golden(golden_dir: str | Path = GOLDEN_DIR) -> dict[str, pl.DataFrame]:
+    golden_dir = Path(golden_dir)
+    return {path.relative_to(golden_dir).as_posix(): pl.read_parquet(path)
+            for path in sorted(golden_dir.rglob("*.parquet"))}
+
+
+def first_difference(actual: pl.DataFrame, expected: pl.DataFrame) -> str:
+    """Where two frames of the same columns first differ: column, row and both values."""
+    if actual.columns != expected.columns:
+        return f"columns {actual.columns} != golden {expected.columns}"
+    if actual.height != expected.height:
+        return f"{actual.height} rows != golden {expected.height} rows"
+    for column in expected.columns:
+        if actual[column].dtype != expected[column].dtype:
+            return f"column {column!r}: dtype {actual[column].dtype} != golden {expected[column].dtype}"
+        differs = actual[column].ne_missing(expected[column])
+        if differs.any():
+            row = differs.arg_true()[0]
+            return (f"column {column!r}, first at row {row} (rows sorted by all columns): "
+                    f"{actual[column][row]!r} != golden {expected[column][row]!r}")
+    return "frames differ"
+
+
+def compare(actual_dir: str | Path, golden_dir: str | Path = GOLDEN_DIR) -> None:
+    """Assert that the run's data folder `actual_dir` holds exactly the golden results, bit for
+    bit (timing columns aside); the error names the file, the column and the first row."""
+    actual, golden = snapshot(actual_dir), read_golden(golden_dir)
+    missing, extra = sorted(golden.keys() - actual.keys()), sorted(actual.keys() - golden.keys())
+    if missing or extra:
+        raise AssertionError(f"result files differ from {golden_dir}: missing {missing}, extra {extra}")
+    for name in sorted(golden):
+        try:
+            assert_frame_equal(actual[name], golden[name], check_exact=True)
+        except AssertionError as error:
+            raise AssertionError(f"{name}: {first_difference(actual[name], golden[name])}\n{error}") from None
+
+
+def run_smoke(workdir: Path) -> None:
+    """Run the whole smoke config in `workdir`, as tests/test_workflow.py does."""
+    config = workdir / "config.yaml"
+    config.write_text(yaml.safe_dump(yaml.safe_load((REPO / "config" / "smoke.yaml").read_text())))
+    subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
+                    str(workdir), "--configfile", str(config), "--cores", "2"], cwd=REPO, check=True)
+
+
+def refresh(workdir: str | Path | None = None, golden_dir: Path = GOLDEN_DIR) -> None:
+    """Replace the golden results by those of the smoke run in `workdir` (run it first if None)."""
+    if workdir is None:
+        with tempfile.TemporaryDirectory(prefix="gna-smoke-") as tmp:
+            run_smoke(Path(tmp))
+            refresh(tmp, golden_dir)
+        return
+    frames = snapshot(Path(workdir) / "data")
+    if not frames:
+        raise SystemExit(f"no results under {workdir}/data: is it a finished smoke run?")
+    shutil.rmtree(golden_dir, ignore_errors=True)
+    for name, frame in frames.items():
+        (golden_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        frame.write_parquet(golden_dir / name, compression="zstd", compression_level=19)
+    print(f"wrote {len(frames)} golden files to {golden_dir}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (2, 3) or sys.argv[1] != "refresh":
+        raise SystemExit(__doc__)
+    refresh(sys.argv[2] if len(sys.argv) == 3 else None)
