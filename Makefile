@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CORES  ?= all
 
-.PHONY: venv reproduce test test-fast dryrun pull push report lock clean-results
+.PHONY: venv reproduce test test-fast smoke-golden dryrun pull push report lock
 
 # torch first, pinned to the CPU wheel (any looser spec can pull a multi-GB CUDA build), then
 # the project under a full constraint file so the resolver cannot replace it.
@@ -30,6 +30,11 @@ test: venv
 
 test-fast: venv
 	$(BIN)/python -m pytest -m "not slow"
+
+## Refresh the golden smoke results (tests/data/smoke_results) that the golden test compares every smoke run
+## against: only after a change that is meant to change results.
+smoke-golden: venv
+	$(BIN)/python tests/golden.py refresh
 
 dryrun: venv
 	$(BIN)/snakemake -n

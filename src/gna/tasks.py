@@ -8,13 +8,17 @@ plus task-specific columns (dict_size, query_key, question_id, topic).
 from __future__ import annotations
 
 import json
+import logging
 import random
 from pathlib import Path
 
 import polars as pl
 
-from gna.io import read_parquet
+from gna.io import read_parquet, write_parquet
+from gna.sources import verify_sha256
 from gna.words import KEY_WORDS
+
+log = logging.getLogger("gna.tasks")
 
 KV_TEMPLATES = ("lookup", "study")
 MMLU_FORMATS = ("letter", "cloze")
@@ -104,6 +108,13 @@ def select_mmlu(table: pl.DataFrame, n: int | None, seed: int, topics: list[str]
     return subset, pool
 
 
+def select_mmlu_file(path: str | Path, sha256: str | None, mmlu: dict) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(evaluation subset, remaining pool) of the MMLU file `path`, after checking its sha256
+    (None: no pin), by the `tasks.mmlu` config keys n, seed and topics."""
+    verify_sha256(path, sha256, str(path))
+    return select_mmlu(load_mmlu_jsonl(path), mmlu["n"], mmlu["seed"], mmlu["topics"])
+
+
 def _letter_block(row: dict, with_answer: bool) -> str:
     options = "\n".join(f"{L}. {row['answer_' + L.lower()]}" for L in LETTERS)
     text = f"{row['question'].strip()}\n{options}\nAnswer:"
@@ -139,6 +150,26 @@ def build_mmlu(subset: pl.DataFrame, pool: pl.DataFrame, fmt: str, num_fewshot: 
             "question_id": row["question_id"], "topic": row["topic"],
         })
     return pl.DataFrame(rows)
+
+
+def write_kv_task(kv: dict, out_path: str | Path) -> pl.DataFrame:
+    """Build KV-retrieval from the `tasks.kv_retrieval` config keys (sizes, n_per_size, seed,
+    template) and write it to `out_path` as Parquet."""
+    table = build_kv_retrieval(kv["sizes"], kv["n_per_size"], kv["seed"], kv["template"])
+    write_parquet(table, out_path)
+    log.info("wrote %d items to %s", len(table), out_path)
+    return table
+
+
+def write_mmlu_task(mmlu_path: str | Path, sha256: str | None, mmlu: dict, fmt: str,
+                    out_path: str | Path) -> pl.DataFrame:
+    """Build MMLU in format `fmt` from the file `mmlu_path` (checked against `sha256`) and the
+    `tasks.mmlu` config keys n, seed, topics, num_fewshot; write it to `out_path` as Parquet."""
+    subset, pool = select_mmlu_file(mmlu_path, sha256, mmlu)
+    table = build_mmlu(subset, pool, fmt, mmlu["num_fewshot"], mmlu["seed"])
+    write_parquet(table, out_path)
+    log.info("wrote %d items to %s", len(table), out_path)
+    return table
 
 
 def subset_evenly(table: pl.DataFrame, max_items: int | None) -> pl.DataFrame:
