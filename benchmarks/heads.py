@@ -19,7 +19,9 @@ from pathlib import Path
 
 import polars as pl
 
-from gna.heads import attribution_scores, head_sites, rank_heads, spearman, sweep_heads, sweep_heads_naive
+from gna.head_ablation import (attribution_scores, compare_attribution, rank_attribution, rank_heads, sweep_heads,
+                               sweep_heads_naive)
+from gna.hooks import head_sites
 from gna.tasks import build_kv_retrieval
 
 from _common import model_or_tiny
@@ -53,8 +55,8 @@ def main() -> None:
     start = time.perf_counter()
     est = attribution_scores(model, tok, table, progress=False)
     t_attr = time.perf_counter() - start
-    ranking = rank_heads(fast).join(est, on=["layer", "head"])
-    rho = spearman(ranking["logp_drop"].to_list(), ranking["logp_drop_est"].to_list())
+    swept = est.join(pl.DataFrame(heads, schema=["layer", "head"], orient="row"), on=["layer", "head"])
+    rho = compare_attribution(rank_attribution(swept), rank_heads(fast), top_n=10)["spearman_logp"][0]
 
     n_all = sum(s.n_heads for s in sites)
     # naive cost is the same for every head; the fast cost of a head grows with the layers after it

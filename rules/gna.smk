@@ -18,7 +18,7 @@ rule gna_roles:
         gna=config["gna"],
         template=config["tasks"]["kv_retrieval"]["template"],
         dtype=config["dtype"],
-        code=code_version("gather_aggregate", "hybrid", "ssm", "models", "io"),
+        code=code_of("gna_roles"),
     log:
         "data/logs/gna_roles/{model}.log",
     benchmark:
@@ -47,8 +47,7 @@ rule gna_masking:
         template=config["tasks"]["kv_retrieval"]["template"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
-        code=code_version("gna_masking", "gather_aggregate", "heads", "hybrid", "ssm", "scoring", "stack", "packing",
-                          "models", "io"),
+        code=code_of("gna_masking"),
     log:
         "data/logs/gna_masking/{model}.log",
     benchmark:

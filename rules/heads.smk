@@ -1,10 +1,6 @@
 # Per-head ablation: exact sweep + ranking, attribution pre-ranking, and the head tables.
 
 
-def _heads_code():
-    return code_version("heads", "head_tables", "scoring", "stack", "packing", "models", "io")
-
-
 rule heads_sweep:
     input:
         model="data/models/{model}",
@@ -16,7 +12,7 @@ rule heads_sweep:
         template=config["tasks"]["kv_retrieval"]["template"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
-        code=_heads_code(),
+        code=code_of("heads_sweep"),
     log:
         "data/logs/heads_sweep/{model}.log",
     benchmark:
@@ -26,7 +22,7 @@ rule heads_sweep:
         mem_mb=4000,
         runtime=240,
     script:
-        "../workflow_scripts/heads.py"
+        "../workflow_scripts/heads_sweep.py"
 
 
 rule heads_attribution:
@@ -41,7 +37,7 @@ rule heads_attribution:
         template=config["tasks"]["kv_retrieval"]["template"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
-        code=_heads_code(),
+        code=code_of("heads_attribution"),
     log:
         "data/logs/heads_attribution/{model}.log",
     benchmark:
@@ -51,7 +47,7 @@ rule heads_attribution:
         mem_mb=6000,
         runtime=120,
     script:
-        "../workflow_scripts/heads.py"
+        "../workflow_scripts/heads_attribution.py"
 
 
 rule heads_topk:
@@ -69,7 +65,7 @@ rule heads_topk:
         seed=config["heads"]["seed"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
-        code=_heads_code(),
+        code=code_of("heads_topk"),
     log:
         "data/logs/heads_topk/{model}.log",
     benchmark:
@@ -79,7 +75,7 @@ rule heads_topk:
         mem_mb=4000,
         runtime=240,
     script:
-        "../workflow_scripts/heads.py"
+        "../workflow_scripts/heads_topk.py"
 
 
 rule heads_kept:
@@ -94,7 +90,7 @@ rule heads_kept:
         max_items=config["heads"]["table_max_items"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
-        code=_heads_code(),
+        code=code_of("heads_kept"),
     log:
         "data/logs/heads_kept/{model}.log",
     benchmark:
@@ -104,7 +100,7 @@ rule heads_kept:
         mem_mb=4000,
         runtime=120,
     script:
-        "../workflow_scripts/heads.py"
+        "../workflow_scripts/heads_kept.py"
 
 
 rule heads_dictsize:
@@ -120,7 +116,7 @@ rule heads_dictsize:
         template=config["tasks"]["kv_retrieval"]["template"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
-        code=_heads_code(),
+        code=code_of("heads_dictsize"),
     log:
         "data/logs/heads_dictsize/{model}.log",
     benchmark:
@@ -130,4 +126,4 @@ rule heads_dictsize:
         mem_mb=4000,
         runtime=120,
     script:
-        "../workflow_scripts/heads.py"
+        "../workflow_scripts/heads_dictsize.py"

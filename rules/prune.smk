@@ -11,7 +11,7 @@ rule prune_gradual:
         max_items=config["prune"]["max_items"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
-        code=code_version("pruning", "scoring", "stack", "packing", "models", "io"),
+        code=code_of("prune_gradual"),
     log:
         "data/logs/prune_gradual/{model}.log",
     benchmark:
@@ -21,7 +21,7 @@ rule prune_gradual:
         mem_mb=4000,
         runtime=120,
     script:
-        "../workflow_scripts/prune.py"
+        "../workflow_scripts/prune_gradual.py"
 
 
 rule minimal_model:
@@ -33,11 +33,11 @@ rule minimal_model:
         task=config["prune"]["retrieval_task"],
         metric=config["prune"]["retrieval_metric"],
         fraction=config["prune"]["minimal_fraction"],
-        code=code_version("pruning", "io"),
+        code=code_of("minimal_model"),
     log:
         "data/logs/minimal_model/{model}.log",
     script:
-        "../workflow_scripts/prune.py"
+        "../workflow_scripts/minimal_model.py"
 
 
 rule prune_individual:
@@ -51,7 +51,7 @@ rule prune_individual:
         max_items=config["prune"]["max_items"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
-        code=code_version("pruning", "scoring", "stack", "packing", "models", "io"),
+        code=code_of("prune_individual"),
     log:
         "data/logs/prune_individual/{model}.log",
     benchmark:
@@ -61,4 +61,4 @@ rule prune_individual:
         mem_mb=4000,
         runtime=240,
     script:
-        "../workflow_scripts/prune.py"
+        "../workflow_scripts/prune_individual.py"

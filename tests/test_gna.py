@@ -92,3 +92,48 @@ def test_unrestricted_head_masks_reproduce_the_model_and_restriction_bites(tiny_
     result = masking_experiment(model, tok, kv, kv_row_segments, heads)
     assert result["condition"].to_list() == ["(a) unmodified", "(b) G&A heads ablated", "(c) G&A pattern only"]
     assert result["acc"][0] == plain["correct"].mean()
+
+
+ROLES_TABLE = pl.DataFrame({"layer": [0, 1, 1, 2, 2], "head": [0, 2, 3, 0, 1],
+                            "role": ["gather", "gather", "other", "aggregate", "aggregate"],
+                            "rank": [5, 2, 1, 4, 3]})
+
+
+def test_best_role_heads_choose_by_rank():
+    from gna.gather_aggregate import best_role_head, map_heads
+    from gna.masking import masking_heads
+
+    assert best_role_head(ROLES_TABLE, "gather") == (1, 2) and best_role_head(ROLES_TABLE, "nothing") is None
+    assert masking_heads(ROLES_TABLE) == {"gather": (1, 2), "aggregate": (2, 1)}
+    assert masking_heads(ROLES_TABLE.filter(pl.col("role") != "aggregate")) == {"gather": (1, 2)}
+    ranking = ROLES_TABLE.select("layer", "head", "rank")
+    # the two top-ranked heads, then the best Gather / Aggregate heads not among them
+    assert map_heads(ranking, ROLES_TABLE, 2) == [(1, 3), (1, 2), (2, 1)]
+    assert map_heads(ranking, ROLES_TABLE, 3) == [(1, 3), (1, 2), (2, 1)]
+    assert map_heads(ranking, ROLES_TABLE, 0) == [(1, 2), (2, 1)]
+
+
+def test_heads_label_says_ssm_or_attention_only_for_students():
+    from gna.masking import heads_label
+
+    heads = {"gather": (1, 2), "aggregate": (2, 0)}
+    assert heads_label(heads) == "gather L1H2, aggregate L2H0"
+    assert heads_label(heads, {(1, 2)}) == "gather L1H2 (ssm), aggregate L2H0 (attention)"
+    assert heads_label(heads, set()) == "gather L1H2 (attention), aggregate L2H0 (attention)"
+
+
+def test_mmlu_letter_masking_is_gated_by_accuracy(tiny_llama):
+    from gna.masking import mmlu_letter_masking
+    from gna.scoring import score_table
+
+    model, tok = tiny_llama
+    subset, pool = select_mmlu(load_mmlu_jsonl(MINI_MMLU), 3, 0, [])
+    letter = build_mmlu(subset, pool, "letter", 1, 0)
+    heads = {"gather": (1, 2), "aggregate": (2, 0)}
+    acc = score_table(model, tok, letter, progress=False)["correct"].mean()
+    gated = mmlu_letter_masking(model, tok, letter, heads, min_acc=acc + 0.01, ssm_heads={(1, 2)})
+    assert gated["condition"].to_list() == ["(a) unmodified"] and gated["acc"][0] == acc
+    assert gated["note"][0].startswith("at chance") and gated["heads"][0].endswith("L2H0 (attention)")
+    run = mmlu_letter_masking(model, tok, letter, heads, min_acc=acc)
+    assert run["condition"].to_list() == ["(a) unmodified", "(b) G&A heads ablated", "(c) G&A pattern only"]
+    assert "note" not in run.columns and set(run["task"]) == {"mmlu_letter"}

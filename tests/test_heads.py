@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from gna.head_tables import critical_heads, dict_size_curves, heads_kept, remove_top_k
-from gna.heads import (ablate_heads, active_hooks, all_heads, attribution_scores, head_sites, rank_heads,
-                       spearman, sweep_heads, sweep_heads_naive)
+from gna.head_ablation import (attribution_scores, compare_attribution, rank_attribution, rank_heads, spearman,
+                               sweep_heads, sweep_heads_naive, top_heads)
+from gna.hooks import ablate_heads, active_hooks, all_heads, head_sites
 from gna.scoring import score_table
 from gna.tasks import build_kv_retrieval
 
@@ -141,3 +142,23 @@ def test_ssm_heads(family):
             out_proj.weight.copy_(saved)
     sweep = sweep_heads(model, tok, build_kv_retrieval([3], 2, 0, "lookup"), heads=[(0, 0), (1, 1)], progress=False)
     assert len(sweep) == 3
+
+
+def test_attribution_comparison():
+    """The estimate ranks heads (est_rank), joins the exact drops, and reports the rank
+    correlation, the recall of the exact top 10 in the estimate's top n, and timings."""
+    heads = [(layer, head) for layer in range(3) for head in range(4)]
+    est = pl.DataFrame({"layer": [l for l, _ in heads], "head": [h for _, h in heads], "kind": "attn",
+                        "logp_drop_est": [float(i) for i in range(12)]})
+    # exact drops agree in order except that the two largest are swapped
+    drops = [float(i) for i in range(10)] + [11.0, 10.0]
+    exact = pl.DataFrame({"layer": [l for l, _ in heads], "head": [h for _, h in heads], "acc_drop": 0.0,
+                          "logp_drop": drops, "rank": [12 - sorted(drops).index(d) for d in drops]})
+    ranked = rank_attribution(est)
+    assert ranked["est_rank"].to_list() == list(range(1, 13)) and top_heads(ranked, 2) == [(2, 3), (2, 2)]
+    result = compare_attribution(ranked, exact, top_n=5, seconds={"attribution_seconds": 1.5})
+    assert result["spearman_logp"][0] == pytest.approx(spearman(drops, list(range(12))))
+    # the exact top 10 are heads 2..11; the estimate's top 5 are heads 7..11
+    assert result["recall_top10_in_top_n"][0] == pytest.approx(0.5)
+    assert result["verified"].sum() == 5 and result["attribution_seconds"][0] == 1.5
+    assert result.columns[-2:] == ["attribution_seconds", "verified"]

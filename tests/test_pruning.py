@@ -114,3 +114,17 @@ def test_sweep_subset_is_stratified():
     table = build_kv_retrieval([3, 5, 7, 9], 10, 0, "lookup")
     sub = subset_evenly(table, 8)
     assert len(sub) == 8 and sub["dict_size"].value_counts()["count"].to_list() == [2, 2, 2, 2]
+
+
+def test_minimal_model_phase_writes_the_prefix_with_the_model_name(tmp_path):
+    import json
+
+    from gna.pruning import run_minimal_model
+
+    values = {1: 0.2, 2: 0.9, 3: 1.0}
+    frame = pl.DataFrame({"task": "kv_retrieval", "metric": "acc", "group": "all",
+                          "layers_kept": list(values), "value": list(values.values())})
+    frame.write_parquet(tmp_path / "gradual.parquet")
+    run_minimal_model("m", tmp_path / "gradual.parquet", tmp_path / "minimal.json", "kv_retrieval", "acc", 0.9)
+    written = json.loads((tmp_path / "minimal.json").read_text())
+    assert written["model"] == "m" and written["kept_layers"] == [0, 1]

@@ -47,3 +47,45 @@ def test_summary_metrics_match_per_item(tiny_llama):
         acc = summary.filter((pl.col("group") == size) & (pl.col("metric") == "acc"))["value"][0]
         assert acc == items.filter(pl.col("group") == size)["correct"].mean()
     assert set(summary["metric"]) == {"acc", "acc_norm", "greedy_exact_match", "mean_logp_target"}
+
+
+def test_baseline_summary_adds_chance_format_and_engine(tiny_llama):
+    from gna.evaluation import baseline_summary
+    from gna.scoring import summarize_task
+
+    model, tok = tiny_llama
+    for name, groups in (("kv", ["3", "5", "all"]), ("letter", ["all"])):
+        table = _tables()[name]
+        items = score_table(model, tok, table, progress=False)
+        summary = baseline_summary("tiny", table, items, seconds=1.234)
+        assert summary.select("task", "group", "n", "metric", "value").equals(summarize_task(items))
+        assert list(dict.fromkeys(summary["group"])) == groups
+        chance = dict(zip(summary["group"], summary["chance"]))
+        assert chance["all"] == pytest.approx(sum(1 / len(c) for c in table["choices"]) / len(table))
+        if name == "kv":
+            assert chance["3"] == pytest.approx(1 / 3) and chance["5"] == pytest.approx(1 / 5)
+        assert set(summary["format"]) == {"lookup" if name == "kv" else "letter"}
+        assert set(summary["model"]) == {"tiny"} and set(summary["engine"]) == {"gna"}
+        assert set(summary["seconds"]) == {1.23}
+
+
+def test_layer_masks_replace_the_packed_mask_only_where_given(tiny_llama):
+    import torch
+
+    model, tok = tiny_llama
+    table = _tables()["kv"]
+    flat = lambda f: np.concatenate(f["logprobs"].to_list())  # noqa: E731
+    plain = score_table(model, tok, table, batch_size=2, progress=False)
+    same = score_table(model, tok, table, batch_size=2, progress=False,
+                       layer_masks=lambda batch, rows: {layer: batch.mask for layer in range(3)})
+    assert np.array_equal(flat(plain), flat(same))
+    seen = []
+
+    def self_only(batch, rows):  # layer 1 attends to nothing but each token itself
+        seen.extend(rows)
+        eye = torch.eye(batch.mask.shape[-1], dtype=torch.bool)
+        return {1: torch.zeros_like(batch.mask).masked_fill_(~eye, torch.finfo(batch.mask.dtype).min)}
+
+    masked = score_table(model, tok, table, batch_size=2, progress=False, layer_masks=self_only)
+    assert sorted(seen) == list(range(len(table)))  # rows: the batch's item indices in the table
+    assert not np.allclose(flat(plain), flat(masked), atol=1e-4)

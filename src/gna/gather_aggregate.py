@@ -8,13 +8,20 @@ answer position, reads the segments and picks one. See `role_scores` for the exa
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 from dataclasses import dataclass
 
 import polars as pl
 import torch
 
-LETTERS = ("A", "B", "C", "D")
+from gna.hybrid import captured_maps, mixers, ssm_heads_of
+from gna.io import read_parquet, write_parquet
+from gna.models import load_model
+from gna.tasks import LETTERS, build_kv_retrieval, load_task_tables
+
+log = logging.getLogger("gna.gather_aggregate")
+ROLES = ("gather", "aggregate")
 
 
 @dataclass
@@ -85,8 +92,6 @@ def eager_attention(model):
 def attention_maps(model, tok, context: str) -> torch.Tensor:
     """[layers, heads, T, T] attention weights of the context (no choice appended). For hybrid
     students, SSM heads give their implicit attention |T| normalised per row (gna.hybrid)."""
-    from gna.hybrid import captured_maps, mixers
-
     ids = tok(context, return_tensors="pt", add_special_tokens=False).input_ids
     if mixers(model):
         with captured_maps(model) as maps:
@@ -119,7 +124,8 @@ def role_scores(maps: torch.Tensor, seg: Segments) -> dict[str, torch.Tensor]:
     # sharpness: top-1 share of the rows that matter (summary rows and the answer row)
     rows = list(seg.summary) + [seg.answer]
     sharpness = maps[:, :, rows].max(-1).values.mean(-1)
-    return {"sharpness": sharpness, "gather": gather, "gather_strict": gather_strict, "aggregate_summary": answer_row[..., seg.summary].sum(-1), "aggregate": aggregate,
+    return {"sharpness": sharpness, "gather": gather, "gather_strict": gather_strict,
+            "aggregate_summary": answer_row[..., seg.summary].sum(-1), "aggregate": aggregate,
             "selectivity": per_segment[..., seg.correct] / aggregate.clamp_min(1e-9)}
 
 
@@ -150,9 +156,7 @@ def head_roles(model, tok, table: pl.DataFrame, segment_fn, gather_min: float = 
         for k, v in scores.items():
             totals[k] = totals.get(k, 0) + v / len(table)
     n_layers, n_heads = totals["gather"].shape
-    from gna.hybrid import mixers
-
-    ssm = {(m.layer_idx, h) for m in mixers(model) for h in m.ssm_heads if h not in m.swapped}
+    ssm = ssm_heads_of(model)
     rows = []
     for layer in range(n_layers):
         for head in range(n_heads):
@@ -188,3 +192,57 @@ def map_frame(model, tok, row: dict, heads: list[tuple[int, int]], segment_fn) -
     tokens = pl.DataFrame({"query": list(range(T)), "token": seg.tokens,
                            "mark": [role_of.get(i, "") for i in range(T)]})
     return pl.DataFrame(rows).join(tokens, on="query", how="left")
+
+
+def best_role_head(roles: pl.DataFrame, role: str) -> tuple[int, int] | None:
+    """(layer, head) of the best-ranked head classified as `role` in a roles table (rank: the
+    head's rank in the ablation sweep), or None if no head has that role."""
+    best = roles.filter(pl.col("role") == role).sort("rank").head(1)
+    return None if best.is_empty() else (best["layer"][0], best["head"][0])
+
+
+def map_heads(ranking: pl.DataFrame, roles: pl.DataFrame, n: int) -> list[tuple[int, int]]:
+    """The heads whose maps are drawn: the `n` top-ranked heads, then the best-ranked Gather and
+    Aggregate heads of `roles` if they are not among them."""
+    top = ranking.sort("rank").head(n)
+    heads = list(zip(top["layer"].to_list(), top["head"].to_list()))
+    for role in ROLES:
+        best = best_role_head(roles, role)
+        if best is not None and best not in heads:
+            heads.append(best)
+    return heads
+
+
+def shortest_item(table: pl.DataFrame) -> dict:
+    """The row of `table` with the shortest context (a small map to draw)."""
+    return table.with_columns(pl.col("context").str.len_chars().alias("chars")).sort("chars").row(0, named=True)
+
+
+def run_gna_roles(model_name: str, model_dir: str, ranking_path: str, teacher_roles_paths: list[str],
+                  mmlu_letter_paths: list[str], roles_path: str, maps_path: str, gna: dict, template: str,
+                  dtype: str = "float32") -> pl.DataFrame:
+    """Phase gna_roles: head_roles of every head on KV prompts (`gna` config keys dict_size, n, seed,
+    gather_min, aggregate_min) joined with the ablation rank and acc_drop of `ranking_path`,
+    written to `roles_path`; and the map_frame of the map_heads (its roles from the teacher's
+    roles table when `teacher_roles_paths` names one, so teacher and students show the same heads)
+    on one KV sample (gna.map_dict_size) and on the shortest MMLU letter item if
+    `mmlu_letter_paths` names a table, written to `maps_path`. Both with a model column."""
+    model, tok = load_model(model_dir, dtype)
+    ranking = read_parquet(ranking_path)
+    table = build_kv_retrieval([gna["dict_size"]], gna["n"], gna["seed"], template)
+    roles = head_roles(model, tok, table, kv_row_segments, gna["gather_min"], gna["aggregate_min"])
+    roles = roles.join(ranking.select("layer", "head", "rank", "acc_drop"), on=["layer", "head"], how="left")
+    write_parquet(roles.with_columns(pl.lit(model_name).alias("model")), roles_path)
+    role_source = read_parquet(teacher_roles_paths[0]) if teacher_roles_paths else roles
+    heads = map_heads(ranking, role_source, gna["map_heads"])
+    sample = build_kv_retrieval([gna["map_dict_size"]], 1, gna["seed"], template).row(0, named=True)
+    maps = [map_frame(model, tok, sample, heads, kv_row_segments).with_columns(pl.lit("kv_retrieval").alias("task"))]
+    for letter in load_task_tables(mmlu_letter_paths).values():
+        maps.append(map_frame(model, tok, shortest_item(letter), heads, mmlu_row_segments)
+                    .with_columns(pl.lit("mmlu_letter").alias("task")))
+    write_parquet(pl.concat(maps).with_columns(pl.lit(model_name).alias("model")), maps_path)
+    for role in ROLES:
+        best = roles.filter(pl.col("role") == role).sort("rank").head(3)
+        log.info("%s heads (best ranked): %s", role, ", ".join(f"L{r['layer']}H{r['head']} (rank {r['rank']})"
+                                                               for r in best.iter_rows(named=True)))
+    return roles

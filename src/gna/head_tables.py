@@ -9,24 +9,27 @@
 
 from __future__ import annotations
 
+import logging
 import random
 
 import polars as pl
+from tqdm.auto import tqdm
 
-from gna.heads import ablate_heads, all_heads, head_sites
-from gna.scoring import score_table, summarize
+from gna.hooks import ablate_heads, all_heads, head_sites
+from gna.io import read_json, read_parquet, write_parquet
+from gna.models import load_model
+from gna.scoring import score_table, summarize_task
+from gna.tasks import build_kv_retrieval, load_task_tables
+
+log = logging.getLogger("gna.head_tables")
 
 
 def _score(model, tok, tables: dict[str, pl.DataFrame], heads, layers=None, batch_size=8) -> pl.DataFrame:
-    frames = []
+    """summarize_task of every task with `heads` ablated (and only `layers` run, if given)."""
     with ablate_heads(model, heads):
-        for task, table in tables.items():
-            items = score_table(model, tok, table, batch_size=batch_size, progress=False, layers=layers)
-            summary = summarize(items, by_group=False)
-            if task == "kv_retrieval":
-                summary = pl.concat([summarize(items, by_group=True), summary])
-            frames.append(summary)
-    return pl.concat(frames)
+        return pl.concat([summarize_task(score_table(model, tok, table, batch_size=batch_size, progress=False,
+                                                     layers=layers))
+                          for table in tables.values()])
 
 
 def _top(ranking: pl.DataFrame, k: int) -> list[tuple[int, int]]:
@@ -38,8 +41,6 @@ def remove_top_k(model, tok, ranking: pl.DataFrame, tables: dict[str, pl.DataFra
                  random_draws: int, control_tasks: list[str], seed: int, batch_size: int = 8,
                  progress: bool = True) -> pl.DataFrame:
     """Tidy: condition (top | random), k, draw, heads, task, group, n, metric, value."""
-    from tqdm.auto import tqdm
-
     population = all_heads(model)
     jobs = [("top", k, 0, _top(ranking, k)) for k in ks]
     for k in ks:
@@ -75,8 +76,6 @@ def heads_kept(model, tok, ranking: pl.DataFrame, kept_layers: list[int], tables
                batch_size: int = 8, progress: bool = True) -> pl.DataFrame:
     """Minimal model; in critical layers A and B keep only head a / b, or none.
     Rows: variant label, kept_a, kept_b, task, group, n, metric, value."""
-    from tqdm.auto import tqdm
-
     if len(kept_layers) < 2:  # a one-layer "minimal model" has no pair of critical layers
         kept_layers = list(range(model.config.num_hidden_layers))
     (layer_a, head_a), (layer_b, head_b) = critical_heads(ranking, kept_layers)
@@ -111,3 +110,40 @@ def dict_size_curves(model, tok, ranking: pl.DataFrame, table: pl.DataFrame, bat
         frames.append(summary.filter(pl.col("group") != "all").with_columns(
             pl.lit(label).alias("condition"), pl.col("group").cast(pl.Int64).alias("dict_size")))
     return pl.concat(frames)
+
+
+def run_heads_topk(model_name: str, model_dir: str, ranking_path: str, task_paths: list[str], out_path: str,
+                   top_k: list[int], random_draws: int, control_tasks: list[str], max_items: int | None, seed: int,
+                   batch_size: int = 8, dtype: str = "float32") -> pl.DataFrame:
+    """Phase heads_topk: remove_top_k of the ranking in `ranking_path` on the task tables
+    `task_paths` (each cut to `max_items`), written to `out_path` with a model column."""
+    model, tok = load_model(model_dir, dtype)
+    result = remove_top_k(model, tok, read_parquet(ranking_path), load_task_tables(task_paths, max_items), top_k,
+                          random_draws, control_tasks, seed, batch_size=batch_size)
+    write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
+    log.info("remove top-k: %d rows", len(result))
+    return result
+
+
+def run_heads_kept(model_name: str, model_dir: str, ranking_path: str, minimal_path: str, task_paths: list[str],
+                   out_path: str, max_items: int | None, batch_size: int = 8, dtype: str = "float32") -> pl.DataFrame:
+    """Phase heads_kept: heads_kept on the minimal model of `minimal_path` (gna.pruning's
+    minimal_model JSON) and the task tables `task_paths`; written to `out_path` with a model column."""
+    model, tok = load_model(model_dir, dtype)
+    result = heads_kept(model, tok, read_parquet(ranking_path), read_json(minimal_path)["kept_layers"],
+                        load_task_tables(task_paths, max_items), batch_size=batch_size)
+    write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
+    log.info("heads kept: %d rows", len(result))
+    return result
+
+
+def run_heads_dictsize(model_name: str, model_dir: str, ranking_path: str, out_path: str, sizes: list[int], n: int,
+                       seed: int, template: str, batch_size: int = 8, dtype: str = "float32") -> pl.DataFrame:
+    """Phase heads_dictsize: dict_size_curves on fresh KV-retrieval prompts (`n` per size in
+    `sizes`, seeded); written to `out_path` with a model column."""
+    model, tok = load_model(model_dir, dtype)
+    table = build_kv_retrieval(sizes, n, seed, template)
+    result = dict_size_curves(model, tok, read_parquet(ranking_path), table, batch_size=batch_size)
+    write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
+    log.info("dictionary-size curves: %d rows", len(result))
+    return result

@@ -27,6 +27,10 @@ class PackedItem:
     score_at: list[list[int]]      # per choice: packed positions whose logits predict its tokens
     targets: list[list[int]]       # per choice: the token ids predicted there
 
+    @property
+    def context_length(self) -> int:
+        return self.segment.count(CONTEXT)
+
 
 def pack(context: list[int], choices: list[list[int]]) -> PackedItem:
     ids, positions, segment = list(context), list(range(len(context))), [CONTEXT] * len(context)

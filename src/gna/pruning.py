@@ -15,7 +15,10 @@ import logging
 import polars as pl
 import torch
 
-from gna.scoring import score_removals, score_table, summarize
+from gna.io import read_json, read_parquet, write_json, write_parquet
+from gna.models import load_model
+from gna.scoring import score_removals, score_table, summarize_task
+from gna.tasks import load_task_tables
 
 log = logging.getLogger("gna.pruning")
 
@@ -49,15 +52,10 @@ def pruned_layers(model, keep: list[int]):
             m.layer_idx = idx
 
 
-def _tidy(per_item: pl.DataFrame, key: str, by_group: bool) -> pl.DataFrame:
-    frames = []
-    for value in per_item[key].unique().sort():
-        part = per_item.filter(pl.col(key) == value)
-        summary = summarize(part, by_group=False)
-        if by_group:
-            summary = pl.concat([summarize(part, by_group=True), summary])
-        frames.append(summary.with_columns(pl.lit(value).alias(key)))
-    return pl.concat(frames)
+def _tidy(per_item: pl.DataFrame, key: str) -> pl.DataFrame:
+    """summarize_task per value of `key` (layers kept, removed layer), with that column."""
+    return pl.concat([summarize_task(per_item.filter(pl.col(key) == value)).with_columns(pl.lit(value).alias(key))
+                      for value in per_item[key].unique().sort()])
 
 
 def gradual(model, tok, tables: dict[str, pl.DataFrame], batch_size: int = 8, progress: bool = True) -> pl.DataFrame:
@@ -68,7 +66,7 @@ def gradual(model, tok, tables: dict[str, pl.DataFrame], batch_size: int = 8, pr
     for task, table in tables.items():
         items = score_table(model, tok, table, batch_size=batch_size, progress=progress,
                             desc=f"gradual {task}", depths=list(range(1, n + 1)))
-        frames.append(_tidy(items.rename({"depth": "layers_kept"}), "layers_kept", task == "kv_retrieval"))
+        frames.append(_tidy(items.rename({"depth": "layers_kept"}), "layers_kept"))
     return pl.concat(frames).with_columns(pl.lit("gradual").alias("experiment"))
 
 
@@ -99,5 +97,40 @@ def individual(model, tok, tables: dict[str, pl.DataFrame], kept_layers: list[in
         removed = score_removals(model, tok, table, kept_layers, kept_layers, batch_size=batch_size,
                                  progress=progress, desc=f"remove-one {task}")
         items = pl.concat([base.with_columns(pl.lit(-1).alias("removed_layer")), removed])
-        frames.append(_tidy(items, "removed_layer", task == "kv_retrieval"))
+        frames.append(_tidy(items, "removed_layer"))
     return pl.concat(frames).with_columns(pl.lit("individual").alias("experiment"))
+
+
+def run_prune_gradual(model_name: str, model_dir: str, task_paths: list[str], out_path: str,
+                      max_items: int | None, batch_size: int = 8, dtype: str = "float32") -> pl.DataFrame:
+    """Phase prune_gradual: `gradual` on the task tables `task_paths` (each cut to `max_items`),
+    written to `out_path` with a model column."""
+    model, tok = load_model(model_dir, dtype)
+    result = gradual(model, tok, load_task_tables(task_paths, max_items), batch_size=batch_size)
+    write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
+    log.info("gradual pruning: %d rows", len(result))
+    return result
+
+
+def run_minimal_model(model_name: str, gradual_path: str, out_path: str, task: str, metric: str,
+                      fraction: float) -> dict:
+    """Phase minimal_model: the minimal_prefix of the gradual results in `gradual_path`, written
+    to `out_path` as JSON (with the model name)."""
+    best = {"model": model_name, **minimal_prefix(read_parquet(gradual_path), task, metric, fraction)}
+    write_json(best, out_path)
+    log.info("minimal model of %s: %d of %d layers (%s %s %.3f vs full %.3f)", model_name, best["layers_kept"],
+             best["n_layers"], best["task"], best["metric"], best["value"], best["full_value"])
+    return best
+
+
+def run_prune_individual(model_name: str, model_dir: str, task_paths: list[str], minimal_path: str, out_path: str,
+                         max_items: int | None, batch_size: int = 8, dtype: str = "float32") -> pl.DataFrame:
+    """Phase prune_individual: `individual` removal on the minimal model of `minimal_path`
+    (run_minimal_model's JSON), on the task tables `task_paths`; written to `out_path` with a
+    model column."""
+    model, tok = load_model(model_dir, dtype)
+    result = individual(model, tok, load_task_tables(task_paths, max_items), read_json(minimal_path)["kept_layers"],
+                        batch_size=batch_size)
+    write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
+    log.info("individual removal: %d rows", len(result))
+    return result

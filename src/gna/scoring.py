@@ -1,10 +1,12 @@
 """The evaluation engine: log-likelihood of each choice after a context.
 
-Fast path (`score_table`): each item's context and all of its choices are packed into one
-sequence with a block attention mask (gna.packing), items are batched, and the layers run
-through an explicit loop (gna.stack) that projects to the vocabulary only at scored positions.
-The same pass can read out after several depths (every prefix of the layers: gradual pruning)
-or resume from a cached hidden state with one layer removed (`score_removals`).
+Fast path: one batch driver (`run_batches`) packs each item's context and all of its choices
+into one sequence with a block attention mask (gna.packing), batches items, and hands each
+batch to a forward function that runs the layers through an explicit loop (gna.stack, which
+projects to the vocabulary only at scored positions). On it: `score_table` (optionally reading
+out after several depths in one pass — gradual pruning — or with per-layer attention masks),
+`score_variants` (resume from a cached hidden state: one layer removed, one head ablated), and
+the gradient pass of gna.head_ablation.attribution_scores.
 Slow reference (`score_table_ref`): the model's own forward on context+choice, one choice at a
 time, logits everywhere. Tests keep the two equal.
 
@@ -14,15 +16,15 @@ encode(context + choice)[len(context ids):], so the model sees context ids + cho
 
 from __future__ import annotations
 
-import math
-import time
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import polars as pl
 import torch
 from tqdm.auto import tqdm
 
-from gna.packing import PackedItem, collate, pack
+from gna.packing import PackedBatch, PackedItem, collate, pack
 from gna.stack import DecoderStack, UnsupportedModel
 
 
@@ -68,12 +70,15 @@ def _score_full_ref(model, enc: Encoded):
     return totals, greedy
 
 
-def _per_item_frame(table: pl.DataFrame, scores: list, choices_bytes: list[list[int]]) -> pl.DataFrame:
+def per_item_frame(table: pl.DataFrame, scores: list) -> pl.DataFrame:
+    """One row per item of `table` from its scores [(summed log-prob per choice, greedy flag per
+    choice)]: the prediction (argmax), its byte-length-normalised twin, correctness, whether greedy
+    decoding reproduces the target, and every choice's log-prob."""
     rows = []
-    for row, (totals, greedy), nbytes in zip(table.iter_rows(named=True), scores, choices_bytes):
+    for row, (totals, greedy) in zip(table.iter_rows(named=True), scores):
         target = row["target"]
         pred = max(range(len(totals)), key=totals.__getitem__)
-        norm = [t / max(b, 1) for t, b in zip(totals, nbytes)]
+        norm = [t / max(len(c.encode()), 1) for t, c in zip(totals, row["choices"])]
         pred_norm = max(range(len(norm)), key=norm.__getitem__)
         rows.append({
             "task": row["task"], "item_id": row["item_id"], "group": row["group"], "target": target,
@@ -84,7 +89,8 @@ def _per_item_frame(table: pl.DataFrame, scores: list, choices_bytes: list[list[
     return pl.DataFrame(rows)
 
 
-def _encode_table(tok, table: pl.DataFrame) -> list[Encoded]:
+def encode_table(tok, table: pl.DataFrame) -> list[Encoded]:
+    """`encode` of every item (context, choices) of a task table."""
     return [encode(tok, c, ch) for c, ch in zip(table["context"], table["choices"])]
 
 
@@ -93,45 +99,70 @@ def _batches(packed: list[PackedItem], batch_size: int) -> list[list[int]]:
     return [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def _frame(table: pl.DataFrame, scores: list) -> pl.DataFrame:
-    return _per_item_frame(table, scores, [[len(c.encode()) for c in ch] for ch in table["choices"]])
+# forward(stack, batch, h, rope, rows) -> {key: stack.readout of the batch}; see run_batches
+BatchForward = Callable[[DecoderStack, PackedBatch, torch.Tensor, tuple, list[int]], dict]
+# layer_masks(batch, rows) -> {layer: additive mask [B, 1 or heads, T, T]}; see score_table
+LayerMasks = Callable[[PackedBatch, list[int]], dict[int, torch.Tensor]]
+
+
+def run_batches(model, tok, table: pl.DataFrame, forward: BatchForward, batch_size: int = 8,
+                progress: bool = True, desc: str = "scoring", grad: bool = False) -> dict[object, pl.DataFrame]:
+    """The engine's batch driver: encode every item of `table`, pack each (context and all of its
+    choices in one sequence), batch items of similar length, collate, embed, and hand each batch
+    to `forward(stack, batch, h, rope, rows)` — `h` the embedded batch, `rows` the batch's item
+    indices in `table` — which runs layers and returns {key: stack.readout(...)}. Returns
+    {key: per_item_frame}, keys in the order `forward` first gave them. Runs under
+    inference_mode, or with autograd on when `grad` (forward then does its own backward)."""
+    stack = DecoderStack(model)
+    packed = [pack(e.context, e.choices) for e in encode_table(tok, table)]
+    scores: dict[object, list] = {}
+    dtype = next(model.parameters()).dtype
+    with (torch.enable_grad() if grad else torch.inference_mode()), \
+            tqdm(total=len(packed), desc=desc, disable=not progress, mininterval=2.0, unit="item") as bar:
+        for rows in _batches(packed, batch_size):
+            batch = collate([packed[i] for i in rows], dtype)
+            h, rope = stack.embed(batch)
+            for key, readout in forward(stack, batch, h, rope, rows).items():
+                per_item = scores.setdefault(key, [None] * len(packed))
+                for i, item_scores in zip(rows, readout):
+                    per_item[i] = item_scores
+            bar.update(len(rows))
+    return {key: per_item_frame(table, values) for key, values in scores.items()}
 
 
 def score_table(model, tok, table: pl.DataFrame, batch_size: int = 8, progress: bool = True,
                 desc: str = "scoring", layers: list[int] | None = None,
-                depths: list[int] | None = None) -> pl.DataFrame:
-    """Score every item of a task table; one row per item (see _per_item_frame).
+                depths: list[int] | None = None, layer_masks: LayerMasks | None = None) -> pl.DataFrame:
+    """Score every item of a task table; one row per item (see per_item_frame).
 
     layers: the decoder layers to run, in order (default: all, i.e. the unmodified model).
     depths: read out after the first k of `layers` for each k, all in one pass; the result then
     has one row per (depth, item) and a `depth` column. Reading out after k layers is exactly
-    the model pruned to its first k layers (final norm and head kept)."""
+    the model pruned to its first k layers (final norm and head kept).
+    layer_masks: per batch, attention masks that replace the packed mask in some layers (e.g.
+    per-head G&A masks, gna.masking); the other layers keep the packed mask."""
     if not DecoderStack.supports(model):
-        if layers is not None or depths is not None:
+        if layers is not None or depths is not None or layer_masks is not None:
             raise UnsupportedModel(f"{type(model).__name__}: layer selection needs a Llama-family decoder")
         return score_table_ref(model, tok, table)
-    stack = DecoderStack(model)
-    layers = list(range(stack.n_layers)) if layers is None else list(layers)
+    layers = list(range(DecoderStack(model).n_layers)) if layers is None else list(layers)
     wanted = sorted(set(depths)) if depths is not None else [len(layers)]
     if wanted[0] < 0 or wanted[-1] > len(layers):
         raise ValueError(f"depths must lie in 0..{len(layers)}, got {depths}")
-    packed = [pack(e.context, e.choices) for e in _encode_table(tok, table)]
-    scores = {k: [None] * len(packed) for k in wanted}
-    dtype = next(model.parameters()).dtype
-    with torch.inference_mode(), tqdm(total=len(packed), desc=desc, disable=not progress, mininterval=2.0) as bar:
-        for chunk in _batches(packed, batch_size):
-            batch = collate([packed[i] for i in chunk], dtype)
-            h, rope = stack.embed(batch)
-            done = 0
-            for k in wanted:
-                h = stack.run(h, batch, rope, layers[done:k])
-                done = k
-                for i, s in zip(chunk, stack.readout(h, batch)):
-                    scores[k][i] = s
-            bar.update(len(chunk))
+
+    def forward(stack, batch, h, rope, rows):
+        masks = layer_masks(batch, rows) if layer_masks is not None else None
+        readouts, done = {}, 0
+        for k in wanted:  # every depth continues from the previous one
+            h = stack.run(h, batch, rope, layers[done:k], masks)
+            done = k
+            readouts[k] = stack.readout(h, batch)
+        return readouts
+
+    frames = run_batches(model, tok, table, forward, batch_size, progress, desc)
     if depths is None:
-        return _frame(table, scores[wanted[0]])
-    return pl.concat([_frame(table, scores[k]).with_columns(pl.lit(k).alias("depth")) for k in wanted])
+        return frames[wanted[0]]
+    return pl.concat([frames[k].with_columns(pl.lit(k).alias("depth")) for k in wanted])
 
 
 @dataclass
@@ -149,34 +180,26 @@ def score_variants(model, tok, table: pl.DataFrame, layers: list[int], variants:
     """Score many variants with exact prefix reuse: per batch the base model's layers run once,
     the hidden state entering each needed layer is kept, and each variant runs only its own
     layers from there. Returns {variant.key: per-item frame}."""
-    import contextlib
-
-    stack = DecoderStack(model)
     resume_points = {v.resume_at for v in variants}
     missing = sorted(resume_points - set(layers))
     if missing:
         raise ValueError(f"cannot resume at layers {missing}: not among the kept layers {layers}")
-    packed = [pack(e.context, e.choices) for e in _encode_table(tok, table)]
-    scores = {v.key: [None] * len(packed) for v in variants}
     last_needed = max(layers.index(r) for r in resume_points)
-    dtype = next(model.parameters()).dtype
-    with torch.inference_mode(), tqdm(total=len(packed) * len(variants), desc=desc, disable=not progress,
-                                      mininterval=2.0, unit="item") as bar:
-        for chunk in _batches(packed, batch_size):
-            batch = collate([packed[i] for i in chunk], dtype)
-            h, rope = stack.embed(batch)
-            entering = {}
-            for pos, layer in enumerate(layers[: last_needed + 1]):
-                entering[layer] = h
-                if pos < last_needed:
-                    h = stack.run(h, batch, rope, [layer])
-            for v in variants:
-                with (v.context() if v.context else contextlib.nullcontext()):
-                    out = stack.run(entering[v.resume_at], batch, rope, v.run_layers)
-                for i, s in zip(chunk, stack.readout(out, batch)):
-                    scores[v.key][i] = s
-                bar.update(len(chunk))
-    return {key: _frame(table, vals) for key, vals in scores.items()}
+
+    def forward(stack, batch, h, rope, rows):
+        entering = {}
+        for pos, layer in enumerate(layers[: last_needed + 1]):
+            entering[layer] = h
+            if pos < last_needed:
+                h = stack.run(h, batch, rope, [layer])
+        readouts = {}
+        for v in variants:
+            with (v.context() if v.context else contextlib.nullcontext()):
+                out = stack.run(entering[v.resume_at], batch, rope, v.run_layers)
+            readouts[v.key] = stack.readout(out, batch)
+        return readouts
+
+    return run_batches(model, tok, table, forward, batch_size, progress, desc)
 
 
 def score_removals(model, tok, table: pl.DataFrame, layers: list[int], removals: list[int],
@@ -195,7 +218,8 @@ def score_removals(model, tok, table: pl.DataFrame, layers: list[int], removals:
 
 
 def score_table_ref(model, tok, table: pl.DataFrame) -> pl.DataFrame:
-    return _frame(table, [_score_full_ref(model, e) for e in _encode_table(tok, table)])
+    """Reference scoring: the model's own forward on context + choice, one choice at a time."""
+    return per_item_frame(table, [_score_full_ref(model, e) for e in encode_table(tok, table)])
 
 
 def summarize(per_item: pl.DataFrame, by_group: bool) -> pl.DataFrame:
@@ -222,17 +246,5 @@ def summarize_task(per_item: pl.DataFrame) -> pl.DataFrame:
 
 
 def chance_accuracy(table: pl.DataFrame) -> float:
+    """Expected accuracy of a uniform guess over each item's choices."""
     return float(sum(1 / len(c) for c in table["choices"]) / max(len(table), 1))
-
-
-class Timer:
-    def __enter__(self):
-        self.start = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc):
-        self.seconds = time.perf_counter() - self.start
-
-
-def isclose(a: float, b: float, tol: float = 1e-4) -> bool:
-    return math.isclose(a, b, rel_tol=tol, abs_tol=tol)

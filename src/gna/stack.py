@@ -40,10 +40,15 @@ class DecoderStack:
         h = self.base.embed_tokens(batch.ids)
         return h, self.base.rotary_emb(h, position_ids=batch.positions)
 
-    def run(self, h: torch.Tensor, batch: PackedBatch, rope: tuple, layers: list[int]) -> torch.Tensor:
-        mask = batch.mask.to(h.dtype)
+    def run(self, h: torch.Tensor, batch: PackedBatch, rope: tuple, layers: list[int],
+            masks: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+        """Run `layers` in order from the hidden state `h`. masks: {layer: additive attention
+        mask [B, 1 or heads, T, T]} used instead of the batch's packed mask in those layers."""
+        packed = batch.mask.to(h.dtype)
+        masks = masks or {}
         for i in layers:
-            h = self.layers[i](h, attention_mask=mask, position_ids=batch.positions, position_embeddings=rope)
+            h = self.layers[i](h, attention_mask=masks.get(i, packed), position_ids=batch.positions,
+                               position_embeddings=rope)
         return h
 
     def readout(self, h: torch.Tensor, batch: PackedBatch, normed: bool = False):

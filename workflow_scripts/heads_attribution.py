@@ -1,0 +1,9 @@
+"""Rule heads_attribution: the attribution pre-ranking of every head, against the exact sweep."""
+from gna.head_ablation import run_heads_attribution
+from gna.runtime import setup
+
+setup(snakemake.log[0], snakemake.threads)
+run_heads_attribution(snakemake.wildcards.model, snakemake.input.model, snakemake.input.ranking,
+                      snakemake.output[0], sweep=snakemake.params.sweep, template=snakemake.params.template,
+                      top_n=snakemake.params.top_n, batch_size=snakemake.params.batch_size,
+                      dtype=snakemake.params.dtype)

@@ -1,0 +1,8 @@
+"""Rule heads_dictsize: KV accuracy per dictionary size with the #1 or #2 ranked head removed."""
+from gna.head_tables import run_heads_dictsize
+from gna.runtime import setup
+
+setup(snakemake.log[0], snakemake.threads)
+p = snakemake.params
+run_heads_dictsize(snakemake.wildcards.model, snakemake.input.model, snakemake.input.ranking, snakemake.output[0],
+                   sizes=p.sizes, n=p.n, seed=p.seed, template=p.template, batch_size=p.batch_size, dtype=p.dtype)

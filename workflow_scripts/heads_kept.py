@@ -1,0 +1,8 @@
+"""Rule heads_kept: the minimal model with only the top head kept in each of two critical layers."""
+from gna.head_tables import run_heads_kept
+from gna.runtime import setup
+
+setup(snakemake.log[0], snakemake.threads)
+run_heads_kept(snakemake.wildcards.model, snakemake.input.model, snakemake.input.ranking, snakemake.input.minimal,
+               snakemake.input.tasks, snakemake.output[0], max_items=snakemake.params.max_items,
+               batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype)

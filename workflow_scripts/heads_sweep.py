@@ -1,0 +1,8 @@
+"""Rule heads_sweep: ablate every head alone on KV-retrieval; the sweep and the head ranking."""
+from gna.head_ablation import run_heads_sweep
+from gna.runtime import setup
+
+setup(snakemake.log[0], snakemake.threads)
+run_heads_sweep(snakemake.wildcards.model, snakemake.input.model, snakemake.output.sweep, snakemake.output.ranking,
+                sweep=snakemake.params.sweep, template=snakemake.params.template,
+                batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype)

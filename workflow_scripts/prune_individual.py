@@ -1,0 +1,8 @@
+"""Rule prune_individual: remove each layer of the minimal model in turn and score every task."""
+from gna.pruning import run_prune_individual
+from gna.runtime import setup
+
+setup(snakemake.log[0], snakemake.threads)
+run_prune_individual(snakemake.wildcards.model, snakemake.input.model, snakemake.input.tasks,
+                     snakemake.input.minimal, snakemake.output[0], max_items=snakemake.params.max_items,
+                     batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype)
