@@ -71,12 +71,12 @@ def get_baseline_results(wildcards):
 
 HYBRID = config["hybrid"]
 
+from gna.students import student_name, student_variants, teacher_of
+
 
 def hybrid_variants():
     """Student variant names: the heads-kept sweep at state_size, then the state-size sweep."""
-    pairs = [(k, HYBRID["state_size"]) for k in HYBRID["heads_kept"]]
-    pairs += [(HYBRID["state_sweep_heads_kept"], n) for n in HYBRID["state_sizes"]]
-    return list(dict.fromkeys(f"k{k}-n{n}" for k, n in pairs))
+    return student_variants(HYBRID)
 
 
 def _check_gna_variants():
@@ -88,12 +88,8 @@ def _check_gna_variants():
 
 _check_gna_variants()
 # students that also go through the Gather-and-Aggregate rules, named like models
-GNA_STUDENTS = [f"{m}-hybrid-{v}" for m in MODELS for v in HYBRID["gna_variants"]] if HYBRID["enabled"] else []
+GNA_STUDENTS = [student_name(m, v) for m in MODELS for v in HYBRID["gna_variants"]] if HYBRID["enabled"] else []
 GNA_MODELS = MODELS + GNA_STUDENTS
-
-
-def teacher_of(name):
-    return name.rsplit("-hybrid-", 1)[0] if name in GNA_STUDENTS else name
 
 
 def get_ranking(wildcards):

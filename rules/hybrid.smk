@@ -1,24 +1,26 @@
 # SSM and hybrid students: distillation stages (teacher → align per state size → KD per
 # variant), scoring, the layer swap and the inference-memory table. Students are written to
-# data/models/<model>-hybrid-k<heads kept>-n<state size>, loadable like any prepared model.
+# data/models/<model>-hybrid-k<heads kept>-n<state size> (names from gna.students), loadable
+# like any prepared model.
+from gna.students import TEACHER_VARIANT, VARIANT_PATTERN, student_name, variant_name
 
 TASK_FILES = {task: f"data/tasks/{task}.parquet" for task in TASKS}
 
 
 def answer_row_variants():
     """Hybrids with attention heads (the heads-kept sweep, k > 0)."""
-    return [f"k{k}-n{HYBRID['state_size']}" for k in HYBRID["heads_kept"] if k > 0]
+    return [variant_name(k, HYBRID["state_size"]) for k in HYBRID["heads_kept"] if k > 0]
 
 
 def pure_ssm_variant():
-    return f"k0-n{HYBRID['state_size']}"
+    return variant_name(0, HYBRID["state_size"])
 
 
 def get_hybrid_results():
     if not HYBRID["enabled"]:
         return []
     results = expand("data/results/hybrid/{model}/{variant}.parquet", model=MODELS,
-                     variant=["teacher"] + hybrid_variants())
+                     variant=[TEACHER_VARIANT] + hybrid_variants())
     results += expand("data/results/hybrid/{model}/memory.parquet", model=MODELS)
     results += expand("data/results/hybrid/{model}/answer-rows-{variant}.parquet", model=MODELS,
                       variant=answer_row_variants())
@@ -28,18 +30,13 @@ def get_hybrid_results():
 
 
 def get_scored_model(wildcards):
-    if wildcards.variant == "teacher":
+    if wildcards.variant == TEACHER_VARIANT:
         return f"data/models/{wildcards.model}"
-    return f"data/models/{wildcards.model}-hybrid-{wildcards.variant}"
-
-
-def _hybrid_code():
-    return code_version("distill", "hybrid", "ssm", "hybrid_eval", "tasks", "words", "scoring", "stack", "packing",
-                        "models", "io")
+    return f"data/models/{student_name(wildcards.model, wildcards.variant)}"
 
 
 wildcard_constraints:
-    variant=r"teacher|k\d+-n\d+",
+    variant=f"{TEACHER_VARIANT}|{VARIANT_PATTERN}",
     k=r"\d+",
     n=r"\d+",
 
@@ -57,7 +54,7 @@ rule distill_teacher:
         mmlu={k: v for k, v in config["tasks"]["mmlu"].items() if k in ("n", "seed", "topics")},
         template=config["tasks"]["kv_retrieval"]["template"],
         dtype=config["dtype"],
-        code=_hybrid_code(),
+        code=code_of("distill_teacher"),
     log:
         "data/logs/distill_teacher/{model}.log",
     benchmark:
@@ -67,7 +64,7 @@ rule distill_teacher:
         mem_mb=6000,
         runtime=60,
     script:
-        "../workflow_scripts/distill.py"
+        "../workflow_scripts/distill_teacher.py"
 
 
 rule distill_align:
@@ -81,7 +78,7 @@ rule distill_align:
         align=HYBRID["align"],
         seed=HYBRID["seed"],
         dtype=config["dtype"],
-        code=_hybrid_code(),
+        code=code_of("distill_align"),
     log:
         "data/logs/distill_align/{model}-n{n}.log",
     benchmark:
@@ -91,7 +88,7 @@ rule distill_align:
         mem_mb=8000,
         runtime=240,
     script:
-        "../workflow_scripts/distill.py"
+        "../workflow_scripts/distill_align.py"
 
 
 rule distill_kd:
@@ -101,13 +98,13 @@ rule distill_kd:
         aligned="data/distill/{model}/align-n{n}.safetensors",
         ranking="data/results/heads/{model}/ranking.parquet",
     output:
-        student=directory("data/models/{model}-hybrid-k{k}-n{n}"),
-        curve="data/distill/{model}/kd-k{k}-n{n}.parquet",
+        student=directory("data/models/" + student_name("{model}", variant_name("{k}", "{n}"))),
+        curve="data/distill/{model}/kd-" + variant_name("{k}", "{n}") + ".parquet",
     params:
         kd=HYBRID["kd"],
         seed=HYBRID["seed"],
         dtype=config["dtype"],
-        code=_hybrid_code(),
+        code=code_of("distill_kd"),
     log:
         "data/logs/distill_kd/{model}-k{k}-n{n}.log",
     benchmark:
@@ -117,7 +114,7 @@ rule distill_kd:
         mem_mb=8000,
         runtime=240,
     script:
-        "../workflow_scripts/distill.py"
+        "../workflow_scripts/distill_kd.py"
 
 
 rule hybrid_score:
@@ -131,7 +128,7 @@ rule hybrid_score:
         max_items=HYBRID["eval_items"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
-        code=_hybrid_code(),
+        code=code_of("hybrid_score"),
     log:
         "data/logs/hybrid_score/{model}-{variant}.log",
     benchmark:
@@ -141,22 +138,23 @@ rule hybrid_score:
         mem_mb=6000,
         runtime=120,
     script:
-        "../workflow_scripts/distill.py"
+        "../workflow_scripts/hybrid_score.py"
 
 
 rule hybrid_swap:
     input:
-        model=lambda wc: f"data/models/{wc.model}-hybrid-{pure_ssm_variant()}",
+        model=lambda wc: f"data/models/{student_name(wc.model, pure_ssm_variant())}",
         ranking="data/results/heads/{model}/ranking.parquet",
         teacher="data/distill/{model}/teacher.safetensors",
         tasks=list(TASK_FILES.values()),
     output:
         "data/results/hybrid/{model}/swap.parquet",
     params:
+        variant=pure_ssm_variant(),
         max_items=HYBRID["eval_items"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
-        code=_hybrid_code(),
+        code=code_of("hybrid_swap"),
     log:
         "data/logs/hybrid_swap/{model}.log",
     benchmark:
@@ -166,19 +164,18 @@ rule hybrid_swap:
         mem_mb=6000,
         runtime=120,
     script:
-        "../workflow_scripts/distill.py"
+        "../workflow_scripts/hybrid_swap.py"
 
 
 rule hybrid_memory:
     input:
         model="data/models/{model}",
-        students=lambda wc: expand("data/models/{model}-hybrid-{variant}", model=wc.model, variant=hybrid_variants()),
+        students=lambda wc: [f"data/models/{student_name(wc.model, v)}" for v in hybrid_variants()],
     output:
         "data/results/hybrid/{model}/memory.parquet",
     params:
         memory=HYBRID["memory"],
-        dtype=config["dtype"],
-        code=_hybrid_code(),
+        code=code_of("hybrid_memory"),
     log:
         "data/logs/hybrid_memory/{model}.log",
     benchmark:
@@ -188,12 +185,12 @@ rule hybrid_memory:
         mem_mb=6000,
         runtime=60,
     script:
-        "../workflow_scripts/distill.py"
+        "../workflow_scripts/hybrid_memory.py"
 
 
 rule hybrid_answer_rows:
     input:
-        model="data/models/{model}-hybrid-{variant}",
+        model="data/models/" + student_name("{model}", "{variant}"),
         tasks=list(TASK_FILES.values()),
     output:
         "data/results/hybrid/{model}/answer-rows-{variant}.parquet",
@@ -201,8 +198,7 @@ rule hybrid_answer_rows:
         max_items=HYBRID["eval_items"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
-        code=code_version("gna_masking", "gather_aggregate", "heads", "hybrid", "ssm", "scoring", "stack", "packing",
-                          "models", "io"),
+        code=code_of("hybrid_answer_rows"),
     log:
         "data/logs/hybrid_answer_rows/{model}-{variant}.log",
     benchmark:
@@ -212,4 +208,4 @@ rule hybrid_answer_rows:
         mem_mb=6000,
         runtime=120,
     script:
-        "../workflow_scripts/distill.py"
+        "../workflow_scripts/hybrid_answer_rows.py"

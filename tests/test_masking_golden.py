@@ -12,7 +12,7 @@ from polars.testing import assert_frame_equal
 
 from conftest import MINI_MMLU, REPO
 from gna.gather_aggregate import kv_row_segments, mmlu_row_segments
-from gna.hybrid import make_hybrid
+from gna.students import make_hybrid
 from gna.masking import masking_experiment
 from gna.tasks import build_kv_retrieval, build_mmlu, load_mmlu_jsonl, select_mmlu
 

@@ -6,8 +6,9 @@ import copy
 import pytest
 import torch
 
-from gna.hybrid import (cache_nbytes, inference_memory, load_student, make_hybrid, mixers, prefill, save_student,
-                        step, swapped_to_attention)
+from gna.decoding import cache_nbytes, inference_memory, prefill, step
+from gna.hybrid import mixers, swapped_to_attention
+from gna.students import load_student, make_hybrid, save_student
 from gna.packing import collate, pack
 from gna.ssm import materialize, ssd_chunked, ssd_masked, ssd_recurrent
 
@@ -153,7 +154,7 @@ def test_student_round_trip_through_load_model(tmp_path, hybrid):
 
 
 def test_ablating_an_ssm_head_equals_zeroing_its_output_columns(hybrid):
-    from gna.heads import ablate_heads
+    from gna.hooks import ablate_heads
 
     student, tok = hybrid
     ids = _ids(tok)

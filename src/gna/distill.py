@@ -1,79 +1,39 @@
 """Retrieval-guided distillation of a transformer into SSM / hybrid students (MOHAWK-style).
 
 Stages, each a workflow rule so Snakemake caches it:
-  teacher   the distillation corpus (token windows), the teacher's hidden state entering every
-            layer and its top-k next-token log-probs — computed once, shared by every student
+  teacher   the distillation corpus (gna.corpus: token windows), the teacher's hidden state
+            entering every layer and its top-k next-token log-probs — computed once, shared by
+            every student (run_distill_teacher)
   align     layer-local alignment, once per state size: given the teacher's hidden state h_i,
             every SSM head of layer i is fitted to reproduce its attention head's contribution
             to h_{i+1} (the head output seen through o_proj). Heads are fitted independently, so
             one alignment serves every heads-kept variant with that state size; the kept
-            heads and the MLPs are the teacher's own, so a perfect fit reproduces h_{i+1}.
+            heads and the MLPs are the teacher's own, so a perfect fit reproduces h_{i+1}
+            (run_distill_align).
   kd        end-to-end knowledge distillation of one variant (kept heads from the ranking,
-            SSM heads from `align`) on the teacher's next-token distributions.
-Only SSM parameters are trained; every teacher weight stays frozen.
-
-Corpus (offline default): MMLU questions outside the evaluation subset, with their answers,
-and synthetic KV-retrieval prompts with their answers, from seeds the evaluation never uses;
-held-out windows (other questions, other seeds) measure perplexity.
+            SSM heads from `align`) on the teacher's next-token distributions (run_distill_kd).
+Only SSM parameters (HybridMixer.ssm_state) are trained; every teacher weight stays frozen.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import math
-import random
 
 import polars as pl
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from gna.hybrid import HybridMixer, make_hybrid, mixers
-from gna.tasks import build_kv_retrieval, build_mmlu
+from gna.corpus import build_corpus
+from gna.hybrid import HybridMixer, mixers
+from gna.io import atomic_dir, read_parquet, write_parquet
+from gna.models import load_model
+from gna.students import hybrid_spec, make_hybrid, ranked_heads, save_student, variant_name
+from gna.tasks import load_mmlu_jsonl, select_mmlu
+from gna.tensor_files import read_tensors, write_tensors
 
-SSM_KEYS = ("C_proj.weight", "B_proj.weight", "x_proj.weight", "decay_proj.weight", "decay_proj.bias", "D",
-            "C_proj.bias", "B_proj.bias", "x_proj.bias")
-
-
-# -- corpus -----------------------------------------------------------------------------------
-
-def answered_mmlu(pool: pl.DataFrame, seed: int) -> list[str]:
-    if not len(pool):
-        return []
-    return [row["context"] + row["choices"][row["target"]]
-            for row in build_mmlu(pool, pool, "letter", 0, seed).iter_rows(named=True)]
-
-
-def answered_kv(sizes: list[int], n: int, seed: int, template: str) -> list[str]:
-    per_size = max(1, math.ceil(n / len(sizes)))
-    return [row["context"] + row["choices"][row["target"]]
-            for row in build_kv_retrieval(sizes, per_size, seed, template).iter_rows(named=True)]
-
-
-def token_windows(tok, mmlu_docs: list[str], kv_docs: list[str], kv_share: float, seq_len: int, n_windows: int,
-                  seed: int) -> torch.Tensor:
-    """Documents drawn at random (KV with probability kv_share), joined by EOS and cut into
-    `n_windows` windows of `seq_len` tokens: [n_windows, seq_len]."""
-    sep = tok.eos_token_id if tok.eos_token_id is not None else 0
-    rng = random.Random(f"corpus-{seed}")
-    mmlu_docs, kv_docs = list(mmlu_docs), list(kv_docs)
-    rng.shuffle(mmlu_docs)
-    rng.shuffle(kv_docs)
-    need = seq_len * n_windows
-    stream: list[int] = []
-    while len(stream) < need and (mmlu_docs or kv_docs):
-        use_kv = kv_docs and (not mmlu_docs or rng.random() < kv_share)
-        doc = (kv_docs if use_kv else mmlu_docs).pop()
-        stream += tok(doc, add_special_tokens=False)["input_ids"] + [sep]
-    if len(stream) < need:
-        raise ValueError(f"distillation corpus too small: {len(stream)} tokens, {need} needed for {n_windows} "
-                         f"windows of {seq_len} (lower hybrid.corpus.train_windows / heldout_windows / seq_len)")
-    return torch.tensor(stream[:need]).view(n_windows, seq_len)
-
-
-def split_pool(pool: pl.DataFrame, heldout_share: float) -> tuple[pl.DataFrame, pl.DataFrame]:
-    n_held = int(round(len(pool) * heldout_share))
-    return pool[n_held:], pool[:n_held]
+log = logging.getLogger("gna.distill")
 
 
 # -- teacher ----------------------------------------------------------------------------------
@@ -102,6 +62,21 @@ def teacher_activations(model, ids: torch.Tensor, top_k: int, batch: int = 4, pr
         for h in hooks:
             h.remove()
     return {"hidden": torch.cat(hidden, dim=1).contiguous(), "top_logp": torch.cat(top_lp), "top_idx": torch.cat(top_ix)}
+
+
+def run_distill_teacher(model_dir: str, mmlu_path: str, out_path: str, corpus: dict, top_k: int, seed: int,
+                        mmlu: dict, template: str, dtype: str = "float32") -> None:
+    """Build the corpus (gna.corpus.build_corpus, from the MMLU questions outside the evaluation
+    subset `mmlu` {n, seed, topics}) and write the teacher file `out_path`: teacher_activations
+    on the train windows (hidden, top_logp, top_idx) plus the windows (train_ids, heldout_ids)."""
+    model, tok = load_model(model_dir, dtype)
+    _, pool = select_mmlu(load_mmlu_jsonl(mmlu_path), mmlu["n"], mmlu["seed"], mmlu["topics"])
+    windows = build_corpus(tok, pool, corpus, template, seed)
+    log.info("corpus: %d train and %d held-out windows of %d tokens (%d MMLU questions outside the evaluation subset)",
+             len(windows["train"]), len(windows["heldout"]), corpus["seq_len"], len(pool))
+    acts = teacher_activations(model, windows["train"], top_k)
+    write_tensors({**acts, "train_ids": windows["train"], "heldout_ids": windows["heldout"]}, out_path)
+    log.info("teacher hidden states %s (float16)", tuple(acts["hidden"].shape))
 
 
 # -- stage 1: layer-local alignment -----------------------------------------------------------
@@ -173,7 +148,7 @@ def align_layers(model, hidden: torch.Tensor, state_size: int, steps: int, batch
             bar.set_postfix(rel_err=f"{mean:.3f}")
             if step % log_every == 0 or step == steps - 1:
                 curve += [{"stage": "align", "step": step, "layer": i, "loss": v} for i, v in enumerate(per_layer)]
-    state = {f"{m.layer_idx}.{k}": v.detach().clone() for m in ms for k, v in _ssm_state(m).items()}
+    state = {f"{m.layer_idx}.{k}": v.detach().clone() for m in ms for k, v in m.ssm_state().items()}
     return state, pl.DataFrame(curve)
 
 
@@ -187,15 +162,20 @@ def _init_head_scales(ms, base, hidden, pos, n_seq: int = 4):
         m.norm_weight.copy_(target.square().mean(dim=(0, 1, 3)).sqrt()[:, None].expand_as(m.norm_weight))
 
 
-def _ssm_state(m: HybridMixer) -> dict:
-    named = {"C_proj.weight": m.C_proj.weight, "B_proj.weight": m.B_proj.weight, "x_proj.weight": m.x_proj.weight,
-             "decay_proj.weight": m.decay_proj.weight, "decay_proj.bias": m.decay_proj.bias, "D": m.D,
-             "norm_weight": m.norm_weight}
-    for key in ("C_proj", "B_proj", "x_proj"):
-        bias = getattr(m, key).bias
-        if bias is not None:
-            named[f"{key}.bias"] = bias
-    return named
+def run_distill_align(model_name: str, model_dir: str, teacher_path: str, state_size: int, weights_path: str,
+                      curve_path: str, align: dict, seed: int, dtype: str = "float32") -> None:
+    """align_layers at `state_size` on the teacher file's hidden states, with `align` {steps,
+    batch, lr}: writes the aligned SSM heads to `weights_path` and the loss curve (with model
+    and state_size columns) to `curve_path`."""
+    model, _ = load_model(model_dir, dtype)
+    hidden = read_tensors(teacher_path, ["hidden"])["hidden"]
+    state, curve = align_layers(model, hidden, state_size, align["steps"], align["batch"], align["lr"], seed)
+    write_tensors(state, weights_path)
+    write_parquet(curve.with_columns(pl.lit(model_name).alias("model"), pl.lit(state_size).alias("state_size")),
+                  curve_path)
+    if not curve.is_empty():
+        last = curve.filter(pl.col("step") == curve["step"].max())
+        log.info("n=%d: mean relative error of the SSM heads after alignment %.3f", state_size, last["loss"].mean())
 
 
 @torch.no_grad()
@@ -203,7 +183,7 @@ def load_aligned(model, aligned: dict):
     """Copy aligned SSM heads (fitted for every head) into a hybrid's SSM heads."""
     for m in mixers(model):
         n, p = m.state_size, m.head_dim
-        for key, param in _ssm_state(m).items():
+        for key, param in m.ssm_state().items():
             full = aligned[f"{m.layer_idx}.{key}"]
             rows = {"C_proj": n, "B_proj": n, "x_proj": p}.get(key.split(".")[0], 1)
             if key == "norm_weight":
@@ -258,19 +238,21 @@ def distill_logits(student, ids: torch.Tensor, top_logp: torch.Tensor, top_idx: 
     return pl.DataFrame(curve)
 
 
-def variant_name(heads_kept: int, state_size: int) -> str:
-    return f"k{heads_kept}-n{state_size}"
-
-
-def build_corpus(tok, mmlu_pool: pl.DataFrame, corpus: dict, template: str, seed: int) -> dict:
-    """Train and held-out windows {"train": [n, T], "heldout": [m, T]} (disjoint questions and
-    KV seeds; the MMLU evaluation subset is never in `mmlu_pool`)."""
-    train_pool, held_pool = split_pool(mmlu_pool, corpus["heldout_share"])
-    out = {}
-    for split, pool, n, split_seed in (("train", train_pool, corpus["train_windows"], seed),
-                                       ("heldout", held_pool, corpus["heldout_windows"], seed + 1)):
-        n_kv = corpus["seq_len"] * n // 16 if corpus["kv_share"] > 0 else 0  # more than enough documents
-        kv_docs = answered_kv(corpus["kv_sizes"], n_kv, split_seed, template) if n_kv else []
-        out[split] = token_windows(tok, answered_mmlu(pool, split_seed), kv_docs, corpus["kv_share"],
-                                   corpus["seq_len"], n, split_seed)
-    return out
+def run_distill_kd(model_name: str, model_dir: str, teacher_path: str, aligned_path: str, ranking_path: str,
+                   heads_kept: int, state_size: int, student_dir: str, curve_path: str, kd: dict, seed: int,
+                   dtype: str = "float32") -> None:
+    """Build the student keeping the `heads_kept` best-ranked heads as attention (its SSM heads
+    from the aligned file), distill_logits it on the teacher file with `kd` {steps, batch, lr},
+    and write the student folder `student_dir` (gna.students) and the KD curve `curve_path`."""
+    teacher, tok = load_model(model_dir, dtype)
+    kept = ranked_heads(read_parquet(ranking_path), heads_kept, model_name)
+    student = load_aligned(make_hybrid(copy.deepcopy(teacher), kept, state_size), read_tensors(aligned_path))
+    data = read_tensors(teacher_path, ["train_ids", "top_logp", "top_idx"])
+    curve = distill_logits(student, data["train_ids"], data["top_logp"], data["top_idx"], kd["steps"], kd["batch"],
+                           kd["lr"], seed, desc=f"kd k={heads_kept} n={state_size}")
+    spec = hybrid_spec(student, teacher=model_name, heads_kept=heads_kept, variant=variant_name(heads_kept, state_size),
+                       kept_ranked=[list(h) for h in kept])
+    with atomic_dir(student_dir) as tmp:
+        save_student(student, tok, tmp, spec)
+    write_parquet(curve.with_columns(pl.lit(model_name).alias("model"), pl.lit(heads_kept).alias("heads_kept"),
+                                     pl.lit(state_size).alias("state_size")), curve_path)

@@ -1,5 +1,5 @@
-"""Hybrid students: a teacher transformer whose attention heads are, head by head, either kept
-as attention (the teacher's own q/k/v/o weights) or replaced by an SSM head (gna.ssm).
+"""The hybrid mixer: a teacher transformer's attention module whose heads are, head by head,
+either kept as attention (the teacher's own q/k/v/o weights) or replaced by an SSM head (gna.ssm).
 
 Design: head-wise replacement. Each layer's attention module becomes a `HybridMixer` that
 computes every query head's output — by softmax attention for kept heads, by a selective scan
@@ -9,25 +9,23 @@ teacher and student, and k = 0 is a pure SSM with the teacher's MLPs. An SSM hea
 its attention head (C ← Q of the head, B ← K and x ← V of its K/V group, decays spread over
 time scales as in Mamba), then distillation fits it (gna.distill).
 
-Students are saved as a model folder (config.json + tokenizer + model.safetensors) plus
-gna_hybrid.json describing which heads are SSM heads; gna.models.load_model rebuilds them.
+This module is the layer and the tools that act on a model's mixers (`mixers`, the layer swap,
+captured head maps). Building, naming, saving and loading students is gna.students;
+whole-model recurrent decoding and inference memory is gna.decoding.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import warnings
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gna.ssm import materialize, ssd_chunked, ssd_masked
+from gna.ssm import materialize, ssd_chunked, ssd_masked, ssd_recurrent
 
-SPEC_FILE = "gna_hybrid.json"
 C_INIT_SCALE = 0.03
 
 
@@ -77,11 +75,12 @@ class HybridMixer(nn.Module):
         self.captured = None
         d, n, p, s = config.hidden_size, self.state_size, self.head_dim, len(self.ssm_heads)
         bias = attn.q_proj.bias is not None
-        warnings.filterwarnings("ignore", "Initializing zero-element tensors")  # a layer may keep all heads
-        self.C_proj = nn.Linear(d, s * n, bias=bias)
-        self.B_proj = nn.Linear(d, s * n, bias=bias)
-        self.x_proj = nn.Linear(d, s * p, bias=bias)
-        self.decay_proj = nn.Linear(d, s, bias=True)
+        with warnings.catch_warnings():  # a layer that keeps all its heads has zero-size SSM blocks
+            warnings.filterwarnings("ignore", "Initializing zero-element tensors")
+            self.C_proj = nn.Linear(d, s * n, bias=bias)
+            self.B_proj = nn.Linear(d, s * n, bias=bias)
+            self.x_proj = nn.Linear(d, s * p, bias=bias)
+            self.decay_proj = nn.Linear(d, s, bias=True)
         self.D = nn.Parameter(torch.zeros(s))
         self.norm_weight = nn.Parameter(torch.ones(s, p))
         self.init_from_attention()
@@ -126,10 +125,20 @@ class HybridMixer(nn.Module):
         """Positions j (into the SSM parameter blocks) of the SSM heads that run as SSM."""
         return [j for j, h in enumerate(self.ssm_heads) if h not in self.swapped]
 
-    def ssm_params(self):
-        return [self.C_proj.weight, self.B_proj.weight, self.x_proj.weight, self.decay_proj.weight,
-                self.decay_proj.bias, self.D, self.norm_weight] + [b for b in (self.C_proj.bias, self.B_proj.bias, self.x_proj.bias)
-                                                  if b is not None]
+    def ssm_state(self) -> dict[str, nn.Parameter]:
+        """The SSM parameters by name (the only parameters distillation trains); each holds one
+        block of rows per SSM head, in `ssm_heads` order (norm_weight: one row per head)."""
+        named = {"C_proj.weight": self.C_proj.weight, "B_proj.weight": self.B_proj.weight,
+                 "x_proj.weight": self.x_proj.weight, "decay_proj.weight": self.decay_proj.weight,
+                 "decay_proj.bias": self.decay_proj.bias, "D": self.D, "norm_weight": self.norm_weight}
+        for key in ("C_proj", "B_proj", "x_proj"):
+            bias = getattr(self, key).bias
+            if bias is not None:
+                named[f"{key}.bias"] = bias
+        return named
+
+    def ssm_params(self) -> list[nn.Parameter]:
+        return list(self.ssm_state().values())
 
     # -- the two head kinds ------------------------------------------------------------------
     def _qkv(self, u, position_embeddings, heads: list[int]):
@@ -248,8 +257,6 @@ class HybridMixer(nn.Module):
 
     def step(self, u, position_embeddings, cache):
         """One new token u [B, 1, d]; updates `cache` in place."""
-        from gna.ssm import ssd_recurrent
-
         b = u.shape[0]
         p = self.head_dim
         heads = u.new_zeros(b, 1, self.num_heads, p)
@@ -273,7 +280,7 @@ class HybridMixer(nn.Module):
         return self.o_proj(heads.reshape(b, 1, -1))
 
 
-# -- building, saving, loading --------------------------------------------------------------
+# -- the mixers of a model ----------------------------------------------------------------
 
 def layers_of(model):
     return model.base_model.layers
@@ -286,30 +293,6 @@ def mixers(model) -> list[HybridMixer]:
 def ssm_heads_of(model) -> set[tuple[int, int]]:
     """(layer, head) of every head that runs as an SSM head now (swapped heads excluded)."""
     return {(m.layer_idx, h) for m in mixers(model) for h in m.ssm_heads if h not in m.swapped}
-
-
-def ssm_heads_for(n_layers: int, n_heads: int, kept: list[tuple[int, int]]) -> dict[int, list[int]]:
-    keep = {(int(layer), int(head)) for layer, head in kept}
-    return {i: [h for h in range(n_heads) if (i, h) not in keep] for i in range(n_layers)}
-
-
-def make_hybrid(model, kept: list[tuple[int, int]], state_size: int):
-    """Turn `model` (a Llama-family transformer, modified in place) into a hybrid keeping the
-    attention heads `kept` [(layer, head)]; all other heads become SSM heads."""
-    cfg = model.config
-    for i, layer in enumerate(layers_of(model)):
-        if not hasattr(layer, "self_attn") or not hasattr(layer.self_attn, "o_proj"):
-            raise TypeError(f"layer {i} of {type(model).__name__} has no attention module to replace")
-    spec = ssm_heads_for(cfg.num_hidden_layers, cfg.num_attention_heads, kept)
-    for i, layer in enumerate(layers_of(model)):
-        layer.self_attn = HybridMixer(layer.self_attn, cfg, spec[i], state_size, i)
-    return model
-
-
-def hybrid_spec(model, **extra) -> dict:
-    ms = mixers(model)
-    kept = [[m.layer_idx, h] for m in ms for h in range(m.num_heads) if h not in m.ssm_heads]
-    return {"state_size": ms[0].state_size, "kept_heads": kept, **extra}
 
 
 @contextlib.contextmanager
@@ -339,89 +322,3 @@ def captured_maps(model):
         out.extend(m.captured for m in ms)
         for m in ms:
             m.capture, m.captured = False, None
-
-
-def save_student(model, tok, out_dir: Path, spec: dict):
-    """Write a student folder (call inside gna.io.atomic_dir)."""
-    from safetensors.torch import save_model
-
-    out_dir = Path(out_dir)
-    model.config.save_pretrained(out_dir)
-    tok.save_pretrained(out_dir)
-    save_model(model, str(out_dir / "model.safetensors"))
-    (out_dir / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n")
-
-
-def is_student(model_dir: Path) -> bool:
-    return (Path(model_dir) / SPEC_FILE).is_file()
-
-
-def load_student(model_dir: Path, dtype=torch.float32):
-    from safetensors.torch import load_model as load_weights
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    model_dir = Path(model_dir)
-    spec = json.loads((model_dir / SPEC_FILE).read_text())
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype)
-    make_hybrid(model, [tuple(x) for x in spec["kept_heads"]], spec["state_size"])
-    missing, unexpected = load_weights(model, str(model_dir / "model.safetensors"), strict=False)
-    # a tied embedding is stored once under one of its two names
-    tied = {"lm_head.weight", "model.embed_tokens.weight"} if model.config.tie_word_embeddings else set()
-    if unexpected or not (set(missing) <= tied and len(missing) < 2):
-        raise ValueError(f"{model_dir}: student weights do not match its {SPEC_FILE} "
-                         f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})")
-    model.eval()
-    return model, AutoTokenizer.from_pretrained(model_dir)
-
-
-# -- recurrent inference over the whole model ------------------------------------------------
-
-@torch.inference_mode()
-def prefill(model, ids: torch.Tensor):
-    """Run a hybrid on ids [B, L] keeping what generation needs; returns (last logits, caches)."""
-    base = model.base_model
-    h = base.embed_tokens(ids)
-    pos = torch.arange(ids.shape[1])[None].expand(ids.shape[0], -1)
-    rope = base.rotary_emb(h, position_ids=pos)
-    caches = []
-    for layer in base.layers:
-        out, cache = layer.self_attn.prefill(layer.input_layernorm(h), rope)
-        h = h + out
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
-        caches.append(cache)
-    return model.get_output_embeddings()(base.norm(h[:, -1:])), caches
-
-
-@torch.inference_mode()
-def step(model, token: torch.Tensor, position: int, caches: list[dict]):
-    """One decoding step for token [B, 1] at `position`; returns its logits [B, 1, V]."""
-    base = model.base_model
-    h = base.embed_tokens(token)
-    rope = base.rotary_emb(h, position_ids=torch.full_like(token, position))
-    for layer, cache in zip(base.layers, caches):
-        h = h + layer.self_attn.step(layer.input_layernorm(h), rope, cache)
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return model.get_output_embeddings()(base.norm(h))
-
-
-def cache_nbytes(caches: list[dict]) -> int:
-    return sum(t.numel() * t.element_size() for c in caches for key, t in c.items() if key in ("k", "v", "state"))
-
-
-# -- inference memory from the configuration --------------------------------------------------
-
-def inference_memory(n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, kept: list[tuple[int, int]] | None,
-                     state_size: int, seq_len: int, bytes_per_value: int = 2, batch: int = 1) -> dict:
-    """Bytes of KV cache and SSM state for one sequence of `seq_len` tokens.
-
-    kept=None is the teacher (every head attention). A K/V group is cached when any of its
-    query heads is attention; each SSM head holds an N×P state whatever the length."""
-    group = n_heads // n_kv_heads
-    if kept is None:
-        kept = [(i, h) for i in range(n_layers) for h in range(n_heads)]
-    keep = {(int(a), int(b)) for a, b in kept}
-    kv_groups = len({(i, h // group) for i, h in keep})
-    n_ssm = n_layers * n_heads - len(keep)
-    kv = 2 * kv_groups * head_dim * seq_len * bytes_per_value * batch
-    state = n_ssm * state_size * head_dim * bytes_per_value * batch
-    return {"kv_cache_bytes": kv, "ssm_state_bytes": state, "total_bytes": kv + state}

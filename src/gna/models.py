@@ -98,12 +98,12 @@ def load_model(model_dir: str | Path, dtype: str = "float32"):
     """Load a prepared folder (or a distilled student's) as (model in eval mode, tokenizer)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gna.hybrid import is_student, load_student
+    from gna.students import is_student, load_student
 
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"not a prepared model folder (no config.json): {model_dir}")
-    if is_student(model_dir):  # a distilled hybrid / SSM student (gna.distill)
+    if is_student(model_dir):  # a distilled hybrid / SSM student (gna.students)
         return load_student(model_dir, DTYPES[dtype])
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype])
     model.eval()

@@ -1,0 +1,9 @@
+"""Rule distill_align: fit every SSM head of one state size to its teacher attention head."""
+from gna.distill import run_distill_align
+from gna.runtime import setup
+
+setup(snakemake.log[0], snakemake.threads)
+p = snakemake.params
+run_distill_align(snakemake.wildcards.model, snakemake.input.model, snakemake.input.teacher,
+                  int(snakemake.wildcards.n), snakemake.output.weights, snakemake.output.curve,
+                  align=p.align, seed=p.seed, dtype=p.dtype)

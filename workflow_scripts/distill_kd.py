@@ -1,0 +1,9 @@
+"""Rule distill_kd: build one student variant from the ranking and the aligned heads, distil it."""
+from gna.distill import run_distill_kd
+from gna.runtime import setup
+
+setup(snakemake.log[0], snakemake.threads)
+p = snakemake.params
+run_distill_kd(snakemake.wildcards.model, snakemake.input.model, snakemake.input.teacher, snakemake.input.aligned,
+               snakemake.input.ranking, int(snakemake.wildcards.k), int(snakemake.wildcards.n),
+               snakemake.output.student, snakemake.output.curve, kd=p.kd, seed=p.seed, dtype=p.dtype)

@@ -1,0 +1,8 @@
+"""Rule distill_teacher: the distillation corpus and the teacher's activations on it."""
+from gna.distill import run_distill_teacher
+from gna.runtime import setup
+
+setup(snakemake.log[0], snakemake.threads)
+p = snakemake.params
+run_distill_teacher(snakemake.input.model, snakemake.input.mmlu, snakemake.output[0], corpus=p.corpus,
+                    top_k=p.top_k, seed=p.seed, mmlu=p.mmlu, template=p.template, dtype=p.dtype)

@@ -1,0 +1,9 @@
+"""Rule hybrid_answer_rows: a hybrid's attention heads with their answer rows masked."""
+from gna.runtime import setup
+from gna.student_masking import run_hybrid_answer_rows
+
+setup(snakemake.log[0], snakemake.threads)
+p = snakemake.params
+run_hybrid_answer_rows(snakemake.wildcards.model, snakemake.wildcards.variant, snakemake.input.model,
+                       list(snakemake.input.tasks), snakemake.output[0], max_items=p.max_items,
+                       batch_size=p.batch_size, dtype=p.dtype)

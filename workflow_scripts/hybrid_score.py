@@ -1,0 +1,9 @@
+"""Rule hybrid_score: task scores and held-out perplexity of the teacher or one student."""
+from gna.runtime import setup
+from gna.student_evaluation import run_hybrid_score
+
+setup(snakemake.log[0], snakemake.threads)
+p = snakemake.params
+run_hybrid_score(snakemake.wildcards.model, snakemake.wildcards.variant, snakemake.input.model,
+                 snakemake.input.teacher, list(snakemake.input.tasks), snakemake.output[0],
+                 max_items=p.max_items, batch_size=p.batch_size, dtype=p.dtype)

@@ -1,0 +1,9 @@
+"""Rule hybrid_swap: the pure-SSM student scored with its most critical layer run as attention."""
+from gna.runtime import setup
+from gna.student_evaluation import run_hybrid_swap
+
+setup(snakemake.log[0], snakemake.threads)
+p = snakemake.params
+run_hybrid_swap(snakemake.wildcards.model, p.variant, snakemake.input.model, snakemake.input.ranking,
+                snakemake.input.teacher, list(snakemake.input.tasks), snakemake.output[0],
+                max_items=p.max_items, batch_size=p.batch_size, dtype=p.dtype)
