@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import html
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -12,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import polars as pl  # noqa: E402
 
-from gna.io import atomic_path  # noqa: E402
+from gna.io import atomic_path, read_json, read_parquet  # noqa: E402
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -85,3 +87,58 @@ def dict_size_axis(ax, sizes: list[int]) -> None:
     ax.plot(sizes, [1 / s for s in sizes], ls="--", color="grey", label="chance")
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [str(s) for s in sizes])
+
+
+INLINE_RST = ((re.compile(r"``(.+?)``"), r"<code>\1</code>"), (re.compile(r"\*\*(.+?)\*\*"), r"<b>\1</b>"),
+              (re.compile(r"\*(.+?)\*"), r"<i>\1</i>"))
+
+
+def rst_to_html(text: str) -> str:
+    """A caption's reStructuredText as HTML: paragraphs, *emphasis*, **strong** and ``literal``
+    (all the markup the captions use; Snakemake renders the same files in its own report)."""
+    paragraphs = [" ".join(block.split()) for block in re.split(r"\n\s*\n", text.strip())]
+    out = []
+    for paragraph in paragraphs:
+        paragraph = html.escape(paragraph, quote=False)
+        for pattern, replacement in INLINE_RST:
+            paragraph = pattern.sub(replacement, paragraph)
+        out.append(paragraph)
+    return out[0] if len(out) == 1 else "".join(f"<p>{p}</p>" for p in out)
+
+
+def read_caption(path: str | Path) -> str:
+    """The caption file of a figure as HTML."""
+    return rst_to_html(Path(path).read_text())
+
+
+@dataclass(frozen=True)
+class SectionContext:
+    """What a section's render function gets: its input paths ({key: path or paths}), figure
+    paths and HTML captions ({figure name: ...}), the report options and the run's config."""
+
+    inputs: dict
+    figures: dict
+    captions: dict
+    options: dict
+    config: dict
+
+    def paths(self, key: str) -> list[str]:
+        paths = self.inputs.get(key, [])
+        return [paths] if isinstance(paths, (str, Path)) else list(paths)
+
+    def frame(self, key: str) -> pl.DataFrame:
+        """The input's Parquet files, concatenated (columns unified); empty when it has none."""
+        frames = [read_parquet(p) for p in self.paths(key)]
+        return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
+
+    def records(self, key: str) -> list[dict]:
+        """The input's JSON files, one dict each."""
+        return [read_json(p) for p in self.paths(key)]
+
+    def figure(self, name: str) -> str:
+        """The figure embedded with its caption."""
+        return embed(self.figures[name], self.captions[name])
+
+    @property
+    def show_reference(self) -> bool:
+        return self.options.get("show_reference", True)

@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import polars as pl
 import seaborn as sns
 
-from gna.htmlkit import accuracy_axis, embed, pct, save_figure, table
+from gna.htmlkit import SectionContext, accuracy_axis, pct, save_figure, table
 
 METRIC = "acc"
 
@@ -62,56 +62,71 @@ def _collapse_sentence(model: str, sub: pl.DataFrame, task: str) -> str:
             f"with {k + 1} layers to {pct(values[ks.index(k)])} with {k}.")
 
 
-def prune_section(gradual: pl.DataFrame, individual: pl.DataFrame, minimal: list[dict], figures: dict) -> str:
-    by_model = {m["model"]: m for m in minimal}
-    plot_gradual(gradual, by_model, figures["gradual"])
-    plot_individual(individual, figures["individual"])
-    parts = ["<h2>Layer pruning</h2>",
+def gradual_part(gradual: pl.DataFrame, ctx: SectionContext) -> str:
+    """The largest step per model and task, the figure, and the accuracy per number of layers kept."""
+    g = _overall(gradual)
+    sentences = [_collapse_sentence(model, g.filter(pl.col("model") == model), task)
+                 for model in sorted(g["model"].unique()) for task in sorted(g["task"].unique())]
+    wide = (g.select("model", "task", "layers_kept", "value", "n")
+            .pivot(on="task", index=["model", "layers_kept"], values="value").sort(["model", "layers_kept"]))
+    return ("<ul>" + "".join(f"<li>{s}</li>" for s in sentences if s) + "</ul>" + ctx.figure("prune_gradual")
+            + "<details><summary>table: accuracy per number of layers kept</summary>"
+            + table(wide, left=("model",), fmt={c: pct for c in wide.columns if c not in ("model", "layers_kept")})
+            + "</details>")
+
+
+def minimal_part(minimal: list[dict]) -> str:
+    """Each model's minimal model: layers kept and the retrieval score that defines it."""
+    if not minimal:
+        return ""
+    mm = pl.DataFrame([{"model": m["model"], "layers kept": f"{m['layers_kept']} of {m['n_layers']}",
+                        "defined by": f"{m['task']} {m['metric']} ≥ {m['fraction']:.0%} of full",
+                        "full model": m["full_value"], "minimal model": m["value"]} for m in minimal])
+    return "<h3>Minimal model</h3>" + table(mm, left=("model", "layers kept", "defined by"),
+                                            fmt={"full model": pct, "minimal model": pct})
+
+
+def _critical_layers(ind: pl.DataFrame, minimal: list[dict]) -> str:
+    """Per model, the three single-layer removals that hurt its defining task most."""
+    crit = []
+    for m in minimal:
+        sub = ind.filter((pl.col("model") == m["model"]) & (pl.col("task") == m["task"]))
+        base = sub.filter(pl.col("removed_layer") == -1)["value"]
+        if base.is_empty():
+            continue
+        worst = sub.filter(pl.col("removed_layer") >= 0).sort("value").head(3)
+        crit.append(f"<li><b>{html.escape(m['model'])}</b>, {m['task']}: minimal model {pct(base[0])}; "
+                    + ", ".join(f"without layer {r['removed_layer']}: {pct(r['value'])}" for r in worst.iter_rows(named=True))
+                    + "</li>")
+    return "<ul>" + "".join(crit) + "</ul>"
+
+
+def individual_part(individual: pl.DataFrame, minimal: list[dict], ctx: SectionContext) -> str:
+    """Single-layer removal on the minimal model: figure, critical layers, table."""
+    ind = _overall(individual)
+    if ind.is_empty():
+        return ""
+    wide = (ind.select("model", "task", "removed_layer", "value")
+            .pivot(on="task", index=["model", "removed_layer"], values="value").sort(["model", "removed_layer"]))
+    return ("<h3>Individual layer removal on the minimal model</h3>" + ctx.figure("prune_individual")
+            + _critical_layers(ind, minimal)
+            + "<details><summary>table: accuracy with one layer removed (−1 = none removed)</summary>"
+            + table(wide, left=("model",), fmt={c: pct for c in wide.columns if c not in ("model", "removed_layer")})
+            + "</details>")
+
+
+def render_prune(ctx: SectionContext) -> str:
+    """Gradual pruning, the minimal model and single-layer removal (empty without pruning results)."""
+    if not ctx.paths("prune_gradual"):
+        return ""
+    gradual, individual, minimal = ctx.frame("prune_gradual"), ctx.frame("prune_individual"), ctx.records("prune_minimal")
+    plot_gradual(gradual, {m["model"]: m for m in minimal}, ctx.figures["prune_gradual"])
+    plot_individual(individual, ctx.figures["prune_individual"])
+    intro = ("<h2>Layer pruning</h2>"
              "<p>Gradual pruning keeps decoder layers 0..k-1 (plus the final norm and the LM head) for every k; "
              "individual removal takes the <i>minimal model</i> — the smallest prefix whose retrieval score "
              "stays within the configured fraction of the full model's — and removes one layer at a time. "
              "The study's finding to look for: knowledge (cloze) fades smoothly while the retrieval-heavy task "
-             "collapses at a specific depth, and a few single layers are critical.</p>"]
-    g = _overall(gradual)
-    sentences = [_collapse_sentence(model, g.filter(pl.col("model") == model), task)
-                 for model in sorted(g["model"].unique()) for task in sorted(g["task"].unique())]
-    parts.append("<ul>" + "".join(f"<li>{s}</li>" for s in sentences if s) + "</ul>")
-    parts.append(embed(figures["gradual"],
-                       "Accuracy vs layers kept, per task (chance for 4-way MMLU dashed; the KV chance is 1/size). "
-                       "The dotted line marks the minimal model. Every prefix is read out from one forward pass; "
-                       "this equals evaluating each pruned model separately (tested)."))
-    wide = (g.select("model", "task", "layers_kept", "value", "n")
-            .pivot(on="task", index=["model", "layers_kept"], values="value").sort(["model", "layers_kept"]))
-    parts.append("<details><summary>table: accuracy per number of layers kept</summary>"
-                 + table(wide, left=("model",), fmt={c: pct for c in wide.columns if c not in ("model", "layers_kept")})
-                 + "</details>")
-    if minimal:
-        mm = pl.DataFrame([{"model": m["model"], "layers kept": f"{m['layers_kept']} of {m['n_layers']}",
-                            "defined by": f"{m['task']} {m['metric']} ≥ {m['fraction']:.0%} of full",
-                            "full model": m["full_value"], "minimal model": m["value"]} for m in minimal])
-        parts.append("<h3>Minimal model</h3>")
-        parts.append(table(mm, left=("model", "layers kept", "defined by"), fmt={"full model": pct, "minimal model": pct}))
-    ind = _overall(individual)
-    if not ind.is_empty():
-        parts.append("<h3>Individual layer removal on the minimal model</h3>")
-        parts.append(embed(figures["individual"],
-                           "Accuracy after removing one layer of the minimal model (x: the removed layer); dotted: the "
-                           "minimal model with all its layers. Layers whose removal makes the retrieval task collapse "
-                           "are the candidates for the per-head search."))
-        crit = []
-        for m in minimal:
-            sub = ind.filter((pl.col("model") == m["model"]) & (pl.col("task") == m["task"]))
-            base = sub.filter(pl.col("removed_layer") == -1)["value"]
-            if base.is_empty():
-                continue
-            worst = sub.filter(pl.col("removed_layer") >= 0).sort("value").head(3)
-            crit.append(f"<li><b>{html.escape(m['model'])}</b>, {m['task']}: minimal model {pct(base[0])}; "
-                        + ", ".join(f"without layer {r['removed_layer']}: {pct(r['value'])}" for r in worst.iter_rows(named=True))
-                        + "</li>")
-        parts.append("<ul>" + "".join(crit) + "</ul>")
-        wide = (ind.select("model", "task", "removed_layer", "value")
-                .pivot(on="task", index=["model", "removed_layer"], values="value").sort(["model", "removed_layer"]))
-        parts.append("<details><summary>table: accuracy with one layer removed (−1 = none removed)</summary>"
-                     + table(wide, left=("model",), fmt={c: pct for c in wide.columns if c not in ("model", "removed_layer")})
-                     + "</details>")
-    return "\n".join(parts)
+             "collapses at a specific depth, and a few single layers are critical.</p>")
+    return "\n".join(part for part in (intro, gradual_part(gradual, ctx), minimal_part(minimal),
+                                        individual_part(individual, minimal, ctx)) if part)
