@@ -38,7 +38,7 @@ def test_query_head_ablation_equals_zeroing_its_o_proj_columns(tiny_llama):
     equal removing its columns from o_proj, and leave the shared K/V projections alone."""
     model, tok = tiny_llama
     site = head_sites(model)[1]
-    assert site.kind == "attn" and model.config.num_key_value_heads < site.n_heads
+    assert site.kind == "attention" and model.config.num_key_value_heads < site.n_heads
     with ablate_heads(model, [(1, 2)]):
         hooked = _logits(model, tok)
     o_proj = model.model.layers[1].self_attn.o_proj
@@ -148,7 +148,7 @@ def test_attribution_comparison():
     """The estimate ranks heads (est_rank), joins the exact drops, and reports the rank
     correlation, the recall of the exact top 10 in the estimate's top n, and timings."""
     heads = [(layer, head) for layer in range(3) for head in range(4)]
-    est = pl.DataFrame({"layer": [l for l, _ in heads], "head": [h for _, h in heads], "kind": "attn",
+    est = pl.DataFrame({"layer": [l for l, _ in heads], "head": [h for _, h in heads], "kind": "attention",
                         "logp_drop_est": [float(i) for i in range(12)]})
     # exact drops agree in order except that the two largest are swapped
     drops = [float(i) for i in range(10)] + [11.0, 10.0]

@@ -2,7 +2,7 @@
 
 A head is a slice of the input of one module (its *site*), zeroed by a temporary forward
 pre-hook:
-  attn  Llama-family attention: query head h is slice h of o_proj's input (with GQA several
+  attention  Llama-family attention: query head h is slice h of o_proj's input (with GQA several
         query heads share a K/V group; we never touch the shared K/V, only this head's output)
   ssm   Mamba-2 mixer: head h is slice h of y, the scan output entering the gated norm and
         out_proj
@@ -39,7 +39,7 @@ def head_sites(model, ssm_channel_groups: int = 16) -> list[HeadSite]:
         if hasattr(layer, "self_attn") and hasattr(layer.self_attn, "o_proj"):
             n = cfg.num_attention_heads
             head_dim = getattr(layer.self_attn, "head_dim", None) or cfg.hidden_size // n
-            sites.append(HeadSite(i, layer.self_attn.o_proj, n, head_dim, "attn"))
+            sites.append(HeadSite(i, layer.self_attn.o_proj, n, head_dim, "attention"))
         elif hasattr(layer, "mixer") and hasattr(layer.mixer, "num_heads") and hasattr(layer.mixer, "norm"):
             mixer = layer.mixer
             sites.append(HeadSite(i, mixer.norm, mixer.num_heads, mixer.head_dim, "ssm"))

@@ -32,7 +32,7 @@ from gna.tasks import build_kv_retrieval, load_task_tables
 log = logging.getLogger("gna.masking")
 CONDITIONS = ("(a) unmodified", "(b) G&A heads ablated", "(c) G&A pattern only")
 RESULT_SCHEMA = {"condition": pl.String, "heads": pl.String, "task": pl.String, "acc": pl.Float64,
-                 "mean_logp": pl.Float64, "n": pl.Int64}
+                 "mean_logp": pl.Float64, "n": pl.Int64, "note": pl.String}
 
 
 def head_mask(batch: PackedBatch, segs: list[Segments], n_heads: int, head: int, role: str,
@@ -129,9 +129,9 @@ def heads_label(heads: dict[str, tuple[int, int]], ssm_heads: set[tuple[int, int
     return ", ".join(f"{role} L{layer}H{head}{kind((layer, head))}" for role, (layer, head) in heads.items())
 
 
-def _condition_row(condition: str, label: str, items: pl.DataFrame) -> dict:
+def _condition_row(condition: str, label: str, items: pl.DataFrame, note: str | None = None) -> dict:
     return {"condition": condition, "heads": label, "task": items["task"][0], "acc": float(items["correct"].mean()),
-            "mean_logp": float(items["logp_target"].mean()), "n": len(items)}
+            "mean_logp": float(items["logp_target"].mean()), "n": len(items), "note": note}
 
 
 def masking_experiment(model, tok, table: pl.DataFrame, segment_fn, heads: dict[str, tuple[int, int]],
@@ -151,7 +151,7 @@ def masking_experiment(model, tok, table: pl.DataFrame, segment_fn, heads: dict[
     if knowledge is not None and len(knowledge):
         results += plain_and_ablated(knowledge)
     label = heads_label(heads, ssm_heads)
-    return pl.DataFrame([_condition_row(condition, label, items) for condition, items in results])
+    return pl.DataFrame([_condition_row(condition, label, items) for condition, items in results], schema=RESULT_SCHEMA)
 
 
 def mmlu_letter_masking(model, tok, letter: pl.DataFrame, heads: dict[str, tuple[int, int]], min_acc: float,
@@ -162,8 +162,9 @@ def mmlu_letter_masking(model, tok, letter: pl.DataFrame, heads: dict[str, tuple
     acc = float(plain["correct"].mean())
     if acc < min_acc:
         log.info("MMLU letter accuracy %.3f < gna.mmlu_min_acc %.2f: (b) and (c) not run on MMLU", acc, min_acc)
-        row = _condition_row(CONDITIONS[0], heads_label(heads, ssm_heads), plain)
-        return pl.DataFrame([{**row, "note": f"at chance (< {min_acc:.0%}): (b), (c) not run"}])
+        row = _condition_row(CONDITIONS[0], heads_label(heads, ssm_heads), plain,
+                             note=f"at chance (< {min_acc:.0%}): (b), (c) not run")
+        return pl.DataFrame([row], schema=RESULT_SCHEMA)
     return masking_experiment(model, tok, letter, mmlu_row_segments, heads, batch_size=batch_size,
                               ssm_heads=ssm_heads)
 
@@ -198,7 +199,7 @@ def run_gna_masking(model_name: str, model_dir: str, roles_path: str, knowledge_
                                     knowledge=knowledge, ssm_heads=ssm_heads)
         for letter in load_task_tables(mmlu_letter_paths, gna["knowledge_items"]).values():
             letter_result = mmlu_letter_masking(model, tok, letter, heads, gna["mmlu_min_acc"], batch_size, ssm_heads)
-            result = pl.concat([result, letter_result], how="diagonal_relaxed")
+            result = pl.concat([result, letter_result])
         for row in result.iter_rows(named=True):
             log.info("%s %s: acc %.3f, mean logp %.3f", row["task"], row["condition"], row["acc"], row["mean_logp"])
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)

@@ -109,16 +109,10 @@ def model_roles(sub: pl.DataFrame, model: str) -> str:
             + table(top, left=("head", "kind", "role"), fmt={"acc_drop": pct}))
 
 
-def masking_with_note(masking: pl.DataFrame) -> pl.DataFrame:
-    """SHIM, delete when gna.masking writes a `note` column (null where (b) and (c) ran) on every
-    masking table: only its at-chance MMLU row has one now, so a run without such a row has none."""
-    return masking if "note" in masking.columns else masking.with_columns(pl.lit(None, pl.String).alias("note"))
-
-
 def masking_part(masking: pl.DataFrame) -> str:
     if masking.is_empty():
         return ""
-    shown = masking_with_note(masking).select("model", "heads", "task", "condition", "n", "acc", "mean_logp", "note")
+    shown = masking.select("model", "heads", "task", "condition", "n", "acc", "mean_logp", "note")
     return MASKING_INTRO + table(shown.sort(["model", "task", "condition"]),
                                  left=("model", "heads", "task", "condition", "note"), fmt={"acc": pct})
 
