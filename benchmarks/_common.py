@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from gna.models import load_model
-from gna.tiny import tiny_random_model
+from gna.models.prepare import load_model
+from gna.models.tiny import tiny_random_model
 
 
 def model_or_tiny(model_dir: str, threads: int):

@@ -3,8 +3,8 @@ import os
 import re
 from pathlib import Path
 
-from gna.config import load_schema, validate_config
-from gna.provenance import script_fingerprint
+from gna.core.config import load_schema, validate_config
+from gna.core.provenance import script_fingerprint
 
 # `--configfile X` replaces the default config instead of merging model lists into it.
 if not workflow.overwrite_configfiles:
@@ -71,7 +71,7 @@ def get_baseline_results(wildcards):
 
 HYBRID = config["hybrid"]
 
-from gna.students import student_name, student_variants, teacher_of
+from gna.students.spec import student_name, student_variants, teacher_of
 
 
 def hybrid_variants():

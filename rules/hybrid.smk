@@ -1,8 +1,8 @@
 # SSM and hybrid students: distillation stages (teacher → align per state size → KD per
 # variant), scoring, the layer swap and the inference-memory table. Students are written to
-# data/models/<model>-hybrid-k<heads kept>-n<state size> (names from gna.students), loadable
+# data/models/<model>-hybrid-k<heads kept>-n<state size> (names from gna.students.spec), loadable
 # like any prepared model.
-from gna.students import TEACHER_VARIANT, VARIANT_PATTERN, student_name, variant_name
+from gna.students.spec import TEACHER_VARIANT, VARIANT_PATTERN, student_name, variant_name
 
 TASK_FILES = {task: f"data/tasks/{task}.parquet" for task in TASKS}
 

@@ -1,6 +1,6 @@
 # The report: tables and figures regenerated from the Parquet results, with provenance. Its
-# inputs, figures and captions come from the registry the HTML report renders (gna.report_registry).
-from gna.report_registry import FIGURES, HTML, report_inputs
+# inputs, figures and captions come from the registry the HTML report renders (gna.report.registry).
+from gna.report.registry import FIGURES, HTML, report_inputs
 
 
 def get_report_inputs():

@@ -17,7 +17,7 @@ MINI_MMLU = REPO / "tests" / "data" / "mini_mmlu.jsonl"
 
 @pytest.fixture(scope="session")
 def tiny_llama():
-    from gna.tiny import tiny_random_model
+    from gna.models.tiny import tiny_random_model
 
     return tiny_random_model({"arch": "llama", "layers": 3, "hidden": 48, "heads": 4, "kv_heads": 2, "seed": 3})
 

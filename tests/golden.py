@@ -79,7 +79,7 @@ def compare(actual_dir: str | Path, golden_dir: str | Path = GOLDEN_DIR) -> None
 
 
 def run_smoke(workdir: Path) -> None:
-    """Run the whole smoke config in `workdir`, as tests/test_workflow.py does."""
+    """Run the whole smoke config in `workdir`, as tests/workflow/test_workflow.py does."""
     config = workdir / "config.yaml"
     config.write_text(yaml.safe_dump(yaml.safe_load((REPO / "config" / "smoke.yaml").read_text())))
     subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",

@@ -1,6 +1,6 @@
 """Rule baseline: score one model on one task with our engine (per-item scores and a summary)."""
-from gna.evaluation import run_baseline
-from gna.runtime import setup
+from gna.phases.evaluation import run_baseline
+from gna.core.runtime import setup
 
 setup(snakemake.log[0], snakemake.threads)
 run_baseline(snakemake.wildcards.model, snakemake.input.model, snakemake.input.task,

@@ -1,6 +1,6 @@
 """Rule collect_baseline: every per-(model, task) baseline and lm-eval table as one tidy table."""
-from gna.io import collect_tables, write_parquet
-from gna.runtime import setup
+from gna.core.io import collect_tables, write_parquet
+from gna.core.runtime import setup
 
 setup(snakemake.log[0])
 write_parquet(collect_tables(snakemake.input), snakemake.output[0])

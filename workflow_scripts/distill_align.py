@@ -1,6 +1,6 @@
 """Rule distill_align: fit every SSM head of one state size to its teacher attention head."""
-from gna.distill import run_distill_align
-from gna.runtime import setup
+from gna.students.distill import run_distill_align
+from gna.core.runtime import setup
 
 setup(snakemake.log[0], snakemake.threads)
 p = snakemake.params

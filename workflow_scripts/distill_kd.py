@@ -1,6 +1,6 @@
 """Rule distill_kd: build one student variant from the ranking and the aligned heads, distil it."""
-from gna.distill import run_distill_kd
-from gna.runtime import setup
+from gna.students.distill import run_distill_kd
+from gna.core.runtime import setup
 
 setup(snakemake.log[0], snakemake.threads)
 p = snakemake.params

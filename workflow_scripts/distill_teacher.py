@@ -1,6 +1,6 @@
 """Rule distill_teacher: the distillation corpus and the teacher's activations on it."""
-from gna.distill import run_distill_teacher
-from gna.runtime import setup
+from gna.students.distill import run_distill_teacher
+from gna.core.runtime import setup
 
 setup(snakemake.log[0], snakemake.threads)
 p = snakemake.params

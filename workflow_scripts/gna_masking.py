@@ -1,6 +1,6 @@
 """Rule gna_masking: per-sample G&A masking with the best-ranked Gather and Aggregate heads."""
-from gna.masking import run_gna_masking
-from gna.runtime import setup
+from gna.phases.masking import run_gna_masking
+from gna.core.runtime import setup
 
 setup(snakemake.log[0], snakemake.threads)
 run_gna_masking(snakemake.wildcards.model, snakemake.input.model, snakemake.input.roles, snakemake.input.knowledge,

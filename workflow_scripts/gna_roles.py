@@ -1,6 +1,6 @@
 """Rule gna_roles: G&A role scores of every head on KV prompts, and the maps of the chosen heads."""
-from gna.gather_aggregate import run_gna_roles
-from gna.runtime import setup
+from gna.phases.gather_aggregate import run_gna_roles
+from gna.core.runtime import setup
 
 setup(snakemake.log[0], snakemake.threads)
 run_gna_roles(snakemake.wildcards.model, snakemake.input.model, snakemake.input.ranking,

@@ -1,6 +1,6 @@
 """Rule heads_attribution: the attribution pre-ranking of every head, against the exact sweep."""
-from gna.head_ablation import run_heads_attribution
-from gna.runtime import setup
+from gna.phases.head_ablation import run_heads_attribution
+from gna.core.runtime import setup
 
 setup(snakemake.log[0], snakemake.threads)
 run_heads_attribution(snakemake.wildcards.model, snakemake.input.model, snakemake.input.ranking,

@@ -1,6 +1,6 @@
 """Rule heads_dictsize: KV accuracy per dictionary size with the #1 or #2 ranked head removed."""
-from gna.head_tables import run_heads_dictsize
-from gna.runtime import setup
+from gna.phases.head_tables import run_heads_dictsize
+from gna.core.runtime import setup
 
 setup(snakemake.log[0], snakemake.threads)
 p = snakemake.params

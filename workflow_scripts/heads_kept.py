@@ -1,6 +1,6 @@
 """Rule heads_kept: the minimal model with only the top head kept in each of two critical layers."""
-from gna.head_tables import run_heads_kept
-from gna.runtime import setup
+from gna.phases.head_tables import run_heads_kept
+from gna.core.runtime import setup
 
 setup(snakemake.log[0], snakemake.threads)
 run_heads_kept(snakemake.wildcards.model, snakemake.input.model, snakemake.input.ranking, snakemake.input.minimal,

@@ -1,6 +1,6 @@
 """Rule heads_sweep: ablate every head alone on KV-retrieval; the sweep and the head ranking."""
-from gna.head_ablation import run_heads_sweep
-from gna.runtime import setup
+from gna.phases.head_ablation import run_heads_sweep
+from gna.core.runtime import setup
 
 setup(snakemake.log[0], snakemake.threads)
 run_heads_sweep(snakemake.wildcards.model, snakemake.input.model, snakemake.output.sweep, snakemake.output.ranking,

@@ -1,6 +1,6 @@
 """Rule heads_topk: every task with the top-k ranked heads removed, beside random-k controls."""
-from gna.head_tables import run_heads_topk
-from gna.runtime import setup
+from gna.phases.head_tables import run_heads_topk
+from gna.core.runtime import setup
 
 setup(snakemake.log[0], snakemake.threads)
 p = snakemake.params

@@ -1,6 +1,6 @@
 """Rule hybrid_answer_rows: a hybrid's attention heads with their answer rows masked."""
-from gna.runtime import setup
-from gna.student_masking import run_hybrid_answer_rows
+from gna.core.runtime import setup
+from gna.students.student_masking import run_hybrid_answer_rows
 
 setup(snakemake.log[0], snakemake.threads)
 p = snakemake.params

@@ -1,6 +1,6 @@
 """Rule hybrid_memory: inference memory of the teacher and its students, with a measured check."""
-from gna.decoding import run_hybrid_memory
-from gna.runtime import setup
+from gna.students.decoding import run_hybrid_memory
+from gna.core.runtime import setup
 
 setup(snakemake.log[0], snakemake.threads)
 run_hybrid_memory(snakemake.wildcards.model, snakemake.input.model, list(snakemake.input.students),

@@ -1,6 +1,6 @@
 """Rule hybrid_score: task scores and held-out perplexity of the teacher or one student."""
-from gna.runtime import setup
-from gna.student_evaluation import run_hybrid_score
+from gna.core.runtime import setup
+from gna.students.student_evaluation import run_hybrid_score
 
 setup(snakemake.log[0], snakemake.threads)
 p = snakemake.params

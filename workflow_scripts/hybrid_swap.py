@@ -1,6 +1,6 @@
 """Rule hybrid_swap: the pure-SSM student scored with its most critical layer run as attention."""
-from gna.runtime import setup
-from gna.student_evaluation import run_hybrid_swap
+from gna.core.runtime import setup
+from gna.students.student_evaluation import run_hybrid_swap
 
 setup(snakemake.log[0], snakemake.threads)
 p = snakemake.params

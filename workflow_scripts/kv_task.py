@@ -1,6 +1,6 @@
 """Rule kv_task: the seeded KV-retrieval evaluation set as Parquet."""
-from gna.runtime import setup
-from gna.tasks import write_kv_task
+from gna.core.runtime import setup
+from gna.tasks.tables import write_kv_task
 
 setup(snakemake.log[0])
 write_kv_task(snakemake.params.kv, snakemake.output[0])

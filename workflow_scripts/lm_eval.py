@@ -1,6 +1,6 @@
 """Rule lm_eval: run one lm-evaluation-harness task on a prepared model; tidy Parquet of its metrics."""
-from gna.evaluation import run_lm_eval_task
-from gna.runtime import setup
+from gna.phases.evaluation import run_lm_eval_task
+from gna.core.runtime import setup
 
 setup(snakemake.log[0], snakemake.threads)
 run_lm_eval_task(snakemake.wildcards.model, snakemake.input.model, snakemake.wildcards.lmtask, snakemake.output[0],

@@ -1,6 +1,6 @@
 """Rule lm_eval_crosscheck: lm-eval on our own MMLU letter items, to check our scoring engine."""
-from gna.evaluation import run_crosscheck
-from gna.runtime import setup
+from gna.phases.evaluation import run_crosscheck
+from gna.core.runtime import setup
 
 setup(snakemake.log[0], snakemake.threads)
 run_crosscheck(snakemake.wildcards.model, snakemake.input.model, snakemake.input.task_dir, snakemake.output[0],

@@ -1,6 +1,6 @@
 """Rule minimal_model: the smallest layer prefix that keeps the retrieval task's accuracy."""
-from gna.pruning import run_minimal_model
-from gna.runtime import setup
+from gna.phases.pruning import run_minimal_model
+from gna.core.runtime import setup
 
 setup(snakemake.log[0])
 run_minimal_model(snakemake.wildcards.model, snakemake.input[0], snakemake.output[0], task=snakemake.params.task,

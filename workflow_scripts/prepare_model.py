@@ -1,7 +1,7 @@
 """Rule prepare_model: convert one model source into data/models/<name> (safetensors, tokenizer,
 provenance)."""
-from gna.models import prepare_model
-from gna.runtime import peak_rss_mb, setup
+from gna.models.prepare import prepare_model
+from gna.core.runtime import peak_rss_mb, setup
 
 log = setup(snakemake.log[0], snakemake.threads)
 info = prepare_model(snakemake.wildcards.model, snakemake.params.spec, snakemake.output[0],

@@ -1,6 +1,6 @@
 """Rule prune_gradual: accuracy of every prefix of the model's layers on each pruning task."""
-from gna.pruning import run_prune_gradual
-from gna.runtime import setup
+from gna.phases.pruning import run_prune_gradual
+from gna.core.runtime import setup
 
 setup(snakemake.log[0], snakemake.threads)
 run_prune_gradual(snakemake.wildcards.model, snakemake.input.model, snakemake.input.tasks, snakemake.output[0],

@@ -1,6 +1,6 @@
 """Rule prune_individual: remove each layer of the minimal model in turn and score every task."""
-from gna.pruning import run_prune_individual
-from gna.runtime import setup
+from gna.phases.pruning import run_prune_individual
+from gna.core.runtime import setup
 
 setup(snakemake.log[0], snakemake.threads)
 run_prune_individual(snakemake.wildcards.model, snakemake.input.model, snakemake.input.tasks,

@@ -1,6 +1,6 @@
-"""Render data/report/index.html and its figures from the Parquet results (sections: gna.report_registry)."""
-from gna.report import build_report
-from gna.runtime import setup
+"""Render data/report/index.html and its figures from the Parquet results (sections: gna.report.registry)."""
+from gna.report.page import build_report
+from gna.core.runtime import setup
 
 setup(snakemake.log[0], snakemake.threads)
 build_report(dict(snakemake.input.items()), snakemake.output.html,

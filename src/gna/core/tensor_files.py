@@ -1,0 +1,21 @@
+"""Named tensors in safetensors files (the distillation's teacher file and aligned SSM heads)."""
+
+from __future__ import annotations
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from gna.core.io import atomic_path
+
+
+def write_tensors(tensors: dict[str, torch.Tensor], path: str) -> None:
+    """Write named tensors to a safetensors file atomically."""
+    with atomic_path(path) as tmp:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+
+
+def read_tensors(path: str, names=None) -> dict[str, torch.Tensor]:
+    """The tensors `names` (default: all) of a safetensors file, reading only those."""
+    with safe_open(path, "pt") as f:
+        return {name: f.get_tensor(name) for name in (f.keys() if names is None else names)}

@@ -1,0 +1,1 @@
+"""The evaluation engine: packed scoring, the explicit layer loop, head hooks, the SSM scan."""

@@ -1,0 +1,250 @@
+"""The evaluation engine: log-likelihood of each choice after a context.
+
+Fast path: one batch driver (`run_batches`) packs each item's context and all of its choices
+into one sequence with a block attention mask (gna.engine.packing), batches items, and hands each
+batch to a forward function that runs the layers through an explicit loop (gna.engine.stack, which
+projects to the vocabulary only at scored positions). On it: `score_table` (optionally reading
+out after several depths in one pass — gradual pruning — or with per-layer attention masks),
+`score_variants` (resume from a cached hidden state: one layer removed, one head ablated), and
+the gradient pass of gna.phases.head_ablation.attribution_scores.
+Slow reference (`score_table_ref`): the model's own forward on context+choice, one choice at a
+time, logits everywhere. Tests keep the two equal.
+
+Tokenisation follows lm-eval: context ids = encode(context); choice ids =
+encode(context + choice)[len(context ids):], so the model sees context ids + choice ids.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import polars as pl
+import torch
+from tqdm.auto import tqdm
+
+from gna.engine.packing import PackedBatch, PackedItem, collate, pack
+from gna.engine.stack import DecoderStack, UnsupportedModel
+
+
+@dataclass
+class Encoded:
+    context: list[int]
+    choices: list[list[int]]
+
+
+def encode(tok, context: str, choices: list[str]) -> Encoded:
+    # lm-eval moves trailing context whitespace into the continuation
+    n_space = len(context) - len(context.rstrip())
+    if n_space:
+        choices = [context[-n_space:] + c for c in choices]
+        context = context[:-n_space]
+    ctx = tok(context, add_special_tokens=False)["input_ids"]
+    if tok.bos_token_id is not None and getattr(tok, "add_bos_token", False):
+        ctx = [tok.bos_token_id] + ctx
+    conts = []
+    for choice in choices:
+        whole = tok(context + choice, add_special_tokens=False)["input_ids"]
+        offset = len(ctx) - (1 if ctx and getattr(tok, "add_bos_token", False) else 0)
+        cont = whole[offset:]
+        if not cont:
+            raise ValueError(f"choice {choice!r} encodes to no tokens after context")
+        conts.append(cont)
+    if not ctx:
+        raise ValueError("empty context")
+    return Encoded(ctx, conts)
+
+
+@torch.inference_mode()
+def _score_full_ref(model, enc: Encoded):
+    """Reference: one full forward per choice, logits everywhere."""
+    totals, greedy = [], []
+    for cont in enc.choices:
+        ids = torch.tensor([enc.context + cont[:-1]])
+        lp = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+        rows = lp[len(enc.context) - 1:]
+        idx = torch.tensor(cont)
+        totals.append(float(rows[torch.arange(len(cont)), idx].sum()))
+        greedy.append(bool((rows.argmax(-1) == idx).all()))
+    return totals, greedy
+
+
+def per_item_frame(table: pl.DataFrame, scores: list) -> pl.DataFrame:
+    """One row per item of `table` from its scores [(summed log-prob per choice, greedy flag per
+    choice)]: the prediction (argmax), its byte-length-normalised twin, correctness, whether greedy
+    decoding reproduces the target, and every choice's log-prob."""
+    rows = []
+    for row, (totals, greedy) in zip(table.iter_rows(named=True), scores):
+        target = row["target"]
+        pred = max(range(len(totals)), key=totals.__getitem__)
+        norm = [t / max(len(c.encode()), 1) for t, c in zip(totals, row["choices"])]
+        pred_norm = max(range(len(norm)), key=norm.__getitem__)
+        rows.append({
+            "task": row["task"], "item_id": row["item_id"], "group": row["group"], "target": target,
+            "pred": pred, "correct": pred == target, "pred_norm": pred_norm,
+            "correct_norm": pred_norm == target, "greedy_match": greedy[target],
+            "logp_target": totals[target], "logprobs": totals,
+        })
+    return pl.DataFrame(rows)
+
+
+def encode_table(tok, table: pl.DataFrame) -> list[Encoded]:
+    """`encode` of every item (context, choices) of a task table."""
+    return [encode(tok, c, ch) for c, ch in zip(table["context"], table["choices"])]
+
+
+def _batches(packed: list[PackedItem], batch_size: int) -> list[list[int]]:
+    order = sorted(range(len(packed)), key=lambda i: len(packed[i].ids))  # little padding
+    return [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+# forward(stack, batch, h, rope, rows) -> {key: stack.readout of the batch}; see run_batches
+BatchForward = Callable[[DecoderStack, PackedBatch, torch.Tensor, tuple, list[int]], dict]
+# layer_masks(batch, rows) -> {layer: additive mask [B, 1 or heads, T, T]}; see score_table
+LayerMasks = Callable[[PackedBatch, list[int]], dict[int, torch.Tensor]]
+
+
+def run_batches(model, tok, table: pl.DataFrame, forward: BatchForward, batch_size: int = 8,
+                progress: bool = True, desc: str = "scoring", grad: bool = False) -> dict[object, pl.DataFrame]:
+    """The engine's batch driver: encode every item of `table`, pack each (context and all of its
+    choices in one sequence), batch items of similar length, collate, embed, and hand each batch
+    to `forward(stack, batch, h, rope, rows)` — `h` the embedded batch, `rows` the batch's item
+    indices in `table` — which runs layers and returns {key: stack.readout(...)}. Returns
+    {key: per_item_frame}, keys in the order `forward` first gave them. Runs under
+    inference_mode, or with autograd on when `grad` (forward then does its own backward)."""
+    stack = DecoderStack(model)
+    packed = [pack(e.context, e.choices) for e in encode_table(tok, table)]
+    scores: dict[object, list] = {}
+    dtype = next(model.parameters()).dtype
+    with (torch.enable_grad() if grad else torch.inference_mode()), \
+            tqdm(total=len(packed), desc=desc, disable=not progress, mininterval=2.0, unit="item") as bar:
+        for rows in _batches(packed, batch_size):
+            batch = collate([packed[i] for i in rows], dtype)
+            h, rope = stack.embed(batch)
+            for key, readout in forward(stack, batch, h, rope, rows).items():
+                per_item = scores.setdefault(key, [None] * len(packed))
+                for i, item_scores in zip(rows, readout):
+                    per_item[i] = item_scores
+            bar.update(len(rows))
+    return {key: per_item_frame(table, values) for key, values in scores.items()}
+
+
+def score_table(model, tok, table: pl.DataFrame, batch_size: int = 8, progress: bool = True,
+                desc: str = "scoring", layers: list[int] | None = None,
+                depths: list[int] | None = None, layer_masks: LayerMasks | None = None) -> pl.DataFrame:
+    """Score every item of a task table; one row per item (see per_item_frame).
+
+    layers: the decoder layers to run, in order (default: all, i.e. the unmodified model).
+    depths: read out after the first k of `layers` for each k, all in one pass; the result then
+    has one row per (depth, item) and a `depth` column. Reading out after k layers is exactly
+    the model pruned to its first k layers (final norm and head kept).
+    layer_masks: per batch, attention masks that replace the packed mask in some layers (e.g.
+    per-head G&A masks, gna.phases.masking); the other layers keep the packed mask."""
+    if not DecoderStack.supports(model):
+        if layers is not None or depths is not None or layer_masks is not None:
+            raise UnsupportedModel(f"{type(model).__name__}: layer selection needs a Llama-family decoder")
+        return score_table_ref(model, tok, table)
+    layers = list(range(DecoderStack(model).n_layers)) if layers is None else list(layers)
+    wanted = sorted(set(depths)) if depths is not None else [len(layers)]
+    if wanted[0] < 0 or wanted[-1] > len(layers):
+        raise ValueError(f"depths must lie in 0..{len(layers)}, got {depths}")
+
+    def forward(stack, batch, h, rope, rows):
+        masks = layer_masks(batch, rows) if layer_masks is not None else None
+        readouts, done = {}, 0
+        for k in wanted:  # every depth continues from the previous one
+            h = stack.run(h, batch, rope, layers[done:k], masks)
+            done = k
+            readouts[k] = stack.readout(h, batch)
+        return readouts
+
+    frames = run_batches(model, tok, table, forward, batch_size, progress, desc)
+    if depths is None:
+        return frames[wanted[0]]
+    return pl.concat([frames[k].with_columns(pl.lit(k).alias("depth")) for k in wanted])
+
+
+@dataclass
+class Variant:
+    """A model variant that shares the computation before `resume_at` with the base model:
+    it takes the hidden state entering layer `resume_at` and runs `run_layers` under `context`."""
+    key: object
+    resume_at: int
+    run_layers: list[int]
+    context: object = None  # a callable returning a context manager (e.g. head ablation)
+
+
+def score_variants(model, tok, table: pl.DataFrame, layers: list[int], variants: list[Variant],
+                   batch_size: int = 8, progress: bool = True, desc: str = "variants") -> dict:
+    """Score many variants with exact prefix reuse: per batch the base model's layers run once,
+    the hidden state entering each needed layer is kept, and each variant runs only its own
+    layers from there. Returns {variant.key: per-item frame}."""
+    resume_points = {v.resume_at for v in variants}
+    missing = sorted(resume_points - set(layers))
+    if missing:
+        raise ValueError(f"cannot resume at layers {missing}: not among the kept layers {layers}")
+    last_needed = max(layers.index(r) for r in resume_points)
+
+    def forward(stack, batch, h, rope, rows):
+        entering = {}
+        for pos, layer in enumerate(layers[: last_needed + 1]):
+            entering[layer] = h
+            if pos < last_needed:
+                h = stack.run(h, batch, rope, [layer])
+        readouts = {}
+        for v in variants:
+            with (v.context() if v.context else contextlib.nullcontext()):
+                out = stack.run(entering[v.resume_at], batch, rope, v.run_layers)
+            readouts[v.key] = stack.readout(out, batch)
+        return readouts
+
+    return run_batches(model, tok, table, forward, batch_size, progress, desc)
+
+
+def score_removals(model, tok, table: pl.DataFrame, layers: list[int], removals: list[int],
+                   batch_size: int = 8, progress: bool = True, desc: str = "removals") -> pl.DataFrame:
+    """Score the model made of `layers` with each layer of `removals` left out in turn.
+
+    Exact prefix reuse: the hidden state entering layer r is the same with or without r, so each
+    variant runs only the layers after r. One row per (removed_layer, item)."""
+    layers = list(layers)
+    missing = [r for r in removals if r not in layers]
+    if missing:
+        raise ValueError(f"cannot remove layers {missing}: not among the kept layers {layers}")
+    variants = [Variant(r, r, layers[layers.index(r) + 1:]) for r in removals]
+    frames = score_variants(model, tok, table, layers, variants, batch_size, progress, desc)
+    return pl.concat([frames[r].with_columns(pl.lit(r).alias("removed_layer")) for r in removals])
+
+
+def score_table_ref(model, tok, table: pl.DataFrame) -> pl.DataFrame:
+    """Reference scoring: the model's own forward on context + choice, one choice at a time."""
+    return per_item_frame(table, [_score_full_ref(model, e) for e in encode_table(tok, table)])
+
+
+def summarize(per_item: pl.DataFrame, by_group: bool) -> pl.DataFrame:
+    """Tidy metrics: (task, group, n, metric, value). `group` is 'all' unless by_group."""
+    metrics = {
+        "acc": pl.col("correct").cast(pl.Float64).mean(),
+        "acc_norm": pl.col("correct_norm").cast(pl.Float64).mean(),
+        "greedy_exact_match": pl.col("greedy_match").cast(pl.Float64).mean(),
+        "mean_logp_target": pl.col("logp_target").mean(),
+    }
+    frame = per_item if by_group else per_item.with_columns(pl.lit("all").alias("group"))
+    wide = frame.group_by(["task", "group"]).agg(pl.len().alias("n"), *[v.alias(k) for k, v in metrics.items()])
+    long = wide.unpivot(index=["task", "group", "n"], on=list(metrics), variable_name="metric", value_name="value")
+    return long.sort(["task", "group", "metric"])
+
+
+def summarize_task(per_item: pl.DataFrame) -> pl.DataFrame:
+    """The tidy summary of one task's per-item scores: rows per group (dictionary size) and then
+    'all' for KV-retrieval, 'all' only for other tasks."""
+    overall = summarize(per_item, by_group=False)
+    if per_item.is_empty() or per_item["task"][0] != "kv_retrieval":
+        return overall
+    return pl.concat([summarize(per_item, by_group=True), overall])
+
+
+def chance_accuracy(table: pl.DataFrame) -> float:
+    """Expected accuracy of a uniform guess over each item's choices."""
+    return float(sum(1 / len(c) for c in table["choices"]) / max(len(table), 1))

@@ -1,0 +1,95 @@
+"""A discrete Mamba-2 style selective state-space scan (the SSD form), in plain torch.
+
+Per head, with input x_t ∈ R^P, state-space vectors B_t, C_t ∈ R^N, a scalar decay
+a_t = exp(log_a_t) ∈ (0, 1] and a skip weight D:
+
+    S_t = a_t · S_{t-1} + B_t ⊗ x_t          (state S ∈ R^{N×P})
+    y_t = C_t · S_t + D · x_t
+
+Unrolled, y = T x with the head's implicit attention matrix
+
+    T[l, s] = (C_l · B_s) · exp(cum[l] − cum[s])  for s ≤ l   (cum = cumsum of log_a)
+              + D on the diagonal.
+
+Three ways to compute it, kept equal by tests:
+  ssd_recurrent     the recurrence above, one step at a time (the slow reference)
+  ssd_chunked       the chunked scan: quadratic inside chunks, states passed between them
+                    (the fast path for training and long sequences)
+  materialize       T itself (for maps and masking); `ssd_masked` applies T under any
+                    tree-shaped visibility mask, e.g. the packed multiple-choice layout of
+                    gna.engine.packing where each choice sees the context and itself only.
+
+Shapes: x [B, L, H, P], log_a [B, L, H] (≤ 0), Bm / Cm [B, L, H, N], D [H].
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def ssd_recurrent(x, log_a, Bm, Cm, D, state=None):
+    """Reference recurrence. Returns (y [B, L, H, P], final state [B, H, N, P])."""
+    b, length, h, p = x.shape
+    n = Bm.shape[-1]
+    S = x.new_zeros(b, h, n, p) if state is None else state
+    ys = []
+    for t in range(length):
+        S = torch.exp(log_a[:, t])[:, :, None, None] * S + Bm[:, t, :, :, None] * x[:, t, :, None, :]
+        ys.append(torch.einsum("bhn,bhnp->bhp", Cm[:, t], S) + D[None, :, None] * x[:, t])
+    return torch.stack(ys, dim=1), S
+
+
+def _segsum(log_a):
+    """[..., L] → [..., L, L] with out[l, s] = sum(log_a[s+1..l]) for s ≤ l, −inf above."""
+    length = log_a.shape[-1]
+    cum = torch.cumsum(log_a, dim=-1)
+    seg = cum[..., :, None] - cum[..., None, :]
+    causal = torch.ones(length, length, dtype=torch.bool, device=log_a.device).tril()
+    return seg.masked_fill(~causal, float("-inf"))
+
+
+def materialize(log_a, Bm, Cm, D, allowed=None):
+    """Implicit attention matrices T [B, H, L, L] (row = output position l, column = s).
+
+    allowed: optional [B, L, L] bool visibility (l may read s). It must be tree-shaped — every
+    position visible to l is visible along one path ending at l, as with causal and packed
+    block masks — so the decay from s to l sums log_a over the positions l sees after s."""
+    scores = torch.einsum("blhn,bshn->bhls", Cm, Bm)
+    la = log_a.transpose(1, 2)  # [B, H, L]
+    if allowed is None:
+        decay = torch.exp(_segsum(la))
+    else:
+        vis = allowed[:, None].to(la.dtype)  # [B, 1, L, L]
+        cum = torch.einsum("bxls,bhs->bhl", vis, la)  # log_a summed along l's own path
+        seg = (cum[..., :, None] - cum[..., None, :]).masked_fill(~allowed[:, None], float("-inf"))
+        decay = torch.exp(seg)
+    eye = torch.eye(log_a.shape[1], dtype=scores.dtype, device=scores.device)
+    return scores * decay + D[None, :, None, None] * eye
+
+
+def ssd_masked(x, log_a, Bm, Cm, D, allowed=None):
+    """y = T x with T from `materialize` (quadratic; exact for packed sequences)."""
+    T = materialize(log_a, Bm, Cm, D, allowed)
+    return torch.einsum("bhls,bshp->blhp", T, x)
+
+
+def ssd_chunked(x, log_a, Bm, Cm, D, chunk: int = 64, state=None):
+    """Chunked scan. Returns (y [B, L, H, P], final state [B, H, N, P])."""
+    b, length, h, p = x.shape
+    n = Bm.shape[-1]
+    S = x.new_zeros(b, h, n, p) if state is None else state
+    ys = []
+    for start in range(0, length, chunk):
+        sl = slice(start, min(start + chunk, length))
+        xc, lac, Bc, Cc = x[:, sl], log_a[:, sl].transpose(1, 2), Bm[:, sl], Cm[:, sl]  # lac [B, H, Q]
+        cum = torch.cumsum(lac, dim=-1)  # decay from the chunk start, inclusive
+        # inside the chunk: quadratic, causal
+        intra = torch.einsum("blhn,bshn->bhls", Cc, Bc) * torch.exp(_segsum(lac))
+        y = torch.einsum("bhls,bshp->blhp", intra, xc)
+        # from the state entering the chunk
+        y = y + torch.einsum("blhn,bhnp->blhp", Cc * torch.exp(cum).transpose(1, 2)[..., None], S)
+        ys.append(y + D[None, None, :, None] * xc)
+        # state leaving the chunk
+        to_end = torch.exp(cum[..., -1:] - cum).transpose(1, 2)  # [B, Q, H]
+        S = torch.exp(cum[..., -1])[..., None, None] * S + torch.einsum("bshn,bsh,bshp->bhnp", Bc, to_end, xc)
+    return torch.cat(ys, dim=1), S

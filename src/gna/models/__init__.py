@@ -1,0 +1,1 @@
+"""Model sources (PyPI files, the hub, local folders, tiny random models) and prepared model folders."""

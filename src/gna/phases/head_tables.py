@@ -1,0 +1,149 @@
+"""The study's head tables, computed from a head ranking.
+
+* remove-top-k: ablate the k top-ranked heads together and score every task, beside random-k
+  controls (same k, seeded draws of heads) that show the collapse is specific to the ranking;
+* heads kept: on the minimal model, keep only the top head in each of the two critical layers
+  (and variants with each removed) — the study's "Heads kept in a layer" table;
+* KV accuracy vs dictionary size with the #1 head removed, the #2 head removed, and neither.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import polars as pl
+from tqdm.auto import tqdm
+
+from gna.engine.hooks import ablate_heads, all_heads, head_sites
+from gna.core.io import read_json, read_parquet, write_parquet
+from gna.models.prepare import load_model
+from gna.engine.scoring import score_table, summarize_task
+from gna.tasks.tables import build_kv_retrieval, load_task_tables
+
+log = logging.getLogger("gna.phases.head_tables")
+
+
+def _score(model, tok, tables: dict[str, pl.DataFrame], heads, layers=None, batch_size=8) -> pl.DataFrame:
+    """summarize_task of every task with `heads` ablated (and only `layers` run, if given)."""
+    with ablate_heads(model, heads):
+        return pl.concat([summarize_task(score_table(model, tok, table, batch_size=batch_size, progress=False,
+                                                     layers=layers))
+                          for table in tables.values()])
+
+
+def _top(ranking: pl.DataFrame, k: int) -> list[tuple[int, int]]:
+    top = ranking.sort("rank").head(k)
+    return list(zip(top["layer"].to_list(), top["head"].to_list()))
+
+
+def remove_top_k(model, tok, ranking: pl.DataFrame, tables: dict[str, pl.DataFrame], ks: list[int],
+                 random_draws: int, control_tasks: list[str], seed: int, batch_size: int = 8,
+                 progress: bool = True) -> pl.DataFrame:
+    """Tidy: condition (top | random), k, draw, heads, task, group, n, metric, value."""
+    population = all_heads(model)
+    jobs = [("top", k, 0, _top(ranking, k)) for k in ks]
+    for k in ks:
+        if k == 0:
+            continue
+        for draw in range(random_draws):
+            rng = random.Random(f"random-heads-{seed}-{k}-{draw}")
+            jobs.append(("random", k, draw, sorted(rng.sample(population, min(k, len(population))))))
+    frames = []
+    for condition, k, draw, heads in tqdm(jobs, desc="remove top-k", disable=not progress, mininterval=2.0):
+        use = tables if condition == "top" else {t: tables[t] for t in control_tasks if t in tables}
+        summary = _score(model, tok, use, heads, batch_size=batch_size)
+        frames.append(summary.with_columns(
+            pl.lit(condition).alias("condition"), pl.lit(k).alias("k"), pl.lit(draw).alias("draw"),
+            pl.lit(" ".join(f"L{l}H{h}" for l, h in heads)).alias("heads")))
+    return pl.concat(frames)
+
+
+def critical_heads(ranking: pl.DataFrame, kept_layers: list[int]) -> list[tuple[int, int]]:
+    """The two best-ranked heads inside the kept layers, from two different layers, in layer order."""
+    chosen: list[tuple[int, int]] = []
+    for row in ranking.sort("rank").iter_rows(named=True):
+        if row["layer"] in kept_layers and all(row["layer"] != l for l, _ in chosen):
+            chosen.append((row["layer"], row["head"]))
+        if len(chosen) == 2:
+            break
+    if len(chosen) < 2:
+        raise ValueError(f"fewer than two ranked heads in distinct kept layers {kept_layers}")
+    return sorted(chosen)
+
+
+def heads_kept(model, tok, ranking: pl.DataFrame, kept_layers: list[int], tables: dict[str, pl.DataFrame],
+               batch_size: int = 8, progress: bool = True) -> pl.DataFrame:
+    """Minimal model; in critical layers A and B keep only head a / b, or none.
+    Rows: variant label, kept_a, kept_b, task, group, n, metric, value."""
+    if len(kept_layers) < 2:  # a one-layer "minimal model" has no pair of critical layers
+        kept_layers = list(range(model.config.num_hidden_layers))
+    (layer_a, head_a), (layer_b, head_b) = critical_heads(ranking, kept_layers)
+    n_heads = {s.layer: s.n_heads for s in head_sites(model)}
+    others_a = [(layer_a, h) for h in range(n_heads[layer_a]) if h != head_a]
+    others_b = [(layer_b, h) for h in range(n_heads[layer_b]) if h != head_b]
+    variants = [
+        ("all heads", "all", "all", []),
+        (f"only H{head_a} / only H{head_b}", str(head_a), str(head_b), others_a + others_b),
+        (f"∅ / only H{head_b}", "∅", str(head_b), others_a + [(layer_a, head_a)] + others_b),
+        (f"only H{head_a} / ∅", str(head_a), "∅", others_a + others_b + [(layer_b, head_b)]),
+        ("∅ / ∅", "∅", "∅", others_a + others_b + [(layer_a, head_a), (layer_b, head_b)]),
+    ]
+    frames = []
+    for label, kept_a, kept_b, ablated in tqdm(variants, desc="heads kept", disable=not progress):
+        summary = _score(model, tok, tables, ablated, layers=kept_layers, batch_size=batch_size)
+        frames.append(summary.with_columns(
+            pl.lit(label).alias("variant"), pl.lit(layer_a).alias("layer_a"), pl.lit(kept_a).alias("kept_a"),
+            pl.lit(layer_b).alias("layer_b"), pl.lit(kept_b).alias("kept_b"),
+            pl.lit(len(kept_layers)).alias("layers_kept")))
+    return pl.concat(frames)
+
+
+def dict_size_curves(model, tok, ranking: pl.DataFrame, table: pl.DataFrame, batch_size: int = 8,
+                     progress: bool = True) -> pl.DataFrame:
+    """KV accuracy per dictionary size with nothing, the #1 head, or the #2 head removed."""
+    first, second = _top(ranking, 2)
+    frames = []
+    for label, heads in [("none removed", []), (f"#1 L{first[0]}H{first[1]} removed", [first]),
+                         (f"#2 L{second[0]}H{second[1]} removed", [second])]:
+        summary = _score(model, tok, {"kv_retrieval": table}, heads, batch_size=batch_size)
+        frames.append(summary.filter(pl.col("group") != "all").with_columns(
+            pl.lit(label).alias("condition"), pl.col("group").cast(pl.Int64).alias("dict_size")))
+    return pl.concat(frames)
+
+
+def run_heads_topk(model_name: str, model_dir: str, ranking_path: str, task_paths: list[str], out_path: str,
+                   top_k: list[int], random_draws: int, control_tasks: list[str], max_items: int | None, seed: int,
+                   batch_size: int = 8, dtype: str = "float32") -> pl.DataFrame:
+    """Phase heads_topk: remove_top_k of the ranking in `ranking_path` on the task tables
+    `task_paths` (each cut to `max_items`), written to `out_path` with a model column."""
+    model, tok = load_model(model_dir, dtype)
+    result = remove_top_k(model, tok, read_parquet(ranking_path), load_task_tables(task_paths, max_items), top_k,
+                          random_draws, control_tasks, seed, batch_size=batch_size)
+    write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
+    log.info("remove top-k: %d rows", len(result))
+    return result
+
+
+def run_heads_kept(model_name: str, model_dir: str, ranking_path: str, minimal_path: str, task_paths: list[str],
+                   out_path: str, max_items: int | None, batch_size: int = 8, dtype: str = "float32") -> pl.DataFrame:
+    """Phase heads_kept: heads_kept on the minimal model of `minimal_path` (gna.phases.pruning's
+    minimal_model JSON) and the task tables `task_paths`; written to `out_path` with a model column."""
+    model, tok = load_model(model_dir, dtype)
+    result = heads_kept(model, tok, read_parquet(ranking_path), read_json(minimal_path)["kept_layers"],
+                        load_task_tables(task_paths, max_items), batch_size=batch_size)
+    write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
+    log.info("heads kept: %d rows", len(result))
+    return result
+
+
+def run_heads_dictsize(model_name: str, model_dir: str, ranking_path: str, out_path: str, sizes: list[int], n: int,
+                       seed: int, template: str, batch_size: int = 8, dtype: str = "float32") -> pl.DataFrame:
+    """Phase heads_dictsize: dict_size_curves on fresh KV-retrieval prompts (`n` per size in
+    `sizes`, seeded); written to `out_path` with a model column."""
+    model, tok = load_model(model_dir, dtype)
+    table = build_kv_retrieval(sizes, n, seed, template)
+    result = dict_size_curves(model, tok, read_parquet(ranking_path), table, batch_size=batch_size)
+    write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
+    log.info("dictionary-size curves: %d rows", len(result))
+    return result

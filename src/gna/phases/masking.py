@@ -1,0 +1,206 @@
+"""Per-sample Gather-and-Aggregate masking (attention heads).
+
+For one Gather head and one Aggregate head, three conditions are scored:
+  (a) the unmodified model;
+  (b) both heads ablated (their outputs zeroed);
+  (c) both heads restricted to their G&A pattern, per sample: the Gather head's query rows
+      inside a segment (its tokens and its summary token) see only that segment; the Aggregate
+      head's answer rows (the last context token and the choice tokens) see only the segments;
+      every other row of these two heads sees only itself.
+If (c) stays near (a) while (b) falls, the G&A pattern alone carries the retrieval.
+Masks are per head ([batch, heads, T, T]) on the packed sequences of gna.engine.packing; every other
+head keeps the ordinary mask. `restrict=False` builds the same per-head masks without any
+restriction — a test checks that it reproduces the unmasked logits.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import polars as pl
+import torch
+
+from gna.phases.gather_aggregate import ROLES, Segments, best_role_head, kv_row_segments, mmlu_row_segments
+from gna.engine.hooks import ablate_heads
+from gna.students.mixer import mixers, ssm_heads_of
+from gna.core.io import read_parquet, write_parquet
+from gna.models.prepare import load_model
+from gna.engine.packing import PackedBatch
+from gna.engine.scoring import score_table
+from gna.tasks.tables import build_kv_retrieval, load_task_tables
+
+log = logging.getLogger("gna.phases.masking")
+CONDITIONS = ("(a) unmodified", "(b) G&A heads ablated", "(c) G&A pattern only")
+RESULT_SCHEMA = {"condition": pl.String, "heads": pl.String, "task": pl.String, "acc": pl.Float64,
+                 "mean_logp": pl.Float64, "n": pl.Int64, "note": pl.String}
+
+
+def head_mask(batch: PackedBatch, segs: list[Segments], n_heads: int, head: int, role: str,
+              restrict: bool = True) -> torch.Tensor:
+    """[B, n_heads, T, T] additive mask: the ordinary packed mask, with `head` restricted to its role."""
+    mask = batch.mask.expand(-1, n_heads, -1, -1).clone()
+    if not restrict:
+        return mask
+    blocked = torch.finfo(mask.dtype).min
+    T = mask.shape[-1]
+    for b, (item, seg) in enumerate(zip(batch.items, segs)):
+        allowed = torch.eye(T, dtype=torch.bool)
+        if role == "gather":
+            for (start, end), summary in zip(seg.spans, seg.summary):
+                keys = list(range(start, end)) + [summary]
+                for row in keys:
+                    allowed[row, keys] = True
+        elif role == "aggregate":
+            keys = [t for (start, end) in seg.spans for t in range(start, end)] + list(seg.summary)
+            rows = [seg.answer] + [p for p, s in enumerate(item.segment) if s >= 0]
+            for row in rows:
+                allowed[row, keys] = True
+        else:
+            raise ValueError(f"unknown G&A role {role!r}; allowed: gather, aggregate")
+        mask[b, head].masked_fill_(~allowed, blocked)
+    return mask
+
+
+def score_masked(model, tok, table: pl.DataFrame, segment_fn, heads: dict[str, tuple[int, int]],
+                 restrict: bool = True, batch_size: int = 8) -> pl.DataFrame:
+    """Score `table` with the heads {'gather': (layer, head), 'aggregate': (layer, head)} restricted
+    to their G&A pattern on each item's segments (segment_fn(tok, row) -> Segments)."""
+    n_heads = model.config.num_attention_heads
+    rows_of = list(table.iter_rows(named=True))
+
+    def layer_masks(batch, rows):
+        segs = [segment_fn(tok, rows_of[i]) for i in rows]
+        for i, seg, item in zip(rows, segs, batch.items):
+            if len(seg.tokens) != item.context_length:
+                raise ValueError(f"item {i}: segments were found on {len(seg.tokens)} tokens but the "
+                                 f"context has {item.context_length} (a BOS token or trailing space?)")
+        masks: dict[int, torch.Tensor] = {}
+        for role, (layer, head) in heads.items():
+            base = masks.get(layer)
+            m = head_mask(batch, segs, n_heads, head, role, restrict)
+            masks[layer] = m if base is None else torch.minimum(base, m)  # both restrictions
+        return masks
+
+    return score_table(model, tok, table, batch_size=batch_size, progress=False, layer_masks=layer_masks)
+
+
+def answer_rows_mask(batch: PackedBatch, n_heads: int, heads: list[int]) -> torch.Tensor:
+    """[B, n_heads, T, T]: the ordinary packed mask, except that the answer rows of `heads` (the
+    last context token and every choice token) see only themselves — nothing is aggregated there."""
+    mask = batch.mask.expand(-1, n_heads, -1, -1).clone()
+    blocked = torch.finfo(mask.dtype).min
+    T = mask.shape[-1]
+    eye = torch.eye(T, dtype=torch.bool)
+    for b, item in enumerate(batch.items):
+        rows = [item.score_at[0][0]] + [p for p, s in enumerate(item.segment) if s >= 0]
+        for h in heads:
+            mask[b, h, rows] = torch.where(eye[rows], 0.0, blocked).to(mask.dtype)
+    return mask
+
+
+def answer_rows_experiment(model, tables: dict[str, pl.DataFrame], tok, batch_size: int = 8) -> pl.DataFrame:
+    """Hybrid students: every attention head's answer rows masked (SSM heads untouched), against
+    the unmodified student, on each task (the study's Zamba2 table)."""
+    n_heads = model.config.num_attention_heads
+    attention = {m.layer_idx: m.attention_heads for m in mixers(model) if m.attention_heads}
+    if not attention:
+        raise ValueError("the model has no attention heads to mask (a pure SSM)")
+
+    def layer_masks(batch, rows):
+        return {layer: answer_rows_mask(batch, n_heads, heads) for layer, heads in attention.items()}
+
+    rows = []
+    for task, table in tables.items():
+        for condition, frame in (("unmodified", score_table(model, tok, table, batch_size=batch_size, progress=False)),
+                                 ("attention answer rows masked",
+                                  score_table(model, tok, table, batch_size=batch_size, progress=False,
+                                              layer_masks=layer_masks))):
+            rows.append({"task": task, "condition": condition, "acc": float(frame["correct"].mean()),
+                         "mean_logp": float(frame["logp_target"].mean()), "n": len(frame),
+                         "attention_heads": sum(len(h) for h in attention.values())})
+    return pl.DataFrame(rows)
+
+
+def heads_label(heads: dict[str, tuple[int, int]], ssm_heads: set[tuple[int, int]] | None = None) -> str:
+    """'gather L1H2, aggregate L3H0'; with `ssm_heads` (a student's) each head also says whether
+    it runs as an SSM or an attention head: 'gather L1H2 (ssm), aggregate L3H0 (attention)'."""
+    def kind(head):
+        return "" if ssm_heads is None else f" ({'ssm' if head in ssm_heads else 'attention'})"
+    return ", ".join(f"{role} L{layer}H{head}{kind((layer, head))}" for role, (layer, head) in heads.items())
+
+
+def _condition_row(condition: str, label: str, items: pl.DataFrame, note: str | None = None) -> dict:
+    return {"condition": condition, "heads": label, "task": items["task"][0], "acc": float(items["correct"].mean()),
+            "mean_logp": float(items["logp_target"].mean()), "n": len(items), "note": note}
+
+
+def masking_experiment(model, tok, table: pl.DataFrame, segment_fn, heads: dict[str, tuple[int, int]],
+                       batch_size: int = 8, knowledge: pl.DataFrame | None = None,
+                       ssm_heads: set[tuple[int, int]] | None = None) -> pl.DataFrame:
+    """acc and mean log-prob of the target under (a) unmodified, (b) ablated, (c) G&A-only, on the
+    retrieval `table`; on `knowledge` (e.g. MMLU cloze, which has no segments) (a) and (b) only.
+    The heads column is heads_label(heads, ssm_heads)."""
+    def plain_and_ablated(items: pl.DataFrame) -> list[tuple[str, pl.DataFrame]]:
+        plain = score_table(model, tok, items, batch_size=batch_size, progress=False)
+        with ablate_heads(model, list(heads.values())):
+            ablated = score_table(model, tok, items, batch_size=batch_size, progress=False)
+        return [(CONDITIONS[0], plain), (CONDITIONS[1], ablated)]
+
+    results = plain_and_ablated(table)
+    results.append((CONDITIONS[2], score_masked(model, tok, table, segment_fn, heads, True, batch_size)))
+    if knowledge is not None and len(knowledge):
+        results += plain_and_ablated(knowledge)
+    label = heads_label(heads, ssm_heads)
+    return pl.DataFrame([_condition_row(condition, label, items) for condition, items in results], schema=RESULT_SCHEMA)
+
+
+def mmlu_letter_masking(model, tok, letter: pl.DataFrame, heads: dict[str, tuple[int, int]], min_acc: float,
+                        batch_size: int = 8, ssm_heads: set[tuple[int, int]] | None = None) -> pl.DataFrame:
+    """masking_experiment on MMLU letter (option lines as segments) for a model above chance
+    there; below `min_acc` only the unmodified row, with a note that (b) and (c) were not run."""
+    plain = score_table(model, tok, letter, batch_size=batch_size, progress=False)
+    acc = float(plain["correct"].mean())
+    if acc < min_acc:
+        log.info("MMLU letter accuracy %.3f < gna.mmlu_min_acc %.2f: (b) and (c) not run on MMLU", acc, min_acc)
+        row = _condition_row(CONDITIONS[0], heads_label(heads, ssm_heads), plain,
+                             note=f"at chance (< {min_acc:.0%}): (b), (c) not run")
+        return pl.DataFrame([row], schema=RESULT_SCHEMA)
+    return masking_experiment(model, tok, letter, mmlu_row_segments, heads, batch_size=batch_size,
+                              ssm_heads=ssm_heads)
+
+
+def masking_heads(roles: pl.DataFrame) -> dict[str, tuple[int, int]]:
+    """{role: (layer, head)} of the best-ranked Gather and Aggregate heads of a roles table
+    (gather_aggregate.run_gna_roles); a role no head was classified as is left out."""
+    best = {role: best_role_head(roles, role) for role in ROLES}
+    return {role: head for role, head in best.items() if head is not None}
+
+
+def run_gna_masking(model_name: str, model_dir: str, roles_path: str, knowledge_paths: list[str],
+                    mmlu_letter_paths: list[str], out_path: str, gna: dict, template: str, batch_size: int = 8,
+                    dtype: str = "float32") -> pl.DataFrame:
+    """Phase gna_masking: masking_experiment with the masking_heads of `roles_path` on fresh
+    KV-retrieval prompts (`gna` config keys dict_size, masking_n, seed + 1) and the knowledge task
+    (`knowledge_paths`: none or one table, cut to gna.knowledge_items), then mmlu_letter_masking
+    (gated by gna.mmlu_min_acc) if a letter table is given. A student (gna.students.mixer) labels its heads
+    SSM or attention. Skipped (an empty table) unless both roles have a head. Written to
+    `out_path` with a model column."""
+    heads = masking_heads(read_parquet(roles_path))
+    if len(heads) < 2:
+        log.warning("no %s head was classified, so the masking experiment (it needs both roles) is skipped",
+                    ", ".join(sorted(set(ROLES) - set(heads))))
+        result = pl.DataFrame(schema=RESULT_SCHEMA)
+    else:
+        model, tok = load_model(model_dir, dtype)
+        ssm_heads = ssm_heads_of(model) if mixers(model) else None
+        table = build_kv_retrieval([gna["dict_size"]], gna["masking_n"], gna["seed"] + 1, template)
+        knowledge = next(iter(load_task_tables(knowledge_paths, gna["knowledge_items"]).values()), None)
+        result = masking_experiment(model, tok, table, kv_row_segments, heads, batch_size=batch_size,
+                                    knowledge=knowledge, ssm_heads=ssm_heads)
+        for letter in load_task_tables(mmlu_letter_paths, gna["knowledge_items"]).values():
+            letter_result = mmlu_letter_masking(model, tok, letter, heads, gna["mmlu_min_acc"], batch_size, ssm_heads)
+            result = pl.concat([result, letter_result])
+        for row in result.iter_rows(named=True):
+            log.info("%s %s: acc %.3f, mean logp %.3f", row["task"], row["condition"], row["acc"], row["mean_logp"])
+    write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
+    return result

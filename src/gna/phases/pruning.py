@@ -1,0 +1,136 @@
+"""Layer pruning: gradual (keep layers 0..k-1, final norm + head kept) and individual removal
+(drop one layer of the minimal model, evaluate, put it back).
+
+Fast path: every prefix of a model shares one forward pass (the state after layer k-1 does not
+depend on later layers), so one pass reads out all depths; individual removal reuses the state
+entering the removed layer (gna.engine.scoring.score_removals). Reference: `pruned_layers` builds the
+pruned model itself — a fresh ModuleList with renumbered layer_idx — and runs its own forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import polars as pl
+import torch
+
+from gna.core.io import read_json, read_parquet, write_json, write_parquet
+from gna.models.prepare import load_model
+from gna.engine.scoring import score_removals, score_table, summarize_task
+from gna.tasks.tables import load_task_tables
+
+log = logging.getLogger("gna.phases.pruning")
+
+
+@contextlib.contextmanager
+def pruned_layers(model, keep: list[int]):
+    """Temporarily make `model` consist of the decoder layers `keep` (in that order).
+
+    Layers get renumbered `layer_idx` so KV caches stay aligned; everything is restored in
+    `finally`, also on error."""
+    base = model.base_model
+    original = base.layers
+    cfg = model.config
+    saved_cfg = {k: getattr(cfg, k) for k in ("num_hidden_layers", "layer_types") if hasattr(cfg, k)}
+    saved_idx = [(m, m.layer_idx) for m in base.modules() if hasattr(m, "layer_idx")]
+    try:
+        base.layers = torch.nn.ModuleList([original[i] for i in keep])
+        for new, layer in enumerate(base.layers):
+            for m in layer.modules():
+                if hasattr(m, "layer_idx"):
+                    m.layer_idx = new
+        cfg.num_hidden_layers = len(keep)
+        if saved_cfg.get("layer_types") is not None:
+            cfg.layer_types = [saved_cfg["layer_types"][i] for i in keep]
+        yield model
+    finally:
+        base.layers = original
+        for k, v in saved_cfg.items():
+            setattr(cfg, k, v)
+        for m, idx in saved_idx:
+            m.layer_idx = idx
+
+
+def _tidy(per_item: pl.DataFrame, key: str) -> pl.DataFrame:
+    """summarize_task per value of `key` (layers kept, removed layer), with that column."""
+    return pl.concat([summarize_task(per_item.filter(pl.col(key) == value)).with_columns(pl.lit(value).alias(key))
+                      for value in per_item[key].unique().sort()])
+
+
+def gradual(model, tok, tables: dict[str, pl.DataFrame], batch_size: int = 8, progress: bool = True) -> pl.DataFrame:
+    """Accuracy of every prefix model (k = 1..n layers) on each task, tidy:
+    task, group, n, metric, value, layers_kept."""
+    n = model.config.num_hidden_layers
+    frames = []
+    for task, table in tables.items():
+        items = score_table(model, tok, table, batch_size=batch_size, progress=progress,
+                            desc=f"gradual {task}", depths=list(range(1, n + 1)))
+        frames.append(_tidy(items.rename({"depth": "layers_kept"}), "layers_kept"))
+    return pl.concat(frames).with_columns(pl.lit("gradual").alias("experiment"))
+
+
+def minimal_prefix(gradual_summary: pl.DataFrame, task: str, metric: str, fraction: float) -> dict:
+    """The smallest k whose `metric` on `task` is at least `fraction` of the full model's and
+    stays so for every larger k (a prefix that recovers only by chance does not count)."""
+    rows = gradual_summary.filter((pl.col("task") == task) & (pl.col("metric") == metric) & (pl.col("group") == "all"))
+    if rows.is_empty():
+        raise ValueError(f"no gradual-pruning results for task {task!r} metric {metric!r}")
+    by_k = dict(zip(rows["layers_kept"].to_list(), rows["value"].to_list()))
+    n = max(by_k)
+    full = by_k[n]
+    bar = fraction * full
+    k = n
+    while k - 1 >= 1 and by_k[k - 1] >= bar:
+        k -= 1
+    return {"n_layers": n, "layers_kept": k, "kept_layers": list(range(k)), "task": task, "metric": metric,
+            "fraction": fraction, "full_value": full, "value": by_k[k], "threshold": bar}
+
+
+def individual(model, tok, tables: dict[str, pl.DataFrame], kept_layers: list[int], batch_size: int = 8,
+               progress: bool = True) -> pl.DataFrame:
+    """Remove each layer of the minimal model in turn; also score the minimal model itself
+    (removed_layer = -1). Tidy: task, group, n, metric, value, removed_layer."""
+    frames = []
+    for task, table in tables.items():
+        base = score_table(model, tok, table, batch_size=batch_size, progress=False, layers=kept_layers)
+        removed = score_removals(model, tok, table, kept_layers, kept_layers, batch_size=batch_size,
+                                 progress=progress, desc=f"remove-one {task}")
+        items = pl.concat([base.with_columns(pl.lit(-1).alias("removed_layer")), removed])
+        frames.append(_tidy(items, "removed_layer"))
+    return pl.concat(frames).with_columns(pl.lit("individual").alias("experiment"))
+
+
+def run_prune_gradual(model_name: str, model_dir: str, task_paths: list[str], out_path: str,
+                      max_items: int | None, batch_size: int = 8, dtype: str = "float32") -> pl.DataFrame:
+    """Phase prune_gradual: `gradual` on the task tables `task_paths` (each cut to `max_items`),
+    written to `out_path` with a model column."""
+    model, tok = load_model(model_dir, dtype)
+    result = gradual(model, tok, load_task_tables(task_paths, max_items), batch_size=batch_size)
+    write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
+    log.info("gradual pruning: %d rows", len(result))
+    return result
+
+
+def run_minimal_model(model_name: str, gradual_path: str, out_path: str, task: str, metric: str,
+                      fraction: float) -> dict:
+    """Phase minimal_model: the minimal_prefix of the gradual results in `gradual_path`, written
+    to `out_path` as JSON (with the model name)."""
+    best = {"model": model_name, **minimal_prefix(read_parquet(gradual_path), task, metric, fraction)}
+    write_json(best, out_path)
+    log.info("minimal model of %s: %d of %d layers (%s %s %.3f vs full %.3f)", model_name, best["layers_kept"],
+             best["n_layers"], best["task"], best["metric"], best["value"], best["full_value"])
+    return best
+
+
+def run_prune_individual(model_name: str, model_dir: str, task_paths: list[str], minimal_path: str, out_path: str,
+                         max_items: int | None, batch_size: int = 8, dtype: str = "float32") -> pl.DataFrame:
+    """Phase prune_individual: `individual` removal on the minimal model of `minimal_path`
+    (run_minimal_model's JSON), on the task tables `task_paths`; written to `out_path` with a
+    model column."""
+    model, tok = load_model(model_dir, dtype)
+    result = individual(model, tok, load_task_tables(task_paths, max_items), read_json(minimal_path)["kept_layers"],
+                        batch_size=batch_size)
+    write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
+    log.info("individual removal: %d rows", len(result))
+    return result

@@ -1,0 +1,1 @@
+"""The HTML report: a registry of sections, their tables, figures and captions."""

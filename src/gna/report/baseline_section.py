@@ -1,0 +1,149 @@
+"""Report sections for the models and the baseline: every model scored on every task."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import polars as pl
+import seaborn as sns
+
+from gna.report.htmlkit import SectionContext, accuracy_axis, dict_size_axis, pct, save_figure, table
+from gna.tasks.lmeval_bridge import CROSSCHECK_TASK
+from gna.models.prepare import read_provenance
+
+SOURCES = {
+    "pypi-file": lambda s: f"PyPI {s['package']}=={s['version']} : {s['member']}",
+    "hf": lambda s: f"HF {s['id']}" + (f"@{s['revision']}" if s.get("revision") else ""),
+    "local": lambda s: f"local {s['path']}",
+    "tiny-random": lambda s: f"tiny random {s.get('arch', 'llama')} (seed {s.get('seed', 0)})",
+}
+
+
+def model_rows(model_dirs: list[str]) -> pl.DataFrame:
+    """One row per prepared model: name, source, raw file hash, architecture, size, convert time."""
+    rows = []
+    for folder in model_dirs:
+        info = read_provenance(folder)
+        spec = info.get("spec", {})
+        source = SOURCES.get(spec.get("source"), lambda s: "?")(spec)
+        rows.append({"model": info.get("name", Path(folder).name), "source": source,
+                     "sha256": (info.get("raw_file_sha256") or "–"), "architecture": info.get("architecture"),
+                     "layers": info.get("n_layers"), "params (M)": round(info.get("n_params", 0) / 1e6, 1),
+                     "convert s": info.get("seconds")})
+    return pl.DataFrame(rows)
+
+
+def render_models(ctx: SectionContext) -> str:
+    """The table of models this run prepared."""
+    return "<h2>Models</h2>" + table(model_rows(ctx.paths("models")), left=("model", "source", "sha256", "architecture"))
+
+
+def plot_kv(baseline: pl.DataFrame, path: str | Path) -> None:
+    kv = baseline.filter((pl.col("task") == "kv_retrieval") & (pl.col("metric") == "acc") & (pl.col("group") != "all"))
+    kv = kv.with_columns(pl.col("group").cast(pl.Int64).alias("dict_size")).sort("dict_size")
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    if not kv.is_empty():
+        sns.lineplot(data=kv.to_pandas(), x="dict_size", y="value", hue="model", marker="o", ax=ax)
+        dict_size_axis(ax, kv["dict_size"].unique().sort().to_list())
+    title = f"KV-retrieval ({kv['format'][0]} template)" if not kv.is_empty() else "KV-retrieval"
+    accuracy_axis(ax, title, "dictionary size (keys)")
+    save_figure(fig, path)
+
+
+def plot_mmlu(baseline: pl.DataFrame, path: str | Path) -> None:
+    mm = baseline.filter(pl.col("task").str.starts_with("mmlu_") & (pl.col("metric") == "acc") & (pl.col("group") == "all"))
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    if not mm.is_empty():
+        sns.barplot(data=mm.to_pandas(), x="model", y="value", hue="format", ax=ax)
+        ax.axhline(0.25, ls="--", color="grey", label="chance")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(0, 1)
+    ax.set_title("MMLU: letter vs cloze on the same questions")
+    ax.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+def overall_table(ours: pl.DataFrame) -> str:
+    """Every model on every task, one column per metric."""
+    overall = (ours.filter(pl.col("group") == "all")
+               .pivot(on="metric", index=["model", "task", "format", "n", "chance"], values="value")
+               .sort(["model", "task"]))
+    cols = [c for c in ["model", "task", "format", "n", "acc", "acc_norm", "greedy_exact_match", "chance"]
+            if c in overall.columns]
+    return ("<h2>Baseline</h2>"
+            "<p>Every model scored on every task by the gna engine (log-likelihood of each choice; "
+            "<i>acc</i> = argmax of the summed log-prob, <i>acc_norm</i> = normalised by the choice's bytes, "
+            "<i>greedy_exact_match</i> = greedy decoding reproduces the target).</p>"
+            + table(overall.select(cols), left=("model", "task", "format"),
+                    fmt={c: pct for c in ("acc", "acc_norm", "greedy_exact_match", "chance")}))
+
+
+def kv_part(ours: pl.DataFrame, kv_task: pl.DataFrame, ctx: SectionContext) -> str:
+    """KV-retrieval accuracy per dictionary size, the template and an example prompt."""
+    kv = ours.filter((pl.col("task") == "kv_retrieval") & (pl.col("group") != "all") & (pl.col("metric") == "acc"))
+    kv_wide = (kv.with_columns(pl.col("group").cast(pl.Int64).alias("dict size"))
+               .pivot(on="model", index=["dict size", "n", "chance"], values="value").sort("dict size"))
+    example = html.escape(kv_task.filter(pl.col("dict_size") == kv_task["dict_size"].min())["context"][0])
+    return ("<h3>KV-retrieval by dictionary size</h3>"
+            f"<p class='note'>Template: <b>{kv_task['template'][0]}</b>. Example prompt (smallest dictionary):</p>"
+            f"<pre>{example}</pre>"
+            + table(kv_wide, fmt={c: pct for c in kv_wide.columns if c not in ("dict size", "n")})
+            + ctx.figure("baseline_kv"))
+
+
+def format_finding(model: str, by_format: dict[str, dict]) -> str:
+    """One model's letter vs cloze accuracy, with the study's reading when it applies."""
+    letter, cloze = by_format["letter"], by_format["cloze"]
+    reading = ("Letter accuracy is near chance while cloze is above it: the model has some of the "
+               "knowledge but cannot retrieve the option letter in context."
+               if letter["value"] < 0.32 and cloze["value"] > letter["value"] + 0.05 else "")
+    return (f"<li><b>{html.escape(model)}</b>: letter format {pct(letter['value'])} vs cloze "
+            f"{pct(cloze['value'])} on the same {letter['n']} questions (chance 25%). {reading}</li>")
+
+
+def mmlu_part(mm: pl.DataFrame, ctx: SectionContext) -> str:
+    """MMLU letter vs cloze per model."""
+    if mm.is_empty():
+        return ""
+    findings = []
+    for model in mm["model"].unique().sort():
+        by_format = {r["format"]: r for r in mm.filter(pl.col("model") == model).iter_rows(named=True)}
+        if {"letter", "cloze"} <= by_format.keys():
+            findings.append(format_finding(model, by_format))
+    return "<h3>MMLU: letter vs cloze</h3><ul>" + "".join(findings) + "</ul>" + ctx.figure("baseline_mmlu")
+
+
+def lm_eval_part(lm: pl.DataFrame, mm: pl.DataFrame) -> str:
+    """The lm-evaluation-harness cross-check of MMLU letter, then any other lm-eval task."""
+    parts = []
+    cross = lm.filter((pl.col("task") == CROSSCHECK_TASK) & (pl.col("metric") == "acc"))
+    if not cross.is_empty():
+        ours_letter = mm.filter(pl.col("format") == "letter").select("model", pl.col("value").alias("gna engine"),
+                                                                     pl.col("n").alias("n (gna)"))
+        check = cross.select("model", pl.col("value").alias("lm-eval"), pl.col("n").alias("n (lm-eval)")).join(
+            ours_letter, on="model", how="left")
+        parts.append("<h3>Cross-check with lm-evaluation-harness</h3>")
+        parts.append("<p>The same MMLU letter items, 0-shot, scored by lm-eval's HFLM on the same model: the two "
+                     "engines should agree exactly (they differ only if the config asks for few-shot prompts, "
+                     "which lm-eval samples differently).</p>")
+        parts.append(table(check, left=("model",), fmt={"lm-eval": pct, "gna engine": pct}))
+        lm = lm.filter(pl.col("task") != CROSSCHECK_TASK)
+    if not lm.is_empty():
+        parts.append("<h3>lm-evaluation-harness tasks</h3>")
+        keep = [c for c in ["model", "task", "metric", "value", "stderr", "n"] if c in lm.columns]
+        parts.append(table(lm.select(keep).sort(["model", "task", "metric"]), left=("model", "task", "metric")))
+    return "\n".join(parts)
+
+
+def render_baseline(ctx: SectionContext) -> str:
+    """Baseline tables, KV-retrieval by dictionary size, MMLU letter vs cloze, lm-eval tasks."""
+    baseline = ctx.frame("baseline")
+    plot_kv(baseline, ctx.figures["baseline_kv"])
+    plot_mmlu(baseline, ctx.figures["baseline_mmlu"])
+    ours = baseline.filter(pl.col("engine") == "gna")
+    mm = ours.filter(pl.col("task").str.starts_with("mmlu_") & (pl.col("group") == "all") & (pl.col("metric") == "acc"))
+    return "\n".join(part for part in (overall_table(ours), kv_part(ours, ctx.frame("kv_task"), ctx),
+                                       mmlu_part(mm, ctx), lm_eval_part(baseline.filter(pl.col("engine") == "lm-eval"), mm))
+                     if part)

@@ -1,0 +1,195 @@
+"""Report section for per-head ablation: ranking heatmap, top heads, remove-top-k with random
+controls, heads kept on the minimal model, KV accuracy vs dictionary size, attribution check."""
+
+from __future__ import annotations
+
+import html
+
+import matplotlib.pyplot as plt
+import numpy as np
+import polars as pl
+import seaborn as sns
+
+from gna.report.htmlkit import SectionContext, accuracy_axis, dict_size_axis, pct, save_figure, table
+
+
+def _models(frame: pl.DataFrame) -> list[str]:
+    return sorted(frame["model"].unique()) if not frame.is_empty() else []
+
+
+def plot_heatmap(ranking: pl.DataFrame, path) -> None:
+    models = _models(ranking) or ["(none)"]
+    fig, axes = plt.subplots(1, len(models), figsize=(max(5.0, 0.45 * ranking["head"].max() + 3) * len(models), 6),
+                             squeeze=False)
+    for ax, model in zip(axes[0], models):
+        sub = ranking.filter(pl.col("model") == model)
+        if sub.is_empty():
+            continue
+        grid = np.full((sub["layer"].max() + 1, sub["head"].max() + 1), np.nan)
+        for r in sub.iter_rows(named=True):
+            grid[r["layer"], r["head"]] = r["acc_drop"]
+        sns.heatmap(grid, ax=ax, cmap="rocket_r", vmin=min(0.0, np.nanmin(grid)), cbar_kws={"label": "accuracy drop"})
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_title(f"{model}: KV-retrieval accuracy drop when one head is zeroed")
+    save_figure(fig, path)
+
+
+def plot_topk(topk: pl.DataFrame, path) -> None:
+    kv = topk.filter((pl.col("task") == "kv_retrieval") & (pl.col("group") == "all") & (pl.col("metric") == "acc"))
+    models = _models(kv) or ["(none)"]
+    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 3.6), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        sub = kv.filter(pl.col("model") == model).to_pandas()
+        if not sub.empty:
+            sns.lineplot(data=sub, x="k", y="value", hue="condition", marker="o", errorbar="sd", ax=ax)
+        accuracy_axis(ax, f"{model}: top-ranked vs random heads", "heads removed together (k)", "KV-retrieval accuracy")
+    save_figure(fig, path)
+
+
+def plot_dictsize(curves: pl.DataFrame, path) -> None:
+    data = curves.filter(pl.col("metric") == "acc")
+    models = _models(data) or ["(none)"]
+    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 3.6), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        sub = data.filter(pl.col("model") == model).sort("dict_size")
+        if not sub.is_empty():
+            sns.lineplot(data=sub.to_pandas(), x="dict_size", y="value", hue="condition", marker="o", ax=ax)
+            dict_size_axis(ax, sub["dict_size"].unique().sort().to_list())
+        accuracy_axis(ax, f"{model}: removing the #1 or #2 head", "dictionary size", "KV-retrieval accuracy")
+    save_figure(fig, path)
+
+
+def plot_attribution(attr: pl.DataFrame, path) -> None:
+    models = _models(attr) or ["(none)"]
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        sub = attr.filter(pl.col("model") == model)
+        if not sub.is_empty():
+            ax.scatter(sub["logp_drop_est"], sub["logp_drop"], s=10, alpha=0.7)
+            ax.set_title(f"{model}: attribution estimate vs exact (ρ={sub['spearman_logp'][0]:.2f})")
+        ax.set_xlabel("estimated log-prob drop (one forward + backward)")
+        ax.set_ylabel("exact log-prob drop (ablation)")
+    save_figure(fig, path)
+
+
+REFERENCE_KEPT = """
+<p class='note'><b>Reference, not produced by this pipeline:</b> the study's published table (Bick, Xing, Gu,
+ICML 2025) for Llama-3.1-8B-Instruct pruned above layer 17, heads kept in layers 16/17:</p>
+<table class='ref'><thead><tr><th>heads kept L16</th><th>heads kept L17</th><th>MMLU (reference)</th>
+<th>knowledge tasks (reference)</th></tr></thead><tbody>
+<tr><td>22</td><td>24</td><td>66.32%</td><td>39.09%</td></tr>
+<tr><td>∅</td><td>24</td><td>24.36%</td><td>39.18%</td></tr>
+<tr><td>22</td><td>∅</td><td>25.59%</td><td>39.21%</td></tr>
+<tr><td>∅</td><td>∅</td><td>25.56%</td><td>39.21%</td></tr></tbody></table>
+"""
+
+
+def top_heads_part(ranking: pl.DataFrame, sweep: pl.DataFrame) -> str:
+    """Per model: the sweep's unablated score and the ten top-ranked heads."""
+    parts = []
+    for model in _models(ranking):
+        base = sweep.filter((pl.col("model") == model) & (pl.col("layer") == -1)).row(0, named=True)
+        sub = ranking.filter(pl.col("model") == model).sort("rank")
+        parts.append(f"<h3>{html.escape(model)}: top heads</h3>")
+        parts.append(f"<p>Sweep: {base['n']} KV prompts, unablated accuracy {pct(base['acc'])}, "
+                     f"mean log-prob of the correct value {base['mean_logp']:.3f}; {len(sub)} heads.</p>")
+        top = sub.head(10).select("rank", pl.format("L{}H{}", "layer", "head").alias("head"), "kind", "acc",
+                                  "acc_drop", "logp_drop")
+        parts.append(table(top, left=("head", "kind"), fmt={"acc": pct, "acc_drop": pct}))
+    return "\n".join(parts)
+
+
+def topk_table(topk: pl.DataFrame) -> pl.DataFrame:
+    """Per model and k: the top-k removal per task (KV per size, then all) beside the random-k control."""
+    top_rows = topk.filter((pl.col("condition") == "top") & (pl.col("metric") == "acc"))
+    col = pl.when(pl.col("task") == "kv_retrieval").then(
+        pl.when(pl.col("group") == "all").then(pl.lit("KV all")).otherwise(pl.format("KV {}", "group"))
+    ).otherwise(pl.col("task"))
+    wide = (top_rows.with_columns(col.alias("column"))
+            .pivot(on="column", index=["model", "k"], values="value").sort(["model", "k"]))
+    kv_cols = sorted([c for c in wide.columns if c.startswith("KV ") and c != "KV all"], key=lambda c: int(c[3:]))
+    rest = [c for c in wide.columns if c not in ("model", "k", "KV all", *kv_cols)]
+    wide = wide.select("model", "k", *kv_cols, "KV all", *rest)
+    ctrl = (topk.filter((pl.col("condition") == "random") & (pl.col("metric") == "acc")
+                        & (pl.col("task") == "kv_retrieval") & (pl.col("group") == "all"))
+            .group_by(["model", "k"]).agg(pl.col("value").mean().alias("random-k KV (mean)"),
+                                          pl.col("value").std().alias("random-k KV (sd)"), pl.len().alias("draws")))
+    return wide.join(ctrl, on=["model", "k"], how="left").sort(["model", "k"])
+
+
+def topk_part(topk: pl.DataFrame, ctx: SectionContext) -> str:
+    if topk.is_empty():
+        return ""
+    wide = topk_table(topk)
+    return ("<h3>Removing the top-k heads together</h3>"
+            + table(wide, left=("model",), fmt={c: pct for c in wide.columns
+                                                if c not in ("model", "k", "draws", "random-k KV (sd)")})
+            + ctx.figure("heads_topk"))
+
+
+def kept_part(kept: pl.DataFrame, reference: str) -> str:
+    """Per model: the minimal model with only the best-ranked head (or none) kept in two layers."""
+    if kept.is_empty():
+        return ""
+    parts = ["<h3>Heads kept in the critical layers (minimal model)</h3>"]
+    for model in _models(kept):
+        sub = kept.filter((pl.col("model") == model) & (pl.col("metric") == "acc") & (pl.col("group") == "all"))
+        r0 = sub.row(0, named=True)
+        wide = (sub.pivot(on="task", index=["variant", "kept_a", "kept_b"], values="value"))
+        order = {v: i for i, v in enumerate(sub["variant"].unique(maintain_order=True))}
+        wide = wide.sort(pl.col("variant").replace_strict(order, return_dtype=pl.Int64)).rename(
+            {"kept_a": f"heads kept L{r0['layer_a']}", "kept_b": f"heads kept L{r0['layer_b']}"})
+        parts.append(f"<p><b>{html.escape(model)}</b>: the minimal model ({r0['layers_kept']} layers); in the two "
+                     f"layers holding the best-ranked heads, keep only that head (or none). All other layers "
+                     f"keep all their heads.</p>")
+        parts.append(table(wide.drop("variant"), left=tuple(c for c in wide.columns if c.startswith("heads kept")),
+                           fmt={c: pct for c in wide.columns if c not in ("variant",) and not c.startswith("heads kept")}))
+    parts.append(reference)
+    return "\n".join(parts)
+
+
+def dictsize_part(curves: pl.DataFrame, ctx: SectionContext) -> str:
+    if curves.is_empty():
+        return ""
+    wide = (curves.filter(pl.col("metric") == "acc")
+            .pivot(on="condition", index=["model", "dict_size"], values="value").sort(["model", "dict_size"]))
+    return ("<h3>KV-retrieval vs dictionary size with the #1 or #2 head removed</h3>"
+            + table(wide, left=("model",), fmt={c: pct for c in wide.columns if c not in ("model", "dict_size")})
+            + ctx.figure("heads_dictsize"))
+
+
+def attribution_part(attribution: pl.DataFrame, ctx: SectionContext) -> str:
+    if attribution.is_empty():
+        return ""
+    stats = (attribution.group_by("model").agg(
+        pl.col("spearman_logp").first().alias("Spearman (all heads)"),
+        pl.col("top_n").first().alias("top N verified"),
+        pl.col("recall_top10_in_top_n").first().alias("recall of exact top-10 in top N"),
+        pl.col("attribution_seconds").first().alias("attribution s"),
+        pl.col("verify_seconds").first().alias("verify top N s")).sort("model"))
+    return ("<h3>Attribution pre-ranking vs the exact sweep</h3>"
+            + table(stats, left=("model",), fmt={"recall of exact top-10 in top N": pct})
+            + ctx.figure("heads_attribution"))
+
+
+def render_heads(ctx: SectionContext) -> str:
+    """Per-head ablation: top heads, heatmap, remove-top-k, heads kept, dictionary size, attribution
+    (empty without a ranking)."""
+    if not ctx.paths("heads_ranking"):
+        return ""
+    ranking = ctx.frame("heads_ranking")
+    topk, kept, curves = ctx.frame("heads_topk"), ctx.frame("heads_kept"), ctx.frame("heads_dictsize")
+    attribution = ctx.frame("heads_attribution")
+    plot_heatmap(ranking, ctx.figures["heads_heatmap"])
+    plot_topk(topk, ctx.figures["heads_topk"])
+    plot_dictsize(curves, ctx.figures["heads_dictsize"])
+    plot_attribution(attribution, ctx.figures["heads_attribution"])
+    intro = ("<h2>Per-head ablation</h2>"
+             "<p>Each attention query head is zeroed alone (its slice of <code>o_proj</code>'s input; grouped K/V "
+             "untouched) and KV-retrieval is scored on a fixed seeded prompt set. The sweep reruns only layers L..end "
+             "for the heads of layer L from a cached hidden state — exactly equal to a full forward per head (tested).</p>")
+    parts = (intro, top_heads_part(ranking, ctx.frame("heads_sweep")), ctx.figure("heads_heatmap"),
+             topk_part(topk, ctx), kept_part(kept, REFERENCE_KEPT if ctx.show_reference else ""),
+             dictsize_part(curves, ctx), attribution_part(attribution, ctx))
+    return "\n".join(part for part in parts if part)

@@ -1,0 +1,144 @@
+"""HTML and figure helpers shared by the report sections."""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import polars as pl  # noqa: E402
+
+from gna.core.io import atomic_path, read_json, read_parquet  # noqa: E402
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+h1{font-size:1.6em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
+table{border-collapse:collapse;margin:.8em 0;font-size:.9em} th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}
+th{background:#f4f4f4} td.l,th.l{text-align:left} .ref{background:#fff8e1}
+figure{margin:1em 0} figcaption{font-size:.9em;color:#444;max-width:900px}
+.note{background:#f6f8fa;border-left:4px solid #8aa;padding:.5em 1em} code{font-size:.9em}
+details pre{background:#f6f8fa;padding:1em;overflow:auto;font-size:.85em}
+"""
+
+
+def table(frame: pl.DataFrame, left: tuple[str, ...] = (), fmt: dict | None = None) -> str:
+    fmt = fmt or {}
+    head = "".join(f"<th class='{'l' if c in left else ''}'>{html.escape(c)}</th>" for c in frame.columns)
+    rows = []
+    for row in frame.iter_rows(named=True):
+        cells = []
+        for col, val in row.items():
+            if val is None:
+                text = "–"
+            elif col in fmt:
+                text = fmt[col](val)
+            elif isinstance(val, float):
+                text = f"{val:.3f}"
+            else:
+                text = str(val)
+            cells.append(f"<td class='{'l' if col in left else ''}'>{html.escape(text)}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+def pct(value: float) -> str:
+    return f"{100 * value:.1f}%"
+
+
+def embed(png_path: str | Path, caption: str) -> str:
+    data = base64.b64encode(Path(png_path).read_bytes()).decode()
+    return (f"<figure><img src='data:image/png;base64,{data}' style='max-width:100%'>"
+            f"<figcaption>{caption}</figcaption></figure>")
+
+
+def placeholder_figure(path: str | Path, text: str) -> None:
+    """A small figure saying why a section has nothing to draw (the rule's output must exist)."""
+    fig, ax = plt.subplots(figsize=(4, 1))
+    ax.axis("off")
+    ax.text(0.5, 0.5, text, ha="center", va="center")
+    save_figure(fig, path)
+
+
+def save_figure(fig, path: str | Path) -> None:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+
+
+def accuracy_axis(ax, title: str, xlabel: str, ylabel: str = "accuracy") -> None:
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(-0.02, 1.02)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+
+
+def dict_size_axis(ax, sizes: list[int]) -> None:
+    """Log-2 x axis over dictionary sizes with the 1/size chance line."""
+    ax.plot(sizes, [1 / s for s in sizes], ls="--", color="grey", label="chance")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(s) for s in sizes])
+
+
+INLINE_RST = ((re.compile(r"``(.+?)``"), r"<code>\1</code>"), (re.compile(r"\*\*(.+?)\*\*"), r"<b>\1</b>"),
+              (re.compile(r"\*(.+?)\*"), r"<i>\1</i>"))
+
+
+def rst_to_html(text: str) -> str:
+    """A caption's reStructuredText as HTML: paragraphs, *emphasis*, **strong** and ``literal``
+    (all the markup the captions use; Snakemake renders the same files in its own report)."""
+    paragraphs = [" ".join(block.split()) for block in re.split(r"\n\s*\n", text.strip())]
+    out = []
+    for paragraph in paragraphs:
+        paragraph = html.escape(paragraph, quote=False)
+        for pattern, replacement in INLINE_RST:
+            paragraph = pattern.sub(replacement, paragraph)
+        out.append(paragraph)
+    return out[0] if len(out) == 1 else "".join(f"<p>{p}</p>" for p in out)
+
+
+def read_caption(path: str | Path) -> str:
+    """The caption file of a figure as HTML."""
+    return rst_to_html(Path(path).read_text())
+
+
+@dataclass(frozen=True)
+class SectionContext:
+    """What a section's render function gets: its input paths ({key: path or paths}), figure
+    paths and HTML captions ({figure name: ...}), the report options and the run's config."""
+
+    inputs: dict
+    figures: dict
+    captions: dict
+    options: dict
+    config: dict
+
+    def paths(self, key: str) -> list[str]:
+        paths = self.inputs.get(key, [])
+        return [paths] if isinstance(paths, (str, Path)) else list(paths)
+
+    def frame(self, key: str) -> pl.DataFrame:
+        """The input's Parquet files, concatenated (columns unified); empty when it has none."""
+        frames = [read_parquet(p) for p in self.paths(key)]
+        return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
+
+    def records(self, key: str) -> list[dict]:
+        """The input's JSON files, one dict each."""
+        return [read_json(p) for p in self.paths(key)]
+
+    def figure(self, name: str) -> str:
+        """The figure embedded with its caption."""
+        return embed(self.figures[name], self.captions[name])
+
+    @property
+    def show_reference(self) -> bool:
+        return self.options.get("show_reference", True)

@@ -1,0 +1,132 @@
+"""Report section for layer pruning: accuracy vs layers kept, and single-layer removal."""
+
+from __future__ import annotations
+
+import html
+
+import matplotlib.pyplot as plt
+import polars as pl
+import seaborn as sns
+
+from gna.report.htmlkit import SectionContext, accuracy_axis, pct, save_figure, table
+
+METRIC = "acc"
+
+
+def _overall(frame: pl.DataFrame) -> pl.DataFrame:
+    return frame.filter((pl.col("metric") == METRIC) & (pl.col("group") == "all"))
+
+
+def plot_gradual(gradual: pl.DataFrame, minimal: dict[str, dict], path) -> None:
+    data = _overall(gradual)
+    models = sorted(data["model"].unique()) or ["(none)"]
+    fig, axes = plt.subplots(1, len(models), figsize=(6.2 * len(models), 3.8), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        sub = data.filter(pl.col("model") == model).sort("layers_kept")
+        if not sub.is_empty():
+            sns.lineplot(data=sub.to_pandas(), x="layers_kept", y="value", hue="task", marker="o", ms=4, ax=ax)
+            if model in minimal:
+                k = minimal[model]["layers_kept"]
+                ax.axvline(k, ls=":", color="black", lw=1)
+                ax.annotate(f"minimal: {k}", (k, 0.02), xytext=(4, 0), textcoords="offset points", fontsize=8)
+        ax.axhline(0.25, ls="--", color="grey", lw=0.8)
+        accuracy_axis(ax, f"{model}: gradual pruning from the end", "layers kept (0..k-1, final norm + head kept)")
+    save_figure(fig, path)
+
+
+def plot_individual(individual: pl.DataFrame, path) -> None:
+    data = _overall(individual)
+    models = sorted(data["model"].unique()) or ["(none)"]
+    fig, axes = plt.subplots(1, len(models), figsize=(6.2 * len(models), 3.8), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        sub = data.filter(pl.col("model") == model)
+        removed = sub.filter(pl.col("removed_layer") >= 0).sort("removed_layer")
+        if not removed.is_empty():
+            sns.lineplot(data=removed.to_pandas(), x="removed_layer", y="value", hue="task", marker="o", ms=4, ax=ax)
+            palette = dict(zip(removed["task"].unique(maintain_order=True), sns.color_palette()))
+            for row in sub.filter(pl.col("removed_layer") == -1).iter_rows(named=True):
+                ax.axhline(row["value"], ls=":", lw=1, color=palette.get(row["task"], "black"))
+        accuracy_axis(ax, f"{model}: remove one layer of the minimal model", "removed layer")
+    save_figure(fig, path)
+
+
+def _collapse_sentence(model: str, sub: pl.DataFrame, task: str) -> str:
+    rows = sub.filter(pl.col("task") == task).sort("layers_kept")
+    if len(rows) < 2:
+        return ""
+    values = rows["value"].to_list()
+    ks = rows["layers_kept"].to_list()
+    drops = [(values[i + 1] - values[i], ks[i]) for i in range(len(values) - 1)]
+    drop, k = max(drops)
+    return (f"<b>{html.escape(model)}</b>, {task}: the largest single step is from {pct(values[ks.index(k) + 1])} "
+            f"with {k + 1} layers to {pct(values[ks.index(k)])} with {k}.")
+
+
+def gradual_part(gradual: pl.DataFrame, ctx: SectionContext) -> str:
+    """The largest step per model and task, the figure, and the accuracy per number of layers kept."""
+    g = _overall(gradual)
+    sentences = [_collapse_sentence(model, g.filter(pl.col("model") == model), task)
+                 for model in sorted(g["model"].unique()) for task in sorted(g["task"].unique())]
+    wide = (g.select("model", "task", "layers_kept", "value", "n")
+            .pivot(on="task", index=["model", "layers_kept"], values="value").sort(["model", "layers_kept"]))
+    return ("<ul>" + "".join(f"<li>{s}</li>" for s in sentences if s) + "</ul>" + ctx.figure("prune_gradual")
+            + "<details><summary>table: accuracy per number of layers kept</summary>"
+            + table(wide, left=("model",), fmt={c: pct for c in wide.columns if c not in ("model", "layers_kept")})
+            + "</details>")
+
+
+def minimal_part(minimal: list[dict]) -> str:
+    """Each model's minimal model: layers kept and the retrieval score that defines it."""
+    if not minimal:
+        return ""
+    mm = pl.DataFrame([{"model": m["model"], "layers kept": f"{m['layers_kept']} of {m['n_layers']}",
+                        "defined by": f"{m['task']} {m['metric']} ≥ {m['fraction']:.0%} of full",
+                        "full model": m["full_value"], "minimal model": m["value"]} for m in minimal])
+    return "<h3>Minimal model</h3>" + table(mm, left=("model", "layers kept", "defined by"),
+                                            fmt={"full model": pct, "minimal model": pct})
+
+
+def _critical_layers(ind: pl.DataFrame, minimal: list[dict]) -> str:
+    """Per model, the three single-layer removals that hurt its defining task most."""
+    crit = []
+    for m in minimal:
+        sub = ind.filter((pl.col("model") == m["model"]) & (pl.col("task") == m["task"]))
+        base = sub.filter(pl.col("removed_layer") == -1)["value"]
+        if base.is_empty():
+            continue
+        worst = sub.filter(pl.col("removed_layer") >= 0).sort("value").head(3)
+        crit.append(f"<li><b>{html.escape(m['model'])}</b>, {m['task']}: minimal model {pct(base[0])}; "
+                    + ", ".join(f"without layer {r['removed_layer']}: {pct(r['value'])}" for r in worst.iter_rows(named=True))
+                    + "</li>")
+    return "<ul>" + "".join(crit) + "</ul>"
+
+
+def individual_part(individual: pl.DataFrame, minimal: list[dict], ctx: SectionContext) -> str:
+    """Single-layer removal on the minimal model: figure, critical layers, table."""
+    ind = _overall(individual)
+    if ind.is_empty():
+        return ""
+    wide = (ind.select("model", "task", "removed_layer", "value")
+            .pivot(on="task", index=["model", "removed_layer"], values="value").sort(["model", "removed_layer"]))
+    return ("<h3>Individual layer removal on the minimal model</h3>" + ctx.figure("prune_individual")
+            + _critical_layers(ind, minimal)
+            + "<details><summary>table: accuracy with one layer removed (−1 = none removed)</summary>"
+            + table(wide, left=("model",), fmt={c: pct for c in wide.columns if c not in ("model", "removed_layer")})
+            + "</details>")
+
+
+def render_prune(ctx: SectionContext) -> str:
+    """Gradual pruning, the minimal model and single-layer removal (empty without pruning results)."""
+    if not ctx.paths("prune_gradual"):
+        return ""
+    gradual, individual, minimal = ctx.frame("prune_gradual"), ctx.frame("prune_individual"), ctx.records("prune_minimal")
+    plot_gradual(gradual, {m["model"]: m for m in minimal}, ctx.figures["prune_gradual"])
+    plot_individual(individual, ctx.figures["prune_individual"])
+    intro = ("<h2>Layer pruning</h2>"
+             "<p>Gradual pruning keeps decoder layers 0..k-1 (plus the final norm and the LM head) for every k; "
+             "individual removal takes the <i>minimal model</i> — the smallest prefix whose retrieval score "
+             "stays within the configured fraction of the full model's — and removes one layer at a time. "
+             "The study's finding to look for: knowledge (cloze) fades smoothly while the retrieval-heavy task "
+             "collapses at a specific depth, and a few single layers are critical.</p>")
+    return "\n".join(part for part in (intro, gradual_part(gradual, ctx), minimal_part(minimal),
+                                        individual_part(individual, minimal, ctx)) if part)

@@ -1,0 +1,122 @@
+"""The report's sections: what each reads, which figures it draws, which caption each figure has.
+
+One registry for both sides: rules/report.smk builds the report rule's input and output from it,
+and gna.report.page renders the sections in this order, each figure captioned from the same
+rules/captions/<figure>.rst that Snakemake's own report shows.
+
+Standard library only: the workflow imports this module when it parses, and the plotting
+libraries the sections use take seconds to import. So a section names its render function
+('module:function') instead of importing it; gna.report.page imports every render module.
+"""
+
+from __future__ import annotations
+
+import itertools
+import string
+from dataclasses import dataclass
+
+FIGURE_DIR = "data/report/figures"
+CAPTION_DIR = "rules/captions"  # relative to the workflow folder
+HTML = "data/report/index.html"
+
+
+@dataclass(frozen=True)
+class Input:
+    """A result the report reads: `pattern` is expanded over the wildcard lists it names
+    ({model}, {gna_model}, {scored_variant}, {student_variant}, {answer_row_variant},
+    {state_size}); `switch`, when set, names the config switch without which it is not made."""
+
+    key: str
+    pattern: str
+    switch: str | None = None
+
+    def wildcards(self) -> list[str]:
+        """The wildcard names of the pattern, in order of appearance."""
+        return list(dict.fromkeys(name for _, name, _, _ in string.Formatter().parse(self.pattern) if name))
+
+    def paths(self, values: dict[str, list], switches: dict[str, bool]) -> str | list[str]:
+        """The path (no wildcards) or the list of paths (first wildcard outermost, like expand)."""
+        names = self.wildcards()
+        if not names:
+            return self.pattern
+        if self.switch and not switches[self.switch]:
+            return []
+        return [self.pattern.format(**dict(zip(names, combo)))
+                for combo in itertools.product(*(values[name] for name in names))]
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A figure of the report: data/report/figures/<name>.png, captioned by <name>.rst."""
+
+    name: str
+    category: str
+
+    @property
+    def path(self) -> str:
+        return f"{FIGURE_DIR}/{self.name}.png"
+
+    @property
+    def caption_file(self) -> str:
+        """The caption, relative to the workflow folder."""
+        return f"{CAPTION_DIR}/{self.name}.rst"
+
+
+@dataclass(frozen=True)
+class Section:
+    """A part of the report: its inputs, its figures, and its render function ('module:function',
+    called with a gna.report.htmlkit.SectionContext and returning the section's HTML)."""
+
+    name: str
+    inputs: tuple[Input, ...]
+    figures: tuple[Figure, ...]
+    render: str
+
+
+def _figures(category: str, *names: str) -> tuple[Figure, ...]:
+    return tuple(Figure(name, category) for name in names)
+
+
+def _results(phase: str, names: tuple[str, ...], model: str = "model") -> tuple[Input, ...]:
+    """Inputs <phase>_<name>: data/results/<phase>/{<model>}/<name>.parquet."""
+    return tuple(Input(f"{phase}_{name}", f"data/results/{phase}/{{{model}}}/{name}.parquet") for name in names)
+
+
+SECTIONS: tuple[Section, ...] = (
+    Section("models", (Input("models", "data/models/{model}"),), (), "gna.report.baseline_section:render_models"),
+    Section("baseline",
+            (Input("baseline", "data/results/baseline.parquet"), Input("kv_task", "data/tasks/kv_retrieval.parquet")),
+            _figures("Baseline", "baseline_kv", "baseline_mmlu"), "gna.report.baseline_section:render_baseline"),
+    Section("prune",
+            (*_results("prune", ("gradual", "individual")),
+             Input("prune_minimal", "data/results/prune/{model}/minimal_model.json")),
+            _figures("Layer pruning", "prune_gradual", "prune_individual"), "gna.report.prune_section:render_prune"),
+    Section("heads", _results("heads", ("sweep", "ranking", "topk", "kept", "dictsize", "attribution")),
+            _figures("Heads", "heads_heatmap", "heads_topk", "heads_dictsize", "heads_attribution"),
+            "gna.report.heads_section:render_heads"),
+    Section("gna", _results("gna", ("roles", "maps", "masking"), model="gna_model"),
+            _figures("Gather-and-Aggregate", "gna_maps", "gna_maps_mmlu"), "gna.report.gna_section:render_gna"),
+    Section("hybrid",
+            (Input("hybrid_scores", "data/results/hybrid/{model}/{scored_variant}.parquet", "hybrid"),
+             Input("hybrid_swap", "data/results/hybrid/{model}/swap.parquet", "hybrid_swap"),
+             Input("hybrid_answer_rows", "data/results/hybrid/{model}/answer-rows-{answer_row_variant}.parquet",
+                   "hybrid"),
+             Input("hybrid_memory", "data/results/hybrid/{model}/memory.parquet", "hybrid"),
+             Input("hybrid_align", "data/distill/{model}/align-n{state_size}.parquet", "hybrid"),
+             Input("hybrid_kd", "data/distill/{model}/kd-{student_variant}.parquet", "hybrid")),
+            _figures("SSM and hybrid students", "hybrid_heads", "hybrid_training"), "gna.report.hybrid_section:render_hybrid"),
+)
+
+FIGURES: tuple[Figure, ...] = tuple(figure for section in SECTIONS for figure in section.figures)
+
+
+def report_inputs(values: dict[str, list], switches: dict[str, bool]) -> dict[str, str | list[str]]:
+    """Every section's inputs, {key: path or paths}: `values` gives each wildcard's list (model,
+    gna_model, scored_variant, student_variant, answer_row_variant, state_size), `switches` the
+    config switches (hybrid, hybrid_swap)."""
+    return {put.key: put.paths(values, switches) for section in SECTIONS for put in section.inputs}
+
+
+def report_figures() -> dict[str, str]:
+    """{figure name: PNG path} of every section's figures."""
+    return {figure.name: figure.path for figure in FIGURES}

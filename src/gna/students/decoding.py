@@ -1,0 +1,137 @@
+"""Recurrent inference with students and its memory: whole-model prefill and decoding steps
+(a K/V cache for the attention heads' groups, an N×P state per SSM head), the memory formula
+per variant, a measured check of it, and the hybrid phase's memory table."""
+
+from __future__ import annotations
+
+import logging
+
+import polars as pl
+import torch
+
+from gna.core.io import write_parquet
+from gna.students.spec import load_student, read_spec
+
+log = logging.getLogger("gna.students.decoding")
+
+
+# -- recurrent inference over the whole model ------------------------------------------------
+
+@torch.inference_mode()
+def prefill(model, ids: torch.Tensor):
+    """Run a hybrid on ids [B, L] keeping what generation needs; returns (last logits, caches)."""
+    base = model.base_model
+    h = base.embed_tokens(ids)
+    pos = torch.arange(ids.shape[1])[None].expand(ids.shape[0], -1)
+    rope = base.rotary_emb(h, position_ids=pos)
+    caches = []
+    for layer in base.layers:
+        out, cache = layer.self_attn.prefill(layer.input_layernorm(h), rope)
+        h = h + out
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        caches.append(cache)
+    return model.get_output_embeddings()(base.norm(h[:, -1:])), caches
+
+
+@torch.inference_mode()
+def step(model, token: torch.Tensor, position: int, caches: list[dict]):
+    """One decoding step for token [B, 1] at `position`; returns its logits [B, 1, V]."""
+    base = model.base_model
+    h = base.embed_tokens(token)
+    rope = base.rotary_emb(h, position_ids=torch.full_like(token, position))
+    for layer, cache in zip(base.layers, caches):
+        h = h + layer.self_attn.step(layer.input_layernorm(h), rope, cache)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return model.get_output_embeddings()(base.norm(h))
+
+
+def cache_nbytes(caches: list[dict]) -> int:
+    """Bytes held by the K/V tensors and SSM states of `prefill`'s caches."""
+    return sum(t.numel() * t.element_size() for c in caches for key, t in c.items() if key in ("k", "v", "state"))
+
+
+# -- inference memory from the configuration --------------------------------------------------
+
+def inference_memory(n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, kept: list[tuple[int, int]] | None,
+                     state_size: int, seq_len: int, bytes_per_value: int = 2, batch: int = 1) -> dict:
+    """Bytes of KV cache and SSM state for one sequence of `seq_len` tokens.
+
+    kept=None is the teacher (every head attention). A K/V group is cached when any of its
+    query heads is attention; each SSM head holds an N×P state whatever the length."""
+    group = n_heads // n_kv_heads
+    if kept is None:
+        kept = [(i, h) for i in range(n_layers) for h in range(n_heads)]
+    keep = {(int(a), int(b)) for a, b in kept}
+    kv_groups = len({(i, h // group) for i, h in keep})
+    n_ssm = n_layers * n_heads - len(keep)
+    kv = 2 * kv_groups * head_dim * seq_len * bytes_per_value * batch
+    state = n_ssm * state_size * head_dim * bytes_per_value * batch
+    return {"kv_cache_bytes": kv, "ssm_state_bytes": state, "total_bytes": kv + state}
+
+
+def memory_rows(name: str, cfg, kept: list | None, state_size: int, seq_lens: list[int],
+                bytes_per_value: int) -> list[dict]:
+    """inference_memory of one variant (kept=None: the teacher) at each length, as table rows."""
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    rows = []
+    for length in seq_lens:
+        mem = inference_memory(cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, head_dim,
+                               kept, state_size, length, bytes_per_value)
+        rows.append({"variant": name, "heads_kept": None if kept is None else len(kept),
+                     "state_size": None if kept is None else state_size, "seq_len": length, **mem})
+    return rows
+
+
+def measured_cache(model, length: int, seed: int = 0) -> int:
+    """Bytes actually held by a student's recurrent cache after a prefill of `length` tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (1, length), generator=gen)
+    _, caches = prefill(model, ids)
+    return cache_nbytes(caches)
+
+
+# -- the memory table -------------------------------------------------------------------------
+
+def formula_table(cfg, specs: list[dict], seq_lens: list[int], bytes_per_value: int) -> pl.DataFrame:
+    """The formula's rows (source 'formula'): the teacher, then each student spec in order."""
+    rows = memory_rows("teacher", cfg, None, 0, seq_lens, bytes_per_value)
+    for spec in specs:
+        rows += memory_rows(spec["variant"], cfg, spec["kept_heads"], spec["state_size"], seq_lens, bytes_per_value)
+    return pl.DataFrame(rows).with_columns(pl.lit("formula").alias("source"))
+
+
+def largest_cache(specs: dict[str, dict]) -> str:
+    """The student (key of `specs`) with the most attention heads, then the largest state: the
+    one whose measured cache checks the formula best (most of it is KV cache)."""
+    return max(specs, key=lambda f: (len(specs[f]["kept_heads"]), specs[f]["state_size"]))
+
+
+def measured_check(cfg, spec: dict, measured: int, length: int, bytes_per_value: int) -> pl.DataFrame:
+    """One row (source 'measured'): the measured cache bytes of student `spec` at `length`
+    tokens as total_bytes, beside the formula's bytes (formula_bytes)."""
+    expected = memory_rows(spec["variant"], cfg, spec["kept_heads"], spec["state_size"], [length],
+                           bytes_per_value)[0]
+    return pl.DataFrame([{**expected, "source": "measured", "total_bytes": measured,
+                          "kv_cache_bytes": None, "ssm_state_bytes": None, "formula_bytes": expected["total_bytes"]}])
+
+
+def run_hybrid_memory(model_name: str, model_dir: str, student_dirs: list[str], out_path: str,
+                      memory: dict) -> pl.DataFrame:
+    """The memory table of a teacher and its students: formula_table at `memory["seq_lens"]`
+    with `memory["bytes_per_value"]`, then measured_check of the largest_cache student at
+    `memory["check_len"]` tokens (fp32 as loaded); written to `out_path` with a model column."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(model_dir)
+    specs = {folder: read_spec(folder) for folder in student_dirs}
+    frame = formula_table(cfg, list(specs.values()), memory["seq_lens"], memory["bytes_per_value"])
+    folder = largest_cache(specs)
+    student, _ = load_student(folder)
+    measured = measured_cache(student, memory["check_len"])
+    check = measured_check(cfg, specs[folder], measured, memory["check_len"],
+                           torch.finfo(next(student.parameters()).dtype).bits // 8)
+    log.info("measured cache of %s at %d tokens: %d bytes (formula %d)", specs[folder]["variant"],
+             memory["check_len"], measured, check["formula_bytes"][0])
+    frame = pl.concat([frame, check], how="diagonal_relaxed").with_columns(pl.lit(model_name).alias("model"))
+    write_parquet(frame, out_path)
+    return frame

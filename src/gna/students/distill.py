@@ -1,0 +1,258 @@
+"""Retrieval-guided distillation of a transformer into SSM / hybrid students (MOHAWK-style).
+
+Stages, each a workflow rule so Snakemake caches it:
+  teacher   the distillation corpus (gna.students.corpus: token windows), the teacher's hidden state
+            entering every layer and its top-k next-token log-probs — computed once, shared by
+            every student (run_distill_teacher)
+  align     layer-local alignment, once per state size: given the teacher's hidden state h_i,
+            every SSM head of layer i is fitted to reproduce its attention head's contribution
+            to h_{i+1} (the head output seen through o_proj). Heads are fitted independently, so
+            one alignment serves every heads-kept variant with that state size; the kept
+            heads and the MLPs are the teacher's own, so a perfect fit reproduces h_{i+1}
+            (run_distill_align).
+  kd        end-to-end knowledge distillation of one variant (kept heads from the ranking,
+            SSM heads from `align`) on the teacher's next-token distributions (run_distill_kd).
+Only SSM parameters (HybridMixer.ssm_state) are trained; every teacher weight stays frozen.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+
+import polars as pl
+import torch
+from tqdm.auto import tqdm
+
+from gna.students.corpus import build_corpus
+from gna.students.mixer import HybridMixer, mixers
+from gna.core.io import atomic_dir, read_parquet, write_parquet
+from gna.models.prepare import load_model
+from gna.students.spec import hybrid_spec, make_hybrid, ranked_heads, save_student, variant_name
+from gna.tasks.tables import load_mmlu_jsonl, select_mmlu
+from gna.core.tensor_files import read_tensors, write_tensors
+
+log = logging.getLogger("gna.students.distill")
+
+
+# -- teacher ----------------------------------------------------------------------------------
+
+@torch.inference_mode()
+def teacher_activations(model, ids: torch.Tensor, top_k: int, batch: int = 4, progress: bool = True) -> dict:
+    """Hidden state entering each layer (float16, [layers, n, T, d]) and the teacher's top-k
+    next-token log-probs at every position."""
+    layers = model.base_model.layers
+    captured: list[torch.Tensor] = []
+
+    def grab(module, args, kwargs):
+        captured.append((args[0] if args else kwargs["hidden_states"]).to(torch.float16))
+
+    hooks = [layer.register_forward_pre_hook(grab, with_kwargs=True) for layer in layers]
+    hidden, top_lp, top_ix = [], [], []
+    try:
+        for start in tqdm(range(0, len(ids), batch), desc="teacher activations", disable=not progress):
+            captured.clear()
+            logits = model(input_ids=ids[start: start + batch], use_cache=False).logits.float()
+            hidden.append(torch.stack(captured))
+            lp, ix = torch.log_softmax(logits, -1).topk(top_k, dim=-1)
+            top_lp.append(lp)
+            top_ix.append(ix.to(torch.int32))
+    finally:
+        for h in hooks:
+            h.remove()
+    return {"hidden": torch.cat(hidden, dim=1).contiguous(), "top_logp": torch.cat(top_lp), "top_idx": torch.cat(top_ix)}
+
+
+def run_distill_teacher(model_dir: str, mmlu_path: str, out_path: str, corpus: dict, top_k: int, seed: int,
+                        mmlu: dict, template: str, dtype: str = "float32") -> None:
+    """Build the corpus (gna.students.corpus.build_corpus, from the MMLU questions outside the evaluation
+    subset `mmlu` {n, seed, topics}) and write the teacher file `out_path`: teacher_activations
+    on the train windows (hidden, top_logp, top_idx) plus the windows (train_ids, heldout_ids)."""
+    model, tok = load_model(model_dir, dtype)
+    _, pool = select_mmlu(load_mmlu_jsonl(mmlu_path), mmlu["n"], mmlu["seed"], mmlu["topics"])
+    windows = build_corpus(tok, pool, corpus, template, seed)
+    log.info("corpus: %d train and %d held-out windows of %d tokens (%d MMLU questions outside the evaluation subset)",
+             len(windows["train"]), len(windows["heldout"]), corpus["seq_len"], len(pool))
+    acts = teacher_activations(model, windows["train"], top_k)
+    write_tensors({**acts, "train_ids": windows["train"], "heldout_ids": windows["heldout"]}, out_path)
+    log.info("teacher hidden states %s (float16)", tuple(acts["hidden"].shape))
+
+
+# -- stage 1: layer-local alignment -----------------------------------------------------------
+
+def _schedule(step: int, steps: int, warmup: int) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+
+def _output_metric(mixer: HybridMixer) -> torch.Tensor:
+    """Per head a P×P factor L with ||L^T y||² = ||W_o,h y||²: errors are measured as the head's
+    contribution to the residual stream, not in its own (arbitrarily scaled) coordinates."""
+    p = mixer.head_dim
+    w = mixer.o_proj.weight.detach().float()
+    eye = torch.eye(p)
+    blocks = []
+    for h in range(mixer.num_heads):
+        wh = w[:, h * p: (h + 1) * p]
+        gram = wh.T @ wh
+        blocks.append(torch.linalg.cholesky(gram + 1e-6 * gram.diagonal().mean() * eye))
+    return torch.stack(blocks)  # [H, P, P]
+
+
+def align_layers(model, hidden: torch.Tensor, state_size: int, steps: int, batch: int, lr: float, seed: int,
+                 progress: bool = True, log_every: int = 10) -> tuple[dict, pl.DataFrame]:
+    """Fit one SSM head per attention head of every layer (the pure-SSM student, k = 0).
+
+    hidden: [layers, n, T, d] teacher hidden states entering each layer. Returns the SSM
+    parameters {"<layer>.<param>": tensor} and the loss curve (relative error per layer)."""
+    torch.manual_seed(seed)
+    student = make_hybrid(copy.deepcopy(model), [], state_size)
+    for p in student.parameters():
+        p.requires_grad_(False)
+    ms = mixers(student)
+    params = [p for m in ms for p in m.ssm_params()]
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    metrics = [_output_metric(m) for m in ms]
+    base = student.base_model
+    n_layers, n_seq, length, _ = hidden.shape
+    pos = torch.arange(length)[None]
+    rng = torch.Generator().manual_seed(seed)
+    _init_head_scales(ms, base, hidden, pos)
+    curve = []
+    warmup = max(1, steps // 10)
+    with tqdm(range(steps), desc=f"align n={state_size}", disable=not progress, mininterval=2.0) as bar:
+        for step in bar:
+            for g in opt.param_groups:
+                g["lr"] = lr * _schedule(step, steps, warmup)
+            pick = torch.randperm(n_seq, generator=rng)[:batch]
+            opt.zero_grad(set_to_none=True)
+            per_layer = []
+            for i, (layer, m, metric) in enumerate(zip(base.layers, ms, metrics)):
+                h = hidden[i, pick].float()
+                u = layer.input_layernorm(h)
+                rope = base.rotary_emb(u, position_ids=pos.expand(len(pick), -1))
+                with torch.no_grad():
+                    target = torch.einsum("blhp,hpq->blhq", m.attention_output(u, rope, None, list(range(m.num_heads))),
+                                          metric)
+                pred = torch.einsum("blhp,hpq->blhq", m.ssm_output(u, None), metric)
+                loss = (pred - target).square().sum() / target.square().sum().clamp_min(1e-12)
+                loss.backward()  # per layer: the layers are independent, keep one graph at a time
+                per_layer.append(loss.item())
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            mean = sum(per_layer) / len(per_layer)
+            bar.set_postfix(rel_err=f"{mean:.3f}")
+            if step % log_every == 0 or step == steps - 1:
+                curve += [{"stage": "align", "step": step, "layer": i, "loss": v} for i, v in enumerate(per_layer)]
+    state = {f"{m.layer_idx}.{k}": v.detach().clone() for m in ms for k, v in m.ssm_state().items()}
+    return state, pl.DataFrame(curve)
+
+
+@torch.no_grad()
+def _init_head_scales(ms, base, hidden, pos, n_seq: int = 4):
+    """Start each SSM head's output norm at the RMS of its teacher head's output."""
+    for i, (layer, m) in enumerate(zip(base.layers, ms)):
+        u = layer.input_layernorm(hidden[i, :n_seq].float())
+        rope = base.rotary_emb(u, position_ids=pos.expand(len(u), -1))
+        target = m.attention_output(u, rope, None, m.ssm_heads)
+        m.norm_weight.copy_(target.square().mean(dim=(0, 1, 3)).sqrt()[:, None].expand_as(m.norm_weight))
+
+
+def run_distill_align(model_name: str, model_dir: str, teacher_path: str, state_size: int, weights_path: str,
+                      curve_path: str, align: dict, seed: int, dtype: str = "float32") -> None:
+    """align_layers at `state_size` on the teacher file's hidden states, with `align` {steps,
+    batch, lr}: writes the aligned SSM heads to `weights_path` and the loss curve (with model
+    and state_size columns) to `curve_path`."""
+    model, _ = load_model(model_dir, dtype)
+    hidden = read_tensors(teacher_path, ["hidden"])["hidden"]
+    state, curve = align_layers(model, hidden, state_size, align["steps"], align["batch"], align["lr"], seed)
+    write_tensors(state, weights_path)
+    write_parquet(curve.with_columns(pl.lit(model_name).alias("model"), pl.lit(state_size).alias("state_size")),
+                  curve_path)
+    if not curve.is_empty():
+        last = curve.filter(pl.col("step") == curve["step"].max())
+        log.info("n=%d: mean relative error of the SSM heads after alignment %.3f", state_size, last["loss"].mean())
+
+
+@torch.no_grad()
+def load_aligned(model, aligned: dict):
+    """Copy aligned SSM heads (fitted for every head) into a hybrid's SSM heads."""
+    for m in mixers(model):
+        n, p = m.state_size, m.head_dim
+        for key, param in m.ssm_state().items():
+            full = aligned[f"{m.layer_idx}.{key}"]
+            rows = {"C_proj": n, "B_proj": n, "x_proj": p}.get(key.split(".")[0], 1)
+            if key == "norm_weight":
+                full = full.reshape(-1, p)
+            if full.shape[0] != m.num_heads * rows:
+                raise ValueError(f"aligned state for layer {m.layer_idx} {key}: shape {tuple(full.shape)} does "
+                                 f"not fit {m.num_heads} heads with state size {n}")
+            idx = torch.cat([torch.arange(h * rows, (h + 1) * rows) for h in m.ssm_heads]) if m.ssm_heads else \
+                torch.zeros(0, dtype=torch.long)
+            param.copy_(full[idx])
+    return model
+
+
+# -- stage 2: end-to-end knowledge distillation --------------------------------------------------
+
+def distill_logits(student, ids: torch.Tensor, top_logp: torch.Tensor, top_idx: torch.Tensor, steps: int,
+                   batch: int, lr: float, seed: int, progress: bool = True, desc: str = "kd") -> pl.DataFrame:
+    """Train the student's SSM parameters to match the teacher's top-k next-token
+    distribution at every position (cross-entropy to the renormalised teacher top-k)."""
+    torch.manual_seed(seed)
+    for p in student.parameters():
+        p.requires_grad_(False)
+    params = [p for m in mixers(student) for p in m.ssm_params() if p.numel()]
+    for p in params:
+        p.requires_grad_(True)
+    curve = []
+    if not params or not steps:
+        return pl.DataFrame(curve, schema={"stage": pl.String, "step": pl.Int64, "loss": pl.Float64})
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    rng = torch.Generator().manual_seed(seed)
+    target = torch.softmax(top_logp.float(), dim=-1)
+    warmup = max(1, steps // 10)
+    student.train()
+    try:
+        with tqdm(range(steps), desc=desc, disable=not progress, mininterval=2.0) as bar:
+            for step in bar:
+                for g in opt.param_groups:
+                    g["lr"] = lr * _schedule(step, steps, warmup)
+                pick = torch.randperm(len(ids), generator=rng)[:batch]
+                logp = torch.log_softmax(student(input_ids=ids[pick], use_cache=False).logits.float(), dim=-1)
+                loss = -(target[pick] * logp.gather(-1, top_idx[pick].long())).sum(-1).mean()
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                opt.step()
+                bar.set_postfix(loss=f"{float(loss):.3f}")
+                curve.append({"stage": "kd", "step": step, "loss": float(loss)})
+    finally:
+        student.eval()
+        for p in params:
+            p.requires_grad_(False)
+    return pl.DataFrame(curve)
+
+
+def run_distill_kd(model_name: str, model_dir: str, teacher_path: str, aligned_path: str, ranking_path: str,
+                   heads_kept: int, state_size: int, student_dir: str, curve_path: str, kd: dict, seed: int,
+                   dtype: str = "float32") -> None:
+    """Build the student keeping the `heads_kept` best-ranked heads as attention (its SSM heads
+    from the aligned file), distill_logits it on the teacher file with `kd` {steps, batch, lr},
+    and write the student folder `student_dir` (gna.students.spec) and the KD curve `curve_path`."""
+    teacher, tok = load_model(model_dir, dtype)
+    kept = ranked_heads(read_parquet(ranking_path), heads_kept, model_name)
+    student = load_aligned(make_hybrid(copy.deepcopy(teacher), kept, state_size), read_tensors(aligned_path))
+    data = read_tensors(teacher_path, ["train_ids", "top_logp", "top_idx"])
+    curve = distill_logits(student, data["train_ids"], data["top_logp"], data["top_idx"], kd["steps"], kd["batch"],
+                           kd["lr"], seed, desc=f"kd k={heads_kept} n={state_size}")
+    spec = hybrid_spec(student, teacher=model_name, heads_kept=heads_kept, variant=variant_name(heads_kept, state_size),
+                       kept_ranked=[list(h) for h in kept])
+    with atomic_dir(student_dir) as tmp:
+        save_student(student, tok, tmp, spec)
+    write_parquet(curve.with_columns(pl.lit(model_name).alias("model"), pl.lit(heads_kept).alias("heads_kept"),
+                                     pl.lit(state_size).alias("state_size")), curve_path)

@@ -1,0 +1,324 @@
+"""The hybrid mixer: a teacher transformer's attention module whose heads are, head by head,
+either kept as attention (the teacher's own q/k/v/o weights) or replaced by an SSM head (gna.engine.ssm).
+
+Design: head-wise replacement. Each layer's attention module becomes a `HybridMixer` that
+computes every query head's output — by softmax attention for kept heads, by a selective scan
+for the others — and sends the concatenation through the teacher's shared o_proj. A head's
+place in the model therefore never changes, so the head ranking names the same head in
+teacher and student, and k = 0 is a pure SSM with the teacher's MLPs. An SSM head starts from
+its attention head (C ← Q of the head, B ← K and x ← V of its K/V group, decays spread over
+time scales as in Mamba), then distillation fits it (gna.students.distill).
+
+This module is the layer and the tools that act on a model's mixers (`mixers`, the layer swap,
+captured head maps). Building, naming, saving and loading students is gna.students.spec;
+whole-model recurrent decoding and inference memory is gna.students.decoding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gna.engine.ssm import materialize, ssd_chunked, ssd_masked, ssd_recurrent
+
+C_INIT_SCALE = 0.03
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rope(x, cos, sin):
+    """Llama rotary embedding; x [B, heads, L, P], cos/sin [B, L, P]."""
+    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
+
+
+def _visibility(attention_mask, batch: int, length: int):
+    """(structure, per_head) from a Llama-style mask: structure is the [B, L, L] bool visibility
+    (l may read s; None = plain causal) that defines the sequence layout; per_head is a
+    [B, H, L, L] bool mask when the caller restricts heads individually (G&A masking), else None.
+    Per-head masks only remove entries from the layout, so the layout is their union."""
+    if attention_mask is None:
+        return None, None
+    mask = attention_mask if attention_mask.dim() == 4 else attention_mask[:, None]
+    allowed = mask if mask.dtype == torch.bool else mask == 0
+    if allowed.shape[1] > 1:
+        return allowed.any(1).expand(batch, length, length), allowed.expand(batch, -1, length, length)
+    return allowed[:, 0].expand(batch, length, length), None
+
+
+class HybridMixer(nn.Module):
+    """Drop-in replacement for a Llama-family attention module (same call signature)."""
+
+    def __init__(self, attn: nn.Module, config, ssm_heads: list[int], state_size: int, layer_idx: int):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(attn, "head_dim", None) or config.hidden_size // self.num_heads
+        self.group = self.num_heads // self.num_kv_heads
+        self.scaling = self.head_dim ** -0.5
+        self.state_size = int(state_size)
+        self.ssm_heads = sorted(int(h) for h in ssm_heads)
+        bad = [h for h in self.ssm_heads if not 0 <= h < self.num_heads]
+        if bad:
+            raise ValueError(f"layer {layer_idx}: heads {bad} out of range 0..{self.num_heads - 1}")
+        self.swapped: set[int] = set()  # SSM heads temporarily run as attention (layer swap)
+        self.capture = False  # keep the last forward's per-head maps in `captured` (captured_maps)
+        self.captured = None
+        d, n, p, s = config.hidden_size, self.state_size, self.head_dim, len(self.ssm_heads)
+        bias = attn.q_proj.bias is not None
+        with warnings.catch_warnings():  # a layer that keeps all its heads has zero-size SSM blocks
+            warnings.filterwarnings("ignore", "Initializing zero-element tensors")
+            self.C_proj = nn.Linear(d, s * n, bias=bias)
+            self.B_proj = nn.Linear(d, s * n, bias=bias)
+            self.x_proj = nn.Linear(d, s * p, bias=bias)
+            self.decay_proj = nn.Linear(d, s, bias=True)
+        self.D = nn.Parameter(torch.zeros(s))
+        self.norm_weight = nn.Parameter(torch.ones(s, p))
+        self.init_from_attention()
+
+    @torch.no_grad()
+    def init_from_attention(self, seed: int = 0):
+        n, p = self.state_size, self.head_dim
+        gen = torch.Generator().manual_seed(seed * 1000 + self.layer_idx)
+        for j, h in enumerate(self.ssm_heads):
+            g = h // self.group
+            # C also carries 1/sqrt(P) like attention logits, and a small factor: without softmax's
+            # normalisation a sum over many positions would otherwise start far too large
+            c_scale = self.scaling * C_INIT_SCALE
+            for dst, src, rows, scale in ((self.C_proj, self.q_proj, h, c_scale), (self.B_proj, self.k_proj, g, 1.0)):
+                block = src.weight[rows * p: (rows + 1) * p]
+                take = min(n, p)
+                w = dst.weight[j * n: (j + 1) * n]
+                w[:take] = block[:take] * scale
+                if n > p:  # extra state dimensions start small and random
+                    w[take:] = torch.randn(n - take, w.shape[1], generator=gen) * block.std() * 0.1
+                if dst.bias is not None:
+                    dst.bias[j * n: j * n + take] = src.bias[rows * p: rows * p + take] * scale
+                    dst.bias[j * n + take: (j + 1) * n] = 0
+            self.x_proj.weight[j * p: (j + 1) * p] = self.v_proj.weight[g * p: (g + 1) * p]
+            if self.x_proj.bias is not None:
+                self.x_proj.bias[j * p: (j + 1) * p] = self.v_proj.bias[g * p: (g + 1) * p]
+        # per-step decays exp(-dt), dt log-spaced in [0.001, 0.1] across heads (Mamba's init)
+        s = len(self.ssm_heads)
+        dt = torch.exp(torch.linspace(math.log(1e-3), math.log(1e-1), max(s, 1)))[:s]
+        self.decay_proj.weight.zero_()
+        self.decay_proj.bias.copy_(torch.log(torch.expm1(dt)))  # softplus⁻¹
+        self.D.zero_()
+
+    # -- which heads run how ------------------------------------------------------------------
+    @property
+    def attention_heads(self) -> list[int]:
+        ssm = set(self.ssm_heads) - self.swapped
+        return [h for h in range(self.num_heads) if h not in ssm]
+
+    @property
+    def active_ssm(self) -> list[int]:
+        """Positions j (into the SSM parameter blocks) of the SSM heads that run as SSM."""
+        return [j for j, h in enumerate(self.ssm_heads) if h not in self.swapped]
+
+    def ssm_state(self) -> dict[str, nn.Parameter]:
+        """The SSM parameters by name (the only parameters distillation trains); each holds one
+        block of rows per SSM head, in `ssm_heads` order (norm_weight: one row per head)."""
+        named = {"C_proj.weight": self.C_proj.weight, "B_proj.weight": self.B_proj.weight,
+                 "x_proj.weight": self.x_proj.weight, "decay_proj.weight": self.decay_proj.weight,
+                 "decay_proj.bias": self.decay_proj.bias, "D": self.D, "norm_weight": self.norm_weight}
+        for key in ("C_proj", "B_proj", "x_proj"):
+            bias = getattr(self, key).bias
+            if bias is not None:
+                named[f"{key}.bias"] = bias
+        return named
+
+    def ssm_params(self) -> list[nn.Parameter]:
+        return list(self.ssm_state().values())
+
+    # -- the two head kinds ------------------------------------------------------------------
+    def _qkv(self, u, position_embeddings, heads: list[int]):
+        b, length, _ = u.shape
+        p = self.head_dim
+        q = self.q_proj(u).view(b, length, self.num_heads, p)[:, :, heads].transpose(1, 2)
+        k = self.k_proj(u).view(b, length, self.num_kv_heads, p).transpose(1, 2)
+        v = self.v_proj(u).view(b, length, self.num_kv_heads, p).transpose(1, 2)
+        cos, sin = position_embeddings
+        return _rope(q, cos, sin), _rope(k, cos, sin), v
+
+    def attention_output(self, u, position_embeddings, allowed, heads: list[int], return_kv: bool = False,
+                         per_head=None):
+        """Softmax attention of query `heads` with the teacher's weights: [B, L, len(heads), P].
+        per_head: optional [B, len(heads), L, L] bool mask replacing `allowed` head by head."""
+        q, k, v = self._qkv(u, position_embeddings, heads)
+        groups = [h // self.group for h in heads]
+        mask = per_head if per_head is not None else (None if allowed is None else allowed[:, None])
+        out = F.scaled_dot_product_attention(q, k[:, groups], v[:, groups], attn_mask=mask, is_causal=mask is None,
+                                             scale=self.scaling)
+        out = out.transpose(1, 2)
+        return (out, k, v) if return_kv else out
+
+    def ssm_inputs(self, u, which: list[int] | None = None):
+        """(x [B, L, S, P], log_a [B, L, S], B [B, L, S, N], C [B, L, S, N]) for SSM heads `which`."""
+        b, length, _ = u.shape
+        s, n, p = len(self.ssm_heads), self.state_size, self.head_dim
+        x = self.x_proj(u).view(b, length, s, p)
+        Bm = self.B_proj(u).view(b, length, s, n)
+        Cm = self.C_proj(u).view(b, length, s, n)
+        log_a = -F.softplus(self.decay_proj(u))
+        if which is not None and len(which) != s:
+            x, Bm, Cm, log_a = x[:, :, which], Bm[:, :, which], Cm[:, :, which], log_a[:, :, which]
+        return x, log_a, Bm, Cm
+
+    def ssm_output(self, u, allowed, which: list[int] | None = None, chunk: int = 64, restrict=None):
+        """SSM heads `which`: [B, L, len(which), P]. restrict: optional [B, len(which), L, L] bool
+        mask applied to each head's materialised matrix (the head's output is recomputed from the
+        masked matrix; the decays still follow the sequence layout `allowed`)."""
+        x, log_a, Bm, Cm = self.ssm_inputs(u, which)
+        D = self.D if which is None else self.D[which]
+        if restrict is not None:
+            T = materialize(log_a, Bm, Cm, D, allowed) * restrict
+            y = torch.einsum("bhls,bshp->blhp", T, x)
+        elif allowed is None:
+            y = ssd_chunked(x, log_a, Bm, Cm, D, chunk)[0]
+        else:
+            y = ssd_masked(x, log_a, Bm, Cm, D, allowed)
+        return self.normalize(y, which)
+
+    def head_maps(self, u, position_embeddings, allowed, per_head=None):
+        """[B, H, L, L] per-head maps: attention probabilities for attention heads; for SSM heads
+        the implicit attention |T| normalised per row (T before the head norm, with the skip
+        term), so both read as 'share of the row's weight on each position'."""
+        b, length, _ = u.shape
+        maps = u.new_zeros(b, self.num_heads, length, length)
+        structure = allowed if allowed is not None else torch.ones(length, length, dtype=torch.bool).tril()[None]
+        attn = self.attention_heads
+        if attn:
+            q, k, _ = self._qkv(u, position_embeddings, attn)
+            scores = torch.einsum("bhlp,bhsp->bhls", q, k[:, [h // self.group for h in attn]]) * self.scaling
+            mask = per_head[:, attn] if per_head is not None else structure[:, None]
+            maps[:, attn] = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+        active = self.active_ssm
+        if active:
+            heads = [self.ssm_heads[j] for j in active]
+            x, log_a, Bm, Cm = self.ssm_inputs(u, active)
+            T = materialize(log_a, Bm, Cm, self.D[active], structure.expand(b, length, length)).abs()
+            if per_head is not None:
+                T = T * per_head[:, heads]
+            maps[:, heads] = T / T.sum(-1, keepdim=True).clamp_min(1e-12)
+        return maps
+
+    def normalize(self, y, which=None):
+        """Per-head RMS norm of the scan output (as Mamba-2 before out_proj): softmax attention
+        outputs are averages of values, a linear scan's are sums, so their scale varies with
+        length; the norm removes that and its weight (fitted) sets the head's output scale."""
+        w = self.norm_weight if which is None else self.norm_weight[which]
+        return y * torch.rsqrt(y.square().mean(-1, keepdim=True) + 1e-6) * w
+
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
+        b, length, _ = hidden_states.shape
+        allowed, per_head = _visibility(attention_mask, b, length)
+        heads = hidden_states.new_zeros(b, length, self.num_heads, self.head_dim)
+        attn = self.attention_heads
+        if attn:
+            heads[:, :, attn] = self.attention_output(hidden_states, position_embeddings, allowed, attn,
+                                                      per_head=None if per_head is None else per_head[:, attn])
+        active = self.active_ssm
+        if active:
+            ssm = [self.ssm_heads[j] for j in active]
+            heads[:, :, ssm] = self.ssm_output(hidden_states, allowed, active,
+                                               restrict=None if per_head is None else per_head[:, ssm])
+        if self.capture:
+            self.captured = self.head_maps(hidden_states, position_embeddings, allowed, per_head)
+        return self.o_proj(heads.reshape(b, length, -1)), None
+
+    # -- recurrent inference (cache = K/V of the used groups + SSM states) ----------------------
+    def prefill(self, u, position_embeddings):
+        b, length, _ = u.shape
+        heads = u.new_zeros(b, length, self.num_heads, self.head_dim)
+        cache = {}
+        attn = self.attention_heads
+        if attn:
+            out, k, v = self.attention_output(u, position_embeddings, None, attn, return_kv=True)
+            heads[:, :, attn] = out
+            groups = sorted({h // self.group for h in attn})
+            cache["k"], cache["v"], cache["groups"] = k[:, groups], v[:, groups], groups
+        active = self.active_ssm
+        if active:
+            x, log_a, Bm, Cm = self.ssm_inputs(u, active)
+            y, state = ssd_chunked(x, log_a, Bm, Cm, self.D[active])
+            heads[:, :, [self.ssm_heads[j] for j in active]] = self.normalize(y, active)
+            cache["state"] = state
+        return self.o_proj(heads.reshape(b, length, -1)), cache
+
+    def step(self, u, position_embeddings, cache):
+        """One new token u [B, 1, d]; updates `cache` in place."""
+        b = u.shape[0]
+        p = self.head_dim
+        heads = u.new_zeros(b, 1, self.num_heads, p)
+        attn = self.attention_heads
+        if attn:
+            cos, sin = position_embeddings
+            q = _rope(self.q_proj(u).view(b, 1, self.num_heads, p)[:, :, attn].transpose(1, 2), cos, sin)
+            k = _rope(self.k_proj(u).view(b, 1, self.num_kv_heads, p).transpose(1, 2), cos, sin)
+            v = self.v_proj(u).view(b, 1, self.num_kv_heads, p).transpose(1, 2)
+            groups = cache["groups"]
+            cache["k"] = torch.cat([cache["k"], k[:, groups]], dim=2)
+            cache["v"] = torch.cat([cache["v"], v[:, groups]], dim=2)
+            slot = [groups.index(h // self.group) for h in attn]
+            out = F.scaled_dot_product_attention(q, cache["k"][:, slot], cache["v"][:, slot], scale=self.scaling)
+            heads[:, :, attn] = out.transpose(1, 2)
+        active = self.active_ssm
+        if active:
+            x, log_a, Bm, Cm = self.ssm_inputs(u, active)
+            y, cache["state"] = ssd_recurrent(x, log_a, Bm, Cm, self.D[active], cache["state"])
+            heads[:, :, [self.ssm_heads[j] for j in active]] = self.normalize(y, active)
+        return self.o_proj(heads.reshape(b, 1, -1))
+
+
+# -- the mixers of a model ----------------------------------------------------------------
+
+def layers_of(model):
+    return model.base_model.layers
+
+
+def mixers(model) -> list[HybridMixer]:
+    return [layer.self_attn for layer in layers_of(model) if isinstance(layer.self_attn, HybridMixer)]
+
+
+def ssm_heads_of(model) -> set[tuple[int, int]]:
+    """(layer, head) of every head that runs as an SSM head now (swapped heads excluded)."""
+    return {(m.layer_idx, h) for m in mixers(model) for h in m.ssm_heads if h not in m.swapped}
+
+
+@contextlib.contextmanager
+def swapped_to_attention(model, layers: list[int]):
+    """Temporarily run every head of `layers` as the teacher's attention (the layer swap)."""
+    ms = {m.layer_idx: m for m in mixers(model)}
+    try:
+        for i in layers:
+            ms[i].swapped = set(ms[i].ssm_heads)
+        yield model
+    finally:
+        for i in layers:
+            ms[i].swapped = set()
+
+
+@contextlib.contextmanager
+def captured_maps(model):
+    """Within the block, each forward of a hybrid leaves [layers] of [B, H, L, L] head maps in
+    the yielded list (attention probabilities / normalised implicit attention)."""
+    ms = mixers(model)
+    out: list = []
+    for m in ms:
+        m.capture = True
+    try:
+        yield out
+    finally:
+        out.extend(m.captured for m in ms)
+        for m in ms:
+            m.capture, m.captured = False, None

@@ -1,0 +1,149 @@
+"""Students: hybrid / SSM models built from a teacher by gna.students.mixer's mixer — which heads stay
+attention, how a student is built, saved, described and loaded, and what it is called.
+
+Naming (the only place that knows it): a variant `k{K}-n{N}` keeps the K best-ranked heads as
+attention and makes every other head an SSM head with state size N; the student of model M
+with that variant is the model `M-hybrid-k{K}-n{N}` (a folder under data/models, loadable with
+gna.models.prepare.load_model like any prepared model).
+
+A student folder is a model folder (config.json + tokenizer + model.safetensors) plus
+SPEC_FILE, the JSON spec saying which heads are kept as attention and the state size.
+
+The Snakefile imports the naming functions when it parses the workflow, so this module imports
+torch and the mixer only inside the functions that build or load a student.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+SPEC_FILE = "gna_hybrid.json"
+STUDENT_MARK = "-hybrid-"
+VARIANT_PATTERN = r"k\d+-n\d+"  # also the workflow's wildcard constraint for a variant
+TEACHER_VARIANT = "teacher"  # the teacher itself, where results list it beside its students
+
+
+# -- names --------------------------------------------------------------------------------------
+
+def variant_name(heads_kept, state_size) -> str:
+    """'k{heads_kept}-n{state_size}' (also with Snakemake wildcards: variant_name('{k}', '{n}'))."""
+    return f"k{heads_kept}-n{state_size}"
+
+
+def parse_variant(name: str) -> tuple[int, int]:
+    """(heads kept, state size) of a variant name 'k{K}-n{N}'."""
+    if not re.fullmatch(VARIANT_PATTERN, name):
+        raise ValueError(f"not a student variant name (k<heads kept>-n<state size>): {name!r}")
+    heads_kept, state_size = name[1:].split("-n")
+    return int(heads_kept), int(state_size)
+
+
+def student_name(model: str, variant: str) -> str:
+    """The model name of `model`'s student `variant`: '<model>-hybrid-<variant>'."""
+    return f"{model}{STUDENT_MARK}{variant}"
+
+
+def split_student_name(name: str) -> tuple[str, str] | None:
+    """(teacher, variant) of a student's model name, None for any other name."""
+    teacher, mark, variant = name.rpartition(STUDENT_MARK)
+    if not mark or not re.fullmatch(VARIANT_PATTERN, variant):
+        return None
+    return teacher, variant
+
+
+def teacher_of(name: str) -> str:
+    """The teacher of a student's model name; any other model is its own teacher."""
+    parts = split_student_name(name)
+    return name if parts is None else parts[0]
+
+
+def student_variants(hybrid: dict) -> list[str]:
+    """The students of a config's `hybrid` section, in order: the heads-kept sweep at
+    `state_size`, then the state-size sweep at `state_sweep_heads_kept` (no repeats)."""
+    pairs = [(k, hybrid["state_size"]) for k in hybrid["heads_kept"]]
+    pairs += [(hybrid["state_sweep_heads_kept"], n) for n in hybrid["state_sizes"]]
+    return list(dict.fromkeys(variant_name(k, n) for k, n in pairs))
+
+
+# -- which heads are SSM heads ----------------------------------------------------------------------
+
+def ranked_heads(ranking, k: int, model_name: str = "the model") -> list[tuple[int, int]]:
+    """The `k` best (layer, head) of a head ranking table (columns rank, layer, head)."""
+    ranking = ranking.sort("rank")
+    if k > len(ranking):
+        raise ValueError(f"hybrid.heads_kept: {k} heads asked, but {model_name} has only {len(ranking)} ranked heads")
+    return [(int(layer), int(head)) for layer, head in ranking.select("layer", "head").head(k).iter_rows()]
+
+
+def ssm_heads_for(n_layers: int, n_heads: int, kept: list[tuple[int, int]]) -> dict[int, list[int]]:
+    """{layer: its SSM heads} when the heads `kept` [(layer, head)] stay attention."""
+    keep = {(int(layer), int(head)) for layer, head in kept}
+    return {i: [h for h in range(n_heads) if (i, h) not in keep] for i in range(n_layers)}
+
+
+# -- building, saving, loading -------------------------------------------------------------------
+
+def make_hybrid(model, kept: list[tuple[int, int]], state_size: int):
+    """Turn `model` (a Llama-family transformer, modified in place) into a hybrid keeping the
+    attention heads `kept` [(layer, head)]; all other heads become SSM heads."""
+    from gna.students.mixer import HybridMixer, layers_of
+
+    cfg = model.config
+    for i, layer in enumerate(layers_of(model)):
+        if not hasattr(layer, "self_attn") or not hasattr(layer.self_attn, "o_proj"):
+            raise TypeError(f"layer {i} of {type(model).__name__} has no attention module to replace")
+    spec = ssm_heads_for(cfg.num_hidden_layers, cfg.num_attention_heads, kept)
+    for i, layer in enumerate(layers_of(model)):
+        layer.self_attn = HybridMixer(layer.self_attn, cfg, spec[i], state_size, i)
+    return model
+
+
+def hybrid_spec(model, **extra) -> dict:
+    """A hybrid's spec {"state_size", "kept_heads": [[layer, head], ...], **extra}."""
+    from gna.students.mixer import mixers
+
+    ms = mixers(model)
+    kept = [[m.layer_idx, h] for m in ms for h in range(m.num_heads) if h not in m.ssm_heads]
+    return {"state_size": ms[0].state_size, "kept_heads": kept, **extra}
+
+
+def save_student(model, tok, out_dir: Path, spec: dict):
+    """Write a student folder (call inside gna.core.io.atomic_dir)."""
+    from safetensors.torch import save_model
+
+    out_dir = Path(out_dir)
+    model.config.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    save_model(model, str(out_dir / "model.safetensors"))
+    (out_dir / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n")
+
+
+def is_student(model_dir: Path) -> bool:
+    return (Path(model_dir) / SPEC_FILE).is_file()
+
+
+def read_spec(model_dir: Path) -> dict:
+    """The spec a student folder was saved with (hybrid_spec plus what distillation added)."""
+    return json.loads((Path(model_dir) / SPEC_FILE).read_text())
+
+
+def load_student(model_dir: Path, dtype=None):
+    """(student in eval mode, tokenizer) from a student folder; dtype: a torch dtype (float32)."""
+    import torch
+    from safetensors.torch import load_model as load_weights
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = Path(model_dir)
+    spec = read_spec(model_dir)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype or torch.float32)
+    make_hybrid(model, [tuple(x) for x in spec["kept_heads"]], spec["state_size"])
+    missing, unexpected = load_weights(model, str(model_dir / "model.safetensors"), strict=False)
+    # a tied embedding is stored once under one of its two names
+    tied = {"lm_head.weight", "model.embed_tokens.weight"} if model.config.tie_word_embeddings else set()
+    if unexpected or not (set(missing) <= tied and len(missing) < 2):
+        raise ValueError(f"{model_dir}: student weights do not match its {SPEC_FILE} "
+                         f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})")
+    model.eval()
+    return model, AutoTokenizer.from_pretrained(model_dir)

@@ -1,0 +1,28 @@
+"""Answer-row masking on hybrid students: every attention head kept from the teacher is denied
+the answer rows (gna.phases.masking.answer_rows_experiment), the SSM heads are left as they are."""
+
+from __future__ import annotations
+
+import logging
+
+import polars as pl
+
+from gna.core.io import write_parquet
+from gna.phases.masking import answer_rows_experiment
+from gna.models.prepare import load_model
+from gna.tasks.tables import load_task_tables
+
+log = logging.getLogger("gna.students.student_masking")
+
+
+def run_hybrid_answer_rows(model_name: str, variant: str, model_dir: str, task_paths: list[str], out_path: str,
+                           max_items: int | None, batch_size: int, dtype: str = "float32") -> pl.DataFrame:
+    """gna.phases.masking.answer_rows_experiment on student `variant` over the task tables (each cut
+    to `max_items`), with model and variant columns, written to `out_path`."""
+    model, tok = load_model(model_dir, dtype)
+    frame = answer_rows_experiment(model, load_task_tables(task_paths, max_items), tok, batch_size)
+    for row in frame.iter_rows(named=True):
+        log.info("%s %s: acc %.3f", row["task"], row["condition"], row["acc"])
+    frame = frame.with_columns(pl.lit(model_name).alias("model"), pl.lit(variant).alias("variant"))
+    write_parquet(frame, out_path)
+    return frame

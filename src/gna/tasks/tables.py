@@ -1,0 +1,191 @@
+"""Evaluation sets as tidy tables: one row per item, a context and its scored choices.
+
+Every task shares one schema so one scoring engine serves them all:
+  task, item_id, group, context, choices (list[str]), target (index into choices)
+plus task-specific columns (dict_size, query_key, question_id, topic).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from pathlib import Path
+
+import polars as pl
+
+from gna.core.io import read_parquet, write_parquet
+from gna.models.sources import verify_sha256
+from gna.tasks.words import KEY_WORDS
+
+log = logging.getLogger("gna.tasks.tables")
+
+KV_TEMPLATES = ("lookup", "study")
+MMLU_FORMATS = ("letter", "cloze")
+LETTERS = ("A", "B", "C", "D")
+KV_VALUES = tuple(str(v) for v in range(10, 100))
+
+
+def kv_prompt(pairs: list[tuple[str, str]], query: str, template: str,
+              example: tuple[str, str] | None) -> tuple[str, str]:
+    """(context, continuation prefix) for one dictionary. The study's wording asks in prose;
+    the lookup form repeats the dictionary's own `key:value` format, which small models solve."""
+    lines = "\n".join(f"{k}:{v}" for k, v in pairs)
+    head = f"Memorize the following dictionary:\n{lines}"
+    if template == "study":
+        return f"{head}\nThe value of the key '{query}' is", " "
+    if template == "lookup":
+        return f"{head}\n\nLookup:\n{example[0]}:{example[1]}\n{query}:", ""
+    raise ValueError(f"unknown KV template {template!r}; allowed: {', '.join(KV_TEMPLATES)}")
+
+
+def build_kv_retrieval(sizes: list[int], n_per_size: int, seed: int, template: str) -> pl.DataFrame:
+    """Seeded synthetic KV-retrieval. Items of one size do not depend on the other sizes, so
+    adding a size to config leaves existing items unchanged."""
+    if template not in KV_TEMPLATES:
+        raise ValueError(f"unknown KV template {template!r}; allowed: {', '.join(KV_TEMPLATES)}")
+    rows = []
+    for size in sizes:
+        if not 2 <= size <= len(KV_VALUES):
+            raise ValueError(f"KV dictionary size {size} out of range 2..{len(KV_VALUES)}")
+        rng = random.Random(f"kv-{seed}-{size}")
+        for i in range(n_per_size):
+            keys = rng.sample(KEY_WORDS, size)
+            values = rng.sample(KV_VALUES, size)
+            pairs = list(zip(keys, values))
+            target = rng.randrange(size)
+            example = pairs[rng.choice([j for j in range(size) if j != target])]
+            context, sep = kv_prompt(pairs, keys[target], template, example)
+            rows.append({
+                "task": "kv_retrieval", "item_id": len(rows), "group": str(size),
+                "context": context, "choices": [sep + v for v in values], "target": target,
+                "dict_size": size, "query_key": keys[target], "template": template,
+            })
+    return pl.DataFrame(rows)
+
+
+def load_mmlu_jsonl(path: str | Path) -> pl.DataFrame:
+    """Read MMLU rows (question, answer_a..answer_d, correct_answer, topic); keep a stable
+    question_id (line number) and drop rows whose answer is not a letter (header rows)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"missing MMLU file: {path}")
+    needed = {"question", "answer_a", "answer_b", "answer_c", "answer_d", "correct_answer", "topic"}
+    rows = []
+    with open(path) as handle:
+        for line_no, line in enumerate(handle):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{line_no + 1}: not valid JSON ({err})") from err
+            missing = needed - row.keys()
+            if missing:
+                raise ValueError(f"{path}:{line_no + 1}: missing fields {sorted(missing)}")
+            if row["correct_answer"] not in LETTERS:
+                continue
+            rows.append({"question_id": line_no, **{k: row[k] for k in needed}})
+    if not rows:
+        raise ValueError(f"{path}: no MMLU rows with an answer in A-D")
+    return pl.DataFrame(rows)
+
+
+def select_mmlu(table: pl.DataFrame, n: int | None, seed: int, topics: list[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(evaluation subset, remaining pool). The pool supplies few-shot examples and, later,
+    distillation text that never overlaps the evaluation questions."""
+    if topics:
+        known = set(table["topic"].unique())
+        unknown = sorted(set(topics) - known)
+        if unknown:
+            raise ValueError(f"tasks.mmlu.topics: unknown topics {unknown}; known: {sorted(known)}")
+        table = table.filter(pl.col("topic").is_in(topics))
+    ids = table["question_id"].to_list()
+    rng = random.Random(f"mmlu-{seed}")
+    chosen = set(rng.sample(ids, min(n, len(ids)))) if n else set(ids)
+    subset = table.filter(pl.col("question_id").is_in(chosen)).sort("question_id")
+    pool = table.filter(~pl.col("question_id").is_in(chosen)).sort("question_id")
+    return subset, pool
+
+
+def select_mmlu_file(path: str | Path, sha256: str | None, mmlu: dict) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(evaluation subset, remaining pool) of the MMLU file `path`, after checking its sha256
+    (None: no pin), by the `tasks.mmlu` config keys n, seed and topics."""
+    verify_sha256(path, sha256, str(path))
+    return select_mmlu(load_mmlu_jsonl(path), mmlu["n"], mmlu["seed"], mmlu["topics"])
+
+
+def _letter_block(row: dict, with_answer: bool) -> str:
+    options = "\n".join(f"{L}. {row['answer_' + L.lower()]}" for L in LETTERS)
+    text = f"{row['question'].strip()}\n{options}\nAnswer:"
+    return text + (f" {row['correct_answer']}\n\n" if with_answer else "")
+
+
+def build_mmlu(subset: pl.DataFrame, pool: pl.DataFrame, fmt: str, num_fewshot: int, seed: int) -> pl.DataFrame:
+    """MMLU in letter format ("Answer:" -> " A".." D", as lm-eval's mmlu) or cloze format
+    (log-likelihood of each answer text after "Answer:")."""
+    if fmt not in MMLU_FORMATS:
+        raise ValueError(f"unknown MMLU format {fmt!r}; allowed: {', '.join(MMLU_FORMATS)}")
+    pool_by_topic: dict[str, list[dict]] = {}
+    for row in pool.iter_rows(named=True):
+        pool_by_topic.setdefault(row["topic"], []).append(row)
+    rows = []
+    for row in subset.iter_rows(named=True):
+        rng = random.Random(f"fewshot-{seed}-{row['question_id']}")
+        candidates = pool_by_topic.get(row["topic"], [])
+        shots = rng.sample(candidates, min(num_fewshot, len(candidates))) if num_fewshot else []
+        if fmt == "letter":
+            header = f"The following are multiple choice questions (with answers) about {row['topic']}.\n\n"
+            context = header + "".join(_letter_block(s, True) for s in shots) + _letter_block(row, False)
+            choices = [f" {L}" for L in LETTERS]
+        else:
+            shot_text = "".join(
+                f"Question: {s['question'].strip()}\nAnswer: {s['answer_' + s['correct_answer'].lower()]}\n\n"
+                for s in shots)
+            context = shot_text + f"Question: {row['question'].strip()}\nAnswer:"
+            choices = [f" {row['answer_' + L.lower()]}" for L in LETTERS]
+        rows.append({
+            "task": f"mmlu_{fmt}", "item_id": len(rows), "group": row["topic"],
+            "context": context, "choices": choices, "target": LETTERS.index(row["correct_answer"]),
+            "question_id": row["question_id"], "topic": row["topic"],
+        })
+    return pl.DataFrame(rows)
+
+
+def write_kv_task(kv: dict, out_path: str | Path) -> pl.DataFrame:
+    """Build KV-retrieval from the `tasks.kv_retrieval` config keys (sizes, n_per_size, seed,
+    template) and write it to `out_path` as Parquet."""
+    table = build_kv_retrieval(kv["sizes"], kv["n_per_size"], kv["seed"], kv["template"])
+    write_parquet(table, out_path)
+    log.info("wrote %d items to %s", len(table), out_path)
+    return table
+
+
+def write_mmlu_task(mmlu_path: str | Path, sha256: str | None, mmlu: dict, fmt: str,
+                    out_path: str | Path) -> pl.DataFrame:
+    """Build MMLU in format `fmt` from the file `mmlu_path` (checked against `sha256`) and the
+    `tasks.mmlu` config keys n, seed, topics, num_fewshot; write it to `out_path` as Parquet."""
+    subset, pool = select_mmlu_file(mmlu_path, sha256, mmlu)
+    table = build_mmlu(subset, pool, fmt, mmlu["num_fewshot"], mmlu["seed"])
+    write_parquet(table, out_path)
+    log.info("wrote %d items to %s", len(table), out_path)
+    return table
+
+
+def subset_evenly(table: pl.DataFrame, max_items: int | None) -> pl.DataFrame:
+    """Evenly spaced items (KV tables are ordered by dictionary size, so this is stratified)."""
+    if not max_items or len(table) <= max_items:
+        return table
+    step = len(table) / max_items
+    return table[[int(i * step) for i in range(max_items)]]
+
+
+def load_task_tables(paths: list[str], max_items: int | None = None) -> dict[str, pl.DataFrame]:
+    """{task name: table} for task Parquet files, each cut to `max_items` evenly spaced items."""
+    tables = {}
+    for path in paths:
+        table = subset_evenly(read_parquet(path), max_items)
+        if table.is_empty():
+            raise ValueError(f"task file has no items: {path}")
+        tables[table["task"][0]] = table
+    return tables

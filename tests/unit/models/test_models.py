@@ -1,0 +1,81 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gna.models.prepare import load_model, load_source, prepare_model, read_provenance
+
+TINY = {"source": "tiny-random", "arch": "llama", "layers": 2, "hidden": 32, "heads": 4, "kv_heads": 2, "seed": 5}
+
+
+def _logits(model, tok, text="key:42\nLookup:"):
+    ids = tok(text, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        return model(ids).logits
+
+
+def test_tiny_random_is_seeded():
+    a, tok = load_source(TINY, None)
+    b, _ = load_source(TINY, None)
+    c, _ = load_source(dict(TINY, seed=6), None)
+    assert torch.equal(_logits(a, tok), _logits(b, tok))
+    assert not torch.equal(_logits(a, tok), _logits(c, tok))
+
+
+def test_prepare_roundtrip_is_exact(tmp_path):
+    model, tok = load_source(TINY, None)
+    info = prepare_model("tiny", TINY, tmp_path / "tiny")
+    assert info["n_layers"] == 2 and info["architecture"] == "LlamaForCausalLM"
+    assert read_provenance(tmp_path / "tiny")["spec"] == TINY
+    loaded, loaded_tok = load_model(tmp_path / "tiny")
+    assert loaded_tok("key:42")["input_ids"] == tok("key:42")["input_ids"]
+    assert torch.equal(_logits(model, tok), _logits(loaded, loaded_tok))
+    assert not list(tmp_path.glob(".*tmp*")), "temporary folder left behind"
+
+
+def test_local_source_and_missing_folder(tmp_path):
+    prepare_model("tiny", TINY, tmp_path / "a")
+    prepare_model("copy", {"source": "local", "path": str(tmp_path / "a")}, tmp_path / "b")
+    m1, t1 = load_model(tmp_path / "a")
+    m2, t2 = load_model(tmp_path / "b")
+    assert torch.equal(_logits(m1, t1), _logits(m2, t2))
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        prepare_model("x", {"source": "local", "path": str(tmp_path / "nowhere")}, tmp_path / "c")
+    assert not (tmp_path / "c").exists()
+
+
+def test_unknown_source_is_named():
+    with pytest.raises(ValueError, match="unknown model source 'ftp'"):
+        load_source({"source": "ftp"}, None)
+
+
+def test_hf_source_resolves_a_hub_id_through_the_hf_cache(tmp_path):
+    """The `hf` path is the real from_pretrained(hub id) code; here the hub cache is pre-filled
+    (as on a cluster node without network) and HF_HUB_OFFLINE=1 forbids any download."""
+    prepare_model("tiny", TINY, tmp_path / "src")
+    snapshot = tmp_path / "hub" / "models--gna-test--tiny-llama" / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    for f in (tmp_path / "src").iterdir():
+        (snapshot / f.name).symlink_to(f)
+    (tmp_path / "hub" / "models--gna-test--tiny-llama" / "refs").mkdir()
+    (tmp_path / "hub" / "models--gna-test--tiny-llama" / "refs" / "main").write_text("a" * 40)
+    code = (
+        "from gna.models.prepare import prepare_model; import json, sys;"
+        "info = prepare_model('hub-tiny', {'source': 'hf', 'id': 'gna-test/tiny-llama'}, sys.argv[1]);"
+        "print(json.dumps(info['spec']))"
+    )
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "hub"), HF_HOME=str(tmp_path / "home"))
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "out")], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["id"] == "gna-test/tiny-llama"
+    m1, t1 = load_model(tmp_path / "src")
+    m2, t2 = load_model(tmp_path / "out")
+    assert torch.equal(_logits(m1, t1), _logits(m2, t2))
+    # an id that is not in the cache fails with the hub's own error, naming the id
+    proc = subprocess.run([sys.executable, "-c", code.replace("gna-test/tiny-llama", "gna-test/absent"),
+                           str(tmp_path / "out2")], env=env, capture_output=True, text=True)
+    assert proc.returncode != 0 and "gna-test/absent" in proc.stderr
+    assert not (tmp_path / "out2").exists()

@@ -1,0 +1,164 @@
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from gna.phases.head_tables import critical_heads, dict_size_curves, heads_kept, remove_top_k
+from gna.phases.head_ablation import (attribution_scores, compare_attribution, rank_attribution, rank_heads, spearman,
+                               sweep_heads, sweep_heads_naive, top_heads)
+from gna.engine.hooks import ablate_heads, active_hooks, all_heads, head_sites
+from gna.engine.scoring import score_table
+from gna.tasks.tables import build_kv_retrieval
+
+KV = build_kv_retrieval([3, 5], 3, 0, "lookup")
+
+
+def _logits(model, tok, text="tiger:77\nqueen:31\nLookup:\ntiger:"):
+    ids = tok(text, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        return model(ids).logits
+
+
+def test_hooks_are_removed_even_on_error(tiny_llama):
+    model, tok = tiny_llama
+    assert active_hooks(model) == 0
+    with ablate_heads(model, [(0, 1), (2, 3)]):
+        assert active_hooks(model) == 3  # two sites + the run counter
+    with pytest.raises(RuntimeError):
+        with ablate_heads(model, [(1, 0)]):
+            raise RuntimeError("boom")
+    assert active_hooks(model) == 0
+    with pytest.raises(ValueError, match="no head 9 in layer 0"):
+        with ablate_heads(model, [(0, 9)]):
+            pass
+
+
+def test_query_head_ablation_equals_zeroing_its_o_proj_columns(tiny_llama):
+    """Independent reference: with GQA (4 query heads, 2 K/V groups) ablating query head h must
+    equal removing its columns from o_proj, and leave the shared K/V projections alone."""
+    model, tok = tiny_llama
+    site = head_sites(model)[1]
+    assert site.kind == "attention" and model.config.num_key_value_heads < site.n_heads
+    with ablate_heads(model, [(1, 2)]):
+        hooked = _logits(model, tok)
+    o_proj = model.model.layers[1].self_attn.o_proj
+    saved = o_proj.weight.detach().clone()
+    try:
+        with torch.no_grad():
+            o_proj.weight[:, 2 * site.head_dim: 3 * site.head_dim] = 0
+        surgery = _logits(model, tok)
+    finally:
+        with torch.no_grad():
+            o_proj.weight.copy_(saved)
+    assert torch.allclose(hooked, surgery, atol=1e-6)
+    assert not torch.allclose(hooked, _logits(model, tok), atol=1e-4)
+
+
+def test_fast_sweep_equals_full_forward_per_head(tiny_llama):
+    model, tok = tiny_llama
+    heads = all_heads(model)
+    fast = sweep_heads(model, tok, KV, progress=False)
+    naive = sweep_heads_naive(model, tok, KV, heads, progress=False)
+    assert len(fast) == len(heads) + 1 and active_hooks(model) == 0
+    for layer, head in heads:
+        row = fast.filter((pl.col("layer") == layer) & (pl.col("head") == head)).row(0, named=True)
+        ref = naive[(layer, head)]
+        assert row["acc"] == ref["correct"].mean()
+        assert abs(row["mean_logp"] - ref["logp_target"].mean()) <= 1e-5
+    # and the naive path itself is the model's own forward with the head ablated
+    from gna.engine.scoring import score_table_ref
+
+    with ablate_heads(model, [(1, 2)]):
+        hf = score_table_ref(model, tok, KV)
+    np.testing.assert_allclose(np.concatenate(naive[(1, 2)]["logprobs"].to_list()),
+                               np.concatenate(hf["logprobs"].to_list()), atol=1e-4)
+
+
+def test_ranking_and_attribution(tiny_llama):
+    model, tok = tiny_llama
+    ranking = rank_heads(sweep_heads(model, tok, KV, progress=False))
+    assert ranking["rank"].to_list() == list(range(1, len(ranking) + 1))
+    drops = list(zip(ranking["acc_drop"], ranking["logp_drop"]))
+    assert drops == sorted(drops, reverse=True)
+    est = attribution_scores(model, tok, KV, progress=False)
+    joined = ranking.join(est, on=["layer", "head"])
+    assert len(joined) == len(ranking)
+    # on a tiny random model, ablation effects are small and close to linear
+    assert spearman(joined["logp_drop"].to_list(), joined["logp_drop_est"].to_list()) > 0.8
+
+
+def test_head_tables(tiny_llama):
+    model, tok = tiny_llama
+    ranking = rank_heads(sweep_heads(model, tok, KV, progress=False))
+    tables = {"kv_retrieval": KV}
+    topk = remove_top_k(model, tok, ranking, tables, [0, 2], random_draws=2, control_tasks=["kv_retrieval"],
+                        seed=1, progress=False)
+    again = remove_top_k(model, tok, ranking, tables, [0, 2], random_draws=2, control_tasks=["kv_retrieval"],
+                         seed=1, progress=False)
+    assert topk.equals(again)
+    assert set(topk.filter(pl.col("condition") == "random")["draw"]) == {0, 1}
+    k0 = topk.filter((pl.col("k") == 0) & (pl.col("metric") == "acc") & (pl.col("group") == "all"))["value"][0]
+    assert k0 == score_table(model, tok, KV, progress=False)["correct"].mean()
+    kept_layers = [0, 1, 2]
+    a, b = critical_heads(ranking, kept_layers)
+    assert a[0] != b[0]
+    kept = heads_kept(model, tok, ranking, kept_layers, tables, progress=False)
+    assert kept["variant"].n_unique() == 5
+    curves = dict_size_curves(model, tok, ranking, KV, progress=False)
+    assert set(curves["dict_size"]) == {3, 5} and curves["condition"].n_unique() == 3
+    assert active_hooks(model) == 0
+
+
+@pytest.mark.parametrize("family", ["mamba2", "mamba"])
+def test_ssm_heads(family):
+    from transformers import Mamba2Config, Mamba2ForCausalLM, MambaConfig, MambaForCausalLM
+
+    from gna.models.tiny import byte_level_tokenizer
+
+    tok = byte_level_tokenizer()
+    torch.manual_seed(0)
+    if family == "mamba2":
+        model = Mamba2ForCausalLM(Mamba2Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_heads=4,
+                                               head_dim=16, state_size=8, n_groups=1, expand=2)).eval()
+        kind, n = "ssm", 4
+    else:
+        model = MambaForCausalLM(MambaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
+                                             state_size=8, expand=2)).eval()
+        kind, n = "ssm-channels", 16
+    sites = head_sites(model)
+    assert [s.kind for s in sites] == [kind, kind] and sites[0].n_heads == n
+    base = _logits(model, tok)
+    with ablate_heads(model, [(1, 0)]):
+        ablated = _logits(model, tok)
+    assert not torch.allclose(base, ablated, atol=1e-6)
+    assert torch.equal(base, _logits(model, tok)) and active_hooks(model) == 0
+    if family == "mamba":  # channel groups enter out_proj linearly: compare with weight surgery
+        out_proj = model.backbone.layers[1].mixer.out_proj
+        saved = out_proj.weight.detach().clone()
+        with torch.no_grad():
+            out_proj.weight[:, : sites[1].head_dim] = 0
+        assert torch.allclose(_logits(model, tok), ablated, atol=1e-5)
+        with torch.no_grad():
+            out_proj.weight.copy_(saved)
+    sweep = sweep_heads(model, tok, build_kv_retrieval([3], 2, 0, "lookup"), heads=[(0, 0), (1, 1)], progress=False)
+    assert len(sweep) == 3
+
+
+def test_attribution_comparison():
+    """The estimate ranks heads (est_rank), joins the exact drops, and reports the rank
+    correlation, the recall of the exact top 10 in the estimate's top n, and timings."""
+    heads = [(layer, head) for layer in range(3) for head in range(4)]
+    est = pl.DataFrame({"layer": [l for l, _ in heads], "head": [h for _, h in heads], "kind": "attention",
+                        "logp_drop_est": [float(i) for i in range(12)]})
+    # exact drops agree in order except that the two largest are swapped
+    drops = [float(i) for i in range(10)] + [11.0, 10.0]
+    exact = pl.DataFrame({"layer": [l for l, _ in heads], "head": [h for _, h in heads], "acc_drop": 0.0,
+                          "logp_drop": drops, "rank": [12 - sorted(drops).index(d) for d in drops]})
+    ranked = rank_attribution(est)
+    assert ranked["est_rank"].to_list() == list(range(1, 13)) and top_heads(ranked, 2) == [(2, 3), (2, 2)]
+    result = compare_attribution(ranked, exact, top_n=5, seconds={"attribution_seconds": 1.5})
+    assert result["spearman_logp"][0] == pytest.approx(spearman(drops, list(range(12))))
+    # the exact top 10 are heads 2..11; the estimate's top 5 are heads 7..11
+    assert result["recall_top10_in_top_n"][0] == pytest.approx(0.5)
+    assert result["verified"].sum() == 5 and result["attribution_seconds"][0] == 1.5
+    assert result.columns[-2:] == ["attribution_seconds", "verified"]

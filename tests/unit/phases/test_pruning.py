@@ -1,0 +1,130 @@
+import numpy as np
+import polars as pl
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+from gna.phases.pruning import gradual, individual, minimal_prefix, pruned_layers
+from gna.tasks.tables import subset_evenly
+from gna.engine.scoring import score_removals, score_table, score_table_ref
+from gna.tasks.tables import build_kv_retrieval
+
+KV = build_kv_retrieval([3, 5], 3, 0, "lookup")
+
+
+def _logits(model, ids):
+    with torch.inference_mode():
+        return model(ids).logits
+
+
+def _flat(frame):
+    return np.concatenate(frame["logprobs"].to_list())
+
+
+def test_keep_all_is_the_full_model_and_everything_is_restored(tiny_llama):
+    model, tok = tiny_llama
+    ids = tok("apple:12\nLookup:\napple:", return_tensors="pt").input_ids
+    full = _logits(model, ids)
+    layers, n = model.model.layers, model.config.num_hidden_layers
+    with pruned_layers(model, list(range(n))):
+        assert torch.equal(_logits(model, ids), full)
+    with pytest.raises(RuntimeError):
+        with pruned_layers(model, [2, 0]):
+            assert [l.self_attn.layer_idx for l in model.model.layers] == [0, 1]
+            raise RuntimeError("boom")
+    assert model.model.layers is layers and model.config.num_hidden_layers == n
+    assert [l.self_attn.layer_idx for l in model.model.layers] == list(range(n))
+    assert torch.equal(_logits(model, ids), full)
+
+
+def test_pruned_model_equals_a_model_built_by_hand(tiny_llama):
+    model, tok = tiny_llama
+    ids = tok("tiger:77\nqueen:31\nLookup:\ntiger:", return_tensors="pt").input_ids
+    k = 2
+    cfg = model.config.to_dict()
+    cfg["num_hidden_layers"] = k
+    cfg.pop("layer_types", None)
+    by_hand = LlamaForCausalLM(type(model.config)(**cfg)).eval()
+    state = {name: w for name, w in model.state_dict().items()
+             if not name.startswith("model.layers.") or int(name.split(".")[2]) < k}
+    by_hand.load_state_dict(state, strict=True)
+    with pruned_layers(model, list(range(k))):
+        assert torch.allclose(_logits(model, ids), _logits(by_hand, ids), atol=1e-6, rtol=0)
+
+
+def test_pruned_model_cache_stays_aligned(tiny_llama):
+    """With a middle layer dropped, incremental decoding through the KV cache must equal the
+    uncached forward: misnumbered layer_idx would write into the wrong cache slot."""
+    model, tok = tiny_llama
+    ids = tok("wolf:55\nzebra:19\nLookup:\nwolf:", return_tensors="pt").input_ids
+    with pruned_layers(model, [0, 2]), torch.inference_mode():
+        full = model(ids).logits
+        out = model(ids[:, :-3], use_cache=True)
+        cache, steps = out.past_key_values, [out.logits[:, -1]]
+        for t in range(ids.shape[1] - 3, ids.shape[1]):
+            out = model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            steps.append(out.logits[:, -1])
+    assert torch.allclose(torch.stack(steps[1:], 1), full[:, -3:], atol=1e-5)
+
+
+def test_one_pass_depth_readout_equals_each_pruned_model(tiny_llama):
+    model, tok = tiny_llama
+    n = model.config.num_hidden_layers
+    fast = score_table(model, tok, KV, depths=list(range(1, n + 1)), progress=False)
+    for k in range(1, n + 1):
+        with pruned_layers(model, list(range(k))):
+            ref = score_table_ref(model, tok, KV)
+        np.testing.assert_allclose(_flat(fast.filter(pl.col("depth") == k)), _flat(ref), atol=1e-4)
+
+
+def test_layer_removal_prefix_reuse_equals_pruned_reference(tiny_llama):
+    model, tok = tiny_llama
+    keep = [0, 1, 2]
+    fast = score_removals(model, tok, KV, keep, keep, progress=False)
+    for r in keep:
+        rest = [l for l in keep if l != r]
+        with pruned_layers(model, rest):
+            ref = score_table_ref(model, tok, KV)
+        np.testing.assert_allclose(_flat(fast.filter(pl.col("removed_layer") == r)), _flat(ref), atol=1e-4)
+    with pytest.raises(ValueError, match="not among the kept layers"):
+        score_removals(model, tok, KV, [0, 1], [2], progress=False)
+
+
+def test_sweeps_are_tidy(tiny_llama):
+    model, tok = tiny_llama
+    tables = {"kv_retrieval": KV}
+    g = gradual(model, tok, tables, progress=False)
+    assert set(g["layers_kept"]) == {1, 2, 3} and set(g["group"]) == {"3", "5", "all"}
+    i = individual(model, tok, tables, [0, 1], progress=False)
+    assert set(i["removed_layer"]) == {-1, 0, 1}
+    assert set(g.columns) >= {"task", "group", "n", "metric", "value", "layers_kept", "experiment"}
+
+
+def test_minimal_prefix_needs_every_larger_prefix_to_pass():
+    values = {1: 0.1, 2: 0.95, 3: 0.5, 4: 0.92, 5: 0.97, 6: 1.0}
+    frame = pl.DataFrame({"task": "kv_retrieval", "metric": "acc", "group": "all",
+                          "layers_kept": list(values), "value": list(values.values())})
+    best = minimal_prefix(frame, "kv_retrieval", "acc", 0.9)
+    assert best["layers_kept"] == 4 and best["kept_layers"] == [0, 1, 2, 3] and best["full_value"] == 1.0
+    assert minimal_prefix(frame, "kv_retrieval", "acc", 1.0)["layers_kept"] == 6
+
+
+def test_sweep_subset_is_stratified():
+    table = build_kv_retrieval([3, 5, 7, 9], 10, 0, "lookup")
+    sub = subset_evenly(table, 8)
+    assert len(sub) == 8 and sub["dict_size"].value_counts()["count"].to_list() == [2, 2, 2, 2]
+
+
+def test_minimal_model_phase_writes_the_prefix_with_the_model_name(tmp_path):
+    import json
+
+    from gna.phases.pruning import run_minimal_model
+
+    values = {1: 0.2, 2: 0.9, 3: 1.0}
+    frame = pl.DataFrame({"task": "kv_retrieval", "metric": "acc", "group": "all",
+                          "layers_kept": list(values), "value": list(values.values())})
+    frame.write_parquet(tmp_path / "gradual.parquet")
+    run_minimal_model("m", tmp_path / "gradual.parquet", tmp_path / "minimal.json", "kv_retrieval", "acc", 0.9)
+    written = json.loads((tmp_path / "minimal.json").read_text())
+    assert written["model"] == "m" and written["kept_layers"] == [0, 1]

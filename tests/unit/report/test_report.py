@@ -1,0 +1,150 @@
+"""The report: its registry (inputs, figures, captions), the caption markup, and the whole HTML
+report built from the golden smoke results (tests/data/smoke_results)."""
+
+import json
+import shutil
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+
+from conftest import REPO
+from gna.core.config import load_schema, validate_config
+from gna.report.htmlkit import read_caption, rst_to_html
+from gna.core.provenance import import_closure
+from gna.report.page import build_report, render_function
+from gna.report.registry import FIGURES, SECTIONS, Input, report_figures, report_inputs
+
+GOLDEN = REPO / "tests" / "data" / "smoke_results"
+# the smoke config's models, students and variants (config/smoke.yaml), as rules/report.smk passes them
+SMOKE_VALUES = {
+    "model": ["tiny-llama"],
+    "gna_model": ["tiny-llama", "tiny-llama-hybrid-k0-n8", "tiny-llama-hybrid-k2-n8"],
+    "scored_variant": ["teacher", "k0-n8", "k2-n8", "k0-n4"],
+    "student_variant": ["k0-n8", "k2-n8", "k0-n4"],
+    "answer_row_variant": ["k2-n8"],
+    "state_size": [4, 8],
+}
+SECTION_TITLES = ["Models", "Baseline", "Layer pruning", "Per-head ablation", "Gather-and-Aggregate roles",
+                  "SSM and hybrid students", "Timings", "Config"]
+
+
+def test_every_figure_has_its_caption_file_and_every_caption_a_figure():
+    names = [figure.name for figure in FIGURES]
+    assert len(names) == len(set(names))
+    for figure in FIGURES:
+        assert (REPO / figure.caption_file).is_file(), figure.caption_file
+    assert {p.stem for p in (REPO / "rules" / "captions").glob("*.rst")} == set(names)
+
+
+def test_every_section_renders_through_a_module_the_report_script_imports():
+    closure = set(import_closure(REPO / "workflow_scripts" / "report.py"))
+    for section in SECTIONS:
+        render = render_function(section)
+        assert callable(render)
+        assert Path(render.__code__.co_filename).resolve() in {p.resolve() for p in closure}, section.name
+
+
+def test_input_keys_are_unique():
+    keys = [put.key for section in SECTIONS for put in section.inputs]
+    assert len(keys) == len(set(keys))
+
+
+def test_inputs_expand_like_snakemake_expand():
+    put = Input("x", "r/{model}/{student_variant}.parquet")
+    assert put.wildcards() == ["model", "student_variant"]
+    assert put.paths({"model": ["a", "b"], "student_variant": ["k0-n8", "k2-n8"]}, {}) == [
+        "r/a/k0-n8.parquet", "r/a/k2-n8.parquet", "r/b/k0-n8.parquet", "r/b/k2-n8.parquet"]
+    assert Input("y", "r/baseline.parquet").paths({}, {}) == "r/baseline.parquet"
+    assert Input("z", "r/{model}/swap.parquet", "hybrid_swap").paths({"model": ["a"]}, {"hybrid_swap": False}) == []
+
+
+def test_switched_off_hybrid_has_no_hybrid_inputs():
+    inputs = report_inputs(SMOKE_VALUES, {"hybrid": False, "hybrid_swap": False})
+    assert all(inputs[key] == [] for key in inputs if key.startswith("hybrid_"))
+    assert inputs["gna_roles"] == [f"data/results/gna/{m}/roles.parquet" for m in SMOKE_VALUES["gna_model"]]
+    assert inputs["baseline"] == "data/results/baseline.parquet"
+
+
+def test_rst_captions_become_html():
+    assert rst_to_html("A *letter* and **bold**,\n``|T|`` & <x>.") == (
+        "A <i>letter</i> and <b>bold</b>, <code>|T|</code> &amp; &lt;x&gt;.")
+    assert rst_to_html("one\nline\n\nsecond") == "<p>one line</p><p>second</p>"
+
+
+def smoke_data(root: Path) -> Path:
+    """A data folder like a finished smoke run's: the golden results plus the few inputs the golden
+    set leaves out (the KV task, the model's provenance, the minimal model, the wall-clock columns)."""
+    data = root / "data"
+    for folder in ("results", "distill"):
+        shutil.copytree(GOLDEN / folder, data / folder)
+    attribution = data / "results/heads/tiny-llama/attribution.parquet"
+    pl.read_parquet(attribution).with_columns(attribution_seconds=pl.lit(1.5), verify_seconds=pl.lit(0.5)).write_parquet(
+        attribution)
+    (data / "tasks").mkdir()
+    pl.DataFrame({"task": ["kv_retrieval"] * 2, "item_id": [0, 1], "group": ["3", "6"],
+                  "context": ["k1:v1\nk2:v2\nk3:v3\n\nLookup:\nk1:v1\nk2:", "…"], "choices": [["v1", "v2", "v3"]] * 2,
+                  "target": [1, 0], "dict_size": [3, 6], "query_key": ["k2", "k1"],
+                  "template": ["lookup"] * 2}).write_parquet(data / "tasks/kv_retrieval.parquet")
+    model = data / "models/tiny-llama"
+    model.mkdir(parents=True)
+    (model / "gna_source.json").write_text(json.dumps({
+        "name": "tiny-llama", "spec": {"source": "tiny-random", "arch": "llama", "seed": 0}, "raw_file_sha256": None,
+        "architecture": "LlamaForCausalLM", "n_layers": 4, "n_params": 180928, "seconds": 3.07}))
+    (data / "results/prune/tiny-llama/minimal_model.json").write_text(json.dumps({
+        "fraction": 0.9, "full_value": 1 / 6, "kept_layers": [0], "layers_kept": 1, "metric": "acc",
+        "model": "tiny-llama", "n_layers": 4, "task": "kv_retrieval", "threshold": 0.15, "value": 1 / 6}))
+    bench = data / "benchmarks/heads_sweep"
+    bench.mkdir(parents=True)
+    (bench / "tiny-llama.tsv").write_text("s\th:m:s\tmax_rss\n12.5\t0:00:12\t800.0\n")
+    return data
+
+
+def render(root: Path, switches: dict) -> Path:
+    data = smoke_data(root)
+    config = validate_config(yaml.safe_load((REPO / "config/smoke.yaml").read_text()),
+                             load_schema(REPO / "config/schema.yaml"))
+    inputs = {key: [str(root / p) for p in paths] if isinstance(paths, list) else str(root / paths)
+              for key, paths in report_inputs(SMOKE_VALUES, switches).items()}
+    figures = {name: str(root / path) for name, path in report_figures().items()}
+    build_report(inputs, root / "index.html", figures, options=config["report"], config=config,
+                 benchmark_dir=data / "benchmarks", workflow_dir=REPO)
+    return root / "index.html"
+
+
+@pytest.fixture(scope="module")
+def smoke_report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    return root, render(root, {"hybrid": True, "hybrid_swap": True}).read_text()
+
+
+@pytest.mark.slow
+def test_report_of_the_smoke_results_has_every_section_figure_and_caption(smoke_report):
+    root, page = smoke_report
+    headings = [title for title in SECTION_TITLES if f"<h2>{title}</h2>" in page]
+    assert headings == SECTION_TITLES
+    assert page.index("<h2>Per-head ablation</h2>") < page.index("<h2>Gather-and-Aggregate roles</h2>")
+    assert page.count("<figure>") == len(FIGURES)
+    for figure in FIGURES:
+        assert (root / figure.path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", figure.name
+        assert f"<figcaption>{read_caption(REPO / figure.caption_file)}</figcaption>" in page, figure.name
+
+
+@pytest.mark.slow
+def test_report_shows_the_smoke_numbers(smoke_report):
+    _, page = smoke_report
+    assert "tiny random llama (seed 0)" in page
+    assert "Template: <b>lookup</b>" in page
+    assert "tiny-llama: layer swap" in page and "k0-n8 + attention layer 3" in page
+    assert "heads_sweep/tiny-llama" in page  # the timings table
+    assert "Reference, not produced by this pipeline" in page
+
+
+@pytest.mark.slow
+def test_report_without_the_hybrid_phase_draws_placeholders(tmp_path):
+    page = render(tmp_path, {"hybrid": False, "hybrid_swap": False}).read_text()
+    assert "<h2>SSM and hybrid students</h2>" not in page
+    assert page.count("<figure>") == len(FIGURES) - 2
+    for name in ("hybrid_heads", "hybrid_training"):
+        assert (tmp_path / report_figures()[name]).is_file()

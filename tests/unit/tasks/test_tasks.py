@@ -1,0 +1,99 @@
+import json
+
+import polars as pl
+import pytest
+
+from conftest import MINI_MMLU
+from gna.core.io import sha256_file
+from gna.models.sources import ChecksumError
+from gna.tasks.tables import (build_kv_retrieval, build_mmlu, load_mmlu_jsonl, select_mmlu, select_mmlu_file,
+                       write_kv_task, write_mmlu_task)
+
+MMLU_CONFIG = {"n": 6, "seed": 1, "topics": ["biology"], "num_fewshot": 1}
+
+
+def test_kv_is_seeded_and_sizes_are_independent():
+    a = build_kv_retrieval([5, 10], 4, seed=1, template="lookup")
+    b = build_kv_retrieval([10], 4, seed=1, template="lookup")
+    assert a.equals(build_kv_retrieval([5, 10], 4, seed=1, template="lookup"))
+    assert a.filter(pl.col("dict_size") == 10)["context"].to_list() == b["context"].to_list()
+    assert a["context"].to_list() != build_kv_retrieval([5, 10], 4, seed=2, template="lookup")["context"].to_list()
+
+
+@pytest.mark.parametrize("template", ["lookup", "study"])
+def test_kv_items_are_consistent(template):
+    table = build_kv_retrieval([6], 20, seed=3, template=template)
+    for row in table.iter_rows(named=True):
+        lines = row["context"].split("\n")[1:7]
+        pairs = dict(line.split(":") for line in lines)
+        assert len(pairs) == 6 and len(set(pairs.values())) == 6
+        assert row["choices"][row["target"]].strip() == pairs[row["query_key"]]
+        if template == "study":
+            assert row["context"].endswith(f"The value of the key '{row['query_key']}' is")
+        else:
+            assert row["context"].endswith(f"\n{row['query_key']}:")
+            example_key = row["context"].split("Lookup:\n")[1].split(":")[0]
+            assert example_key != row["query_key"] and example_key in pairs
+
+
+def test_kv_rejects_bad_template_and_size():
+    with pytest.raises(ValueError, match="allowed: lookup, study"):
+        build_kv_retrieval([5], 1, 0, "prose")
+    with pytest.raises(ValueError, match="out of range"):
+        build_kv_retrieval([1], 1, 0, "lookup")
+
+
+def test_mmlu_loader_skips_header_rows_and_names_bad_file(tmp_path):
+    rows = [json.loads(line) for line in MINI_MMLU.read_text().splitlines()]
+    bad = dict(rows[0], correct_answer="answer")
+    path = tmp_path / "m.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [bad] + rows) + "\n")
+    table = load_mmlu_jsonl(path)
+    assert len(table) == len(rows) and table["question_id"].min() == 1
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(json.dumps({"question": "q"}) + "\n")
+    with pytest.raises(ValueError, match=r"broken.jsonl:1: missing fields"):
+        load_mmlu_jsonl(broken)
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        load_mmlu_jsonl(tmp_path / "nope.jsonl")
+
+
+def test_mmlu_selection_and_formats():
+    table = load_mmlu_jsonl(MINI_MMLU)
+    subset, pool = select_mmlu(table, 6, seed=1, topics=["biology"])
+    assert len(subset) == 6 and set(subset["topic"]) == {"biology"}
+    assert not set(subset["question_id"]) & set(pool["question_id"])
+    letter = build_mmlu(subset, pool, "letter", num_fewshot=1, seed=1)
+    cloze = build_mmlu(subset, pool, "cloze", num_fewshot=0, seed=1)
+    assert letter["question_id"].to_list() == cloze["question_id"].to_list()
+    first = letter.row(0, named=True)
+    assert first["context"].startswith("The following are multiple choice questions (with answers) about biology.\n\n")
+    assert first["context"].count("Answer:") == 2 and first["context"].endswith("\nD. " + subset["answer_d"][0] + "\nAnswer:")
+    assert first["choices"] == [" A", " B", " C", " D"]
+    c0 = cloze.row(0, named=True)
+    assert c0["context"] == f"Question: {subset['question'][0]}\nAnswer:"
+    assert c0["choices"][c0["target"]] == " " + subset["answer_" + subset["correct_answer"][0].lower()][0]
+    with pytest.raises(ValueError, match="unknown topics"):
+        select_mmlu(table, 2, 1, ["astrology"])
+
+
+def test_write_kv_task_writes_the_configured_table(tmp_path):
+    kv = {"sizes": [3, 5], "n_per_size": 2, "seed": 4, "template": "study"}
+    table = write_kv_task(kv, tmp_path / "kv.parquet")
+    assert table.equals(build_kv_retrieval([3, 5], 2, 4, "study"))
+    assert pl.read_parquet(tmp_path / "kv.parquet").equals(table)
+
+
+def test_write_mmlu_task_selects_and_formats_like_the_builders(tmp_path):
+    subset, pool = select_mmlu(load_mmlu_jsonl(MINI_MMLU), 6, seed=1, topics=["biology"])
+    for fmt in ("letter", "cloze"):
+        table = write_mmlu_task(MINI_MMLU, sha256_file(MINI_MMLU), MMLU_CONFIG, fmt, tmp_path / f"{fmt}.parquet")
+        assert table.equals(build_mmlu(subset, pool, fmt, num_fewshot=1, seed=1))
+        assert pl.read_parquet(tmp_path / f"{fmt}.parquet").equals(table)
+
+
+def test_select_mmlu_file_checks_the_pin():
+    unpinned = select_mmlu_file(MINI_MMLU, None, MMLU_CONFIG)
+    assert all(a.equals(b) for a, b in zip(unpinned, select_mmlu_file(MINI_MMLU, sha256_file(MINI_MMLU), MMLU_CONFIG)))
+    with pytest.raises(ChecksumError, match="mini_mmlu.jsonl"):
+        select_mmlu_file(MINI_MMLU, "0" * 64, MMLU_CONFIG)
