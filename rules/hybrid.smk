@@ -74,6 +74,7 @@ rule distill_align:
     output:
         weights="data/distill/{model}/align-n{n}.safetensors",
         curve="data/distill/{model}/align-n{n}.parquet",
+        heads="data/distill/{model}/align-n{n}-heads.parquet",
     params:
         align=HYBRID["align"],
         seed=HYBRID["seed"],
@@ -123,9 +124,11 @@ rule hybrid_score:
         teacher="data/distill/{model}/teacher.safetensors",
         tasks=list(TASK_FILES.values()),
     output:
-        "data/results/hybrid/{model}/{variant}.parquet",
+        summary="data/results/hybrid/{model}/{variant}.parquet",
+        answers="data/results/hybrid/{model}/answers/{variant}.parquet",
     params:
         max_items=HYBRID["eval_items"],
+        swap_items=HYBRID["degeneracy_items"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
         code=code_of("hybrid_score"),
@@ -148,10 +151,12 @@ rule hybrid_swap:
         teacher="data/distill/{model}/teacher.safetensors",
         tasks=list(TASK_FILES.values()),
     output:
-        "data/results/hybrid/{model}/swap.parquet",
+        summary="data/results/hybrid/{model}/swap.parquet",
+        answers="data/results/hybrid/{model}/answers/swap.parquet",
     params:
         variant=pure_ssm_variant(),
         max_items=HYBRID["eval_items"],
+        swap_items=HYBRID["degeneracy_items"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
         code=code_of("hybrid_swap"),
@@ -195,7 +200,7 @@ rule hybrid_answer_rows:
     output:
         "data/results/hybrid/{model}/answer-rows-{variant}.parquet",
     params:
-        max_items=HYBRID["eval_items"],
+        max_items=HYBRID["answer_rows_items"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
         code=code_of("hybrid_answer_rows"),

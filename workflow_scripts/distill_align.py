@@ -6,4 +6,4 @@ setup(snakemake.log[0], snakemake.threads)
 p = snakemake.params
 run_distill_align(snakemake.wildcards.model, snakemake.input.model, snakemake.input.teacher,
                   int(snakemake.wildcards.n), snakemake.output.weights, snakemake.output.curve,
-                  align=p.align, seed=p.seed, dtype=p.dtype)
+                  snakemake.output.heads, align=p.align, seed=p.seed, dtype=p.dtype)

@@ -1,9 +1,10 @@
-"""Rule hybrid_score: task scores and held-out perplexity of the teacher or one student."""
+"""Rule hybrid_score: task scores, per-item answers and held-out perplexity of the teacher or one student."""
 from gna.core.runtime import setup
 from gna.students.student_evaluation import run_hybrid_score
 
 setup(snakemake.log[0], snakemake.threads)
 p = snakemake.params
 run_hybrid_score(snakemake.wildcards.model, snakemake.wildcards.variant, snakemake.input.model,
-                 snakemake.input.teacher, list(snakemake.input.tasks), snakemake.output[0],
-                 max_items=p.max_items, batch_size=p.batch_size, dtype=p.dtype)
+                 snakemake.input.teacher, list(snakemake.input.tasks), snakemake.output.summary,
+                 snakemake.output.answers, max_items=p.max_items, swap_items=p.swap_items,
+                 batch_size=p.batch_size, dtype=p.dtype)

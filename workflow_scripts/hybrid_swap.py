@@ -5,5 +5,6 @@ from gna.students.student_evaluation import run_hybrid_swap
 setup(snakemake.log[0], snakemake.threads)
 p = snakemake.params
 run_hybrid_swap(snakemake.wildcards.model, p.variant, snakemake.input.model, snakemake.input.ranking,
-                snakemake.input.teacher, list(snakemake.input.tasks), snakemake.output[0],
-                max_items=p.max_items, batch_size=p.batch_size, dtype=p.dtype)
+                snakemake.input.teacher, list(snakemake.input.tasks), snakemake.output.summary,
+                snakemake.output.answers, max_items=p.max_items, swap_items=p.swap_items,
+                batch_size=p.batch_size, dtype=p.dtype)

@@ -24,6 +24,7 @@ import polars as pl
 import torch
 from tqdm.auto import tqdm
 
+from gna.core.stats import wilson_exprs
 from gna.engine.packing import PackedBatch, PackedItem, collate, pack
 from gna.engine.stack import DecoderStack, UnsupportedModel
 
@@ -222,8 +223,17 @@ def score_table_ref(model, tok, table: pl.DataFrame) -> pl.DataFrame:
     return per_item_frame(table, [_score_full_ref(model, e) for e in encode_table(tok, table)])
 
 
+PROPORTIONS = ("acc", "acc_norm", "greedy_exact_match", "context_swap_agreement")
+# A model that keeps its prediction on this share of items when the context is swapped for
+# another item's does not read the context: its accuracy measures its prior, not the task.
+DEGENERATE_AGREEMENT = 0.8
+
+
 def summarize(per_item: pl.DataFrame, by_group: bool) -> pl.DataFrame:
-    """Tidy metrics: (task, group, n, metric, value). `group` is 'all' unless by_group."""
+    """Tidy metrics: (task, group, n, metric, value, ci_low, ci_high). `group` is 'all' unless
+    by_group. Proportions carry the Wilson 95% interval (null for mean_logp_target). With a
+    `pred_swapped` column (the prediction after the context was swapped for another item's, null
+    where not checked), also context_swap_agreement over the checked items, with their n."""
     metrics = {
         "acc": pl.col("correct").cast(pl.Float64).mean(),
         "acc_norm": pl.col("correct_norm").cast(pl.Float64).mean(),
@@ -233,16 +243,31 @@ def summarize(per_item: pl.DataFrame, by_group: bool) -> pl.DataFrame:
     frame = per_item if by_group else per_item.with_columns(pl.lit("all").alias("group"))
     wide = frame.group_by(["task", "group"]).agg(pl.len().alias("n"), *[v.alias(k) for k, v in metrics.items()])
     long = wide.unpivot(index=["task", "group", "n"], on=list(metrics), variable_name="metric", value_name="value")
+    if "pred_swapped" in frame.columns:
+        checked = frame.filter(pl.col("pred_swapped").is_not_null())
+        agreement = checked.group_by(["task", "group"]).agg(
+            pl.len().alias("n"), pl.lit("context_swap_agreement").alias("metric"),
+            (pl.col("pred") == pl.col("pred_swapped")).cast(pl.Float64).mean().alias("value"))
+        long = pl.concat([long, agreement.select(long.columns)], how="vertical_relaxed")
+    low, high = wilson_exprs("value", "n")
+    is_proportion = pl.col("metric").is_in(PROPORTIONS)
+    long = long.with_columns(pl.when(is_proportion).then(low).otherwise(None).alias("ci_low"),
+                             pl.when(is_proportion).then(high).otherwise(None).alias("ci_high"))
     return long.sort(["task", "group", "metric"])
 
 
 def summarize_task(per_item: pl.DataFrame) -> pl.DataFrame:
     """The tidy summary of one task's per-item scores: rows per group (dictionary size) and then
-    'all' for KV-retrieval, 'all' only for other tasks."""
+    'all' for KV-retrieval, 'all' only for other tasks. With context-swapped predictions, every
+    row carries `degenerate`: the task's overall context_swap_agreement >= DEGENERATE_AGREEMENT."""
     overall = summarize(per_item, by_group=False)
-    if per_item.is_empty() or per_item["task"][0] != "kv_retrieval":
-        return overall
-    return pl.concat([summarize(per_item, by_group=True), overall])
+    summary = overall
+    if not per_item.is_empty() and per_item["task"][0] == "kv_retrieval":
+        summary = pl.concat([summarize(per_item, by_group=True), overall])
+    agreement = overall.filter(pl.col("metric") == "context_swap_agreement")["value"]
+    if len(agreement) and agreement[0] is not None:
+        summary = summary.with_columns(pl.lit(agreement[0] >= DEGENERATE_AGREEMENT).alias("degenerate"))
+    return summary
 
 
 def chance_accuracy(table: pl.DataFrame) -> float:

@@ -16,6 +16,7 @@ from gna.tasks.lmeval_bridge import CROSSCHECK_TASK, results_to_frame, run_tasks
 from gna.models.prepare import load_model
 from gna.core.runtime import peak_rss_mb
 from gna.engine.scoring import chance_accuracy, score_table, summarize_task
+from gna.tasks.tables import context_swapped
 
 log = logging.getLogger("gna.phases.evaluation")
 
@@ -39,7 +40,8 @@ def baseline_summary(model_name: str, table: pl.DataFrame, items: pl.DataFrame, 
         pl.col("group").replace_strict(chance, return_dtype=pl.Float64).alias("chance"),
         pl.lit(round(seconds, 2)).alias("seconds"),
         pl.lit("gna").alias("engine"),
-    ).select("model", "task", "format", "group", "n", "metric", "value", "chance", "seconds", "engine")
+    ).select("model", "task", "format", "group", "n", "metric", "value", "ci_low", "ci_high", "chance", "seconds",
+             "engine")
 
 
 def run_baseline(model_name: str, model_dir: str, task_path: str, summary_path: str, items_path: str,
@@ -92,16 +94,27 @@ def run_crosscheck(model_name: str, model_dir: str, task_dir: str, out_path: str
 
 
 def score_model(model, tok, tables: dict[str, pl.DataFrame], heldout: torch.Tensor | None, batch_size: int,
-                progress: bool = True) -> pl.DataFrame:
-    """Tidy (task, group, n, metric, value) for every task table, plus held-out perplexity."""
-    frames = []
+                swap_items: int | None = None, progress: bool = True) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(summary, items) of the model on every task table, plus held-out perplexity: summary is
+    tidy (task, group, n, metric, value, ci_low, ci_high, degenerate), items one row per scored
+    item (gna.engine.scoring.per_item_frame). `swap_items` items per task (None: all, 0: none) are
+    scored again with another item's context (gna.tasks.tables.context_swapped): their
+    predictions are the items' `pred_swapped`, and the summary says whether the model is
+    degenerate (answers the same whatever the context)."""
+    summaries, items = [], []
     for name, table in tables.items():
         per_item = score_table(model, tok, table, batch_size=batch_size, progress=progress, desc=name)
-        frames.append(summarize_task(per_item))
+        if swap_items != 0:
+            swapped = score_table(model, tok, context_swapped(table, swap_items), batch_size=batch_size,
+                                  progress=progress, desc=f"{name}, contexts swapped")
+            per_item = per_item.join(swapped.select("item_id", pl.col("pred").alias("pred_swapped")),
+                                     on="item_id", how="left")
+        summaries.append(summarize_task(per_item))
+        items.append(per_item)
     if heldout is not None:
-        frames.append(pl.DataFrame({"task": ["heldout"], "group": ["all"], "n": [heldout.numel()],
-                                    "metric": ["perplexity"], "value": [perplexity(model, heldout)]}))
-    return pl.concat(frames, how="vertical_relaxed")
+        summaries.append(pl.DataFrame({"task": ["heldout"], "group": ["all"], "n": [heldout.numel()],
+                                       "metric": ["perplexity"], "value": [perplexity(model, heldout)]}))
+    return pl.concat(summaries, how="diagonal_relaxed"), pl.concat(items, how="diagonal_relaxed")
 
 
 @torch.inference_mode()

@@ -24,6 +24,7 @@ from gna.phases.gather_aggregate import ROLES, Segments, best_role_head, kv_row_
 from gna.engine.hooks import ablate_heads
 from gna.students.mixer import mixers, ssm_heads_of
 from gna.core.io import read_parquet, write_parquet
+from gna.core.stats import wilson_interval
 from gna.models.prepare import load_model
 from gna.engine.packing import PackedBatch
 from gna.engine.scoring import score_table
@@ -32,7 +33,17 @@ from gna.tasks.tables import build_kv_retrieval, load_task_tables
 log = logging.getLogger("gna.phases.masking")
 CONDITIONS = ("(a) unmodified", "(b) G&A heads ablated", "(c) G&A pattern only")
 RESULT_SCHEMA = {"condition": pl.String, "heads": pl.String, "task": pl.String, "acc": pl.Float64,
-                 "mean_logp": pl.Float64, "n": pl.Int64, "note": pl.String}
+                 "mean_logp": pl.Float64, "n": pl.Int64, "ci_low": pl.Float64, "ci_high": pl.Float64,
+                 "note": pl.String}
+
+
+def accuracy_of(items: pl.DataFrame) -> dict:
+    """acc, mean log-prob of the target, n and the Wilson 95% interval of acc, of per-item scores."""
+    n = len(items)
+    correct = int(items["correct"].sum())
+    low, high = wilson_interval(correct, n)
+    return {"acc": correct / n if n else None, "mean_logp": float(items["logp_target"].mean()) if n else None,
+            "n": n, "ci_low": low, "ci_high": high}
 
 
 def head_mask(batch: PackedBatch, segs: list[Segments], n_heads: int, head: int, role: str,
@@ -115,8 +126,7 @@ def answer_rows_experiment(model, tables: dict[str, pl.DataFrame], tok, batch_si
                                  ("attention answer rows masked",
                                   score_table(model, tok, table, batch_size=batch_size, progress=False,
                                               layer_masks=layer_masks))):
-            rows.append({"task": task, "condition": condition, "acc": float(frame["correct"].mean()),
-                         "mean_logp": float(frame["logp_target"].mean()), "n": len(frame),
+            rows.append({"task": task, "condition": condition, **accuracy_of(frame),
                          "attention_heads": sum(len(h) for h in attention.values())})
     return pl.DataFrame(rows)
 
@@ -130,8 +140,7 @@ def heads_label(heads: dict[str, tuple[int, int]], ssm_heads: set[tuple[int, int
 
 
 def _condition_row(condition: str, label: str, items: pl.DataFrame, note: str | None = None) -> dict:
-    return {"condition": condition, "heads": label, "task": items["task"][0], "acc": float(items["correct"].mean()),
-            "mean_logp": float(items["logp_target"].mean()), "n": len(items), "note": note}
+    return {"condition": condition, "heads": label, "task": items["task"][0], **accuracy_of(items), "note": note}
 
 
 def masking_experiment(model, tok, table: pl.DataFrame, segment_fn, heads: dict[str, tuple[int, int]],

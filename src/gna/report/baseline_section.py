@@ -7,9 +7,9 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import polars as pl
-import seaborn as sns
 
-from gna.report.htmlkit import SectionContext, accuracy_axis, dict_size_axis, pct, save_figure, table
+from gna.report.htmlkit import (SectionContext, acc_text, accuracy_axis, accuracy_pivot, dict_size_axis, errorbar, pct,
+                                save_figure, table, with_acc_cell)
 from gna.tasks.lmeval_bridge import CROSSCHECK_TASK
 from gna.models.prepare import read_provenance
 
@@ -44,8 +44,10 @@ def plot_kv(baseline: pl.DataFrame, path: str | Path) -> None:
     kv = baseline.filter((pl.col("task") == "kv_retrieval") & (pl.col("metric") == "acc") & (pl.col("group") != "all"))
     kv = kv.with_columns(pl.col("group").cast(pl.Int64).alias("dict_size")).sort("dict_size")
     fig, ax = plt.subplots(figsize=(6, 3.8))
+    for model in kv["model"].unique(maintain_order=True):
+        line = kv.filter(pl.col("model") == model)
+        errorbar(ax, line["dict_size"], line["value"], line["ci_low"], line["ci_high"], label=model)
     if not kv.is_empty():
-        sns.lineplot(data=kv.to_pandas(), x="dict_size", y="value", hue="model", marker="o", ax=ax)
         dict_size_axis(ax, kv["dict_size"].unique().sort().to_list())
     title = f"KV-retrieval ({kv['format'][0]} template)" if not kv.is_empty() else "KV-retrieval"
     accuracy_axis(ax, title, "dictionary size (keys)")
@@ -56,7 +58,14 @@ def plot_mmlu(baseline: pl.DataFrame, path: str | Path) -> None:
     mm = baseline.filter(pl.col("task").str.starts_with("mmlu_") & (pl.col("metric") == "acc") & (pl.col("group") == "all"))
     fig, ax = plt.subplots(figsize=(6, 3.8))
     if not mm.is_empty():
-        sns.barplot(data=mm.to_pandas(), x="model", y="value", hue="format", ax=ax)
+        models, formats = mm["model"].unique(maintain_order=True).to_list(), mm["format"].unique().sort().to_list()
+        width = 0.8 / len(formats)
+        for i, fmt in enumerate(formats):
+            bars = pl.DataFrame({"model": models}).join(mm.filter(pl.col("format") == fmt), on="model", how="left")
+            xs = [m + (i - (len(formats) - 1) / 2) * width for m in range(len(models))]
+            err = [(bars["value"] - bars["ci_low"]).fill_null(0).to_list(), (bars["ci_high"] - bars["value"]).fill_null(0).to_list()]
+            ax.bar(xs, bars["value"].fill_null(0), width, yerr=err, capsize=3, label=fmt)
+        ax.set_xticks(range(len(models)), models)
         ax.axhline(0.25, ls="--", color="grey", label="chance")
     ax.set_ylabel("accuracy")
     ax.set_ylim(0, 1)
@@ -67,11 +76,13 @@ def plot_mmlu(baseline: pl.DataFrame, path: str | Path) -> None:
 
 def overall_table(ours: pl.DataFrame) -> str:
     """Every model on every task, one column per metric."""
-    overall = (ours.filter(pl.col("group") == "all")
-               .pivot(on="metric", index=["model", "task", "format", "n", "chance"], values="value")
+    rows = ours.filter(pl.col("group") == "all")
+    overall = (rows.pivot(on="metric", index=["model", "task", "format", "n", "chance"], values="value")
                .sort(["model", "task"]))
-    cols = [c for c in ["model", "task", "format", "n", "acc", "acc_norm", "greedy_exact_match", "chance"]
-            if c in overall.columns]
+    acc = with_acc_cell(rows.filter(pl.col("metric") == "acc"), "acc (95% interval)")
+    overall = overall.join(acc.select("model", "task", "acc (95% interval)"), on=["model", "task"], how="left")
+    cols = [c for c in ["model", "task", "format", "n", "acc (95% interval)", "acc_norm", "greedy_exact_match",
+                        "chance"] if c in overall.columns]
     return ("<h2>Baseline</h2>"
             "<p>Every model scored on every task by the gna engine (log-likelihood of each choice; "
             "<i>acc</i> = argmax of the summed log-prob, <i>acc_norm</i> = normalised by the choice's bytes, "
@@ -83,24 +94,28 @@ def overall_table(ours: pl.DataFrame) -> str:
 def kv_part(ours: pl.DataFrame, kv_task: pl.DataFrame, ctx: SectionContext) -> str:
     """KV-retrieval accuracy per dictionary size, the template and an example prompt."""
     kv = ours.filter((pl.col("task") == "kv_retrieval") & (pl.col("group") != "all") & (pl.col("metric") == "acc"))
-    kv_wide = (kv.with_columns(pl.col("group").cast(pl.Int64).alias("dict size"))
-               .pivot(on="model", index=["dict size", "n", "chance"], values="value").sort("dict size"))
+    kv_wide = accuracy_pivot(kv.with_columns(pl.col("group").cast(pl.Int64).alias("dict size")).sort("dict size"),
+                             "model", ["dict size", "n", "chance"])
     example = html.escape(kv_task.filter(pl.col("dict_size") == kv_task["dict_size"].min())["context"][0])
     return ("<h3>KV-retrieval by dictionary size</h3>"
             f"<p class='note'>Template: <b>{kv_task['template'][0]}</b>. Example prompt (smallest dictionary):</p>"
             f"<pre>{example}</pre>"
-            + table(kv_wide, fmt={c: pct for c in kv_wide.columns if c not in ("dict size", "n")})
+            + table(kv_wide, fmt={"chance": pct})
             + ctx.figure("baseline_kv"))
 
 
 def format_finding(model: str, by_format: dict[str, dict]) -> str:
-    """One model's letter vs cloze accuracy, with the study's reading when it applies."""
+    """One model's letter vs cloze accuracy with intervals, and the study's reading only when the
+    intervals say so (letter's interval holds chance, cloze's lies above letter's)."""
     letter, cloze = by_format["letter"], by_format["cloze"]
-    reading = ("Letter accuracy is near chance while cloze is above it: the model has some of the "
-               "knowledge but cannot retrieve the option letter in context."
-               if letter["value"] < 0.32 and cloze["value"] > letter["value"] + 0.05 else "")
-    return (f"<li><b>{html.escape(model)}</b>: letter format {pct(letter['value'])} vs cloze "
-            f"{pct(cloze['value'])} on the same {letter['n']} questions (chance 25%). {reading}</li>")
+    if letter["ci_low"] <= 0.25 <= letter["ci_high"] and cloze["ci_low"] > letter["ci_high"]:
+        reading = ("Letter accuracy is at chance while cloze is above it (the intervals are apart): the model "
+                   "has some of the knowledge but cannot retrieve the option letter in context.")
+    else:
+        reading = "The intervals do not separate the two formats in the study's way at this n."
+    cell = {k: acc_text(v["value"], v["ci_low"], v["ci_high"]) for k, v in by_format.items()}
+    return (f"<li><b>{html.escape(model)}</b>: letter format {cell['letter']} vs cloze {cell['cloze']} on the "
+            f"same {letter['n']} questions (chance 25%). {reading}</li>")
 
 
 def mmlu_part(mm: pl.DataFrame, ctx: SectionContext) -> str:

@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 
-from gna.report.htmlkit import SectionContext, pct, placeholder_figure, save_figure, table
+from gna.report.htmlkit import SectionContext, pct, placeholder_figure, save_figure, table, with_acc_cell
 from gna.students.spec import teacher_of
 
 MARK_COLORS = {"summary": "tab:blue", "answer": "tab:red"}
@@ -112,9 +112,10 @@ def model_roles(sub: pl.DataFrame, model: str) -> str:
 def masking_part(masking: pl.DataFrame) -> str:
     if masking.is_empty():
         return ""
-    shown = masking.select("model", "heads", "task", "condition", "n", "acc", "mean_logp", "note")
+    shown = (with_acc_cell(masking.rename({"acc": "value"}), "acc (95% interval)")
+             .select("model", "heads", "task", "condition", "n", "acc (95% interval)", "mean_logp", "note"))
     return MASKING_INTRO + table(shown.sort(["model", "task", "condition"]),
-                                 left=("model", "heads", "task", "condition", "note"), fmt={"acc": pct})
+                                 left=("model", "heads", "task", "condition", "note"))
 
 
 def render_gna(ctx: SectionContext) -> str:

@@ -10,7 +10,8 @@ import numpy as np
 import polars as pl
 import seaborn as sns
 
-from gna.report.htmlkit import SectionContext, accuracy_axis, dict_size_axis, pct, save_figure, table
+from gna.report.htmlkit import (SectionContext, accuracy_axis, accuracy_pivot, dict_size_axis, errorbar, pct,
+                                save_figure, table)
 
 
 def _models(frame: pl.DataFrame) -> list[str]:
@@ -40,9 +41,15 @@ def plot_topk(topk: pl.DataFrame, path) -> None:
     models = _models(kv) or ["(none)"]
     fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 3.6), squeeze=False)
     for ax, model in zip(axes[0], models):
-        sub = kv.filter(pl.col("model") == model).to_pandas()
-        if not sub.empty:
-            sns.lineplot(data=sub, x="k", y="value", hue="condition", marker="o", errorbar="sd", ax=ax)
+        top = kv.filter((pl.col("model") == model) & (pl.col("condition") == "top")).sort("k")
+        if not top.is_empty():
+            errorbar(ax, top["k"], top["value"], top["ci_low"], top["ci_high"], label="top-ranked (95% interval)")
+        random_k = (kv.filter((pl.col("model") == model) & (pl.col("condition") == "random"))
+                    .group_by("k").agg(pl.col("value").mean().alias("mean"), pl.col("value").std().fill_null(0).alias("sd"))
+                    .sort("k"))
+        if not random_k.is_empty():
+            ax.errorbar(random_k["k"], random_k["mean"], yerr=random_k["sd"], marker="s", capsize=3, ls="--",
+                        label="random heads (mean ± sd of draws)")
         accuracy_axis(ax, f"{model}: top-ranked vs random heads", "heads removed together (k)", "KV-retrieval accuracy")
     save_figure(fig, path)
 
@@ -53,8 +60,10 @@ def plot_dictsize(curves: pl.DataFrame, path) -> None:
     fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 3.6), squeeze=False)
     for ax, model in zip(axes[0], models):
         sub = data.filter(pl.col("model") == model).sort("dict_size")
+        for condition in sub["condition"].unique(maintain_order=True):
+            line = sub.filter(pl.col("condition") == condition)
+            errorbar(ax, line["dict_size"], line["value"], line["ci_low"], line["ci_high"], label=condition)
         if not sub.is_empty():
-            sns.lineplot(data=sub.to_pandas(), x="dict_size", y="value", hue="condition", marker="o", ax=ax)
             dict_size_axis(ax, sub["dict_size"].unique().sort().to_list())
         accuracy_axis(ax, f"{model}: removing the #1 or #2 head", "dictionary size", "KV-retrieval accuracy")
     save_figure(fig, path)
@@ -101,16 +110,17 @@ def top_heads_part(ranking: pl.DataFrame, sweep: pl.DataFrame) -> str:
 
 
 def topk_table(topk: pl.DataFrame) -> pl.DataFrame:
-    """Per model and k: the top-k removal per task (KV per size, then all) beside the random-k control."""
+    """Per model and k: the top-k removal per task (KV per size, then all; each cell with its 95%
+    interval, headers with n) beside the random-k control (mean and sd over draws)."""
     top_rows = topk.filter((pl.col("condition") == "top") & (pl.col("metric") == "acc"))
     col = pl.when(pl.col("task") == "kv_retrieval").then(
         pl.when(pl.col("group") == "all").then(pl.lit("KV all")).otherwise(pl.format("KV {}", "group"))
     ).otherwise(pl.col("task"))
-    wide = (top_rows.with_columns(col.alias("column"))
-            .pivot(on="column", index=["model", "k"], values="value").sort(["model", "k"]))
-    kv_cols = sorted([c for c in wide.columns if c.startswith("KV ") and c != "KV all"], key=lambda c: int(c[3:]))
-    rest = [c for c in wide.columns if c not in ("model", "k", "KV all", *kv_cols)]
-    wide = wide.select("model", "k", *kv_cols, "KV all", *rest)
+    rank = (pl.when(pl.col("column") == "KV all").then(10**6)
+            .when(pl.col("column").str.starts_with("KV ")).then(pl.col("group").cast(pl.Int64, strict=False))
+            .otherwise(2 * 10**6))
+    ordered = top_rows.with_columns(col.alias("column")).with_columns(rank.alias("_rank")).sort("_rank", "column")
+    wide = accuracy_pivot(ordered, "column", ["model", "k"]).sort(["model", "k"])
     ctrl = (topk.filter((pl.col("condition") == "random") & (pl.col("metric") == "acc")
                         & (pl.col("task") == "kv_retrieval") & (pl.col("group") == "all"))
             .group_by(["model", "k"]).agg(pl.col("value").mean().alias("random-k KV (mean)"),
@@ -123,8 +133,7 @@ def topk_part(topk: pl.DataFrame, ctx: SectionContext) -> str:
         return ""
     wide = topk_table(topk)
     return ("<h3>Removing the top-k heads together</h3>"
-            + table(wide, left=("model",), fmt={c: pct for c in wide.columns
-                                                if c not in ("model", "k", "draws", "random-k KV (sd)")})
+            + table(wide, left=("model",), fmt={"random-k KV (mean)": pct, "random-k KV (sd)": pct})
             + ctx.figure("heads_topk"))
 
 
@@ -136,15 +145,14 @@ def kept_part(kept: pl.DataFrame, reference: str) -> str:
     for model in _models(kept):
         sub = kept.filter((pl.col("model") == model) & (pl.col("metric") == "acc") & (pl.col("group") == "all"))
         r0 = sub.row(0, named=True)
-        wide = (sub.pivot(on="task", index=["variant", "kept_a", "kept_b"], values="value"))
+        wide = accuracy_pivot(sub, "task", ["variant", "kept_a", "kept_b"])
         order = {v: i for i, v in enumerate(sub["variant"].unique(maintain_order=True))}
         wide = wide.sort(pl.col("variant").replace_strict(order, return_dtype=pl.Int64)).rename(
             {"kept_a": f"heads kept L{r0['layer_a']}", "kept_b": f"heads kept L{r0['layer_b']}"})
         parts.append(f"<p><b>{html.escape(model)}</b>: the minimal model ({r0['layers_kept']} layers); in the two "
                      f"layers holding the best-ranked heads, keep only that head (or none). All other layers "
-                     f"keep all their heads.</p>")
-        parts.append(table(wide.drop("variant"), left=tuple(c for c in wide.columns if c.startswith("heads kept")),
-                           fmt={c: pct for c in wide.columns if c not in ("variant",) and not c.startswith("heads kept")}))
+                     f"keep all their heads. Accuracy with its 95% interval.</p>")
+        parts.append(table(wide.drop("variant"), left=tuple(c for c in wide.columns if c.startswith("heads kept"))))
     parts.append(reference)
     return "\n".join(parts)
 
@@ -152,11 +160,10 @@ def kept_part(kept: pl.DataFrame, reference: str) -> str:
 def dictsize_part(curves: pl.DataFrame, ctx: SectionContext) -> str:
     if curves.is_empty():
         return ""
-    wide = (curves.filter(pl.col("metric") == "acc")
-            .pivot(on="condition", index=["model", "dict_size"], values="value").sort(["model", "dict_size"]))
+    wide = accuracy_pivot(curves.filter(pl.col("metric") == "acc").sort(["model", "dict_size"]), "condition",
+                          ["model", "dict_size"]).sort(["model", "dict_size"])
     return ("<h3>KV-retrieval vs dictionary size with the #1 or #2 head removed</h3>"
-            + table(wide, left=("model",), fmt={c: pct for c in wide.columns if c not in ("model", "dict_size")})
-            + ctx.figure("heads_dictsize"))
+            + table(wide, left=("model",)) + ctx.figure("heads_dictsize"))
 
 
 def attribution_part(attribution: pl.DataFrame, ctx: SectionContext) -> str:

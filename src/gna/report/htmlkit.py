@@ -51,6 +51,47 @@ def pct(value: float) -> str:
     return f"{100 * value:.1f}%"
 
 
+def acc_text(value: float | None, low: float | None = None, high: float | None = None,
+             degenerate: bool | None = None) -> str:
+    """An accuracy as the report writes it: '62.5% [47–76]' (the 95% interval in brackets); a
+    degenerate model's (one that answers the same whatever the context) is flagged instead."""
+    if value is None:
+        return "–"
+    text = pct(value) if low is None or high is None else f"{pct(value)} [{100 * low:.0f}–{100 * high:.0f}]"
+    return f"degenerate (acc {pct(value)})" if degenerate else text
+
+
+def with_acc_cell(frame: pl.DataFrame, name: str = "cell") -> pl.DataFrame:
+    """`frame` (value, ci_low, ci_high, optional degenerate) with its acc_text column `name`."""
+    cols = ["value", "ci_low", "ci_high"] + (["degenerate"] if "degenerate" in frame.columns else [])
+    missing = [c for c in cols if c not in frame.columns]
+    if missing:
+        raise ValueError(f"accuracy rows lack columns {missing}: results predate intervals; rerun their rule")
+    return frame.with_columns(pl.struct(cols).map_elements(lambda r: acc_text(*r.values()), return_dtype=pl.String)
+                              .alias(name))
+
+
+def accuracy_pivot(frame: pl.DataFrame, on: str, index: list[str]) -> pl.DataFrame:
+    """Tidy accuracy rows (value, ci_low, ci_high, n) pivoted to one acc_text cell per `on`
+    value; each column header says its n ('KV 10 (n=50)') when it is one number."""
+    cells = with_acc_cell(frame)
+    n_of = cells.group_by(on).agg(pl.col("n").unique())
+    names = {str(row[on]): f"{row[on]} (n={row['n'][0]})" if len(row["n"]) == 1 else str(row[on])
+             for row in n_of.iter_rows(named=True)}
+    wide = cells.pivot(on=on, index=index, values="cell", maintain_order=True)
+    return wide.rename({c: names[c] for c in wide.columns if c in names and c not in index})
+
+
+def errorbar(ax, x, value, low, high, **style) -> None:
+    """A line with its 95% intervals as error bars (low/high may be None: no bar)."""
+    x, value = list(x), list(value)
+    low = [v if lo is None else lo for v, lo in zip(value, low)]
+    high = [v if hi is None else hi for v, hi in zip(value, high)]
+    # max(0, ·): an interval end equals the value up to rounding at 0% and 100%
+    err = [[max(0.0, v - lo) for v, lo in zip(value, low)], [max(0.0, hi - v) for v, hi in zip(value, high)]]
+    ax.errorbar(x, value, yerr=err, capsize=3, **{"marker": "o", **style})
+
+
 def embed(png_path: str | Path, caption: str) -> str:
     data = base64.b64encode(Path(png_path).read_bytes()).decode()
     return (f"<figure><img src='data:image/png;base64,{data}' style='max-width:100%'>"

@@ -8,7 +8,8 @@ import html
 import matplotlib.pyplot as plt
 import polars as pl
 
-from gna.report.htmlkit import SectionContext, pct, placeholder_figure, save_figure, table
+from gna.report.htmlkit import (SectionContext, acc_text, accuracy_pivot, errorbar, pct, placeholder_figure,
+                                save_figure, table)
 from gna.students.spec import TEACHER_VARIANT
 
 REFERENCE_HEADS = """
@@ -39,50 +40,73 @@ Its layer swap: replacing layer 17 of the aligned Llamba by attention raised MML
 """
 
 
+TASK_COLUMNS = {"mmlu_letter": "MMLU letter (retrieval-heavy)", "mmlu_cloze": "MMLU cloze (knowledge)"}
+PERPLEXITY = "held-out perplexity"
+AGREEMENT = "KV answer kept when contexts are swapped"
+
+
+def accuracy_rows(scores: pl.DataFrame) -> pl.DataFrame:
+    """The acc rows a student table shows, each with its `column`: 'KV <size> keys' per
+    dictionary size, 'KV all', then the MMLU formats; ordered by column."""
+    group = pl.col("group")
+    kv_name = pl.when(group == "all").then(pl.lit("KV all")).otherwise(pl.format("KV {} keys", group))
+    name = (pl.when(pl.col("task") == "kv_retrieval").then(kv_name)
+            .otherwise(pl.col("task").replace_strict(TASK_COLUMNS, default=None)))
+    rank = (pl.when(pl.col("task") != "kv_retrieval").then(10**7)
+            .when(group == "all").then(10**6).otherwise(group.cast(pl.Int64, strict=False)))
+    rows = scores.filter(pl.col("metric") == "acc").with_columns(name.alias("column"), rank.alias("_rank"))
+    return rows.filter(pl.col("column").is_not_null()).sort("_rank", "column", maintain_order=True).drop("_rank")
+
+
 def _metric_table(scores: pl.DataFrame, label_col: str) -> pl.DataFrame:
-    """One row per variant: KV accuracy per dictionary size and overall, MMLU, perplexity."""
-    acc = scores.filter(pl.col("metric") == "acc")
-    sizes = sorted({int(g) for g in acc.filter((pl.col("task") == "kv_retrieval") & (pl.col("group") != "all"))["group"]})
-    rows = []
-    for key in scores[label_col].unique(maintain_order=True):
-        sub = scores.filter(pl.col(label_col) == key)
-
-        def value(task, group="all", metric="acc"):
-            hit = sub.filter((pl.col("task") == task) & (pl.col("group") == group) & (pl.col("metric") == metric))
-            return hit["value"][0] if len(hit) else None
-
-        row = {label_col: key}
-        for size in sizes:
-            row[f"KV {size} keys"] = value("kv_retrieval", str(size))
-        row["KV all"] = value("kv_retrieval")
-        row["MMLU letter (retrieval-heavy)"] = value("mmlu_letter")
-        row["MMLU cloze (knowledge)"] = value("mmlu_cloze")
-        row["held-out perplexity"] = value("heldout", metric="perplexity")
-        rows.append(row)
-    return pl.DataFrame(rows)
+    """One row per variant: KV accuracy per dictionary size and overall, MMLU (each with its 95%
+    interval, or flagged degenerate; headers with n), KV's context-swap agreement, perplexity."""
+    labels = scores.select(label_col).unique(maintain_order=True)
+    wide = labels.join(accuracy_pivot(accuracy_rows(scores), "column", [label_col]), on=label_col, how="left")
+    agreement = scores.filter((pl.col("metric") == "context_swap_agreement") & (pl.col("group") == "all")
+                              & (pl.col("task") == "kv_retrieval"))
+    if len(agreement):
+        wide = wide.join(agreement.select(label_col, pl.col("value").alias(AGREEMENT)), on=label_col, how="left")
+    ppl = scores.filter(pl.col("metric") == "perplexity").select(label_col, pl.col("value").alias(PERPLEXITY))
+    return wide.join(ppl, on=label_col, how="left")
 
 
 def _fmt(frame: pl.DataFrame) -> dict:
-    out = {c: pct for c in frame.columns if c.startswith(("KV", "MMLU"))}
-    out["held-out perplexity"] = lambda v: f"{v:.1f}"
-    return out
+    return {AGREEMENT: pct, PERPLEXITY: lambda v: f"{v:.1f}"}
 
 
-def plot_heads(frame: pl.DataFrame, teacher: dict, path) -> None:
+def _kv_at(scores: pl.DataFrame, size: int | None) -> pl.DataFrame:
+    """KV acc rows at dictionary size `size` (None: all sizes)."""
+    group = "all" if size is None else str(size)
+    return scores.filter((pl.col("task") == "kv_retrieval") & (pl.col("group") == group) & (pl.col("metric") == "acc"))
+
+
+def plot_heads(students: pl.DataFrame, teacher: pl.DataFrame, path) -> None:
+    """Perplexity and accuracy (with 95% intervals; degenerate students hollow red) vs heads kept."""
     fig, (ax_ppl, ax_kv) = plt.subplots(1, 2, figsize=(11, 4))
-    ks = frame["heads kept"].to_list()
-    ax_ppl.plot(ks, frame["held-out perplexity"], "o-", color="tab:purple", label="student")
-    if teacher.get("held-out perplexity"):
-        ax_ppl.axhline(teacher["held-out perplexity"], ls="--", color="gray", label="teacher")
-    ax_ppl.set(xlabel="attention heads kept (top of the ranking)", ylabel="held-out perplexity", yscale="log",
+    ppl = students.filter(pl.col("metric") == "perplexity").sort("heads_kept")
+    ax_ppl.plot(ppl["heads_kept"], ppl["value"], "o-", color="tab:purple", label="student")
+    teacher_ppl = teacher.filter(pl.col("metric") == "perplexity")["value"]
+    if len(teacher_ppl):
+        ax_ppl.axhline(teacher_ppl[0], ls="--", color="gray", label="teacher")
+    ax_ppl.set(xlabel="attention heads kept (top of the ranking)", ylabel=PERPLEXITY, yscale="log",
                title="perplexity vs heads kept")
     ax_ppl.legend()
-    for col in [c for c in frame.columns if c.startswith("KV")]:
-        ax_kv.plot(ks, frame[col], "o-", label=col.replace("KV ", ""), lw=2.5 if col == "KV all" else 1)
-    ax_kv.plot(ks, frame["MMLU cloze (knowledge)"], "s:", color="black", label="MMLU cloze")
-    ax_kv.set(xlabel="attention heads kept (top of the ranking)", ylabel="accuracy", ylim=(-0.02, 1.02),
-              title="KV-retrieval vs heads kept")
-    ax_kv.legend(fontsize=8)
+    rows = accuracy_rows(students).sort("heads_kept")
+    for column in rows["column"].unique(maintain_order=True):
+        line = rows.filter(pl.col("column") == column)
+        errorbar(ax_kv, line["heads_kept"], line["value"], line["ci_low"], line["ci_high"],
+                 label=column.replace("KV ", ""), lw=2.5 if column == "KV all" else 1,
+                 ls=":" if column.startswith("MMLU") else "-")
+        if "degenerate" in line.columns:
+            flagged = line.filter(pl.col("degenerate").fill_null(False))
+            ax_kv.scatter(flagged["heads_kept"], flagged["value"], s=120, facecolors="none", edgecolors="red", zorder=5)
+    teacher_kv = _kv_at(teacher, None)["value"]
+    if len(teacher_kv):
+        ax_kv.axhline(teacher_kv[0], ls="--", color="gray", label="teacher, KV all")
+    ax_kv.set(xlabel="attention heads kept (top of the ranking)", ylabel="accuracy (95% interval)", ylim=(-0.02, 1.02),
+              title="accuracy vs heads kept (red ring: degenerate)")
+    ax_kv.legend(fontsize=7)
     save_figure(fig, path)
 
 
@@ -103,6 +127,50 @@ def plot_training(align: pl.DataFrame, kd: pl.DataFrame, path) -> None:
     save_figure(fig, path)
 
 
+def plot_align_heads(errors: pl.DataFrame, state_size: int, path) -> None:
+    """Left: relative error of each SSM head after alignment (layer × head) at `state_size`;
+    right: error against the teacher head's attention on the first token, every state size."""
+    fig, (ax_map, ax_sink) = plt.subplots(1, 2, figsize=(11, 4))
+    grid = errors.filter(pl.col("state_size") == state_size)
+    if not grid.is_empty():
+        n_layers, n_heads = grid["layer"].max() + 1, grid["head"].max() + 1
+        values = [[float("nan")] * n_heads for _ in range(n_layers)]
+        for row in grid.iter_rows(named=True):
+            values[row["layer"]][row["head"]] = row["rel_error"]
+        image = ax_map.imshow(values, aspect="auto", cmap="magma_r", vmin=0, vmax=max(1.0, grid["rel_error"].max()))
+        fig.colorbar(image, ax=ax_map, label="relative error")
+    ax_map.set(xlabel="head", ylabel="layer", title=f"SSM head error after alignment (N = {state_size})")
+    for n in sorted(errors["state_size"].unique()) if not errors.is_empty() else []:
+        sub = errors.filter(pl.col("state_size") == n)
+        ax_sink.scatter(sub["teacher_first_token_attention"], sub["rel_error"], s=8, alpha=0.6, label=f"N = {n}")
+    ax_sink.set(xlabel="teacher head's attention on the first token", ylabel="relative error", yscale="log",
+                title="error vs the head's attention sink")
+    if not errors.is_empty():
+        ax_sink.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+def align_heads_part(errors: pl.DataFrame, ctx: SectionContext) -> str:
+    """Per state size: the distribution of per-head errors after alignment and the worst heads."""
+    if errors.is_empty():
+        return ""
+    stats = (errors.group_by("model", "state_size")
+             .agg(pl.len().alias("SSM heads"), pl.col("rel_error").median().alias("median error"),
+                  pl.col("rel_error").quantile(0.9).alias("90th percentile"), pl.col("rel_error").max().alias("worst"),
+                  (pl.col("rel_error") > 0.5).mean().alias("share above 0.5"))
+             .sort("model", "state_size"))
+    worst = (errors.sort("rel_error", descending=True).group_by("model", "state_size", maintain_order=True).head(5)
+             .select("model", "state_size", pl.format("L{}H{}", "layer", "head").alias("head"), "rel_error",
+                     "teacher_first_token_attention").sort("model", "state_size", "rel_error", descending=[False, False, True]))
+    plot_align_heads(errors, ctx.config["hybrid"]["state_size"], ctx.figures["hybrid_align_heads"])
+    return ("<h3>Per-head alignment error</h3><p>Relative error of each SSM head's contribution to the residual "
+            "stream against its teacher head's, given the teacher's hidden state entering the layer (held windows), "
+            "after stage 1.</p>" + table(stats, left=("model",), fmt={"share above 0.5": pct})
+            + "<p>The five worst heads per state size:</p>"
+            + table(worst, left=("model", "head"), fmt={"teacher_first_token_attention": pct})
+            + ctx.figure("hybrid_align_heads"))
+
+
 def _bytes(v) -> str:
     if v is None:
         return "–"
@@ -115,7 +183,9 @@ DESIGN = (
     "<b>Design: head-wise replacement.</b> Every attention head of the teacher is either kept (its own "
     "q/k/v/o weights) or replaced by an SSM head — a discrete Mamba-2 style selective scan with state "
     "size N, initialised from the head (C←Q, B←K, x←V of its K/V group), whose output enters the "
-    "teacher's shared o_proj in the head's place. The top-k heads of the per-head ablation ranking are "
+    "teacher's shared o_proj in the head's place. Each SSM head also mixes in the first token's value "
+    "through a fitted share (teacher heads park much of their attention on the first token, a sink that a "
+    "decaying scan cannot hold) and outputs exactly that value at the first position, as attention does. The top-k heads of the per-head ablation ranking are "
     "kept; k = 0 is a pure SSM with the teacher's MLPs. We chose head-wise replacement over a full SSM "
     "beside the kept heads because it keeps every head's identity: the same ranking, ablation and "
     "Gather-and-Aggregate tools apply to teacher and student head by head, and the KV cache shrinks "
@@ -128,41 +198,68 @@ DESIGN = (
 def budget_note(hy: dict) -> str:
     """The training and evaluation budget of this run's students."""
     corpus = hy["corpus"]
+    items = "all task items (the teacher's baseline items)" if hy["eval_items"] is None else \
+        f"{hy['eval_items']} items per task"
     return (f"<p class='note'>Budget of this run: {corpus['train_windows']} training windows of "
             f"{corpus['seq_len']} tokens (answered MMLU questions outside the evaluation subset and "
             f"synthetic KV prompts), alignment {hy['align']['steps']} steps × {hy['align']['batch']} windows, "
-            f"distillation {hy['kd']['steps']} steps × {hy['kd']['batch']} windows; "
-            f"{hy['eval_items']} items per task; perplexity on {corpus['heldout_windows']} held-out windows. "
-            "These are CPU-minute students: compare them with each other, not with published models.</p>")
+            f"distillation {hy['kd']['steps']} steps × {hy['kd']['batch']} windows. Scored on {items}; "
+            f"{hy['degeneracy_items']} items per task scored again with another item's context (a model "
+            "that keeps its answer on most of them does not read the context and is flagged "
+            f"<i>degenerate</i> instead of scored); perplexity on {corpus['heldout_windows']} held-out windows. "
+            "Accuracies carry their 95% Wilson interval in brackets; the column header gives n.</p>")
 
 
-def heads_kept_part(model: str, teacher: pl.DataFrame, heads_table: pl.DataFrame, hy: dict) -> str:
+def heads_kept_part(model: str, teacher: pl.DataFrame, heads: pl.DataFrame, hy: dict) -> str:
     """The teacher beside the heads-kept sweep at the configured state size."""
-    shown = pl.concat([teacher.rename({"variant": "heads kept"}).with_columns(pl.lit("all (teacher)").alias("heads kept")),
-                       heads_table.with_columns(pl.col("heads kept").cast(pl.String))], how="vertical_relaxed")
+    labelled = pl.concat([teacher.with_columns(pl.lit("all (teacher)").alias("heads kept")),
+                          heads.with_columns(pl.col("heads_kept").cast(pl.String).alias("heads kept"))],
+                         how="diagonal_relaxed")
+    shown = _metric_table(labelled, "heads kept")
     return (f"<h3>{html.escape(model)}: attention heads kept vs knowledge / retrieval-heavy "
             f"(state size {hy['state_size']})</h3>" + table(shown, left=("heads kept",), fmt=_fmt(shown)))
 
 
-def heads_kept_summary(teacher_row: dict, heads_table: pl.DataFrame) -> str:
-    """KV accuracy and perplexity of the teacher, the pure SSM and the student keeping the most heads."""
-    k0 = heads_table.filter(pl.col("heads kept") == 0)
-    best = heads_table.sort("heads kept").tail(1)
-    if not (len(k0) and len(best) and teacher_row):
+def _apart(a: dict, b: dict) -> bool:
+    return a["ci_high"] < b["ci_low"] or b["ci_high"] < a["ci_low"]
+
+
+def heads_kept_summary(teacher: pl.DataFrame, heads: pl.DataFrame) -> str:
+    """KV accuracy at 10 keys (else over all sizes) of the teacher, the pure SSM and the student
+    keeping the most heads, whether the two students' intervals are apart, and perplexities."""
+    size = 10 if len(_kv_at(teacher, 10)) else None
+    where = "at 10 keys" if size else "over all dictionary sizes"
+    t, students = _kv_at(teacher, size), _kv_at(heads, size).sort("heads_kept")
+    k0 = students.filter(pl.col("heads_kept") == 0)
+    if not (len(t) and len(k0) and len(students) > 1):
         return ""
-    return (f"<p>KV-retrieval (all sizes): teacher {pct(teacher_row['KV all'])}, pure SSM (k = 0) "
-            f"{pct(k0['KV all'][0])}, k = {best['heads kept'][0]} {pct(best['KV all'][0])}; held-out perplexity "
-            f"{teacher_row['held-out perplexity']:.1f} / {k0['held-out perplexity'][0]:.1f} / "
-            f"{best['held-out perplexity'][0]:.1f}.</p>")
+    t, k0, best = t.row(0, named=True), k0.row(0, named=True), students.row(-1, named=True)
+
+    def cell(row):
+        return acc_text(row["value"], row["ci_low"], row["ci_high"], row.get("degenerate"))
+
+    verdict = ("the two intervals are apart: keeping the heads changes retrieval" if _apart(k0, best)
+               else "the two intervals overlap: no difference can be claimed at this n")
+    readable = t["value"] and not (t.get("degenerate") or best.get("degenerate"))
+    ratio = f" ({best['value'] / t['value']:.0%} of the teacher's)" if readable else ""
+    ppl = {k: v for k, v in zip(heads.filter(pl.col("metric") == "perplexity")["heads_kept"],
+                                heads.filter(pl.col("metric") == "perplexity")["value"])}
+    teacher_ppl = teacher.filter(pl.col("metric") == "perplexity")["value"]
+    ppl_text = (f" Held-out perplexity: teacher {teacher_ppl[0]:.1f}, k = 0 {ppl.get(0, float('nan')):.1f}, "
+                f"k = {best['heads_kept']} {ppl.get(best['heads_kept'], float('nan')):.1f}.") if len(teacher_ppl) else ""
+    return (f"<p><b>KV-retrieval {where}</b> (n = {t['n']}): teacher {cell(t)}, pure SSM (k = 0) {cell(k0)}, "
+            f"k = {best['heads_kept']} {cell(best)}{ratio}; {verdict}.{ppl_text}</p>")
 
 
 def state_size_part(model: str, students: pl.DataFrame, hy: dict) -> str:
-    state = students.filter(pl.col("heads_kept") == hy["state_sweep_heads_kept"]).sort("state_size")
-    if state["state_size"].n_unique() <= 1:
-        return ""
-    st = _metric_table(state, "state_size").rename({"state_size": "state size"})
-    return (f"<h3>{html.escape(model)}: state size ({hy['state_sweep_heads_kept']} attention heads kept)</h3>"
-            + table(st, fmt=_fmt(st)))
+    parts = []
+    for k in sorted({hy["state_sweep_heads_kept"], *([10] if 10 in hy["heads_kept"] else [])}):
+        state = students.filter(pl.col("heads_kept") == k).sort("state_size")
+        if state["state_size"].n_unique() <= 1:
+            continue
+        st = _metric_table(state.with_columns(pl.col("state_size").alias("state size")), "state size")
+        parts.append(f"<h3>{html.escape(model)}: state size ({k} attention heads kept)</h3>" + table(st, fmt=_fmt(st)))
+    return "".join(parts)
 
 
 def swap_part(model: str, swap: pl.DataFrame, students: pl.DataFrame, teacher: pl.DataFrame, hy: dict) -> str:
@@ -171,8 +268,7 @@ def swap_part(model: str, swap: pl.DataFrame, students: pl.DataFrame, teacher: p
     if sw.is_empty():
         return ""
     pure = students.filter((pl.col("heads_kept") == 0) & (pl.col("state_size") == hy["state_size"]))
-    rows = pl.concat([_metric_table(pure, "variant"), _metric_table(sw, "variant"),
-                      teacher.with_columns(pl.lit(TEACHER_VARIANT).alias("variant"))], how="vertical_relaxed")
+    rows = _metric_table(pl.concat([pure, sw, teacher], how="diagonal_relaxed"), "variant")
     return (f"<h3>{html.escape(model)}: layer swap</h3>"
             f"<p>The pure SSM with the critical layer — layer {sw['swapped_layer'][0]}, home of the "
             "top-ranked head — run as the teacher's attention again (all its heads), nothing "
@@ -182,30 +278,27 @@ def swap_part(model: str, swap: pl.DataFrame, students: pl.DataFrame, teacher: p
 def model_part(model: str, scores: pl.DataFrame, swap: pl.DataFrame, hy: dict, ctx: SectionContext | None) -> str:
     """One teacher's students: heads-kept table (and, for `ctx`, the figure), summary, state sizes, swap."""
     sub = scores.filter(pl.col("model") == model)
-    teacher = _metric_table(sub.filter(pl.col("variant") == TEACHER_VARIANT), "variant")
-    teacher_row = teacher.to_dicts()[0] if len(teacher) else {}
+    teacher = sub.filter(pl.col("variant") == TEACHER_VARIANT)
     students = sub.filter(pl.col("variant") != TEACHER_VARIANT)
-    heads = students.filter(pl.col("state_size") == hy["state_size"])
-    heads_table = _metric_table(heads.sort("heads_kept"), "heads_kept").rename({"heads_kept": "heads kept"})
+    heads = students.filter(pl.col("state_size") == hy["state_size"]).sort("heads_kept")
     figure = ""
     if ctx is not None:
-        plot_heads(heads_table, teacher_row, ctx.figures["hybrid_heads"])
+        plot_heads(heads, teacher, ctx.figures["hybrid_heads"])
         figure = ctx.figure("hybrid_heads")
-    return (heads_kept_part(model, teacher, heads_table, hy) + figure + heads_kept_summary(teacher_row, heads_table)
+    return (heads_kept_part(model, teacher, heads, hy) + figure + heads_kept_summary(teacher, heads)
             + state_size_part(model, students, hy) + swap_part(model, swap, students, teacher, hy))
 
 
 def answer_rows_part(answer_rows: pl.DataFrame) -> str:
     if answer_rows.is_empty():
         return ""
-    wide = (answer_rows.pivot(on="condition", index=["model", "variant", "attention_heads", "task"], values="acc")
-            .sort("model", "attention_heads", "task"))
+    cells = answer_rows.rename({"acc": "value"}).sort("model", "attention_heads", "task")
+    wide = accuracy_pivot(cells, "condition", ["model", "variant", "attention_heads", "task"])
     return ("<h3>Aggregation lives in attention: answer rows of the attention heads masked</h3>"
             "<p>In each hybrid, every attention head's answer rows (the last context token and the choice "
             "tokens) are masked to see only themselves; SSM heads are untouched. The study (Zamba2): "
-            "retrieval-heavy tasks drop sharply, knowledge tasks stay.</p>"
-            + table(wide, left=("model", "variant", "task"),
-                    fmt={c: pct for c in wide.columns if c not in ("model", "variant", "task", "attention_heads")}))
+            "retrieval-heavy tasks drop sharply, knowledge tasks stay. Accuracy with its 95% interval.</p>"
+            + table(wide, left=("model", "variant", "task")))
 
 
 def memory_table(sub: pl.DataFrame) -> str:
@@ -232,7 +325,7 @@ def memory_part(memory: pl.DataFrame, hy: dict, reference: bool) -> str:
         parts.append(f"<h3>{html.escape(model)}: inference memory (KV cache + SSM state)</h3>"
                      f"<p>Computed from each configuration for one sequence at "
                      f"{hy['memory']['bytes_per_value']} bytes per value: K/V of every group with a kept "
-                     "head, and an N×P state per SSM head.</p>")
+                     "head, and an N×P state plus the first token's P-vector value per SSM head.</p>")
         parts.append(memory_table(formula.filter(pl.col("model") == model)))
         measured = memory.filter((pl.col("source") == "measured") & (pl.col("model") == model))
         for row in measured.iter_rows(named=True):
@@ -248,7 +341,7 @@ def render_hybrid(ctx: SectionContext) -> str:
     """The students: heads kept, state size, layer swap, answer rows, memory and training curves
     (placeholder figures when the hybrid phase is off)."""
     if not ctx.paths("hybrid_scores"):
-        for name in ("hybrid_heads", "hybrid_training"):
+        for name in ("hybrid_heads", "hybrid_training", "hybrid_align_heads"):
             placeholder_figure(ctx.figures[name], "hybrid phase not run (hybrid.enabled: false)")
         return ""
     hy, scores, swap = ctx.config["hybrid"], ctx.frame("hybrid_scores"), ctx.frame("hybrid_swap")
@@ -263,4 +356,8 @@ def render_hybrid(ctx: SectionContext) -> str:
     parts.append(memory_part(ctx.frame("hybrid_memory"), hy, ctx.show_reference))
     plot_training(ctx.frame("hybrid_align"), ctx.frame("hybrid_kd"), ctx.figures["hybrid_training"])
     parts.append(ctx.figure("hybrid_training"))
+    align_heads = ctx.frame("hybrid_align_heads")
+    if align_heads.is_empty():
+        placeholder_figure(ctx.figures["hybrid_align_heads"], "no per-head alignment errors")
+    parts.append(align_heads_part(align_heads, ctx))
     return "".join(parts)

@@ -103,8 +103,9 @@ SECTIONS: tuple[Section, ...] = (
                    "hybrid"),
              Input("hybrid_memory", "data/results/hybrid/{model}/memory.parquet", "hybrid"),
              Input("hybrid_align", "data/distill/{model}/align-n{state_size}.parquet", "hybrid"),
+             Input("hybrid_align_heads", "data/distill/{model}/align-n{state_size}-heads.parquet", "hybrid"),
              Input("hybrid_kd", "data/distill/{model}/kd-{student_variant}.parquet", "hybrid")),
-            _figures("SSM and hybrid students", "hybrid_heads", "hybrid_training"), "gna.report.hybrid_section:render_hybrid"),
+            _figures("SSM and hybrid students", "hybrid_heads", "hybrid_training", "hybrid_align_heads"), "gna.report.hybrid_section:render_hybrid"),
 )
 
 FIGURES: tuple[Figure, ...] = tuple(figure for section in SECTIONS for figure in section.figures)

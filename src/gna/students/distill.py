@@ -154,28 +154,69 @@ def align_layers(model, hidden: torch.Tensor, state_size: int, steps: int, batch
 
 @torch.no_grad()
 def _init_head_scales(ms, base, hidden, pos, n_seq: int = 4):
-    """Start each SSM head's output norm at the RMS of its teacher head's output."""
+    """Start each SSM head's output norm at the RMS of its teacher head's output, and its
+    first-token share at the teacher head's mean attention on the first token."""
     for i, (layer, m) in enumerate(zip(base.layers, ms)):
         u = layer.input_layernorm(hidden[i, :n_seq].float())
         rope = base.rotary_emb(u, position_ids=pos.expand(len(u), -1))
         target = m.attention_output(u, rope, None, m.ssm_heads)
         m.norm_weight.copy_(target.square().mean(dim=(0, 1, 3)).sqrt()[:, None].expand_as(m.norm_weight))
+        share = first_token_attention(m, u, rope, m.ssm_heads).clamp(0.01, 0.99)
+        m.sink_proj.bias.copy_(torch.log(share / (1 - share)))
+
+
+@torch.no_grad()
+def first_token_attention(m: HybridMixer, u: torch.Tensor, rope, heads: list[int]) -> torch.Tensor:
+    """[len(heads)]: the teacher heads' mean attention probability on the first token (rows
+    after the first, causal)."""
+    q, k, _ = m._qkv(u, rope, heads)
+    scores = torch.einsum("bhlp,bhsp->bhls", q, k[:, [h // m.group for h in heads]]) * m.scaling
+    causal = torch.ones(u.shape[1], u.shape[1], dtype=torch.bool).tril()
+    probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+    return probs[:, :, 1:, 0].mean(dim=(0, 2))
+
+
+@torch.no_grad()
+def head_errors(model, hidden: torch.Tensor, n_seq: int = 4) -> pl.DataFrame:
+    """Per SSM head of a student: relative error of its contribution to the residual stream
+    against its teacher head's (given the teacher's hidden state entering the layer, on the
+    first `n_seq` windows), beside the teacher head's attention on the first token."""
+    base = model.base_model
+    length = hidden.shape[2]
+    pos = torch.arange(length)[None]
+    rows = []
+    for i, (layer, m) in enumerate(zip(base.layers, mixers(model))):
+        if not m.ssm_heads:
+            continue
+        u = layer.input_layernorm(hidden[i, :n_seq].float())
+        rope = base.rotary_emb(u, position_ids=pos.expand(len(u), -1))
+        metric = _output_metric(m)[m.ssm_heads]
+        target = torch.einsum("blhp,hpq->blhq", m.attention_output(u, rope, None, m.ssm_heads), metric)
+        pred = torch.einsum("blhp,hpq->blhq", m.ssm_output(u, None), metric)
+        err = (pred - target).square().sum(dim=(0, 1, 3)) / target.square().sum(dim=(0, 1, 3)).clamp_min(1e-12)
+        first = first_token_attention(m, u, rope, m.ssm_heads)
+        rows += [{"layer": m.layer_idx, "head": h, "rel_error": float(e), "teacher_first_token_attention": float(f)}
+                 for h, e, f in zip(m.ssm_heads, err, first)]
+    return pl.DataFrame(rows)
 
 
 def run_distill_align(model_name: str, model_dir: str, teacher_path: str, state_size: int, weights_path: str,
-                      curve_path: str, align: dict, seed: int, dtype: str = "float32") -> None:
+                      curve_path: str, heads_path: str, align: dict, seed: int, dtype: str = "float32") -> None:
     """align_layers at `state_size` on the teacher file's hidden states, with `align` {steps,
-    batch, lr}: writes the aligned SSM heads to `weights_path` and the loss curve (with model
-    and state_size columns) to `curve_path`."""
+    batch, lr}: writes the aligned SSM heads to `weights_path`, the loss curve to `curve_path` and
+    the per-head errors after alignment (head_errors of the pure SSM) to `heads_path`, each with
+    model and state_size columns."""
     model, _ = load_model(model_dir, dtype)
     hidden = read_tensors(teacher_path, ["hidden"])["hidden"]
     state, curve = align_layers(model, hidden, state_size, align["steps"], align["batch"], align["lr"], seed)
     write_tensors(state, weights_path)
-    write_parquet(curve.with_columns(pl.lit(model_name).alias("model"), pl.lit(state_size).alias("state_size")),
-                  curve_path)
-    if not curve.is_empty():
-        last = curve.filter(pl.col("step") == curve["step"].max())
-        log.info("n=%d: mean relative error of the SSM heads after alignment %.3f", state_size, last["loss"].mean())
+    labels = [pl.lit(model_name).alias("model"), pl.lit(state_size).alias("state_size")]
+    write_parquet(curve.with_columns(*labels), curve_path)
+    errors = head_errors(load_aligned(make_hybrid(copy.deepcopy(model), [], state_size), state), hidden)
+    write_parquet(errors.with_columns(*labels), heads_path)
+    if not errors.is_empty():
+        log.info("n=%d: relative error of the SSM heads after alignment: median %.3f, worst %.3f", state_size,
+                 errors["rel_error"].median(), errors["rel_error"].max())
 
 
 @torch.no_grad()
@@ -229,8 +270,8 @@ def distill_logits(student, ids: torch.Tensor, top_logp: torch.Tensor, top_idx: 
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
                 opt.step()
-                bar.set_postfix(loss=f"{float(loss):.3f}")
-                curve.append({"stage": "kd", "step": step, "loss": float(loss)})
+                bar.set_postfix(loss=f"{loss.item():.3f}")
+                curve.append({"stage": "kd", "step": step, "loss": loss.item()})
     finally:
         student.eval()
         for p in params:

@@ -27,6 +27,7 @@ from torch import nn
 from gna.engine.ssm import materialize, ssd_chunked, ssd_masked, ssd_recurrent
 
 C_INIT_SCALE = 0.03
+SINK_INIT = 0.3  # teacher heads put about a third of their attention on the first token
 
 
 def _rotate_half(x):
@@ -81,6 +82,7 @@ class HybridMixer(nn.Module):
             self.B_proj = nn.Linear(d, s * n, bias=bias)
             self.x_proj = nn.Linear(d, s * p, bias=bias)
             self.decay_proj = nn.Linear(d, s, bias=True)
+            self.sink_proj = nn.Linear(d, s, bias=True)
         self.D = nn.Parameter(torch.zeros(s))
         self.norm_weight = nn.Parameter(torch.ones(s, p))
         self.init_from_attention()
@@ -113,6 +115,9 @@ class HybridMixer(nn.Module):
         self.decay_proj.weight.zero_()
         self.decay_proj.bias.copy_(torch.log(torch.expm1(dt)))  # softplus⁻¹
         self.D.zero_()
+        # the first token's share starts at SINK_INIT (fitted from the teacher's maps when aligning)
+        self.sink_proj.weight.zero_()
+        self.sink_proj.bias.fill_(math.log(SINK_INIT / (1 - SINK_INIT)))
 
     # -- which heads run how ------------------------------------------------------------------
     @property
@@ -130,7 +135,8 @@ class HybridMixer(nn.Module):
         block of rows per SSM head, in `ssm_heads` order (norm_weight: one row per head)."""
         named = {"C_proj.weight": self.C_proj.weight, "B_proj.weight": self.B_proj.weight,
                  "x_proj.weight": self.x_proj.weight, "decay_proj.weight": self.decay_proj.weight,
-                 "decay_proj.bias": self.decay_proj.bias, "D": self.D, "norm_weight": self.norm_weight}
+                 "decay_proj.bias": self.decay_proj.bias, "D": self.D, "norm_weight": self.norm_weight,
+                 "sink_proj.weight": self.sink_proj.weight, "sink_proj.bias": self.sink_proj.bias}
         for key in ("C_proj", "B_proj", "x_proj"):
             bias = getattr(self, key).bias
             if bias is not None:
@@ -187,12 +193,42 @@ class HybridMixer(nn.Module):
             y = ssd_chunked(x, log_a, Bm, Cm, D, chunk)[0]
         else:
             y = ssd_masked(x, log_a, Bm, Cm, D, allowed)
-        return self.normalize(y, which)
+        share = self.sink_share(u, which)
+        if restrict is not None:  # a row that may not read the first token gets nothing from it
+            share = share * restrict[..., 0].transpose(1, 2)
+        first = self.first_value(u, which)
+        return self.with_first_token(self.normalize(y, which), share, first, first_position=True)
+
+    # -- the first token: attention sinks -------------------------------------------------------
+    def first_value(self, u, which: list[int] | None = None):
+        """[B, 1, len(which), P]: the value of the first token for each SSM head (its K/V group's
+        v_proj), what the teacher's head reads when it attends to the first token."""
+        heads = self.ssm_heads if which is None else [self.ssm_heads[j] for j in which]
+        b, p = u.shape[0], self.head_dim
+        v = self.v_proj(u[:, :1]).view(b, 1, self.num_kv_heads, p)
+        return v[:, :, [h // self.group for h in heads]]
+
+    def sink_share(self, u, which: list[int] | None = None):
+        """[B, L, len(which)]: the share of each SSM head's output taken by the first token."""
+        share = torch.sigmoid(self.sink_proj(u))
+        return share if which is None else share[..., which]
+
+    @staticmethod
+    def with_first_token(y, share, first, first_position: bool):
+        """Mix the first token's value into the scan output y by `share`; at the first position
+        itself the output is that value exactly, as softmax attention over one token gives.
+        Teacher heads park much of their attention on the first token (a sink) whose value a
+        decaying scan cannot hold over long spans."""
+        out = (1 - share[..., None]) * y + share[..., None] * first
+        if first_position:
+            out = torch.cat([first.expand(-1, 1, -1, -1), out[:, 1:]], dim=1)
+        return out
 
     def head_maps(self, u, position_embeddings, allowed, per_head=None):
         """[B, H, L, L] per-head maps: attention probabilities for attention heads; for SSM heads
         the implicit attention |T| normalised per row (T before the head norm, with the skip
-        term), so both read as 'share of the row's weight on each position'."""
+        term) and scaled by 1 − the first token's share, which is added on the first column, so
+        both read as 'share of the row's weight on each position'."""
         b, length, _ = u.shape
         maps = u.new_zeros(b, self.num_heads, length, length)
         structure = allowed if allowed is not None else torch.ones(length, length, dtype=torch.bool).tril()[None]
@@ -207,9 +243,15 @@ class HybridMixer(nn.Module):
             heads = [self.ssm_heads[j] for j in active]
             x, log_a, Bm, Cm = self.ssm_inputs(u, active)
             T = materialize(log_a, Bm, Cm, self.D[active], structure.expand(b, length, length)).abs()
+            share = self.sink_share(u, active).transpose(1, 2)  # [B, S, L]
             if per_head is not None:
                 T = T * per_head[:, heads]
-            maps[:, heads] = T / T.sum(-1, keepdim=True).clamp_min(1e-12)
+                share = share * per_head[:, heads, :, 0]
+            T = (1 - share[..., None]) * T / T.sum(-1, keepdim=True).clamp_min(1e-12)
+            T[..., 0] += share
+            T[:, :, 0] = 0
+            T[:, :, 0, 0] = 1  # the first position reads the first token only
+            maps[:, heads] = T
         return maps
 
     def normalize(self, y, which=None):
@@ -251,8 +293,10 @@ class HybridMixer(nn.Module):
         if active:
             x, log_a, Bm, Cm = self.ssm_inputs(u, active)
             y, state = ssd_chunked(x, log_a, Bm, Cm, self.D[active])
-            heads[:, :, [self.ssm_heads[j] for j in active]] = self.normalize(y, active)
-            cache["state"] = state
+            first = self.first_value(u, active)
+            heads[:, :, [self.ssm_heads[j] for j in active]] = self.with_first_token(
+                self.normalize(y, active), self.sink_share(u, active), first, first_position=True)
+            cache["state"], cache["first"] = state, first
         return self.o_proj(heads.reshape(b, length, -1)), cache
 
     def step(self, u, position_embeddings, cache):
@@ -276,7 +320,8 @@ class HybridMixer(nn.Module):
         if active:
             x, log_a, Bm, Cm = self.ssm_inputs(u, active)
             y, cache["state"] = ssd_recurrent(x, log_a, Bm, Cm, self.D[active], cache["state"])
-            heads[:, :, [self.ssm_heads[j] for j in active]] = self.normalize(y, active)
+            heads[:, :, [self.ssm_heads[j] for j in active]] = self.with_first_token(
+                self.normalize(y, active), self.sink_share(u, active), cache["first"], first_position=False)
         return self.o_proj(heads.reshape(b, 1, -1))
 
 

@@ -189,3 +189,18 @@ def load_task_tables(paths: list[str], max_items: int | None = None) -> dict[str
             raise ValueError(f"task file has no items: {path}")
         tables[table["task"][0]] = table
     return tables
+
+
+def context_swapped(table: pl.DataFrame, max_items: int | None) -> pl.DataFrame:
+    """The degeneracy check's items: subset_evenly(table, max_items), each given the context of
+    the next item with as many choices (cyclically; for KV-retrieval that is the next dictionary
+    of the same size), its own choices and target kept. A model that reads the context changes
+    its prediction on most of them; one that does not keeps it. Items without a partner dropped."""
+    subset = subset_evenly(table, max_items).with_row_index("_row")
+    subset = subset.with_columns(pl.col("choices").list.len().alias("_n_choices"))
+    swapped = subset.with_columns(pl.col("context").shift(-1).over("_n_choices").alias("_next"),
+                                  pl.col("context").first().over("_n_choices").alias("_first"),
+                                  pl.len().over("_n_choices").alias("_count"))
+    swapped = swapped.filter(pl.col("_count") > 1).with_columns(
+        pl.coalesce("_next", "_first").alias("context"))
+    return swapped.sort("_row").drop("_row", "_n_choices", "_next", "_first", "_count")

@@ -3,7 +3,8 @@ import polars as pl
 import pytest
 
 from conftest import MINI_MMLU
-from gna.engine.scoring import encode, score_table, score_table_ref, summarize
+from gna.core.stats import wilson_interval
+from gna.engine.scoring import encode, score_table, score_table_ref, summarize, summarize_task
 from gna.tasks.tables import build_kv_retrieval, build_mmlu, load_mmlu_jsonl, select_mmlu
 
 
@@ -47,6 +48,31 @@ def test_summary_metrics_match_per_item(tiny_llama):
         acc = summary.filter((pl.col("group") == size) & (pl.col("metric") == "acc"))["value"][0]
         assert acc == items.filter(pl.col("group") == size)["correct"].mean()
     assert set(summary["metric"]) == {"acc", "acc_norm", "greedy_exact_match", "mean_logp_target"}
+    for row in summary.iter_rows(named=True):
+        if row["metric"] == "mean_logp_target":
+            assert row["ci_low"] is None and row["ci_high"] is None
+        else:
+            assert (row["ci_low"], row["ci_high"]) == pytest.approx(
+                wilson_interval(row["value"] * row["n"], row["n"]))
+
+
+def _answers(preds, swapped, correct):
+    n = len(preds)
+    return pl.DataFrame({"task": ["kv_retrieval"] * n, "item_id": list(range(n)), "group": ["4"] * n,
+                         "target": [0] * n, "pred": preds, "correct": correct, "pred_norm": preds,
+                         "correct_norm": correct, "greedy_match": [False] * n, "logp_target": [-1.0] * n,
+                         "pred_swapped": swapped})
+
+
+def test_a_model_that_ignores_the_context_is_flagged_degenerate():
+    # same prediction with the item's own context and with another's on 9 of 10 checked items
+    steady = summarize_task(_answers([1] * 12, [1] * 9 + [2] + [None] * 2, [True] * 3 + [False] * 9))
+    agreement = steady.filter((pl.col("metric") == "context_swap_agreement") & (pl.col("group") == "all"))
+    assert agreement["value"][0] == 0.9 and agreement["n"][0] == 10
+    assert steady["degenerate"].all()
+    reader = summarize_task(_answers([0, 1, 2, 3] * 3, [1, 2, 3, 0] * 3, [True] * 12))
+    assert not reader["degenerate"].any()
+    assert "degenerate" not in summarize_task(_answers([0] * 4, [None] * 4, [True] * 4)).columns
 
 
 def test_baseline_summary_adds_chance_format_and_engine(tiny_llama):
@@ -58,7 +84,7 @@ def test_baseline_summary_adds_chance_format_and_engine(tiny_llama):
         table = _tables()[name]
         items = score_table(model, tok, table, progress=False)
         summary = baseline_summary("tiny", table, items, seconds=1.234)
-        assert summary.select("task", "group", "n", "metric", "value").equals(summarize_task(items))
+        assert summary.select("task", "group", "n", "metric", "value", "ci_low", "ci_high").equals(summarize_task(items))
         assert list(dict.fromkeys(summary["group"])) == groups
         chance = dict(zip(summary["group"], summary["chance"]))
         assert chance["all"] == pytest.approx(sum(1 / len(c) for c in table["choices"]) / len(table))

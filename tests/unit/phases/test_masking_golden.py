@@ -3,7 +3,8 @@
 The smoke config's tiny model has no Aggregate head, so the smoke run skips masking; this test
 runs the experiment directly (teacher on KV + cloze + MMLU letter, and a student whose masked
 heads are an SSM head and a kept attention head) and compares with tests/data/golden_masking.parquet
-exactly. Recorded with the inputs below; refresh only for an intended change of results."""
+exactly. Recorded with the inputs below (the teacher's rows before the refactor; the student's
+again when SSM heads gained the first-token term); refresh only for an intended change of results."""
 
 import copy
 
@@ -11,6 +12,7 @@ import polars as pl
 from polars.testing import assert_frame_equal
 
 from conftest import MINI_MMLU, REPO
+from gna.core.stats import wilson_interval
 from gna.phases.gather_aggregate import kv_row_segments, mmlu_row_segments
 from gna.students.spec import make_hybrid
 from gna.phases.masking import masking_experiment
@@ -32,6 +34,9 @@ def test_masking_experiment_equals_recorded_results(tiny_llama):
     actual = pl.concat([teacher_kv.with_columns(pl.lit("teacher").alias("model")),
                         teacher_letter.with_columns(pl.lit("teacher").alias("model")),
                         student_kv.with_columns(pl.lit("student").alias("model"))])
-    # `note` (null where (b) and (c) ran) came after the recording; every other column is as recorded
+    # `note` (null where (b) and (c) ran) and the interval came after the recording; every other
+    # column is as recorded
     assert actual["note"].null_count() == len(actual)
-    assert_frame_equal(actual.drop("note"), pl.read_parquet(GOLDEN), check_exact=True)
+    for row in actual.iter_rows(named=True):
+        assert (row["ci_low"], row["ci_high"]) == wilson_interval(round(row["acc"] * row["n"]), row["n"])
+    assert_frame_equal(actual.drop("note", "ci_low", "ci_high"), pl.read_parquet(GOLDEN), check_exact=True)

@@ -139,12 +139,16 @@ def test_report_shows_the_smoke_numbers(smoke_report):
     assert "tiny-llama: layer swap" in page and "k0-n8 + attention layer 3" in page
     assert "heads_sweep/tiny-llama" in page  # the timings table
     assert "Reference, not produced by this pipeline" in page
+    # accuracies carry their interval and n; a student that ignores the context is flagged, the
+    # tiny random teacher among them (the golden smoke results say so)
+    assert "<td class=''>25.0% [7–59]</td>" in page and "KV all (n=8)" in page
+    assert "degenerate (acc " in page and "Per-head alignment error" in page
 
 
 @pytest.mark.slow
 def test_report_without_the_hybrid_phase_draws_placeholders(tmp_path):
     page = render(tmp_path, {"hybrid": False, "hybrid_swap": False}).read_text()
     assert "<h2>SSM and hybrid students</h2>" not in page
-    assert page.count("<figure>") == len(FIGURES) - 2
-    for name in ("hybrid_heads", "hybrid_training"):
+    assert page.count("<figure>") == len(FIGURES) - 3
+    for name in ("hybrid_heads", "hybrid_training", "hybrid_align_heads"):
         assert (tmp_path / report_figures()[name]).is_file()

@@ -9,8 +9,9 @@ import torch
 
 from conftest import MINI_MMLU
 from gna.students.corpus import split_pool, token_windows
-from gna.students.distill import load_aligned, run_distill_align, run_distill_kd, run_distill_teacher
-from gna.students.mixer import mixers
+from gna.students.distill import (first_token_attention, head_errors, load_aligned, run_distill_align, run_distill_kd,
+                                  run_distill_teacher, teacher_activations)
+from gna.students.mixer import captured_maps, mixers
 from gna.core.io import write_parquet
 from gna.models.prepare import load_model
 from gna.students.student_evaluation import label_variant, run_hybrid_score, run_hybrid_swap, swap_label
@@ -44,7 +45,7 @@ def test_ssm_state_names_every_trained_parameter_once(tiny_llama):
     m = mixers(student)[0]
     named = m.ssm_state()
     assert list(named) == ["C_proj.weight", "B_proj.weight", "x_proj.weight", "decay_proj.weight", "decay_proj.bias",
-                           "D", "norm_weight"]  # the tiny Llama has no q/k/v biases
+                           "D", "norm_weight", "sink_proj.weight", "sink_proj.bias"]  # the tiny Llama has no q/k/v biases
     assert [id(p) for p in m.ssm_params()] == [id(p) for p in named.values()]
     trained = {id(p) for m in mixers(student) for p in m.ssm_params()}
     teacher = {id(p) for m in mixers(student) for proj in (m.q_proj, m.k_proj, m.v_proj, m.o_proj)
@@ -102,7 +103,8 @@ def phase(tmp_path_factory, tiny_llama):
     run_distill_teacher(p["teacher"], str(MINI_MMLU), str(root / "teacher.safetensors"), CORPUS, top_k=4, seed=1,
                         mmlu={"n": 8, "seed": 7, "topics": []}, template="lookup")
     run_distill_align("tiny", p["teacher"], str(root / "teacher.safetensors"), 4, str(root / "align.safetensors"),
-                      str(root / "align.parquet"), {"steps": 2, "batch": 2, "lr": 1e-3}, seed=1)
+                      str(root / "align.parquet"), str(root / "align-heads.parquet"), {"steps": 2, "batch": 2, "lr": 1e-3},
+                      seed=1)
     for k in (0, 2):
         run_distill_kd("tiny", p["teacher"], str(root / "teacher.safetensors"), str(root / "align.safetensors"),
                        p["ranking.parquet"], k, 4, str(root / f"k{k}"), str(root / f"kd{k}.parquet"),
@@ -121,6 +123,9 @@ def test_distillation_writes_the_teacher_file_curves_and_students(phase):
     spec = read_spec(root / "k2")
     assert spec["variant"] == "k2-n4" and spec["kept_ranked"] == [[2, 1], [0, 3]] and spec["teacher"] == "tiny"
     assert sorted(map(tuple, spec["kept_heads"])) == [(0, 3), (2, 1)]
+    errors = pl.read_parquet(root / "align-heads.parquet")
+    assert len(errors) == 3 * 4 and set(errors["state_size"]) == {4}  # every head of the tiny model is an SSM head
+    assert errors["rel_error"].min() >= 0 and errors["teacher_first_token_attention"].is_between(0, 1).all()
     kd = pl.read_parquet(root / "kd2.parquet")
     assert kd["step"].to_list() == [0, 1] and set(kd["heads_kept"]) == {2}
 
@@ -130,13 +135,52 @@ def test_scoring_rules_on_the_distilled_students(phase):
     tasks = [p["kv_retrieval.parquet"]]
     args = dict(max_items=4, batch_size=2)
     scores = run_hybrid_score("tiny", "k2-n4", str(root / "k2"), str(root / "teacher.safetensors"), tasks,
-                              str(root / "score.parquet"), **args)
+                              str(root / "score.parquet"), str(root / "answers.parquet"), swap_items=None, **args)
     assert "perplexity" in scores["metric"].to_list() and set(scores["heads_kept"]) == {2}
+    assert "context_swap_agreement" in scores["metric"].to_list() and "degenerate" in scores.columns
+    answers = pl.read_parquet(root / "answers.parquet")
+    assert len(answers) == 4 and set(answers["variant"]) == {"k2-n4"} and answers["pred_swapped"].null_count() == 0
+    # the summary is computed from exactly these answers
+    acc = scores.filter((pl.col("metric") == "acc") & (pl.col("group") == "all"))["value"][0]
+    assert acc == answers["correct"].mean()
+    # a student saved and reloaded scores identically
+    again = run_hybrid_score("tiny", "k2-n4", str(root / "k2"), str(root / "teacher.safetensors"), tasks,
+                             str(root / "score2.parquet"), str(root / "answers2.parquet"), swap_items=None, **args)
+    assert again.equals(scores)
     swap = run_hybrid_swap("tiny", "k0-n4", str(root / "k0"), p["ranking.parquet"], str(root / "teacher.safetensors"),
-                           tasks, str(root / "swap.parquet"), **args)
+                           tasks, str(root / "swap.parquet"), str(root / "swap-answers.parquet"), swap_items=0, **args)
     assert set(swap["variant"]) == {"k0-n4 + attention layer 2"} and set(swap["swapped_layer"]) == {2}
+    assert "context_swap_agreement" not in swap["metric"].to_list()
+    assert set(pl.read_parquet(root / "swap-answers.parquet")["swapped_layer"]) == {2}
     rows = run_hybrid_answer_rows("tiny", "k2-n4", str(root / "k2"), tasks, str(root / "rows.parquet"), **args)
     assert rows["condition"].to_list() == ["unmodified", "attention answer rows masked"]
     assert pl.read_parquet(root / "rows.parquet").equals(rows)
     student, _ = load_model(root / "k2")
     assert len(mixers(student)) == 3
+
+
+def test_first_token_attention_equals_the_teachers_attention_maps(tiny_llama):
+    model, _ = tiny_llama
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    hidden = teacher_activations(model, ids, top_k=2, progress=False)["hidden"].float()
+    kept = make_hybrid(copy.deepcopy(model), [(i, h) for i in range(3) for h in range(4)], 4)  # all attention
+    with captured_maps(kept) as maps:
+        kept(input_ids=ids)
+    base = kept.base_model
+    for i, (layer, m) in enumerate(zip(base.layers, mixers(kept))):
+        u = layer.input_layernorm(hidden[i])
+        rope = base.rotary_emb(u, position_ids=torch.arange(12)[None].expand(2, -1))
+        torch.testing.assert_close(first_token_attention(m, u, rope, [0, 1, 2, 3]), maps[i][:, :, 1:, 0].mean(dim=(0, 2)),
+                                   atol=1e-3, rtol=1e-3)
+
+
+def test_head_errors_are_zero_where_an_ssm_head_reproduces_its_teacher(tiny_llama):
+    model, _ = tiny_llama
+    ids = torch.randint(0, model.config.vocab_size, (2, 10), generator=torch.Generator().manual_seed(1))
+    hidden = teacher_activations(model, ids, top_k=2, progress=False)["hidden"]
+    student = make_hybrid(copy.deepcopy(model), [], 4)
+    errors = head_errors(student, hidden)
+    assert len(errors) == 12 and (errors["rel_error"] > 0).all()
+    # at the first position an SSM head outputs the first token's value, exactly what attention
+    # over one token gives
+    assert head_errors(student, hidden[:, :, :1])["rel_error"].max() < 1e-10

@@ -6,8 +6,8 @@ import pytest
 from conftest import MINI_MMLU
 from gna.core.io import sha256_file
 from gna.models.sources import ChecksumError
-from gna.tasks.tables import (build_kv_retrieval, build_mmlu, load_mmlu_jsonl, select_mmlu, select_mmlu_file,
-                       write_kv_task, write_mmlu_task)
+from gna.tasks.tables import (build_kv_retrieval, build_mmlu, context_swapped, load_mmlu_jsonl, select_mmlu,
+                              select_mmlu_file, write_kv_task, write_mmlu_task)
 
 MMLU_CONFIG = {"n": 6, "seed": 1, "topics": ["biology"], "num_fewshot": 1}
 
@@ -97,3 +97,15 @@ def test_select_mmlu_file_checks_the_pin():
     assert all(a.equals(b) for a, b in zip(unpinned, select_mmlu_file(MINI_MMLU, sha256_file(MINI_MMLU), MMLU_CONFIG)))
     with pytest.raises(ChecksumError, match="mini_mmlu.jsonl"):
         select_mmlu_file(MINI_MMLU, "0" * 64, MMLU_CONFIG)
+
+
+def test_context_swapped_gives_each_item_the_next_context_of_its_size():
+    table = build_kv_retrieval([4, 6], 3, 5, "lookup")
+    swapped = context_swapped(table, None)
+    assert swapped.drop("context").equals(table.drop("context"))
+    contexts = table["context"].to_list()
+    # cyclic within each dictionary size: 0<-1, 1<-2, 2<-0 and 3<-4, 4<-5, 5<-3
+    assert swapped["context"].to_list() == [contexts[i] for i in (1, 2, 0, 4, 5, 3)]
+    # a subset stays stratified; a size with one item has no partner and is dropped
+    assert context_swapped(table, 2)["dict_size"].to_list() == []
+    assert len(context_swapped(table, 4)) == 4
