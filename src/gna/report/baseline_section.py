@@ -8,8 +8,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import polars as pl
 
-from gna.report.htmlkit import (SectionContext, acc_text, accuracy_axis, accuracy_pivot, dict_size_axis, errorbar, pct,
-                                save_figure, table, with_acc_cell)
+from gna.report.htmlkit import (SectionContext, acc_text, accuracy_axis, accuracy_pivot, dict_size_axis, errorbar,
+                                interval_errors, pct, save_figure, table, with_acc_cell)
 from gna.tasks.lmeval_bridge import CROSSCHECK_TASK
 from gna.models.prepare import read_provenance
 
@@ -63,8 +63,8 @@ def plot_mmlu(baseline: pl.DataFrame, path: str | Path) -> None:
         for i, fmt in enumerate(formats):
             bars = pl.DataFrame({"model": models}).join(mm.filter(pl.col("format") == fmt), on="model", how="left")
             xs = [m + (i - (len(formats) - 1) / 2) * width for m in range(len(models))]
-            err = [(bars["value"] - bars["ci_low"]).fill_null(0).to_list(), (bars["ci_high"] - bars["value"]).fill_null(0).to_list()]
-            ax.bar(xs, bars["value"].fill_null(0), width, yerr=err, capsize=3, label=fmt)
+            ax.bar(xs, bars["value"].fill_null(0), width, yerr=interval_errors(bars["value"], bars["ci_low"], bars["ci_high"]),
+                   capsize=3, label=fmt)
         ax.set_xticks(range(len(models)), models)
         ax.axhline(0.25, ls="--", color="grey", label="chance")
     ax.set_ylabel("accuracy")

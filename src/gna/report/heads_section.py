@@ -10,8 +10,8 @@ import numpy as np
 import polars as pl
 import seaborn as sns
 
-from gna.report.htmlkit import (SectionContext, accuracy_axis, accuracy_pivot, dict_size_axis, errorbar, pct,
-                                save_figure, table)
+from gna.report.htmlkit import (SectionContext, accuracy_axis, accuracy_columns, accuracy_pivot, dict_size_axis,
+                                errorbar, pct, save_figure, table)
 
 
 def _models(frame: pl.DataFrame) -> list[str]:
@@ -113,14 +113,7 @@ def topk_table(topk: pl.DataFrame) -> pl.DataFrame:
     """Per model and k: the top-k removal per task (KV per size, then all; each cell with its 95%
     interval, headers with n) beside the random-k control (mean and sd over draws)."""
     top_rows = topk.filter((pl.col("condition") == "top") & (pl.col("metric") == "acc"))
-    col = pl.when(pl.col("task") == "kv_retrieval").then(
-        pl.when(pl.col("group") == "all").then(pl.lit("KV all")).otherwise(pl.format("KV {}", "group"))
-    ).otherwise(pl.col("task"))
-    rank = (pl.when(pl.col("column") == "KV all").then(10**6)
-            .when(pl.col("column").str.starts_with("KV ")).then(pl.col("group").cast(pl.Int64, strict=False))
-            .otherwise(2 * 10**6))
-    ordered = top_rows.with_columns(col.alias("column")).with_columns(rank.alias("_rank")).sort("_rank", "column")
-    wide = accuracy_pivot(ordered, "column", ["model", "k"]).sort(["model", "k"])
+    wide = accuracy_pivot(accuracy_columns(top_rows), "column", ["model", "k"]).sort(["model", "k"])
     ctrl = (topk.filter((pl.col("condition") == "random") & (pl.col("metric") == "acc")
                         & (pl.col("task") == "kv_retrieval") & (pl.col("group") == "all"))
             .group_by(["model", "k"]).agg(pl.col("value").mean().alias("random-k KV (mean)"),

@@ -82,14 +82,32 @@ def accuracy_pivot(frame: pl.DataFrame, on: str, index: list[str]) -> pl.DataFra
     return wide.rename({c: names[c] for c in wide.columns if c in names and c not in index})
 
 
-def errorbar(ax, x, value, low, high, **style) -> None:
-    """A line with its 95% intervals as error bars (low/high may be None: no bar)."""
-    x, value = list(x), list(value)
+def accuracy_columns(rows: pl.DataFrame, kv_label: str = "KV {}", task_names: dict | None = None) -> pl.DataFrame:
+    """Tidy accuracy rows, each named by its table `column` and ordered for a table: KV-retrieval
+    per dictionary size (`kv_label` formatted with the size), 'KV all', then the other tasks by
+    name (`task_names` maps task → name; with it, tasks it does not name are dropped)."""
+    group = pl.col("group")
+    kv_name = pl.when(group == "all").then(pl.lit("KV all")).otherwise(pl.format(kv_label, group))
+    other = pl.col("task") if task_names is None else pl.col("task").replace_strict(task_names, default=None)
+    rank = (pl.when(pl.col("task") != "kv_retrieval").then(10**7)
+            .when(group == "all").then(10**6).otherwise(group.cast(pl.Int64, strict=False)))
+    named = rows.with_columns(pl.when(pl.col("task") == "kv_retrieval").then(kv_name).otherwise(other).alias("column"),
+                              rank.alias("_rank"))
+    return named.filter(pl.col("column").is_not_null()).sort("_rank", "column", maintain_order=True).drop("_rank")
+
+
+def interval_errors(value, low, high) -> list[list[float]]:
+    """Matplotlib's yerr ([below], [above]) of values and their 95% intervals (a null end: no bar)."""
+    value = [0.0 if v is None else v for v in value]
     low = [v if lo is None else lo for v, lo in zip(value, low)]
     high = [v if hi is None else hi for v, hi in zip(value, high)]
     # max(0, ·): an interval end equals the value up to rounding at 0% and 100%
-    err = [[max(0.0, v - lo) for v, lo in zip(value, low)], [max(0.0, hi - v) for v, hi in zip(value, high)]]
-    ax.errorbar(x, value, yerr=err, capsize=3, **{"marker": "o", **style})
+    return [[max(0.0, v - lo) for v, lo in zip(value, low)], [max(0.0, hi - v) for v, hi in zip(value, high)]]
+
+
+def errorbar(ax, x, value, low, high, **style) -> None:
+    """A line with its 95% intervals as error bars (low/high may be None: no bar)."""
+    ax.errorbar(list(x), list(value), yerr=interval_errors(value, low, high), capsize=3, **{"marker": "o", **style})
 
 
 def embed(png_path: str | Path, caption: str) -> str:

@@ -8,8 +8,8 @@ import html
 import matplotlib.pyplot as plt
 import polars as pl
 
-from gna.report.htmlkit import (SectionContext, acc_text, accuracy_pivot, errorbar, pct, placeholder_figure,
-                                save_figure, table)
+from gna.report.htmlkit import (SectionContext, acc_text, accuracy_columns, accuracy_pivot, errorbar, pct,
+                                placeholder_figure, save_figure, table)
 from gna.students.spec import TEACHER_VARIANT
 
 REFERENCE_HEADS = """
@@ -48,14 +48,7 @@ AGREEMENT = "KV answer kept when contexts are swapped"
 def accuracy_rows(scores: pl.DataFrame) -> pl.DataFrame:
     """The acc rows a student table shows, each with its `column`: 'KV <size> keys' per
     dictionary size, 'KV all', then the MMLU formats; ordered by column."""
-    group = pl.col("group")
-    kv_name = pl.when(group == "all").then(pl.lit("KV all")).otherwise(pl.format("KV {} keys", group))
-    name = (pl.when(pl.col("task") == "kv_retrieval").then(kv_name)
-            .otherwise(pl.col("task").replace_strict(TASK_COLUMNS, default=None)))
-    rank = (pl.when(pl.col("task") != "kv_retrieval").then(10**7)
-            .when(group == "all").then(10**6).otherwise(group.cast(pl.Int64, strict=False)))
-    rows = scores.filter(pl.col("metric") == "acc").with_columns(name.alias("column"), rank.alias("_rank"))
-    return rows.filter(pl.col("column").is_not_null()).sort("_rank", "column", maintain_order=True).drop("_rank")
+    return accuracy_columns(scores.filter(pl.col("metric") == "acc"), "KV {} keys", TASK_COLUMNS)
 
 
 def _metric_table(scores: pl.DataFrame, label_col: str) -> pl.DataFrame:
@@ -242,8 +235,7 @@ def heads_kept_summary(teacher: pl.DataFrame, heads: pl.DataFrame) -> str:
                else "the two intervals overlap: no difference can be claimed at this n")
     readable = t["value"] and not (t.get("degenerate") or best.get("degenerate"))
     ratio = f" ({best['value'] / t['value']:.0%} of the teacher's)" if readable else ""
-    ppl = {k: v for k, v in zip(heads.filter(pl.col("metric") == "perplexity")["heads_kept"],
-                                heads.filter(pl.col("metric") == "perplexity")["value"])}
+    ppl = dict(heads.filter(pl.col("metric") == "perplexity").select("heads_kept", "value").iter_rows())
     teacher_ppl = teacher.filter(pl.col("metric") == "perplexity")["value"]
     ppl_text = (f" Held-out perplexity: teacher {teacher_ppl[0]:.1f}, k = 0 {ppl.get(0, float('nan')):.1f}, "
                 f"k = {best['heads_kept']} {ppl.get(best['heads_kept'], float('nan')):.1f}.") if len(teacher_ppl) else ""

@@ -169,11 +169,8 @@ def _init_head_scales(ms, base, hidden, pos, n_seq: int = 4):
 def first_token_attention(m: HybridMixer, u: torch.Tensor, rope, heads: list[int]) -> torch.Tensor:
     """[len(heads)]: the teacher heads' mean attention probability on the first token (rows
     after the first, causal)."""
-    q, k, _ = m._qkv(u, rope, heads)
-    scores = torch.einsum("bhlp,bhsp->bhls", q, k[:, [h // m.group for h in heads]]) * m.scaling
     causal = torch.ones(u.shape[1], u.shape[1], dtype=torch.bool).tril()
-    probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
-    return probs[:, :, 1:, 0].mean(dim=(0, 2))
+    return m.attention_probs(u, rope, heads, causal)[:, :, 1:, 0].mean(dim=(0, 2))
 
 
 @torch.no_grad()

@@ -168,6 +168,13 @@ class HybridMixer(nn.Module):
         out = out.transpose(1, 2)
         return (out, k, v) if return_kv else out
 
+    def attention_probs(self, u, position_embeddings, heads: list[int], visible):
+        """[B, len(heads), L, L] softmax attention probabilities of query `heads` with the
+        teacher's weights; visible: bool mask broadcastable to that shape (l may read s)."""
+        q, k, _ = self._qkv(u, position_embeddings, heads)
+        scores = torch.einsum("bhlp,bhsp->bhls", q, k[:, [h // self.group for h in heads]]) * self.scaling
+        return torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+
     def ssm_inputs(self, u, which: list[int] | None = None):
         """(x [B, L, S, P], log_a [B, L, S], B [B, L, S, N], C [B, L, S, N]) for SSM heads `which`."""
         b, length, _ = u.shape
@@ -234,10 +241,8 @@ class HybridMixer(nn.Module):
         structure = allowed if allowed is not None else torch.ones(length, length, dtype=torch.bool).tril()[None]
         attn = self.attention_heads
         if attn:
-            q, k, _ = self._qkv(u, position_embeddings, attn)
-            scores = torch.einsum("bhlp,bhsp->bhls", q, k[:, [h // self.group for h in attn]]) * self.scaling
             mask = per_head[:, attn] if per_head is not None else structure[:, None]
-            maps[:, attn] = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+            maps[:, attn] = self.attention_probs(u, position_embeddings, attn, mask)
         active = self.active_ssm
         if active:
             heads = [self.ssm_heads[j] for j in active]
