@@ -79,14 +79,22 @@ def hybrid_variants():
     return student_variants(HYBRID)
 
 
-def _check_gna_variants():
-    unknown = [v for v in HYBRID["gna_variants"] if v not in hybrid_variants()]
-    if HYBRID["enabled"] and unknown:
-        raise ValueError(f"config key 'hybrid.gna_variants': {unknown} are not students of this config; "
-                         f"allowed: {', '.join(hybrid_variants())}")
+def _check_student_lists():
+    """Lists of students in config name students of this config; the budget curve's size is a KV size."""
+    for key, listed in (("gna_variants", HYBRID["gna_variants"]),
+                        ("budget_curve.variants", HYBRID["budget_curve"]["variants"]),
+                        ("ablation.variant", [HYBRID["ablation"]["variant"]] if HYBRID["ablation"]["remove"] else [])):
+        unknown = [v for v in listed if v not in hybrid_variants()]
+        if HYBRID["enabled"] and unknown:
+            raise ValueError(f"config key 'hybrid.{key}': {unknown} are not students of this config; "
+                             f"allowed: {', '.join(hybrid_variants())}")
+    sizes = config["tasks"]["kv_retrieval"]["sizes"]
+    if HYBRID["enabled"] and HYBRID["budget_curve"]["dict_size"] not in sizes:
+        raise ValueError(f"config key 'hybrid.budget_curve.dict_size': {HYBRID['budget_curve']['dict_size']} is not "
+                         f"a KV dictionary size of this config; allowed: {', '.join(map(str, sizes))}")
 
 
-_check_gna_variants()
+_check_student_lists()
 # students that also go through the Gather-and-Aggregate rules, named like models
 GNA_STUDENTS = [student_name(m, v) for m in MODELS for v in HYBRID["gna_variants"]] if HYBRID["enabled"] else []
 GNA_MODELS = MODELS + GNA_STUDENTS

@@ -2,7 +2,8 @@
 # variant), scoring, the layer swap and the inference-memory table. Students are written to
 # data/models/<model>-hybrid-k<heads kept>-n<state size> (names from gna.students.spec), loadable
 # like any prepared model.
-from gna.students.spec import TEACHER_VARIANT, VARIANT_PATTERN, student_name, variant_name
+from gna.students.spec import (ABLATIONS, TEACHER_VARIANT, VARIANT_PATTERN, checkpoint_steps, parse_variant,
+                               student_name, variant_name)
 
 TASK_FILES = {task: f"data/tasks/{task}.parquet" for task in TASKS}
 
@@ -26,7 +27,19 @@ def get_hybrid_results():
                       variant=answer_row_variants())
     if HYBRID["swap"]:
         results += expand("data/results/hybrid/{model}/swap.parquet", model=MODELS)
+    results += expand("data/results/hybrid/{model}/budget-{variant}.parquet", model=MODELS,
+                      variant=HYBRID["budget_curve"]["variants"])
+    results += expand("data/results/hybrid/{model}/ablation-{ablation}.parquet", model=MODELS,
+                      ablation=HYBRID["ablation"]["remove"])
     return results
+
+
+def get_checkpoint_steps(wildcards):
+    """KD step counts whose SSM parameters distill_kd keeps: the budget curve's, for its variants."""
+    curve = HYBRID["budget_curve"]
+    if variant_name(wildcards.k, wildcards.n) not in curve["variants"]:
+        return []
+    return checkpoint_steps(HYBRID["kd"]["steps"], curve["points"])
 
 
 def get_scored_model(wildcards):
@@ -37,6 +50,7 @@ def get_scored_model(wildcards):
 
 wildcard_constraints:
     variant=f"{TEACHER_VARIANT}|{VARIANT_PATTERN}",
+    ablation="|".join(ABLATIONS),
     k=r"\d+",
     n=r"\d+",
 
@@ -101,8 +115,10 @@ rule distill_kd:
     output:
         student=directory("data/models/" + student_name("{model}", variant_name("{k}", "{n}"))),
         curve="data/distill/{model}/kd-" + variant_name("{k}", "{n}") + ".parquet",
+        checkpoints="data/distill/{model}/kd-" + variant_name("{k}", "{n}") + "-checkpoints.safetensors",
     params:
         kd=HYBRID["kd"],
+        checkpoints=get_checkpoint_steps,
         seed=HYBRID["seed"],
         dtype=config["dtype"],
         code=code_of("distill_kd"),
@@ -142,6 +158,64 @@ rule hybrid_score:
         runtime=120,
     script:
         "../workflow_scripts/hybrid_score.py"
+
+
+rule hybrid_budget:
+    input:
+        model="data/models/" + student_name("{model}", "{variant}"),
+        checkpoints="data/distill/{model}/kd-{variant}-checkpoints.safetensors",
+        teacher="data/distill/{model}/teacher.safetensors",
+        task="data/tasks/kv_retrieval.parquet",
+    output:
+        "data/results/hybrid/{model}/budget-{variant}.parquet",
+    params:
+        dict_size=HYBRID["budget_curve"]["dict_size"],
+        swap_items=HYBRID["degeneracy_items"],
+        batch_size=config["eval"]["batch_size"],
+        dtype=config["dtype"],
+        code=code_of("hybrid_budget"),
+    log:
+        "data/logs/hybrid_budget/{model}-{variant}.log",
+    benchmark:
+        "data/benchmarks/hybrid_budget/{model}-{variant}.tsv"
+    threads: 2
+    resources:
+        mem_mb=6000,
+        runtime=120,
+    script:
+        "../workflow_scripts/hybrid_budget.py"
+
+
+rule hybrid_ablation:
+    input:
+        model="data/models/{model}",
+        teacher="data/distill/{model}/teacher.safetensors",
+        aligned=f"data/distill/{{model}}/align-n{parse_variant(HYBRID['ablation']['variant'])[1]}.safetensors",
+        ranking="data/results/heads/{model}/ranking.parquet",
+        task="data/tasks/kv_retrieval.parquet",
+    output:
+        "data/results/hybrid/{model}/ablation-{ablation}.parquet",
+    params:
+        dict_size=HYBRID["budget_curve"]["dict_size"],
+        variant=HYBRID["ablation"]["variant"],
+        align=HYBRID["align"],
+        kd=HYBRID["kd"],
+        align_windows=HYBRID["corpus"]["align_windows"],
+        seed=HYBRID["seed"],
+        swap_items=HYBRID["degeneracy_items"],
+        batch_size=config["eval"]["batch_size"],
+        dtype=config["dtype"],
+        code=code_of("hybrid_ablation"),
+    log:
+        "data/logs/hybrid_ablation/{model}-{ablation}.log",
+    benchmark:
+        "data/benchmarks/hybrid_ablation/{model}-{ablation}.tsv"
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=240,
+    script:
+        "../workflow_scripts/hybrid_ablation.py"
 
 
 rule hybrid_swap:

@@ -12,6 +12,8 @@ def get_report_inputs():
         "scored_variant": [TEACHER_VARIANT] + hybrid_variants(),
         "student_variant": hybrid_variants(),
         "answer_row_variant": answer_row_variants(),
+        "budget_variant": HYBRID["budget_curve"]["variants"],
+        "ablation": HYBRID["ablation"]["remove"],
         "state_size": sorted({HYBRID["state_size"], *HYBRID["state_sizes"]}),
     }
     return report_inputs(values, {"hybrid": hybrid, "hybrid_swap": hybrid and HYBRID["swap"]})

@@ -6,4 +6,5 @@ setup(snakemake.log[0], snakemake.threads)
 p = snakemake.params
 run_distill_kd(snakemake.wildcards.model, snakemake.input.model, snakemake.input.teacher, snakemake.input.aligned,
                snakemake.input.ranking, int(snakemake.wildcards.k), int(snakemake.wildcards.n),
-               snakemake.output.student, snakemake.output.curve, kd=p.kd, seed=p.seed, dtype=p.dtype)
+               snakemake.output.student, snakemake.output.curve, snakemake.output.checkpoints, kd=p.kd,
+               checkpoints=list(p.checkpoints), seed=p.seed, dtype=p.dtype)

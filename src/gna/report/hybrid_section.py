@@ -193,10 +193,13 @@ def budget_note(hy: dict) -> str:
     corpus = hy["corpus"]
     items = "all task items (the teacher's baseline items)" if hy["eval_items"] is None else \
         f"{hy['eval_items']} items per task"
+    align_windows = min(corpus["align_windows"], corpus["train_windows"])
     return (f"<p class='note'>Budget of this run: {corpus['train_windows']} training windows of "
             f"{corpus['seq_len']} tokens (answered MMLU questions outside the evaluation subset and "
-            f"synthetic KV prompts), alignment {hy['align']['steps']} steps × {hy['align']['batch']} windows, "
-            f"distillation {hy['kd']['steps']} steps × {hy['kd']['batch']} windows. Scored on {items}; "
+            f"synthetic KV prompts), alignment {hy['align']['steps']} steps × {hy['align']['batch']} windows "
+            f"(on the first {align_windows}), distillation {hy['kd']['steps']} steps × {hy['kd']['batch']} windows "
+            f"({hy['kd']['steps'] * hy['kd']['batch'] * corpus['seq_len']:,} tokens; answer positions weighted "
+            f"{hy['kd']['answer_weight']:g}×). Scored on {items}; "
             f"{hy['degeneracy_items']} items per task scored again with another item's context (a model "
             "that keeps its answer on most of them does not read the context and is flagged "
             f"<i>degenerate</i> instead of scored); perplexity on {corpus['heldout_windows']} held-out windows. "
@@ -245,13 +248,116 @@ def heads_kept_summary(teacher: pl.DataFrame, heads: pl.DataFrame) -> str:
 
 def state_size_part(model: str, students: pl.DataFrame, hy: dict) -> str:
     parts = []
-    for k in sorted({hy["state_sweep_heads_kept"], *([10] if 10 in hy["heads_kept"] else [])}):
+    for k in sorted(set(hy["state_sweep_heads_kept"])):
         state = students.filter(pl.col("heads_kept") == k).sort("state_size")
         if state["state_size"].n_unique() <= 1:
             continue
         st = _metric_table(state.with_columns(pl.col("state_size").alias("state size")), "state size")
         parts.append(f"<h3>{html.escape(model)}: state size ({k} attention heads kept)</h3>" + table(st, fmt=_fmt(st)))
     return "".join(parts)
+
+
+def plot_budget(budget: pl.DataFrame, teacher: pl.DataFrame, size: int, path) -> None:
+    """KV accuracy at `size` keys (95% intervals) and perplexity against the tokens seen by
+    end-to-end distillation, one line per student."""
+    fig, (ax_acc, ax_ppl) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, ((variant,), sub) in enumerate(budget.sort("kd_tokens").group_by("variant", maintain_order=True)):
+        acc = _kv_at(sub, size)
+        errorbar(ax_acc, acc["kd_tokens"], acc["value"], acc["ci_low"], acc["ci_high"], color=f"C{i}", label=variant)
+        if "degenerate" in acc.columns:
+            flagged = acc.filter(pl.col("degenerate").fill_null(False))
+            ax_acc.scatter(flagged["kd_tokens"], flagged["value"], s=120, facecolors="none", edgecolors="red", zorder=5)
+        ppl = sub.filter(pl.col("metric") == "perplexity")
+        ax_ppl.plot(ppl["kd_tokens"], ppl["value"], "o-", color=f"C{i}", label=variant)
+    t = _kv_at(teacher, size)["value"]
+    if len(t):
+        ax_acc.axhline(t[0], ls="--", color="gray", label="teacher")
+    t_ppl = teacher.filter(pl.col("metric") == "perplexity")["value"]
+    if len(t_ppl):
+        ax_ppl.axhline(t_ppl[0], ls="--", color="gray", label="teacher")
+        ax_ppl.axhline(1.5 * t_ppl[0], ls=":", color="gray", label="1.5 × teacher")
+    ax_acc.set(xlabel="tokens seen by end-to-end distillation", ylabel="accuracy (95% interval)", ylim=(-0.02, 1.02),
+               title=f"KV-retrieval at {size} keys vs distillation tokens")
+    ax_ppl.set(xlabel="tokens seen by end-to-end distillation", ylabel=PERPLEXITY, yscale="log",
+               title="perplexity vs distillation tokens")
+    ax_acc.legend(fontsize=8)
+    ax_ppl.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+def budget_goal(budget: pl.DataFrame, teacher: pl.DataFrame, size: int, share: float = 0.8) -> str:
+    """For each student with kept heads on the budget curve: the first budget whose KV accuracy
+    at `size` keys reaches `share` of the teacher's, or that none does."""
+    t = _kv_at(teacher, size)
+    if t.is_empty() or budget.is_empty():
+        return ""
+    goal = share * t["value"][0]
+    sentences = []
+    for (variant, k), sub in budget.filter(pl.col("heads_kept") > 0).group_by("variant", "heads_kept",
+                                                                               maintain_order=True):
+        kv = _kv_at(sub, size).sort("kd_tokens")
+        if kv.is_empty():
+            continue
+        ok = kv.filter((pl.col("value") >= goal) & ~pl.col("degenerate").fill_null(False))
+        if len(ok):
+            first = ok.row(0, named=True)
+            sentences.append(f"{variant} reaches {share:.0%} of the teacher's KV accuracy at {size} keys "
+                             f"({goal:.0%}) after {first['kd_tokens']:,} distillation tokens "
+                             f"({acc_text(first['value'], first['ci_low'], first['ci_high'])}).")
+        else:
+            last = kv.row(-1, named=True)
+            sentences.append(f"{variant} does not reach {share:.0%} of the teacher's KV accuracy at {size} keys "
+                             f"({goal:.0%}) on this curve: {acc_text(last['value'], last['ci_low'], last['ci_high'])} "
+                             f"after {last['kd_tokens']:,} tokens, its largest budget here.")
+    return f"<p><b>Goal of {share:.0%} of the teacher:</b> {' '.join(sentences)}</p>" if sentences else ""
+
+
+def budget_part(model: str, budget: pl.DataFrame, teacher: pl.DataFrame, size: int, ctx: SectionContext | None) -> str:
+    """The budget curve: a table per student and budget, the goal sentence and (for `ctx`) the figure."""
+    sub = budget.filter(pl.col("model") == model) if not budget.is_empty() else budget
+    if sub.is_empty():
+        return ""
+    # every KV item here has `size` keys, so the 'all' accuracy repeats that column
+    labelled = sub.filter(~((pl.col("metric") == "acc") & (pl.col("group") == "all"))).sort("variant", "kd_tokens").with_columns(
+        pl.format("{}, {} tokens", "variant", "kd_tokens").alias("student, distillation tokens"))
+    shown = _metric_table(labelled, "student, distillation tokens")
+    figure = ""
+    if ctx is not None:
+        plot_budget(sub, teacher, size, ctx.figures["hybrid_budget"])
+        figure = ctx.figure("hybrid_budget")
+    return (f"<h3>{html.escape(model)}: accuracy vs distillation budget</h3>"
+            f"<p>Each student scored on the KV items of {size} keys after 0 (layer alignment only), then "
+            "increasing numbers of end-to-end distillation tokens, from checkpoints of its own distillation "
+            "run.</p>"
+            + table(shown, left=("student, distillation tokens",), fmt=_fmt(shown)) + figure
+            + budget_goal(sub, teacher, size))
+
+
+RECIPE = ("<p>The recipe: SSM heads initialised from their attention heads; stage 1 aligns them layer by layer, "
+          "with the first-token share; stage 2 distills end to end on all training windows with the positions "
+          "that predict an answer token (KV values, MMLU letters) weighted. Each row below removes one "
+          "ingredient and retrains the same student; 'alignment only' is the budget curve's first point.</p>")
+
+
+def ablation_part(model: str, scores: pl.DataFrame, budget: pl.DataFrame, ablation: pl.DataFrame, hy: dict) -> str:
+    """The distillation recipe's ablation table for one student: the full recipe, alignment
+    only (from the budget curve) and each ablation, on the budget curve's task and perplexity."""
+    sub = ablation.filter(pl.col("model") == model) if not ablation.is_empty() else ablation
+    if sub.is_empty():
+        return ""
+    variant, size = hy["ablation"]["variant"], str(hy["budget_curve"]["dict_size"])
+    label = "recipe"
+    # the KV items of the budget curve's dictionary size only: the ablations were scored on those
+    keep = (((pl.col("task") == "kv_retrieval") & (pl.col("group") == size)) | (pl.col("task") == "heldout")
+            | (pl.col("metric") == "context_swap_agreement")) & (pl.col("variant") == variant) & (pl.col("model") == model)
+    rows = [scores.filter(keep).with_columns(pl.lit("full recipe").alias(label))]
+    if not budget.is_empty():
+        aligned = budget.filter(keep & (pl.col("kd_steps") == 0))
+        rows.append(aligned.with_columns(pl.lit("alignment only (0 distillation tokens)").alias(label)))
+    rows.append(sub.filter(keep).with_columns(pl.col("description").alias(label)))
+    shown = _metric_table(pl.concat(rows, how="diagonal_relaxed"), label)
+    return (f"<h3>{html.escape(model)}: the distillation recipe, ingredient by ingredient ({html.escape(variant)})</h3>"
+            + RECIPE + table(shown, left=(label,), fmt=_fmt(shown)))
 
 
 def swap_part(model: str, swap: pl.DataFrame, students: pl.DataFrame, teacher: pl.DataFrame, hy: dict) -> str:
@@ -267,8 +373,10 @@ def swap_part(model: str, swap: pl.DataFrame, students: pl.DataFrame, teacher: p
             "retrained.</p>" + table(rows, left=("variant",), fmt=_fmt(rows)))
 
 
-def model_part(model: str, scores: pl.DataFrame, swap: pl.DataFrame, hy: dict, ctx: SectionContext | None) -> str:
-    """One teacher's students: heads-kept table (and, for `ctx`, the figure), summary, state sizes, swap."""
+def model_part(model: str, scores: pl.DataFrame, swap: pl.DataFrame, budget: pl.DataFrame, ablation: pl.DataFrame,
+               hy: dict, ctx: SectionContext | None) -> str:
+    """One teacher's students: heads-kept table (and, for `ctx`, the figures), summary, budget
+    curve, state sizes, swap."""
     sub = scores.filter(pl.col("model") == model)
     teacher = sub.filter(pl.col("variant") == TEACHER_VARIANT)
     students = sub.filter(pl.col("variant") != TEACHER_VARIANT)
@@ -278,7 +386,9 @@ def model_part(model: str, scores: pl.DataFrame, swap: pl.DataFrame, hy: dict, c
         plot_heads(heads, teacher, ctx.figures["hybrid_heads"])
         figure = ctx.figure("hybrid_heads")
     return (heads_kept_part(model, teacher, heads, hy) + figure + heads_kept_summary(teacher, heads)
-            + state_size_part(model, students, hy) + swap_part(model, swap, students, teacher, hy))
+            + budget_part(model, budget, teacher, hy["budget_curve"]["dict_size"], ctx) + ablation_part(model, sub, budget, ablation, hy)
+            + state_size_part(model, students, hy)
+            + swap_part(model, swap, students, teacher, hy))
 
 
 def answer_rows_part(answer_rows: pl.DataFrame) -> str:
@@ -333,7 +443,7 @@ def render_hybrid(ctx: SectionContext) -> str:
     """The students: heads kept, state size, layer swap, answer rows, memory and training curves
     (placeholder figures when the hybrid phase is off)."""
     if not ctx.paths("hybrid_scores"):
-        for name in ("hybrid_heads", "hybrid_training", "hybrid_align_heads"):
+        for name in ("hybrid_heads", "hybrid_budget", "hybrid_training", "hybrid_align_heads"):
             placeholder_figure(ctx.figures[name], "hybrid phase not run (hybrid.enabled: false)")
         return ""
     hy, scores, swap = ctx.config["hybrid"], ctx.frame("hybrid_scores"), ctx.frame("hybrid_swap")
@@ -341,7 +451,12 @@ def render_hybrid(ctx: SectionContext) -> str:
     if scores.is_empty():
         return "".join(parts)
     models = sorted(scores["model"].unique())
-    parts += [model_part(model, scores, swap, hy, ctx if model == models[0] else None) for model in models]
+    budget = ctx.frame("hybrid_budget")
+    if budget.is_empty():
+        placeholder_figure(ctx.figures["hybrid_budget"], "no budget curve (hybrid.budget_curve.variants: [])")
+    ablation = ctx.frame("hybrid_ablation")
+    parts += [model_part(model, scores, swap, budget, ablation, hy, ctx if model == models[0] else None)
+              for model in models]
     parts.append(answer_rows_part(ctx.frame("hybrid_answer_rows")))
     if ctx.show_reference:
         parts += [REFERENCE_HEADS, REFERENCE_STATE]

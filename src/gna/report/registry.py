@@ -104,8 +104,12 @@ SECTIONS: tuple[Section, ...] = (
              Input("hybrid_memory", "data/results/hybrid/{model}/memory.parquet", "hybrid"),
              Input("hybrid_align", "data/distill/{model}/align-n{state_size}.parquet", "hybrid"),
              Input("hybrid_align_heads", "data/distill/{model}/align-n{state_size}-heads.parquet", "hybrid"),
-             Input("hybrid_kd", "data/distill/{model}/kd-{student_variant}.parquet", "hybrid")),
-            _figures("SSM and hybrid students", "hybrid_heads", "hybrid_training", "hybrid_align_heads"), "gna.report.hybrid_section:render_hybrid"),
+             Input("hybrid_kd", "data/distill/{model}/kd-{student_variant}.parquet", "hybrid"),
+             Input("hybrid_budget", "data/results/hybrid/{model}/budget-{budget_variant}.parquet", "hybrid"),
+             Input("hybrid_ablation", "data/results/hybrid/{model}/ablation-{ablation}.parquet", "hybrid")),
+            _figures("SSM and hybrid students", "hybrid_heads", "hybrid_budget", "hybrid_training",
+                     "hybrid_align_heads"),
+            "gna.report.hybrid_section:render_hybrid"),
 )
 
 FIGURES: tuple[Figure, ...] = tuple(figure for section in SECTIONS for figure in section.figures)
@@ -113,7 +117,8 @@ FIGURES: tuple[Figure, ...] = tuple(figure for section in SECTIONS for figure in
 
 def report_inputs(values: dict[str, list], switches: dict[str, bool]) -> dict[str, str | list[str]]:
     """Every section's inputs, {key: path or paths}: `values` gives each wildcard's list (model,
-    gna_model, scored_variant, student_variant, answer_row_variant, state_size), `switches` the
+    gna_model, scored_variant, student_variant, answer_row_variant, budget_variant, ablation,
+    state_size), `switches` the
     config switches (hybrid, hybrid_swap)."""
     return {put.key: put.paths(values, switches) for section in SECTIONS for put in section.inputs}
 

@@ -1,7 +1,8 @@
 """The distillation corpus (offline default): MMLU questions outside the evaluation subset, with
-their answers, and synthetic KV-retrieval prompts with their answers, from seeds the evaluation
-never uses, joined into token windows; held-out windows (other questions, other seeds) measure
-perplexity."""
+their answers, and synthetic KV-retrieval prompts with their answers, from a seed namespace the
+evaluation never uses, joined into token windows; held-out windows (other questions, other
+seeds) measure perplexity. Each window comes with a mask of the positions that predict an
+answer token, so distillation can weight them (gna.students.distill.distill_logits)."""
 
 from __future__ import annotations
 
@@ -14,25 +15,43 @@ import torch
 from gna.tasks.tables import build_kv_retrieval, build_mmlu
 
 
-def answered_mmlu(pool: pl.DataFrame, seed: int) -> list[str]:
-    """Each MMLU question of `pool` in letter format followed by its answer letter."""
+def answered_mmlu(pool: pl.DataFrame, seed: int) -> list[tuple[str, str]]:
+    """(question in letter format, its answer letter) for each MMLU question of `pool`."""
     if not len(pool):
         return []
-    return [row["context"] + row["choices"][row["target"]]
+    return [(row["context"], row["choices"][row["target"]])
             for row in build_mmlu(pool, pool, "letter", 0, seed).iter_rows(named=True)]
 
 
-def answered_kv(sizes: list[int], n: int, seed: int, template: str) -> list[str]:
-    """At least `n` KV-retrieval prompts (spread over dictionary `sizes`) followed by their answer."""
+def corpus_kv_seed(split: str, seed: int) -> str:
+    """The KV seed of a corpus split: a string namespace, while evaluation items are drawn from
+    integer seeds, so no corpus prompt can be an evaluation prompt whatever the config's seeds."""
+    return f"corpus-{split}-{seed}"
+
+
+def answered_kv(sizes: list[int], n: int, seed: int | str, template: str) -> list[tuple[str, str]]:
+    """At least `n` (KV-retrieval prompt, its answer) pairs spread over dictionary `sizes`."""
     per_size = max(1, math.ceil(n / len(sizes)))
-    return [row["context"] + row["choices"][row["target"]]
+    return [(row["context"], row["choices"][row["target"]])
             for row in build_kv_retrieval(sizes, per_size, seed, template).iter_rows(named=True)]
 
 
-def token_windows(tok, mmlu_docs: list[str], kv_docs: list[str], kv_share: float, seq_len: int, n_windows: int,
-                  seed: int) -> torch.Tensor:
-    """Documents drawn at random (KV with probability kv_share), joined by EOS and cut into
-    `n_windows` windows of `seq_len` tokens: [n_windows, seq_len]."""
+def answer_tokens(tok, context: str, answer: str) -> tuple[list[int], list[bool]]:
+    """Tokens of context + answer and, per token, whether it belongs to the answer (the tokens
+    after the longest prefix shared with the context's own tokens)."""
+    full = tok(context + answer, add_special_tokens=False)["input_ids"]
+    ctx = tok(context, add_special_tokens=False)["input_ids"]
+    shared = 0
+    while shared < min(len(ctx), len(full)) and ctx[shared] == full[shared]:
+        shared += 1
+    return full, [i >= shared for i in range(len(full))]
+
+
+def token_windows(tok, mmlu_docs: list[tuple[str, str]], kv_docs: list[tuple[str, str]], kv_share: float,
+                  seq_len: int, n_windows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Documents (context, answer) drawn at random (KV with probability kv_share), joined by EOS
+    and cut into `n_windows` windows of `seq_len` tokens. Returns (ids [n_windows, seq_len],
+    predicts_answer [n_windows, seq_len] bool: the next token is an answer token)."""
     sep = tok.eos_token_id if tok.eos_token_id is not None else 0
     rng = random.Random(f"corpus-{seed}")
     mmlu_docs, kv_docs = list(mmlu_docs), list(kv_docs)
@@ -40,14 +59,18 @@ def token_windows(tok, mmlu_docs: list[str], kv_docs: list[str], kv_share: float
     rng.shuffle(kv_docs)
     need = seq_len * n_windows
     stream: list[int] = []
+    is_answer: list[bool] = []
     while len(stream) < need and (mmlu_docs or kv_docs):
         use_kv = kv_docs and (not mmlu_docs or rng.random() < kv_share)
-        doc = (kv_docs if use_kv else mmlu_docs).pop()
-        stream += tok(doc, add_special_tokens=False)["input_ids"] + [sep]
+        ids, answer = answer_tokens(tok, *(kv_docs if use_kv else mmlu_docs).pop())
+        stream += ids + [sep]
+        is_answer += answer + [False]
     if len(stream) < need:
         raise ValueError(f"distillation corpus too small: {len(stream)} tokens, {need} needed for {n_windows} "
                          f"windows of {seq_len} (lower hybrid.corpus.train_windows / heldout_windows / seq_len)")
-    return torch.tensor(stream[:need]).view(n_windows, seq_len)
+    ids = torch.tensor(stream[:need]).view(n_windows, seq_len)
+    predicts = torch.tensor(is_answer[1:need + 1] + [False] * (need + 1 - len(is_answer)))[:need]
+    return ids, predicts.view(n_windows, seq_len)
 
 
 def split_pool(pool: pl.DataFrame, heldout_share: float) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -57,14 +80,17 @@ def split_pool(pool: pl.DataFrame, heldout_share: float) -> tuple[pl.DataFrame, 
 
 
 def build_corpus(tok, mmlu_pool: pl.DataFrame, corpus: dict, template: str, seed: int) -> dict:
-    """Train and held-out windows {"train": [n, T], "heldout": [m, T]} (disjoint questions and
-    KV seeds; the MMLU evaluation subset is never in `mmlu_pool`)."""
+    """Train and held-out windows {"train": [n, T], "train_answers": [n, T] bool (positions that
+    predict an answer token), "heldout": [m, T]} (disjoint questions and KV seed namespaces; the
+    MMLU evaluation subset is never in `mmlu_pool`)."""
     train_pool, held_pool = split_pool(mmlu_pool, corpus["heldout_share"])
     out = {}
     for split, pool, n, split_seed in (("train", train_pool, corpus["train_windows"], seed),
                                        ("heldout", held_pool, corpus["heldout_windows"], seed + 1)):
         n_kv = corpus["seq_len"] * n // 16 if corpus["kv_share"] > 0 else 0  # more than enough documents
-        kv_docs = answered_kv(corpus["kv_sizes"], n_kv, split_seed, template) if n_kv else []
-        out[split] = token_windows(tok, answered_mmlu(pool, split_seed), kv_docs, corpus["kv_share"],
-                                   corpus["seq_len"], n, split_seed)
+        kv_docs = answered_kv(corpus["kv_sizes"], n_kv, corpus_kv_seed(split, seed), template) if n_kv else []
+        out[split], answers = token_windows(tok, answered_mmlu(pool, split_seed), kv_docs, corpus["kv_share"],
+                                           corpus["seq_len"], n, split_seed)
+        if split == "train":
+            out["train_answers"] = answers
     return out

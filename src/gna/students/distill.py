@@ -39,10 +39,14 @@ log = logging.getLogger("gna.students.distill")
 # -- teacher ----------------------------------------------------------------------------------
 
 @torch.inference_mode()
-def teacher_activations(model, ids: torch.Tensor, top_k: int, batch: int = 4, progress: bool = True) -> dict:
-    """Hidden state entering each layer (float16, [layers, n, T, d]) and the teacher's top-k
-    next-token log-probs at every position."""
+def teacher_activations(model, ids: torch.Tensor, top_k: int, hidden_windows: int | None = None, batch: int = 4,
+                        progress: bool = True) -> dict:
+    """The teacher's top-k next-token log-probs at every position of the windows `ids` [n, T],
+    and the hidden state entering each layer (float16, [layers, hidden_windows, T, d]) of the
+    first `hidden_windows` windows (None: all) — what layer alignment needs, while end-to-end
+    distillation needs only the log-probs, so it can use many more windows at little cost."""
     layers = model.base_model.layers
+    n_hidden = len(ids) if hidden_windows is None else min(hidden_windows, len(ids))
     captured: list[torch.Tensor] = []
 
     def grab(module, args, kwargs):
@@ -54,7 +58,8 @@ def teacher_activations(model, ids: torch.Tensor, top_k: int, batch: int = 4, pr
         for start in tqdm(range(0, len(ids), batch), desc="teacher activations", disable=not progress):
             captured.clear()
             logits = model(input_ids=ids[start: start + batch], use_cache=False).logits.float()
-            hidden.append(torch.stack(captured))
+            if start < n_hidden:
+                hidden.append(torch.stack(captured)[:, : n_hidden - start])
             lp, ix = torch.log_softmax(logits, -1).topk(top_k, dim=-1)
             top_lp.append(lp)
             top_ix.append(ix.to(torch.int32))
@@ -68,14 +73,18 @@ def run_distill_teacher(model_dir: str, mmlu_path: str, out_path: str, corpus: d
                         mmlu: dict, template: str, dtype: str = "float32") -> None:
     """Build the corpus (gna.students.corpus.build_corpus, from the MMLU questions outside the evaluation
     subset `mmlu` {n, seed, topics}) and write the teacher file `out_path`: teacher_activations
-    on the train windows (hidden, top_logp, top_idx) plus the windows (train_ids, heldout_ids)."""
+    on the train windows (hidden of the first corpus["align_windows"], top_logp, top_idx) plus
+    the windows (train_ids, train_answers, heldout_ids)."""
     model, tok = load_model(model_dir, dtype)
     _, pool = select_mmlu(load_mmlu_jsonl(mmlu_path), mmlu["n"], mmlu["seed"], mmlu["topics"])
     windows = build_corpus(tok, pool, corpus, template, seed)
-    log.info("corpus: %d train and %d held-out windows of %d tokens (%d MMLU questions outside the evaluation subset)",
-             len(windows["train"]), len(windows["heldout"]), corpus["seq_len"], len(pool))
-    acts = teacher_activations(model, windows["train"], top_k)
-    write_tensors({**acts, "train_ids": windows["train"], "heldout_ids": windows["heldout"]}, out_path)
+    log.info("corpus: %d train windows (%d answer positions; the first %d also for alignment) and %d held-out "
+             "windows of %d tokens (%d MMLU questions outside the evaluation subset)", len(windows["train"]),
+             int(windows["train_answers"].sum()), min(corpus["align_windows"], len(windows["train"])),
+             len(windows["heldout"]), corpus["seq_len"], len(pool))
+    acts = teacher_activations(model, windows["train"], top_k, corpus["align_windows"])
+    write_tensors({**acts, "train_ids": windows["train"], "train_answers": windows["train_answers"],
+                   "heldout_ids": windows["heldout"]}, out_path)
     log.info("teacher hidden states %s (float16)", tuple(acts["hidden"].shape))
 
 
@@ -102,16 +111,20 @@ def _output_metric(mixer: HybridMixer) -> torch.Tensor:
 
 
 def align_layers(model, hidden: torch.Tensor, state_size: int, steps: int, batch: int, lr: float, seed: int,
-                 progress: bool = True, log_every: int = 10) -> tuple[dict, pl.DataFrame]:
+                 progress: bool = True, log_every: int = 10, first_token: bool = True) -> tuple[dict, pl.DataFrame]:
     """Fit one SSM head per attention head of every layer (the pure-SSM student, k = 0).
 
-    hidden: [layers, n, T, d] teacher hidden states entering each layer. Returns the SSM
-    parameters {"<layer>.<param>": tensor} and the loss curve (relative error per layer)."""
+    hidden: [layers, n, T, d] teacher hidden states entering each layer. first_token: False
+    switches the first-token share off (HybridMixer.first_token_share; the recipe ablation).
+    Returns the SSM parameters {"<layer>.<param>": tensor} and the loss curve (relative error
+    per layer)."""
     torch.manual_seed(seed)
     student = make_hybrid(copy.deepcopy(model), [], state_size)
     for p in student.parameters():
         p.requires_grad_(False)
     ms = mixers(student)
+    for m in ms:
+        m.first_token_share = first_token
     params = [p for m in ms for p in m.ssm_params()]
     for p in params:
         p.requires_grad_(True)
@@ -148,7 +161,7 @@ def align_layers(model, hidden: torch.Tensor, state_size: int, steps: int, batch
             bar.set_postfix(rel_err=f"{mean:.3f}")
             if step % log_every == 0 or step == steps - 1:
                 curve += [{"stage": "align", "step": step, "layer": i, "loss": v} for i, v in enumerate(per_layer)]
-    state = {f"{m.layer_idx}.{k}": v.detach().clone() for m in ms for k, v in m.ssm_state().items()}
+    state = snapshot(student)
     return state, pl.DataFrame(curve)
 
 
@@ -161,8 +174,9 @@ def _init_head_scales(ms, base, hidden, pos, n_seq: int = 4):
         rope = base.rotary_emb(u, position_ids=pos.expand(len(u), -1))
         target = m.attention_output(u, rope, None, m.ssm_heads)
         m.norm_weight.copy_(target.square().mean(dim=(0, 1, 3)).sqrt()[:, None].expand_as(m.norm_weight))
-        share = first_token_attention(m, u, rope, m.ssm_heads).clamp(0.01, 0.99)
-        m.sink_proj.bias.copy_(torch.log(share / (1 - share)))
+        if m.first_token_share:
+            share = first_token_attention(m, u, rope, m.ssm_heads).clamp(0.01, 0.99)
+            m.sink_proj.bias.copy_(torch.log(share / (1 - share)))
 
 
 @torch.no_grad()
@@ -237,22 +251,50 @@ def load_aligned(model, aligned: dict):
 
 # -- stage 2: end-to-end knowledge distillation --------------------------------------------------
 
+def answer_weights(predicts_answer: torch.Tensor, answer_weight: float) -> torch.Tensor:
+    """Per-position KD weights: `answer_weight` where the next token is an answer token (a KV
+    value, an MMLU letter), 1 elsewhere."""
+    return 1 + (float(answer_weight) - 1) * predicts_answer.float()
+
+
+def snapshot(student) -> dict[str, torch.Tensor]:
+    """The SSM parameters of every mixer {"<layer>.<param>": tensor} (a copy)."""
+    return {f"{m.layer_idx}.{k}": v.detach().clone() for m in mixers(student) for k, v in m.ssm_state().items()}
+
+
+@torch.no_grad()
+def restore(student, state: dict[str, torch.Tensor]):
+    """Load a snapshot (of the same student) back into its mixers."""
+    for m in mixers(student):
+        for k, v in m.ssm_state().items():
+            v.copy_(state[f"{m.layer_idx}.{k}"])
+    return student
+
+
 def distill_logits(student, ids: torch.Tensor, top_logp: torch.Tensor, top_idx: torch.Tensor, steps: int,
-                   batch: int, lr: float, seed: int, progress: bool = True, desc: str = "kd") -> pl.DataFrame:
+                   batch: int, lr: float, seed: int, weights: torch.Tensor | None = None,
+                   checkpoints: list[int] = (), compute_dtype: str = "float32", progress: bool = True,
+                   desc: str = "kd") -> tuple[pl.DataFrame, dict[int, dict]]:
     """Train the student's SSM parameters to match the teacher's top-k next-token
-    distribution at every position (cross-entropy to the renormalised teacher top-k)."""
+    distribution at every position (cross-entropy to the renormalised teacher top-k, averaged
+    with per-position `weights` [n, T], default 1). Returns the loss curve and a snapshot of
+    the SSM parameters after each step count in `checkpoints` (0: before training).
+    compute_dtype "bfloat16": forward and backward under bf16 autocast (parameters, optimizer
+    state and loss stay float32; about twice as fast on CPUs with bf16 instructions)."""
     torch.manual_seed(seed)
     for p in student.parameters():
         p.requires_grad_(False)
     params = [p for m in mixers(student) for p in m.ssm_params() if p.numel()]
-    for p in params:
-        p.requires_grad_(True)
+    saved = {0: snapshot(student)} if 0 in checkpoints else {}
     curve = []
     if not params or not steps:
-        return pl.DataFrame(curve, schema={"stage": pl.String, "step": pl.Int64, "loss": pl.Float64})
+        return pl.DataFrame(curve, schema={"stage": pl.String, "step": pl.Int64, "loss": pl.Float64}), saved
+    for p in params:
+        p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     rng = torch.Generator().manual_seed(seed)
     target = torch.softmax(top_logp.float(), dim=-1)
+    weights = torch.ones(ids.shape) if weights is None else weights.float()
     warmup = max(1, steps // 10)
     student.train()
     try:
@@ -261,36 +303,48 @@ def distill_logits(student, ids: torch.Tensor, top_logp: torch.Tensor, top_idx: 
                 for g in opt.param_groups:
                     g["lr"] = lr * _schedule(step, steps, warmup)
                 pick = torch.randperm(len(ids), generator=rng)[:batch]
-                logp = torch.log_softmax(student(input_ids=ids[pick], use_cache=False).logits.float(), dim=-1)
-                loss = -(target[pick] * logp.gather(-1, top_idx[pick].long())).sum(-1).mean()
+                with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=compute_dtype == "bfloat16"):
+                    logits = student(input_ids=ids[pick], use_cache=False).logits
+                logp = torch.log_softmax(logits.float(), dim=-1)
+                per_position = -(target[pick] * logp.gather(-1, top_idx[pick].long())).sum(-1)
+                loss = (weights[pick] * per_position).sum() / weights[pick].sum()
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
                 opt.step()
                 bar.set_postfix(loss=f"{loss.item():.3f}")
                 curve.append({"stage": "kd", "step": step, "loss": loss.item()})
+                if step + 1 in checkpoints:
+                    saved[step + 1] = snapshot(student)
     finally:
         student.eval()
         for p in params:
             p.requires_grad_(False)
-    return pl.DataFrame(curve)
+    return pl.DataFrame(curve), saved
 
 
 def run_distill_kd(model_name: str, model_dir: str, teacher_path: str, aligned_path: str, ranking_path: str,
-                   heads_kept: int, state_size: int, student_dir: str, curve_path: str, kd: dict, seed: int,
-                   dtype: str = "float32") -> None:
+                   heads_kept: int, state_size: int, student_dir: str, curve_path: str, checkpoints_path: str,
+                   kd: dict, checkpoints: list[int], seed: int, dtype: str = "float32") -> None:
     """Build the student keeping the `heads_kept` best-ranked heads as attention (its SSM heads
-    from the aligned file), distill_logits it on the teacher file with `kd` {steps, batch, lr},
-    and write the student folder `student_dir` (gna.students.spec) and the KD curve `curve_path`."""
+    from the aligned file), distill_logits it on the teacher file with `kd` {steps, batch, lr,
+    answer_weight, compute_dtype}, and write the student folder `student_dir` (gna.students.spec), the KD
+    curve `curve_path` and the SSM parameters after each step count of `checkpoints` below
+    kd["steps"] to `checkpoints_path` (keys "<step>/<layer>.<param>"; empty without any)."""
     teacher, tok = load_model(model_dir, dtype)
     kept = ranked_heads(read_parquet(ranking_path), heads_kept, model_name)
     student = load_aligned(make_hybrid(copy.deepcopy(teacher), kept, state_size), read_tensors(aligned_path))
-    data = read_tensors(teacher_path, ["train_ids", "top_logp", "top_idx"])
-    curve = distill_logits(student, data["train_ids"], data["top_logp"], data["top_idx"], kd["steps"], kd["batch"],
-                           kd["lr"], seed, desc=f"kd k={heads_kept} n={state_size}")
+    data = read_tensors(teacher_path, ["train_ids", "train_answers", "top_logp", "top_idx"])
+    weights = answer_weights(data["train_answers"], kd["answer_weight"])
+    curve, saved = distill_logits(student, data["train_ids"], data["top_logp"], data["top_idx"], kd["steps"],
+                                  kd["batch"], kd["lr"], seed, weights=weights,
+                                  checkpoints=[c for c in checkpoints if c < kd["steps"]],
+                                  compute_dtype=kd["compute_dtype"], desc=f"kd k={heads_kept} n={state_size}")
     spec = hybrid_spec(student, teacher=model_name, heads_kept=heads_kept, variant=variant_name(heads_kept, state_size),
-                       kept_ranked=[list(h) for h in kept])
+                       kept_ranked=[list(h) for h in kept], kd_steps=kd["steps"],
+                       kd_tokens=kd["steps"] * kd["batch"] * data["train_ids"].shape[1])
     with atomic_dir(student_dir) as tmp:
         save_student(student, tok, tmp, spec)
+    write_tensors({f"{step}/{key}": v for step, state in saved.items() for key, v in state.items()}, checkpoints_path)
     write_parquet(curve.with_columns(pl.lit(model_name).alias("model"), pl.lit(heads_kept).alias("heads_kept"),
                                      pl.lit(state_size).alias("state_size")), curve_path)

@@ -73,6 +73,7 @@ class HybridMixer(nn.Module):
             raise ValueError(f"layer {layer_idx}: heads {bad} out of range 0..{self.num_heads - 1}")
         self.swapped: set[int] = set()  # SSM heads temporarily run as attention (layer swap)
         self.capture = False  # keep the last forward's per-head maps in `captured` (captured_maps)
+        self.first_token_share = True  # False: no share of the first token (the recipe ablation)
         self.captured = None
         d, n, p, s = config.hidden_size, self.state_size, self.head_dim, len(self.ssm_heads)
         bias = attn.q_proj.bias is not None
@@ -144,7 +145,8 @@ class HybridMixer(nn.Module):
         return named
 
     def ssm_params(self) -> list[nn.Parameter]:
-        return list(self.ssm_state().values())
+        """The trainable SSM parameters (without the first-token share's when it is switched off)."""
+        return [v for k, v in self.ssm_state().items() if self.first_token_share or not k.startswith("sink_proj")]
 
     # -- the two head kinds ------------------------------------------------------------------
     def _qkv(self, u, position_embeddings, heads: list[int]):
@@ -218,6 +220,8 @@ class HybridMixer(nn.Module):
     def sink_share(self, u, which: list[int] | None = None):
         """[B, L, len(which)]: the share of each SSM head's output taken by the first token."""
         share = torch.sigmoid(self.sink_proj(u))
+        if not self.first_token_share:
+            share = torch.zeros_like(share)
         return share if which is None else share[..., which]
 
     @staticmethod
@@ -273,12 +277,14 @@ class HybridMixer(nn.Module):
         attn = self.attention_heads
         if attn:
             heads[:, :, attn] = self.attention_output(hidden_states, position_embeddings, allowed, attn,
-                                                      per_head=None if per_head is None else per_head[:, attn])
+                                                      per_head=None if per_head is None else per_head[:, attn]
+                                                      ).to(heads.dtype)  # bf16 under autocast
         active = self.active_ssm
         if active:
             ssm = [self.ssm_heads[j] for j in active]
             heads[:, :, ssm] = self.ssm_output(hidden_states, allowed, active,
-                                               restrict=None if per_head is None else per_head[:, ssm])
+                                               restrict=None if per_head is None else per_head[:, ssm]
+                                               ).to(heads.dtype)
         if self.capture:
             self.captured = self.head_maps(hidden_states, position_embeddings, allowed, per_head)
         return self.o_proj(heads.reshape(b, length, -1)), None

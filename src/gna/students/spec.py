@@ -23,6 +23,14 @@ SPEC_FILE = "gna_hybrid.json"
 STUDENT_MARK = "-hybrid-"
 VARIANT_PATTERN = r"k\d+-n\d+"  # also the workflow's wildcard constraint for a variant
 TEACHER_VARIANT = "teacher"  # the teacher itself, where results list it beside its students
+# the distillation recipe's ablations (gna.students.recipe), each one ingredient removed
+ABLATIONS = {
+    "init_only": "no training: SSM heads as initialised from their attention heads",
+    "no_align": "without layer alignment (end-to-end distillation from the initialisation)",
+    "no_answer_weight": "without answer weighting (every position weighs the same in distillation)",
+    "small_corpus": "distillation on the alignment windows only (corpus.align_windows, not train_windows)",
+    "no_first_token": "without the first-token share (alignment and distillation with it fixed at 0)",
+}
 
 
 # -- names --------------------------------------------------------------------------------------
@@ -61,10 +69,15 @@ def teacher_of(name: str) -> str:
 
 def student_variants(hybrid: dict) -> list[str]:
     """The students of a config's `hybrid` section, in order: the heads-kept sweep at
-    `state_size`, then the state-size sweep at `state_sweep_heads_kept` (no repeats)."""
+    `state_size`, then the state-size sweep at each of `state_sweep_heads_kept` (no repeats)."""
     pairs = [(k, hybrid["state_size"]) for k in hybrid["heads_kept"]]
-    pairs += [(hybrid["state_sweep_heads_kept"], n) for n in hybrid["state_sizes"]]
+    pairs += [(k, n) for k in hybrid["state_sweep_heads_kept"] for n in hybrid["state_sizes"]]
     return list(dict.fromkeys(variant_name(k, n) for k, n in pairs))
+
+
+def checkpoint_steps(steps: int, points: int) -> list[int]:
+    """`points` + 1 step counts evenly spaced from 0 (alignment only) to `steps` (the student)."""
+    return sorted({round(i * steps / points) for i in range(points + 1)})
 
 
 # -- which heads are SSM heads ----------------------------------------------------------------------

@@ -11,7 +11,8 @@ from gna.phases.evaluation import score_model
 from gna.students.mixer import swapped_to_attention
 from gna.core.io import read_parquet, write_parquet
 from gna.models.prepare import load_model
-from gna.students.spec import TEACHER_VARIANT, parse_variant, ranked_heads
+from gna.students.distill import restore, snapshot
+from gna.students.spec import TEACHER_VARIANT, parse_variant, ranked_heads, read_spec
 from gna.tasks.tables import load_task_tables
 from gna.core.tensor_files import read_tensors
 
@@ -81,3 +82,48 @@ def run_hybrid_swap(model_name: str, variant: str, model_dir: str, ranking_path:
                                pl.lit(critical).alias("swapped_layer"))
     write_scores(frame, items, model_name, summary_path, answers_path)
     return frame
+
+
+def checkpoint_states(tensors: dict) -> dict[int, dict]:
+    """{step: {"<layer>.<param>": tensor}} from a distill_kd checkpoints file's tensors."""
+    states: dict[int, dict] = {}
+    for key, value in tensors.items():
+        step, name = key.split("/", 1)
+        states.setdefault(int(step), {})[name] = value
+    return states
+
+
+def kv_items(kv_path: str, dict_size: int) -> dict[str, pl.DataFrame]:
+    """{"kv_retrieval": the KV-retrieval items of one dictionary size} (the budget curve's and
+    the ablations' evaluation set)."""
+    table = read_parquet(kv_path).filter(pl.col("dict_size") == dict_size)
+    if table.is_empty():
+        raise ValueError(f"{kv_path}: no KV-retrieval items of dictionary size {dict_size}")
+    return {"kv_retrieval": table}
+
+
+def run_hybrid_budget(model_name: str, variant: str, model_dir: str, checkpoints_path: str, teacher_path: str,
+                      kv_path: str, out_path: str, dict_size: int, swap_items: int | None, batch_size: int,
+                      dtype: str = "float32") -> pl.DataFrame:
+    """The distillation budget curve of student `variant`: score_model on the KV items of
+    `dict_size` keys (kv_items; `swap_items` degeneracy checks) and held-out perplexity after each KD step count saved in
+    `checkpoints_path` and after the full budget (the student itself). Tidy rows with kd_steps
+    and kd_tokens (tokens seen by distillation) to `out_path`."""
+    model, tok = load_model(model_dir, dtype)
+    spec = read_spec(model_dir)
+    tokens_per_step = spec["kd_tokens"] / max(1, spec["kd_steps"])
+    states = checkpoint_states(read_tensors(checkpoints_path))
+    states[spec["kd_steps"]] = snapshot(model)
+    tables = kv_items(kv_path, dict_size)
+    heldout = read_tensors(teacher_path, ["heldout_ids"])["heldout_ids"]
+    frames = []
+    for step in sorted(states):
+        restore(model, states[step])
+        frame, _ = score_model(model, tok, tables, heldout, batch_size, swap_items)
+        frames.append(frame.with_columns(pl.lit(step).alias("kd_steps"),
+                                         pl.lit(round(step * tokens_per_step)).alias("kd_tokens")))
+        acc = frame.filter((pl.col("metric") == "acc") & (pl.col("group") == "all"))["value"]
+        log.info("%s after %d KD steps: acc %.3f", variant, step, acc[0] if len(acc) else float("nan"))
+    out = label_variant(pl.concat(frames, how="diagonal_relaxed"), variant).with_columns(pl.lit(model_name).alias("model"))
+    write_parquet(out, out_path)
+    return out

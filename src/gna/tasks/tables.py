@@ -39,7 +39,7 @@ def kv_prompt(pairs: list[tuple[str, str]], query: str, template: str,
     raise ValueError(f"unknown KV template {template!r}; allowed: {', '.join(KV_TEMPLATES)}")
 
 
-def build_kv_retrieval(sizes: list[int], n_per_size: int, seed: int, template: str) -> pl.DataFrame:
+def build_kv_retrieval(sizes: list[int], n_per_size: int, seed: int | str, template: str) -> pl.DataFrame:
     """Seeded synthetic KV-retrieval. Items of one size do not depend on the other sizes, so
     adding a size to config leaves existing items unchanged."""
     if template not in KV_TEMPLATES:

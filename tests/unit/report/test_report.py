@@ -24,6 +24,8 @@ SMOKE_VALUES = {
     "scored_variant": ["teacher", "k0-n8", "k2-n8", "k0-n4"],
     "student_variant": ["k0-n8", "k2-n8", "k0-n4"],
     "answer_row_variant": ["k2-n8"],
+    "budget_variant": ["k0-n8", "k2-n8"],
+    "ablation": ["no_first_token", "small_corpus"],
     "state_size": [4, 8],
 }
 SECTION_TITLES = ["Models", "Baseline", "Layer pruning", "Per-head ablation", "Gather-and-Aggregate roles",
@@ -149,6 +151,6 @@ def test_report_shows_the_smoke_numbers(smoke_report):
 def test_report_without_the_hybrid_phase_draws_placeholders(tmp_path):
     page = render(tmp_path, {"hybrid": False, "hybrid_swap": False}).read_text()
     assert "<h2>SSM and hybrid students</h2>" not in page
-    assert page.count("<figure>") == len(FIGURES) - 3
-    for name in ("hybrid_heads", "hybrid_training", "hybrid_align_heads"):
+    assert page.count("<figure>") == len(FIGURES) - 4
+    for name in ("hybrid_heads", "hybrid_budget", "hybrid_training", "hybrid_align_heads"):
         assert (tmp_path / report_figures()[name]).is_file()

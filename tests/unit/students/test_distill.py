@@ -8,20 +8,24 @@ import pytest
 import torch
 
 from conftest import MINI_MMLU
-from gna.students.corpus import split_pool, token_windows
-from gna.students.distill import (first_token_attention, head_errors, load_aligned, run_distill_align, run_distill_kd,
-                                  run_distill_teacher, teacher_activations)
+from gna.students.corpus import answer_tokens, answered_kv, corpus_kv_seed, split_pool, token_windows
+from gna.students.distill import (answer_weights, distill_logits, first_token_attention, head_errors, load_aligned,
+                                  restore, run_distill_align, run_distill_kd, run_distill_teacher, snapshot,
+                                  teacher_activations)
 from gna.students.mixer import captured_maps, mixers
 from gna.core.io import write_parquet
 from gna.models.prepare import load_model
-from gna.students.student_evaluation import label_variant, run_hybrid_score, run_hybrid_swap, swap_label
+from gna.students.recipe import ablated_student, run_hybrid_ablation
+from gna.students.student_evaluation import (checkpoint_states, label_variant, run_hybrid_budget, run_hybrid_score,
+                                             run_hybrid_swap, swap_label)
 from gna.students.student_masking import run_hybrid_answer_rows
-from gna.students.spec import make_hybrid, read_spec
+from gna.students.spec import checkpoint_steps, make_hybrid, read_spec
 from gna.tasks.tables import build_kv_retrieval
 from gna.core.tensor_files import read_tensors, write_tensors
 
-CORPUS = {"seq_len": 32, "train_windows": 4, "heldout_windows": 2, "kv_sizes": [3, 5], "kv_share": 0.5,
-          "heldout_share": 0.2}
+CORPUS = {"seq_len": 32, "train_windows": 6, "align_windows": 4, "heldout_windows": 2, "kv_sizes": [3, 5],
+          "kv_share": 0.5, "heldout_share": 0.2}
+KD = {"steps": 2, "batch": 2, "lr": 1e-3, "answer_weight": 5, "compute_dtype": "bfloat16"}
 
 
 def test_split_pool_holds_out_the_first_share():
@@ -32,12 +36,35 @@ def test_split_pool_holds_out_the_first_share():
 
 def test_token_windows_are_seeded_and_refuse_a_small_corpus(tiny_llama):
     _, tok = tiny_llama
-    docs, kv = [f"question {i} answer" for i in range(20)], [f"k{i}:v{i}" for i in range(20)]
-    a = token_windows(tok, docs, kv, 0.5, 16, 5, seed=1)
-    assert a.shape == (5, 16) and torch.equal(a, token_windows(tok, docs, kv, 0.5, 16, 5, seed=1))
-    assert not torch.equal(a, token_windows(tok, docs, kv, 0.5, 16, 5, seed=2))
+    docs, kv = [(f"question {i} answer:", " B") for i in range(20)], [(f"k{i}:v{i}\nk{i}:", f"v{i}") for i in range(20)]
+    a, answers = token_windows(tok, docs, kv, 0.5, 16, 5, seed=1)
+    assert a.shape == answers.shape == (5, 16) and answers.dtype == torch.bool
+    again = token_windows(tok, docs, kv, 0.5, 16, 5, seed=1)
+    assert torch.equal(a, again[0]) and torch.equal(answers, again[1])
+    assert not torch.equal(a, token_windows(tok, docs, kv, 0.5, 16, 5, seed=2)[0])
     with pytest.raises(ValueError, match="corpus too small"):
         token_windows(tok, docs[:1], [], 0.5, 16, 5, seed=1)
+
+
+def test_answer_mask_marks_the_positions_that_predict_an_answer_token(tiny_llama):
+    _, tok = tiny_llama
+    context, answer = "question one answer:", " B"
+    ids, is_answer = answer_tokens(tok, context, answer)
+    assert ids == tok(context + answer, add_special_tokens=False)["input_ids"]
+    n_answer = sum(is_answer)
+    assert n_answer >= 1 and is_answer[-n_answer:] == [True] * n_answer and not any(is_answer[:-n_answer])
+    windows, predicts = token_windows(tok, [(context, answer)] * 40, [], 0.0, 8, 4, seed=0)
+    stream, marks = windows.flatten().tolist(), predicts.flatten().tolist()
+    doc = len(ids) + 1  # the document and its EOS separator
+    for t in range(len(stream) - 1):
+        assert marks[t] == (t % doc in range(len(ids) - 1 - n_answer, len(ids) - 1))  # the next token is an answer token
+
+
+def test_corpus_kv_prompts_never_come_from_an_evaluation_seed():
+    evaluation = set(build_kv_retrieval([3, 5], 20, seed=7, template="lookup")["context"])
+    corpus = {c for c, _ in answered_kv([3, 5], 40, corpus_kv_seed("train", 7), "lookup")}
+    assert corpus and not corpus & evaluation
+    assert corpus_kv_seed("train", 7) != corpus_kv_seed("heldout", 7)
 
 
 def test_ssm_state_names_every_trained_parameter_once(tiny_llama):
@@ -108,16 +135,19 @@ def phase(tmp_path_factory, tiny_llama):
     for k in (0, 2):
         run_distill_kd("tiny", p["teacher"], str(root / "teacher.safetensors"), str(root / "align.safetensors"),
                        p["ranking.parquet"], k, 4, str(root / f"k{k}"), str(root / f"kd{k}.parquet"),
-                       {"steps": 2, "batch": 2, "lr": 1e-3}, seed=1)
+                       str(root / f"kd{k}-checkpoints.safetensors"), KD, checkpoints=[0, 1, 2] if k == 2 else [],
+                       seed=1)
     return root, p
 
 
 def test_distillation_writes_the_teacher_file_curves_and_students(phase):
     root, _ = phase
     teacher = read_tensors(str(root / "teacher.safetensors"))
-    assert set(teacher) == {"hidden", "top_logp", "top_idx", "train_ids", "heldout_ids"}
-    assert teacher["train_ids"].shape == (4, 32) and teacher["heldout_ids"].shape == (2, 32)
-    assert teacher["hidden"].shape[:3] == (3, 4, 32) and teacher["top_idx"].shape == (4, 32, 4)
+    assert set(teacher) == {"hidden", "top_logp", "top_idx", "train_ids", "train_answers", "heldout_ids"}
+    assert teacher["train_ids"].shape == teacher["train_answers"].shape == (6, 32)
+    assert teacher["heldout_ids"].shape == (2, 32) and teacher["train_answers"].any()
+    # hidden states of the alignment windows only, next-token targets for every training window
+    assert teacher["hidden"].shape[:3] == (3, 4, 32) and teacher["top_idx"].shape == (6, 32, 4)
     align = pl.read_parquet(root / "align.parquet")
     assert set(align["state_size"]) == {4} and set(align["model"]) == {"tiny"}
     spec = read_spec(root / "k2")
@@ -128,6 +158,10 @@ def test_distillation_writes_the_teacher_file_curves_and_students(phase):
     assert errors["rel_error"].min() >= 0 and errors["teacher_first_token_attention"].is_between(0, 1).all()
     kd = pl.read_parquet(root / "kd2.parquet")
     assert kd["step"].to_list() == [0, 1] and set(kd["heads_kept"]) == {2}
+    assert spec["kd_steps"] == 2 and spec["kd_tokens"] == 2 * 2 * 32
+    # checkpoints below the full budget only (the student is the last); none asked for k = 0
+    assert sorted(checkpoint_states(read_tensors(str(root / "kd2-checkpoints.safetensors")))) == [0, 1]
+    assert read_tensors(str(root / "kd0-checkpoints.safetensors")) == {}
 
 
 def test_scoring_rules_on_the_distilled_students(phase):
@@ -157,6 +191,100 @@ def test_scoring_rules_on_the_distilled_students(phase):
     assert pl.read_parquet(root / "rows.parquet").equals(rows)
     student, _ = load_model(root / "k2")
     assert len(mixers(student)) == 3
+
+
+def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase):
+    root, p = phase
+    curve = run_hybrid_budget("tiny", "k2-n4", str(root / "k2"), str(root / "kd2-checkpoints.safetensors"),
+                              str(root / "teacher.safetensors"), p["kv_retrieval.parquet"],
+                              str(root / "budget.parquet"), dict_size=5, swap_items=2, batch_size=2)
+    assert sorted(set(curve["kd_steps"])) == [0, 1, 2] and sorted(set(curve["kd_tokens"])) == [0, 64, 128]
+    assert pl.read_parquet(root / "budget.parquet").equals(curve)
+    write_parquet(pl.read_parquet(p["kv_retrieval.parquet"]).filter(pl.col("dict_size") == 5), root / "kv5.parquet")
+    full = run_hybrid_score("tiny", "k2-n4", str(root / "k2"), str(root / "teacher.safetensors"),
+                            [str(root / "kv5.parquet")], str(root / "s.parquet"), str(root / "a.parquet"),
+                            max_items=None, swap_items=2, batch_size=2)
+    last = curve.filter(pl.col("kd_steps") == 2).drop("kd_steps", "kd_tokens", "model")
+    assert last.sort("task", "group", "metric").equals(full.select(last.columns).sort("task", "group", "metric"))
+    # step 0 is the aligned student: the same scores as a student built from the aligned file
+    aligned = load_aligned(make_hybrid(copy.deepcopy(load_model(p["teacher"])[0]), [(2, 1), (0, 3)], 4),
+                           read_tensors(str(root / "align.safetensors")))
+    first = checkpoint_states(read_tensors(str(root / "kd2-checkpoints.safetensors")))[0]
+    for key, value in snapshot(aligned).items():
+        assert torch.equal(first[key], value)
+
+
+def test_checkpoint_steps_are_evenly_spaced_from_alignment_to_the_student():
+    assert checkpoint_steps(14, 4) == [0, 4, 7, 10, 14]
+    assert checkpoint_steps(2, 4) == [0, 1, 2]
+    assert checkpoint_steps(0, 3) == [0]
+
+
+def test_distill_logits_with_unit_weights_is_the_unweighted_loss_and_keeps_snapshots(tiny_llama):
+    model, _ = tiny_llama
+    ids = torch.randint(0, model.config.vocab_size, (4, 12), generator=torch.Generator().manual_seed(2))
+    acts = teacher_activations(model, ids, top_k=4, progress=False)
+    runs = []
+    for weights in (None, answer_weights(torch.zeros(4, 12, dtype=torch.bool), 7.0)):
+        student = make_hybrid(copy.deepcopy(model), [(1, 0)], 4)
+        curve, saved = distill_logits(student, ids, acts["top_logp"], acts["top_idx"], 3, 2, 1e-3, seed=0,
+                                      weights=weights, checkpoints=[0, 2, 3], progress=False)
+        runs.append((curve, saved, snapshot(student)))
+    assert runs[0][0].equals(runs[1][0])
+    curve, saved, final = runs[0]
+    assert sorted(saved) == [0, 2, 3] and all(torch.equal(saved[3][k], v) for k, v in final.items())
+    assert not all(torch.equal(saved[0][k], v) for k, v in final.items())
+    # answer weights change the loss where answers are marked
+    marked = torch.zeros(4, 12, dtype=torch.bool)
+    marked[:, 5] = True
+    student = make_hybrid(copy.deepcopy(model), [(1, 0)], 4)
+    weighted, _ = distill_logits(student, ids, acts["top_logp"], acts["top_idx"], 3, 2, 1e-3, seed=0,
+                                 weights=answer_weights(marked, 7.0), progress=False)
+    assert weighted["loss"][0] != curve["loss"][0]
+    # restore puts a snapshot back
+    restore(student, saved[0])
+    assert all(torch.equal(saved[0][k], v) for k, v in snapshot(student).items())
+
+
+@pytest.mark.parametrize("ablation", ["init_only", "no_align", "no_answer_weight", "small_corpus", "no_first_token"])
+def test_each_ablation_removes_its_ingredient(phase, ablation):
+    root, p = phase
+    teacher, _ = load_model(p["teacher"])
+    data = read_tensors(str(root / "teacher.safetensors"))
+    aligned = read_tensors(str(root / "align.safetensors"))
+    kept = [(2, 1), (0, 3)]
+    args = dict(align={"steps": 2, "batch": 2, "lr": 1e-3}, kd={**KD, "steps": 1}, align_windows=4, seed=1)
+    student = ablated_student(teacher, kept, 4, ablation, aligned, data, **args)
+    state = snapshot(student)
+    init = snapshot(make_hybrid(copy.deepcopy(teacher), kept, 4))
+    from_aligned = snapshot(load_aligned(make_hybrid(copy.deepcopy(teacher), kept, 4), aligned))
+    if ablation == "init_only":
+        assert all(torch.equal(init[k], v) for k, v in state.items())
+    else:
+        assert not all(torch.equal(init[k], v) for k, v in state.items())
+        assert not all(torch.equal(from_aligned[k], v) for k, v in state.items())
+    shares = [m.first_token_share for m in mixers(student)]
+    assert all(shares) == (ablation != "no_first_token") and any(shares) == all(shares)
+    if ablation == "no_first_token":  # the share's parameters are not trained
+        assert all(torch.equal(init[k], state[k]) for k in state if ".sink_proj." in k)
+    with pytest.raises(ValueError, match="unknown distillation ablation 'nope'"):
+        ablated_student(teacher, kept, 4, "nope", aligned, data, **args)
+
+
+def test_ablation_rule_writes_scored_rows(phase):
+    root, p = phase
+    frame = run_hybrid_ablation("tiny", "no_align", "k2-n4", p["teacher"], str(root / "teacher.safetensors"),
+                                str(root / "align.safetensors"), p["ranking.parquet"], p["kv_retrieval.parquet"],
+                                str(root / "ablation.parquet"), align={"steps": 1, "batch": 2, "lr": 1e-3},
+                                kd={**KD, "steps": 1}, align_windows=4, seed=1, dict_size=3, swap_items=2, batch_size=2)
+    assert set(frame["ablation"]) == {"no_align"} and {"acc", "perplexity"} <= set(frame["metric"])
+    assert set(frame.filter(pl.col("metric") == "acc")["group"]) == {"3", "all"}
+    with pytest.raises(ValueError, match="no KV-retrieval items of dictionary size 7"):
+        run_hybrid_ablation("tiny", "init_only", "k2-n4", p["teacher"], str(root / "teacher.safetensors"),
+                            str(root / "align.safetensors"), p["ranking.parquet"], p["kv_retrieval.parquet"],
+                            str(root / "x.parquet"), align={"steps": 1, "batch": 2, "lr": 1e-3}, kd=KD,
+                            align_windows=4, seed=1, dict_size=7, swap_items=2, batch_size=2)
+    assert pl.read_parquet(root / "ablation.parquet").equals(frame)
 
 
 def test_first_token_attention_equals_the_teachers_attention_maps(tiny_llama):

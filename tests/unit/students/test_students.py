@@ -34,7 +34,7 @@ def test_other_names_are_not_variants(name):
 
 
 def test_student_variants_follow_the_config_order_without_repeats():
-    hybrid = {"state_size": 8, "heads_kept": [0, 2, 4], "state_sweep_heads_kept": 2, "state_sizes": [4, 8, 16]}
+    hybrid = {"state_size": 8, "heads_kept": [0, 2, 4], "state_sweep_heads_kept": [2], "state_sizes": [4, 8, 16]}
     assert student_variants(hybrid) == ["k0-n8", "k2-n8", "k4-n8", "k2-n4", "k2-n16"]
 
 

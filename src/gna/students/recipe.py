@@ -1,0 +1,75 @@
+"""The distillation recipe and its ablations: what each ingredient of gna.students.distill buys.
+
+The pipeline's recipe for a student: SSM heads initialised from their attention heads, layer
+alignment (stage 1) with the first-token share, then end-to-end distillation (stage 2) on all
+training windows with the answer positions weighted. An ablation trains one student with one
+ingredient removed and scores it like the budget curve (one task and held-out perplexity); the
+full recipe and "alignment only" come from the student itself and its budget curve.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import polars as pl
+
+from gna.core.io import read_parquet, write_parquet
+from gna.core.tensor_files import read_tensors
+from gna.models.prepare import load_model
+from gna.phases.evaluation import score_model
+from gna.students.distill import align_layers, answer_weights, distill_logits, load_aligned
+from gna.students.mixer import mixers
+from gna.students.spec import ABLATIONS, make_hybrid, parse_variant, ranked_heads
+from gna.students.student_evaluation import kv_items
+
+log = logging.getLogger("gna.students.recipe")
+
+
+def ablated_student(teacher, kept: list[tuple[int, int]], state_size: int, ablation: str, aligned: dict,
+                    data: dict, align: dict, kd: dict, align_windows: int, seed: int):
+    """A student trained by the recipe with `ablation` (a key of ABLATIONS) removed. aligned:
+    the recipe's aligned SSM heads at `state_size`; data: the teacher file's tensors."""
+    if ablation not in ABLATIONS:
+        raise ValueError(f"unknown distillation ablation {ablation!r}; allowed: {', '.join(ABLATIONS)}")
+    student = make_hybrid(copy.deepcopy(teacher), kept, state_size)
+    if ablation == "init_only":
+        return student
+    if ablation == "no_first_token":
+        aligned, _ = align_layers(teacher, data["hidden"], state_size, align["steps"], align["batch"], align["lr"],
+                                  seed, first_token=False)
+        for m in mixers(student):
+            m.first_token_share = False
+    if ablation != "no_align":
+        load_aligned(student, aligned)
+    ids, top_logp, top_idx = data["train_ids"], data["top_logp"], data["top_idx"]
+    weights = answer_weights(data["train_answers"], 1 if ablation == "no_answer_weight" else kd["answer_weight"])
+    if ablation == "small_corpus":
+        ids, top_logp, top_idx, weights = (t[:align_windows] for t in (ids, top_logp, top_idx, weights))
+    distill_logits(student, ids, top_logp, top_idx, kd["steps"], kd["batch"], kd["lr"], seed, weights=weights,
+                   compute_dtype=kd["compute_dtype"], desc=f"kd, {ablation}")
+    return student
+
+
+def run_hybrid_ablation(model_name: str, ablation: str, variant: str, model_dir: str, teacher_path: str,
+                        aligned_path: str, ranking_path: str, kv_path: str, out_path: str, align: dict, kd: dict,
+                        align_windows: int, seed: int, dict_size: int, swap_items: int | None, batch_size: int,
+                        dtype: str = "float32") -> pl.DataFrame:
+    """Train student `variant` by the recipe without `ablation` (ablated_student), score it on
+    the KV items of `dict_size` keys (`swap_items` degeneracy checks) and on the teacher file's
+    held-out windows; tidy rows with ablation and description columns to `out_path`."""
+    teacher, tok = load_model(model_dir, dtype)
+    heads_kept, state_size = parse_variant(variant)
+    kept = ranked_heads(read_parquet(ranking_path), heads_kept, model_name)
+    needed = ["train_ids", "train_answers", "top_logp", "top_idx", "heldout_ids"]
+    data = read_tensors(teacher_path, needed + (["hidden"] if ablation == "no_first_token" else []))
+    student = ablated_student(teacher, kept, state_size, ablation, read_tensors(aligned_path), data, align, kd,
+                              align_windows, seed)
+    frame, _ = score_model(student, tok, kv_items(kv_path, dict_size), data["heldout_ids"], batch_size, swap_items)
+    frame = frame.with_columns(pl.lit(model_name).alias("model"), pl.lit(variant).alias("variant"),
+                               pl.lit(heads_kept).alias("heads_kept"), pl.lit(state_size).alias("state_size"),
+                               pl.lit(ablation).alias("ablation"), pl.lit(ABLATIONS[ablation]).alias("description"))
+    write_parquet(frame, out_path)
+    acc = frame.filter((pl.col("metric") == "acc") & (pl.col("group") == "all"))["value"]
+    log.info("%s %s: acc %.3f", variant, ablation, acc[0] if len(acc) else float("nan"))
+    return frame
