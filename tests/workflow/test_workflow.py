@@ -106,6 +106,11 @@ def test_smoke_run_writes_results_and_report(smoke):
     memory = pl.read_parquet(smoke / "data/results/hybrid/tiny-llama/memory.parquet")
     measured = memory.filter(pl.col("source") == "measured")
     assert measured["total_bytes"][0] == measured["formula_bytes"][0]
+    budget = pl.read_parquet(smoke / "data/results/hybrid/tiny-llama/budget-k2-n8.parquet")
+    assert sorted(set(budget["kd_steps"])) == [0, 1, 2] and set(budget["group"]) == {"3", "all"}
+    ablations = [pl.read_parquet(smoke / f"data/results/hybrid/tiny-llama/ablation-{a}.parquet")
+                 for a in ("no_first_token", "small_corpus")]
+    assert [set(a["ablation"]) for a in ablations] == [{"no_first_token"}, {"small_corpus"}]
 
 
 def test_snakemake_report_renders_every_figure_with_its_caption(smoke):
@@ -129,7 +134,7 @@ def test_task_size_edit_reruns_only_dependents(smoke):
     assert planned_jobs_of(smk(smoke, "-n", config=cfg)) == {
         "kv_task": 1, "baseline": 1, "collect_baseline": 1, "prune_gradual": 1, "minimal_model": 1,
         "prune_individual": 1, "heads_topk": 1, "heads_kept": 1, "hybrid_score": 4, "hybrid_swap": 1,
-        "hybrid_answer_rows": 1, "report": 1,
+        "hybrid_answer_rows": 1, "hybrid_budget": 2, "hybrid_ablation": 2, "report": 1,
         "all": 1}
 
 
@@ -217,11 +222,15 @@ def test_slurm_profile_dry_run_without_slurm(tmp_path):
     assert planned_jobs_of(proc)["baseline"] == 3
 
 
-def test_unknown_gna_student_is_named_before_any_job(tmp_path):
+@pytest.mark.parametrize("key, value, message", [
+    ("gna_variants", ["k3-n8"], "config key 'hybrid.gna_variants': ['k3-n8'] are not students of this config"),
+    ("budget_curve", {"variants": ["k5-n8"]}, "config key 'hybrid.budget_curve.variants': ['k5-n8'] are not students"),
+    ("budget_curve", {"dict_size": 4}, "config key 'hybrid.budget_curve.dict_size': 4 is not a KV dictionary size"),
+])
+def test_unknown_student_or_size_is_named_before_any_job(tmp_path, key, value, message):
     cfg = smoke_config()
-    cfg["hybrid"]["gna_variants"] = ["k3-n8"]
-    message = fails_before_any_job(tmp_path, cfg)
-    assert "config key 'hybrid.gna_variants': ['k3-n8'] are not students of this config" in message
+    cfg["hybrid"][key] = {**cfg["hybrid"][key], **value} if isinstance(value, dict) else value
+    assert message in fails_before_any_job(tmp_path, cfg)
 
 
 def test_smoke_results_equal_golden(smoke):

