@@ -220,41 +220,34 @@ def _apart(a: dict, b: dict) -> bool:
     return a["ci_high"] < b["ci_low"] or b["ci_high"] < a["ci_low"]
 
 
-def heads_kept_summary(teacher: pl.DataFrame, heads: pl.DataFrame) -> str:
+def heads_kept_summary(teacher: pl.DataFrame, heads: pl.DataFrame, goal_k: int = 10) -> str:
     """KV accuracy at 10 keys (else over all sizes) of the teacher, the pure SSM and the student
-    keeping the most heads, whether the two students' intervals are apart, and perplexities."""
+    keeping `goal_k` heads (else the most heads), whether the two students' intervals are apart,
+    and their perplexities against the teacher's."""
     size = 10 if len(_kv_at(teacher, 10)) else None
     where = "at 10 keys" if size else "over all dictionary sizes"
     t, students = _kv_at(teacher, size), _kv_at(heads, size).sort("heads_kept")
     k0 = students.filter(pl.col("heads_kept") == 0)
     if not (len(t) and len(k0) and len(students) > 1):
         return ""
-    t, k0, best = t.row(0, named=True), k0.row(0, named=True), students.row(-1, named=True)
+    goal = students.filter(pl.col("heads_kept") == goal_k)
+    t, k0, kept = t.row(0, named=True), k0.row(0, named=True), (goal if len(goal) else students).row(-1, named=True)
 
     def cell(row):
         return acc_text(row["value"], row["ci_low"], row["ci_high"], row.get("degenerate"))
 
-    verdict = ("the two intervals are apart: keeping the heads changes retrieval" if _apart(k0, best)
+    verdict = ("the two intervals are apart: keeping the heads changes retrieval" if _apart(k0, kept)
                else "the two intervals overlap: no difference can be claimed at this n")
-    readable = t["value"] and not (t.get("degenerate") or best.get("degenerate"))
-    ratio = f" ({best['value'] / t['value']:.0%} of the teacher's)" if readable else ""
+    readable = t["value"] and not (t.get("degenerate") or kept.get("degenerate"))
+    ratio = f" ({kept['value'] / t['value']:.0%} of the teacher's)" if readable else ""
     ppl = dict(heads.filter(pl.col("metric") == "perplexity").select("heads_kept", "value").iter_rows())
     teacher_ppl = teacher.filter(pl.col("metric") == "perplexity")["value"]
-    ppl_text = (f" Held-out perplexity: teacher {teacher_ppl[0]:.1f}, k = 0 {ppl.get(0, float('nan')):.1f}, "
-                f"k = {best['heads_kept']} {ppl.get(best['heads_kept'], float('nan')):.1f}.") if len(teacher_ppl) else ""
+    ppl_text = ""
+    if len(teacher_ppl):
+        parts = [f"k = {k} {ppl[k]:.1f} ({ppl[k] / teacher_ppl[0]:.2f}×)" for k in (0, kept["heads_kept"]) if k in ppl]
+        ppl_text = f" Held-out perplexity: teacher {teacher_ppl[0]:.1f}, {', '.join(parts)}."
     return (f"<p><b>KV-retrieval {where}</b> (n = {t['n']}): teacher {cell(t)}, pure SSM (k = 0) {cell(k0)}, "
-            f"k = {best['heads_kept']} {cell(best)}{ratio}; {verdict}.{ppl_text}</p>")
-
-
-def state_size_part(model: str, students: pl.DataFrame, hy: dict) -> str:
-    parts = []
-    for k in sorted(set(hy["state_sweep_heads_kept"])):
-        state = students.filter(pl.col("heads_kept") == k).sort("state_size")
-        if state["state_size"].n_unique() <= 1:
-            continue
-        st = _metric_table(state.with_columns(pl.col("state_size").alias("state size")), "state size")
-        parts.append(f"<h3>{html.escape(model)}: state size ({k} attention heads kept)</h3>" + table(st, fmt=_fmt(st)))
-    return "".join(parts)
+            f"k = {kept['heads_kept']} {cell(kept)}{ratio}; {verdict}.{ppl_text}</p>")
 
 
 def plot_budget(budget: pl.DataFrame, teacher: pl.DataFrame, size: int, path) -> None:

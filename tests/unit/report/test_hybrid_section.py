@@ -1,0 +1,40 @@
+"""The students' summary sentences: what they claim follows the intervals."""
+
+import polars as pl
+
+from gna.report.hybrid_section import budget_goal, heads_kept_summary
+
+
+def kv10(value, low, high, n=50, **extra) -> dict:
+    return {"task": "kv_retrieval", "group": "10", "metric": "acc", "n": n, "value": value, "ci_low": low,
+            "ci_high": high, **extra}
+
+
+def ppl(value, **extra) -> dict:
+    return {"task": "heldout", "group": "all", "metric": "perplexity", "value": value, **extra}
+
+
+TEACHER = pl.DataFrame([kv10(1.0, 0.93, 1.0), ppl(16.0)])
+
+
+def students(k10: tuple, k20: tuple) -> pl.DataFrame:
+    return pl.DataFrame([kv10(0.04, 0.01, 0.13, heads_kept=0), kv10(*k10, heads_kept=10), kv10(*k20, heads_kept=20),
+                         ppl(32.0, heads_kept=0), ppl(24.0, heads_kept=10), ppl(20.0, heads_kept=20)])
+
+
+def test_summary_names_the_goal_student_and_whether_intervals_are_apart():
+    text = heads_kept_summary(TEACHER, students((0.96, 0.87, 0.99), (0.5, 0.36, 0.64)))
+    assert "k = 10 96.0% [87–99] (96% of the teacher's); the two intervals are apart" in text
+    assert "k = 0 32.0 (2.00×), k = 10 24.0 (1.50×)" in text
+    overlap = heads_kept_summary(TEACHER, students((0.1, 0.04, 0.21), (0.5, 0.36, 0.64)))
+    assert "the two intervals overlap: no difference can be claimed" in overlap
+
+
+def test_budget_goal_gives_the_first_budget_that_reaches_the_goal_or_says_none_does():
+    rows = [kv10(v, lo, hi, variant="k10-n16", heads_kept=10, kd_tokens=t, degenerate=False)
+            for v, lo, hi, t in ((0.5, 0.36, 0.64, 0), (0.85, 0.73, 0.93, 1000), (0.95, 0.87, 0.99, 2000))]
+    budget = pl.DataFrame(rows)
+    assert "k10-n16 reaches 80% of the teacher's KV accuracy at 10 keys (80%) after 1,000" in \
+        budget_goal(budget, TEACHER, 10)
+    short = budget.filter(pl.col("kd_tokens") == 0)
+    assert "k10-n16 does not reach 80%" in budget_goal(short, TEACHER, 10)
