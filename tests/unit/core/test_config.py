@@ -18,6 +18,21 @@ def test_shipped_configs_are_valid(name):
     validate_config(yaml.safe_load((REPO / "config" / name).read_text()), SCHEMA)
 
 
+def test_students_long_overlay_merges_into_the_default_config():
+    """`--configfile config/config.yaml config/students-long.yaml`: Snakemake merges the files
+    key by key (snakemake.utils.update_config), so the overlay changes only its own keys."""
+    from snakemake.utils import update_config
+
+    cfg = default()
+    update_config(cfg, yaml.safe_load((REPO / "config" / "students-long.yaml").read_text()))
+    out = validate_config(cfg, SCHEMA)
+    hybrid = out["hybrid"]
+    assert hybrid["corpus"]["train_windows"] == 512 and hybrid["corpus"]["seq_len"] == 256
+    assert hybrid["kd"]["steps"] == 4 * default()["hybrid"]["kd"]["steps"] and hybrid["kd"]["answer_weight"] == 10
+    assert hybrid["budget_curve"]["points"] == 8 and hybrid["budget_curve"]["variants"] == ["k0-n16", "k10-n16"]
+    assert out["models"] == default()["models"]
+
+
 def test_defaults_are_filled():
     cfg = default()
     del cfg["eval"]
