@@ -250,6 +250,17 @@ def heads_kept_summary(teacher: pl.DataFrame, heads: pl.DataFrame, goal_k: int =
             f"k = {kept['heads_kept']} {cell(kept)}{ratio}; {verdict}.{ppl_text}</p>")
 
 
+def state_size_part(model: str, students: pl.DataFrame, hy: dict) -> str:
+    parts = []
+    for k in sorted(set(hy["state_sweep_heads_kept"])):
+        state = students.filter(pl.col("heads_kept") == k).sort("state_size")
+        if state["state_size"].n_unique() <= 1:
+            continue
+        st = _metric_table(state.with_columns(pl.col("state_size").alias("state size")), "state size")
+        parts.append(f"<h3>{html.escape(model)}: state size ({k} attention heads kept)</h3>" + table(st, fmt=_fmt(st)))
+    return "".join(parts)
+
+
 def plot_budget(budget: pl.DataFrame, teacher: pl.DataFrame, size: int, path) -> None:
     """KV accuracy at `size` keys (95% intervals) and perplexity against the tokens seen by
     end-to-end distillation, one line per student."""
