@@ -271,6 +271,17 @@ def restore(student, state: dict[str, torch.Tensor]):
     return student
 
 
+def kd_loss(logits: torch.Tensor, target: torch.Tensor, top_idx: torch.Tensor,
+            weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Cross-entropy of the student's next-token distribution (`logits` [B, T, V]) to the
+    teacher's renormalised top-k (`target` probabilities at `top_idx`, [B, T, k]), averaged over
+    positions with `weights` [B, T] (default 1)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    per_position = -(target * logp.gather(-1, top_idx.long())).sum(-1)
+    weights = torch.ones_like(per_position) if weights is None else weights
+    return (weights * per_position).sum() / weights.sum()
+
+
 def distill_logits(student, ids: torch.Tensor, top_logp: torch.Tensor, top_idx: torch.Tensor, steps: int,
                    batch: int, lr: float, seed: int, weights: torch.Tensor | None = None,
                    checkpoints: list[int] = (), compute_dtype: str = "float32", progress: bool = True,
@@ -305,9 +316,7 @@ def distill_logits(student, ids: torch.Tensor, top_logp: torch.Tensor, top_idx: 
                 pick = torch.randperm(len(ids), generator=rng)[:batch]
                 with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=compute_dtype == "bfloat16"):
                     logits = student(input_ids=ids[pick], use_cache=False).logits
-                logp = torch.log_softmax(logits.float(), dim=-1)
-                per_position = -(target[pick] * logp.gather(-1, top_idx[pick].long())).sum(-1)
-                loss = (weights[pick] * per_position).sum() / weights[pick].sum()
+                loss = kd_loss(logits, target[pick], top_idx[pick], weights[pick])
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
