@@ -3,14 +3,14 @@
 # data/models/<model>-hybrid-k<heads kept>-n<state size> (names from gna.students.spec), loadable
 # like any prepared model.
 from gna.students.spec import (ABLATIONS, TEACHER_VARIANT, VARIANT_PATTERN, checkpoint_steps, parse_variant,
-                               student_name, variant_name)
+                               scored_tasks, student_name, variant_name)
 
 TASK_FILES = {task: f"data/tasks/{task}.parquet" for task in TASKS}
 
 
 def answer_row_variants():
-    """Hybrids with attention heads (the heads-kept sweep, k > 0)."""
-    return [variant_name(k, HYBRID["state_size"]) for k in HYBRID["heads_kept"] if k > 0]
+    """The hybrids (k > 0) among the students that get G&A maps (gna_variants)."""
+    return [v for v in HYBRID["gna_variants"] if parse_variant(v)[0] > 0]
 
 
 def pure_ssm_variant():
@@ -138,7 +138,7 @@ rule hybrid_score:
     input:
         model=get_scored_model,
         teacher="data/distill/{model}/teacher.safetensors",
-        tasks=list(TASK_FILES.values()),
+        tasks=lambda wc: [TASK_FILES[t] for t in scored_tasks(HYBRID, wc.variant, TASKS)],
     output:
         summary="data/results/hybrid/{model}/{variant}.parquet",
         answers="data/results/hybrid/{model}/answers/{variant}.parquet",

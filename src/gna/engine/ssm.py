@@ -18,6 +18,9 @@ Three ways to compute it, kept equal by tests:
   materialize       T itself (for maps and masking); `ssd_masked` applies T under any
                     tree-shaped visibility mask, e.g. the packed multiple-choice layout of
                     gna.engine.packing where each choice sees the context and itself only.
+`ssd_padded` is the fast path of `ssd_masked` for right-padded causal batches (the packed
+layout of items whose choices are single tokens: KV retrieval, MMLU letters): the chunked
+scan, with the padding rows, which see only themselves, computed as such.
 
 Shapes: x [B, L, H, P], log_a [B, L, H] (≤ 0), Bm / Cm [B, L, H, N], D [H].
 """
@@ -71,6 +74,32 @@ def ssd_masked(x, log_a, Bm, Cm, D, allowed=None):
     """y = T x with T from `materialize` (quadratic; exact for packed sequences)."""
     T = materialize(log_a, Bm, Cm, D, allowed)
     return torch.einsum("bhls,bshp->blhp", T, x)
+
+
+def padded_lengths(allowed) -> torch.Tensor | None:
+    """[B] the number of leading rows of each sequence that see exactly their causal prefix,
+    when every later row sees only itself (right padding in gna.engine.packing's layout); None
+    for any other visibility (e.g. several choices packed after one context)."""
+    length = allowed.shape[-1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=allowed.device).tril()
+    eye = torch.eye(length, dtype=torch.bool, device=allowed.device)
+    row_causal = (allowed == causal).all(-1)  # [B, L]
+    row_self = (allowed == eye).all(-1)
+    lengths = row_causal.long().cumprod(-1).sum(-1)
+    tail = torch.arange(length, device=allowed.device)[None] >= lengths[:, None]
+    return lengths if bool((row_self | ~tail).all()) else None
+
+
+def ssd_padded(x, log_a, Bm, Cm, D, lengths, chunk: int = 64):
+    """ssd_masked under the layout `padded_lengths` found: rows below `lengths` [B] by the
+    chunked scan (padding comes after them, so it cannot reach them), later rows from
+    themselves only (T[l, l] x_l)."""
+    y = ssd_chunked(x, log_a, Bm, Cm, D, chunk)[0]
+    pad = torch.arange(x.shape[1], device=x.device)[None] >= lengths[:, None]  # [B, L]
+    if not bool(pad.any()):
+        return y
+    self_only = ((Cm * Bm).sum(-1) + D)[..., None] * x  # [B, L, H, P]
+    return torch.where(pad[:, :, None, None], self_only, y)
 
 
 def ssd_chunked(x, log_a, Bm, Cm, D, chunk: int = 64, state=None):

@@ -47,6 +47,30 @@ def timings(benchmark_dir: str | Path) -> pl.DataFrame:
     return pl.DataFrame(rows, schema={"step": pl.String, "seconds": pl.Float64, "peak RSS (MB)": pl.Float64})
 
 
+# the study's phases, by the rules that make them (a rule's benchmark records are under its name)
+PHASE_OF_RULE_PREFIX = {"fetch_": "models and tasks", "prepare_model": "models and tasks", "kv_task": "models and tasks",
+                        "mmlu_task": "models and tasks", "lmeval_crosscheck_task": "models and tasks",
+                        "baseline": "baseline", "collect_baseline": "baseline", "lm_eval": "baseline",
+                        "prune_": "pruning", "minimal_model": "pruning", "heads_": "heads",
+                        "gna_": "gather & aggregate", "distill_": "students", "hybrid_": "students"}
+
+
+def phase_of(step: str) -> str:
+    """The study phase of a benchmark record's step name '<rule>/<wildcards>' ('other' if none)."""
+    rule = step.split("/", 1)[0]
+    return next((phase for prefix, phase in PHASE_OF_RULE_PREFIX.items() if rule.startswith(prefix)), "other")
+
+
+def phase_timings(steps: pl.DataFrame) -> pl.DataFrame:
+    """Per phase (phase_of): steps, summed wall time and the largest peak RSS, plus a total row."""
+    by_phase = (steps.with_columns(pl.col("step").map_elements(phase_of, return_dtype=pl.String).alias("phase"))
+                .group_by("phase", maintain_order=True)
+                .agg(pl.len().alias("steps"), pl.col("seconds").sum(), pl.col("peak RSS (MB)").max()))
+    total = steps.select(pl.lit("all").alias("phase"), pl.len().alias("steps"), pl.col("seconds").sum(),
+                         pl.col("peak RSS (MB)").max())
+    return pl.concat([by_phase, total])
+
+
 def provenance_table(config: dict, workflow_dir: str | Path) -> str:
     """When, from which commit and config, on which machine this report was made."""
     mach = machine()
@@ -65,9 +89,11 @@ def closing_sections(config: dict, benchmark_dir: str | Path) -> str:
     steps = timings(benchmark_dir)
     parts = []
     if not steps.is_empty():
-        parts.append("<h2>Timings</h2><p>Wall time and peak memory of each step (Snakemake benchmark records).</p>")
-        parts.append(table(steps, left=("step",),
-                           fmt={"seconds": lambda v: f"{v:.1f}", "peak RSS (MB)": lambda v: f"{v:.0f}"}))
+        fmt = {"seconds": lambda v: f"{v:.1f}", "peak RSS (MB)": lambda v: f"{v:.0f}"}
+        parts.append("<h2>Timings</h2><p>Wall time and peak memory per phase and of each step (Snakemake "
+                     "benchmark records; the sum of wall times is the run's length on one job at a time).</p>")
+        parts.append(table(phase_timings(steps), left=("phase",), fmt=fmt))
+        parts.append(table(steps, left=("step",), fmt=fmt))
     parts.append("<h2>Config</h2><details><summary>the validated config of this run</summary><pre>"
                  + html.escape(yaml.safe_dump(config, sort_keys=False)) + "</pre></details>")
     return "".join(parts)

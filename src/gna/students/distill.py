@@ -135,6 +135,7 @@ def align_layers(model, hidden: torch.Tensor, state_size: int, steps: int, batch
     pos = torch.arange(length)[None]
     rng = torch.Generator().manual_seed(seed)
     _init_head_scales(ms, base, hidden, pos)
+    targets = attention_targets(base, ms, metrics, hidden, batch)
     curve = []
     warmup = max(1, steps // 10)
     with tqdm(range(steps), desc=f"align n={state_size}", disable=not progress, mininterval=2.0) as bar:
@@ -145,12 +146,8 @@ def align_layers(model, hidden: torch.Tensor, state_size: int, steps: int, batch
             opt.zero_grad(set_to_none=True)
             per_layer = []
             for i, (layer, m, metric) in enumerate(zip(base.layers, ms, metrics)):
-                h = hidden[i, pick].float()
-                u = layer.input_layernorm(h)
-                rope = base.rotary_emb(u, position_ids=pos.expand(len(pick), -1))
-                with torch.no_grad():
-                    target = torch.einsum("blhp,hpq->blhq", m.attention_output(u, rope, None, list(range(m.num_heads))),
-                                          metric)
+                u = layer.input_layernorm(hidden[i, pick].float())
+                target = targets[i, pick].float()
                 pred = torch.einsum("blhp,hpq->blhq", m.ssm_output(u, None), metric)
                 loss = (pred - target).square().sum() / target.square().sum().clamp_min(1e-12)
                 loss.backward()  # per layer: the layers are independent, keep one graph at a time
@@ -163,6 +160,26 @@ def align_layers(model, hidden: torch.Tensor, state_size: int, steps: int, batch
                 curve += [{"stage": "align", "step": step, "layer": i, "loss": v} for i, v in enumerate(per_layer)]
     state = snapshot(student)
     return state, pl.DataFrame(curve)
+
+
+@torch.no_grad()
+def attention_targets(base, ms, metrics, hidden: torch.Tensor, batch: int) -> torch.Tensor:
+    """[layers, n, T, H, P] float16: every attention head's output for the teacher's hidden
+    states `hidden` [layers, n, T, d], in the output metric (_output_metric) — what alignment
+    fits, fixed, so computed once rather than at every step."""
+    n_layers, n_seq, length, _ = hidden.shape
+    pos = torch.arange(length)[None]
+    out = None
+    for i, (layer, m, metric) in enumerate(zip(base.layers, ms, metrics)):
+        for start in range(0, n_seq, batch):
+            u = layer.input_layernorm(hidden[i, start: start + batch].float())
+            rope = base.rotary_emb(u, position_ids=pos.expand(len(u), -1))
+            heads = m.attention_output(u, rope, None, list(range(m.num_heads)))
+            target = torch.einsum("blhp,hpq->blhq", heads, metric).to(torch.float16)
+            if out is None:
+                out = target.new_empty(n_layers, n_seq, *target.shape[1:])
+            out[i, start: start + len(u)] = target
+    return out
 
 
 @torch.no_grad()

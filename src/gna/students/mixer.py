@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gna.engine.ssm import materialize, ssd_chunked, ssd_masked, ssd_recurrent
+from gna.engine.ssm import materialize, padded_lengths, ssd_chunked, ssd_masked, ssd_padded, ssd_recurrent
 
 C_INIT_SCALE = 0.03
 SINK_INIT = 0.3  # teacher heads put about a third of their attention on the first token
@@ -200,6 +200,8 @@ class HybridMixer(nn.Module):
             y = torch.einsum("bhls,bshp->blhp", T, x)
         elif allowed is None:
             y = ssd_chunked(x, log_a, Bm, Cm, D, chunk)[0]
+        elif (lengths := padded_lengths(allowed)) is not None:  # the fast path of ssd_masked
+            y = ssd_padded(x, log_a, Bm, Cm, D, lengths, chunk)
         else:
             y = ssd_masked(x, log_a, Bm, Cm, D, allowed)
         share = self.sink_share(u, which)

@@ -75,6 +75,18 @@ def student_variants(hybrid: dict) -> list[str]:
     return list(dict.fromkeys(variant_name(k, n) for k, n in pairs))
 
 
+def scored_tasks(hybrid: dict, variant: str, tasks: list[str]) -> list[str]:
+    """The tasks hybrid_score scores `variant` on: every task for the teacher and the heads-kept
+    sweep; KV retrieval only for students of the state-size sweep alone (the study's state-size
+    finding is about retrieval, and it keeps the sweep's cost down)."""
+    if variant == TEACHER_VARIANT:
+        return list(tasks)
+    heads_kept, state_size = parse_variant(variant)
+    if state_size == hybrid["state_size"] and heads_kept in hybrid["heads_kept"]:
+        return list(tasks)
+    return [t for t in tasks if t == "kv_retrieval"]
+
+
 def checkpoint_steps(steps: int, points: int) -> list[int]:
     """`points` + 1 step counts evenly spaced from 0 (alignment only) to `steps` (the student)."""
     return sorted({round(i * steps / points) for i in range(points + 1)})

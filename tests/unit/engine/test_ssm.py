@@ -10,7 +10,7 @@ from gna.students.decoding import cache_nbytes, inference_memory, prefill, step
 from gna.students.mixer import mixers, swapped_to_attention
 from gna.students.spec import load_student, make_hybrid, save_student
 from gna.engine.packing import collate, pack
-from gna.engine.ssm import materialize, ssd_chunked, ssd_masked, ssd_recurrent
+from gna.engine.ssm import materialize, padded_lengths, ssd_chunked, ssd_masked, ssd_padded, ssd_recurrent
 
 
 def _inputs(b=2, length=37, h=3, p=5, n=4, seed=0):
@@ -58,6 +58,26 @@ def test_masked_scan_on_packed_choices_equals_separate_sequences():
         torch.testing.assert_close(y[:, idx], y_sep)
     causal = torch.ones(1, 13, 13, dtype=torch.bool).tril()
     torch.testing.assert_close(ssd_masked(x, log_a, Bm, Cm, D, causal), ssd_recurrent(x, log_a, Bm, Cm, D)[0])
+
+
+def test_padded_scan_equals_masked_scan_on_right_padded_batches():
+    """Single-token choices of different context lengths, collated with right padding: the
+    layout is found (lengths = the items' lengths) and the chunked fast path equals the
+    materialised reference on every row, padding rows included."""
+    items = [pack(list(range(n)), [[7]]) for n in (13, 9, 5)]
+    allowed = collate(items).mask[:, 0] == 0
+    x, log_a, Bm, Cm, D = _inputs(b=3, length=13)
+    lengths = padded_lengths(allowed)
+    assert lengths.tolist() == [13, 9, 5]
+    torch.testing.assert_close(ssd_padded(x, log_a, Bm, Cm, D, lengths, chunk=4),
+                               ssd_masked(x, log_a, Bm, Cm, D, allowed))
+
+
+def test_padded_layout_not_found_where_choices_share_a_context():
+    """Several multi-token choices after one context: not a padded causal layout."""
+    allowed = collate([pack(list(range(6)), [[1, 2, 3], [4, 5]])]).mask[:, 0] == 0
+    assert padded_lengths(allowed) is None
+    assert padded_lengths(torch.ones(1, 5, 5, dtype=torch.bool)) is None  # not causal
 
 
 # -- hybrids -------------------------------------------------------------------------------

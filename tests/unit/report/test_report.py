@@ -13,7 +13,7 @@ from conftest import REPO
 from gna.core.config import load_schema, validate_config
 from gna.report.htmlkit import read_caption, rst_to_html
 from gna.core.provenance import import_closure
-from gna.report.page import build_report, render_function
+from gna.report.page import build_report, phase_timings, render_function
 from gna.report.registry import FIGURES, SECTIONS, Input, report_figures, report_inputs
 
 GOLDEN = REPO / "tests" / "data" / "smoke_results"
@@ -154,3 +154,15 @@ def test_report_without_the_hybrid_phase_draws_placeholders(tmp_path):
     assert page.count("<figure>") == len(FIGURES) - 4
     for name in ("hybrid_heads", "hybrid_budget", "hybrid_training", "hybrid_align_heads"):
         assert (tmp_path / report_figures()[name]).is_file()
+
+
+def test_phase_timings_sum_each_phase_and_the_total():
+    """Steps are grouped by their rule's phase (unknown rules: 'other'); seconds add up,
+    memory is the largest peak."""
+    steps = pl.DataFrame({"step": ["distill_kd/m-k0-n16", "hybrid_score/m-teacher", "heads_sweep/m", "custom/x"],
+                          "seconds": [10.0, 5.0, 100.0, 1.0], "peak RSS (MB)": [300.0, 900.0, 200.0, 50.0]})
+    phases = {row["phase"]: row for row in phase_timings(steps).iter_rows(named=True)}
+    assert phases["students"]["seconds"] == 15.0 and phases["students"]["peak RSS (MB)"] == 900.0
+    assert phases["students"]["steps"] == 2 and phases["heads"]["seconds"] == 100.0
+    assert phases["other"]["steps"] == 1
+    assert phases["all"]["seconds"] == 116.0 and phases["all"]["peak RSS (MB)"] == 900.0
