@@ -59,6 +59,7 @@ rule distill_teacher:
     input:
         model="data/models/{model}",
         mmlu=get_mmlu_file,
+        kv=TASK_FILES["kv_retrieval"],  # the corpus is checked to hold none of its prompts
     output:
         "data/distill/{model}/teacher.safetensors",
     params:

@@ -73,22 +73,36 @@ def token_windows(tok, mmlu_docs: list[tuple[str, str]], kv_docs: list[tuple[str
     return ids, predicts.view(n_windows, seq_len)
 
 
+def check_no_evaluation_items(corpus_texts, evaluation_texts, what: str) -> None:
+    """Refuse a corpus that holds an evaluation item: any of `corpus_texts` among
+    `evaluation_texts` raises, naming `what` and how many (distillation on the test set would
+    make every student score meaningless)."""
+    evaluation = set(evaluation_texts)
+    leaked = [t for t in corpus_texts if t in evaluation]
+    if leaked:
+        raise ValueError(f"distillation corpus: {len(leaked)} {what} are evaluation items (first: {leaked[0][:80]!r}); "
+                         "the corpus must never contain what the students are scored on")
+
+
 def split_pool(pool: pl.DataFrame, heldout_share: float) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(train, held-out) questions: the first `heldout_share` of the pool is held out."""
     n_held = int(round(len(pool) * heldout_share))
     return pool[n_held:], pool[:n_held]
 
 
-def build_corpus(tok, mmlu_pool: pl.DataFrame, corpus: dict, template: str, seed: int) -> dict:
+def build_corpus(tok, mmlu_pool: pl.DataFrame, corpus: dict, template: str, seed: int,
+                 evaluation_kv: frozenset[str] = frozenset()) -> dict:
     """Train and held-out windows {"train": [n, T], "train_answers": [n, T] bool (positions that
     predict an answer token), "heldout": [m, T]} (disjoint questions and KV seed namespaces; the
-    MMLU evaluation subset is never in `mmlu_pool`)."""
+    MMLU evaluation subset is never in `mmlu_pool`). A KV prompt among `evaluation_kv` (the
+    evaluation's KV contexts) raises (check_no_evaluation_items)."""
     train_pool, held_pool = split_pool(mmlu_pool, corpus["heldout_share"])
     out = {}
     for split, pool, n, split_seed in (("train", train_pool, corpus["train_windows"], seed),
                                        ("heldout", held_pool, corpus["heldout_windows"], seed + 1)):
         n_kv = corpus["seq_len"] * n // 16 if corpus["kv_share"] > 0 else 0  # more than enough documents
         kv_docs = answered_kv(corpus["kv_sizes"], n_kv, corpus_kv_seed(split, seed), template) if n_kv else []
+        check_no_evaluation_items([c for c, _ in kv_docs], evaluation_kv, f"{split} KV-retrieval prompts")
         out[split], answers = token_windows(tok, answered_mmlu(pool, split_seed), kv_docs, corpus["kv_share"],
                                            corpus["seq_len"], n, split_seed)
         if split == "train":
