@@ -89,11 +89,11 @@ def test_smoke_run_writes_results_and_report(smoke):
     assert len(ranking) == 16 and sorted(ranking["rank"]) == list(range(1, 17))
     topk = pl.read_parquet(smoke / "data/results/heads/tiny-llama/topk.parquet")
     assert set(topk["k"]) == {0, 1, 2, 4} and set(topk["condition"]) == {"top", "random"}
-    # distilled students are model folders that load like any other model
+    # distilled students are model folders (load_any loads them like any other model)
     from gna.students.mixer import mixers
-    from gna.models.prepare import load_model
+    from gna.students.spec import load_any
 
-    student, _ = load_model(smoke / "data/models/tiny-llama-hybrid-k2-n8")
+    student, _ = load_any(smoke / "data/models/tiny-llama-hybrid-k2-n8")
     kept = {(m.layer_idx, h) for m in mixers(student) for h in m.attention_heads}
     assert kept == {tuple(x) for x in ranking.sort("rank").select("layer", "head").head(2).rows()}
     scores = pl.concat([pl.read_parquet(p) for p in (smoke / "data/results/hybrid/tiny-llama").glob("k*.parquet")])

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from gna.core.io import atomic_dir, sha256_file
+from gna.models.folders import STUDENT_SPEC_FILE
 from gna.models.sources import SourceError
 
 SOURCE_KINDS = ("pypi-file", "hf", "local", "tiny-random")
@@ -95,16 +96,17 @@ def prepare_model(name: str, spec: dict, out_dir: str | Path, raw_file: str | Pa
 
 
 def load_model(model_dir: str | Path, dtype: str = "float32"):
-    """Load a prepared folder (or a distilled student's) as (model in eval mode, tokenizer)."""
+    """Load a prepared folder as (model in eval mode, tokenizer). A distilled student's folder
+    is refused: gna.students.spec.load_any loads both (kept apart so that the rules that never
+    load a student do not depend on the students' code)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from gna.students.spec import is_student, load_student
 
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"not a prepared model folder (no config.json): {model_dir}")
-    if is_student(model_dir):  # a distilled hybrid / SSM student (gna.students.spec)
-        return load_student(model_dir, DTYPES[dtype])
+    if (model_dir / STUDENT_SPEC_FILE).is_file():
+        raise ValueError(f"{model_dir} is a distilled student ({STUDENT_SPEC_FILE}): load it with "
+                         "gna.students.spec.load_any")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype])
     model.eval()
     return model, AutoTokenizer.from_pretrained(model_dir)

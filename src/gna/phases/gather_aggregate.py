@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import polars as pl
 import torch
 
+from gna.students.spec import load_any
 from gna.students.mixer import captured_maps, mixers, ssm_heads_of
 from gna.core.io import read_parquet, write_parquet
-from gna.models.prepare import load_model
 from gna.tasks.tables import LETTERS, build_kv_retrieval, load_task_tables
 
 log = logging.getLogger("gna.phases.gather_aggregate")
@@ -227,7 +227,7 @@ def run_gna_roles(model_name: str, model_dir: str, ranking_path: str, teacher_ro
     roles table when `teacher_roles_paths` names one, so teacher and students show the same heads)
     on one KV sample (gna.map_dict_size) and on the shortest MMLU letter item if
     `mmlu_letter_paths` names a table, written to `maps_path`. Both with a model column."""
-    model, tok = load_model(model_dir, dtype)
+    model, tok = load_any(model_dir, dtype)
     ranking = read_parquet(ranking_path)
     table = build_kv_retrieval([gna["dict_size"]], gna["n"], gna["seed"], template)
     roles = head_roles(model, tok, table, kv_row_segments, gna["gather_min"], gna["aggregate_min"])

@@ -20,12 +20,12 @@ import logging
 import polars as pl
 import torch
 
+from gna.students.spec import load_any
 from gna.phases.gather_aggregate import ROLES, Segments, best_role_head, kv_row_segments, mmlu_row_segments
 from gna.engine.hooks import ablate_heads
 from gna.students.mixer import mixers, ssm_heads_of
 from gna.core.io import read_parquet, write_parquet
 from gna.core.stats import wilson_interval
-from gna.models.prepare import load_model
 from gna.engine.packing import PackedBatch
 from gna.engine.scoring import score_table
 from gna.tasks.tables import build_kv_retrieval, load_task_tables
@@ -200,7 +200,7 @@ def run_gna_masking(model_name: str, model_dir: str, roles_path: str, knowledge_
                     ", ".join(sorted(set(ROLES) - set(heads))))
         result = pl.DataFrame(schema=RESULT_SCHEMA)
     else:
-        model, tok = load_model(model_dir, dtype)
+        model, tok = load_any(model_dir, dtype)
         ssm_heads = ssm_heads_of(model) if mixers(model) else None
         table = build_kv_retrieval([gna["dict_size"]], gna["masking_n"], gna["seed"] + 1, template)
         knowledge = next(iter(load_task_tables(knowledge_paths, gna["knowledge_items"]).values()), None)

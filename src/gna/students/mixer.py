@@ -189,7 +189,7 @@ class HybridMixer(nn.Module):
             x, Bm, Cm, log_a = x[:, :, which], Bm[:, :, which], Cm[:, :, which], log_a[:, :, which]
         return x, log_a, Bm, Cm
 
-    def ssm_output(self, u, allowed, which: list[int] | None = None, chunk: int = 64, restrict=None):
+    def ssm_output(self, u, allowed, which: list[int] | None = None, chunk: int = 128, restrict=None):
         """SSM heads `which`: [B, L, len(which), P]. restrict: optional [B, len(which), L, L] bool
         mask applied to each head's materialised matrix (the head's output is recomputed from the
         masked matrix; the decays still follow the sequence layout `allowed`)."""

@@ -4,7 +4,7 @@ attention, how a student is built, saved, described and loaded, and what it is c
 Naming (the only place that knows it): a variant `k{K}-n{N}` keeps the K best-ranked heads as
 attention and makes every other head an SSM head with state size N; the student of model M
 with that variant is the model `M-hybrid-k{K}-n{N}` (a folder under data/models, loadable with
-gna.models.prepare.load_model like any prepared model).
+gna.students.spec.load_any like any prepared model).
 
 A student folder is a model folder (config.json + tokenizer + model.safetensors) plus
 SPEC_FILE, the JSON spec saying which heads are kept as attention and the state size.
@@ -19,7 +19,9 @@ import json
 import re
 from pathlib import Path
 
-SPEC_FILE = "gna_hybrid.json"
+from gna.models.folders import STUDENT_SPEC_FILE
+
+SPEC_FILE = STUDENT_SPEC_FILE
 STUDENT_MARK = "-hybrid-"
 VARIANT_PATTERN = r"k\d+-n\d+"  # also the workflow's wildcard constraint for a variant
 TEACHER_VARIANT = "teacher"  # the teacher itself, where results list it beside its students
@@ -152,6 +154,15 @@ def is_student(model_dir: Path) -> bool:
 def read_spec(model_dir: Path) -> dict:
     """The spec a student folder was saved with (hybrid_spec plus what distillation added)."""
     return json.loads((Path(model_dir) / SPEC_FILE).read_text())
+
+
+def load_any(model_dir: str | Path, dtype: str = "float32"):
+    """(model in eval mode, tokenizer) of a prepared folder or a student's (load_student)."""
+    from gna.models.prepare import DTYPES, load_model
+
+    if is_student(model_dir):
+        return load_student(model_dir, DTYPES[dtype])
+    return load_model(model_dir, dtype)
 
 
 def load_student(model_dir: Path, dtype=None):

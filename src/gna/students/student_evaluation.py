@@ -10,9 +10,8 @@ import polars as pl
 from gna.phases.evaluation import score_model
 from gna.students.mixer import swapped_to_attention
 from gna.core.io import read_parquet, write_parquet
-from gna.models.prepare import load_model
 from gna.students.distill import restore, snapshot
-from gna.students.spec import TEACHER_VARIANT, parse_variant, ranked_heads, read_spec
+from gna.students.spec import TEACHER_VARIANT, load_any, parse_variant, ranked_heads, read_spec
 from gna.tasks.tables import load_task_tables
 from gna.core.tensor_files import read_tensors
 
@@ -57,7 +56,7 @@ def run_hybrid_score(model_name: str, variant: str, model_dir: str, teacher_path
     `max_items`; None: all, the teacher's baseline items) with `swap_items` per task checked
     for degeneracy, and on the teacher file's held-out windows. The label_variant'ed summary
     goes to `summary_path`, the per-item answers to `answers_path`."""
-    model, tok = load_model(model_dir, dtype)
+    model, tok = load_any(model_dir, dtype)
     tables = load_task_tables(task_paths, max_items)
     heldout = read_tensors(teacher_path, ["heldout_ids"])["heldout_ids"]
     frame, items = score_model(model, tok, tables, heldout, batch_size, swap_items)
@@ -72,7 +71,7 @@ def run_hybrid_swap(model_name: str, variant: str, model_dir: str, ranking_path:
     """The layer swap: score_model of student `variant` with every head of the top-ranked
     head's layer run as the teacher's attention; variant swap_label and swapped_layer columns;
     summary and answers written as by run_hybrid_score."""
-    model, tok = load_model(model_dir, dtype)
+    model, tok = load_any(model_dir, dtype)
     tables = load_task_tables(task_paths, max_items)
     heldout = read_tensors(teacher_path, ["heldout_ids"])["heldout_ids"]
     critical = ranked_heads(read_parquet(ranking_path), 1, model_name)[0][0]
@@ -109,7 +108,7 @@ def run_hybrid_budget(model_name: str, variant: str, model_dir: str, checkpoints
     `dict_size` keys (kv_items; `swap_items` degeneracy checks) and held-out perplexity after each KD step count saved in
     `checkpoints_path` and after the full budget (the student itself). Tidy rows with kd_steps
     and kd_tokens (tokens seen by distillation) to `out_path`."""
-    model, tok = load_model(model_dir, dtype)
+    model, tok = load_any(model_dir, dtype)
     spec = read_spec(model_dir)
     tokens_per_step = spec["kd_tokens"] / max(1, spec["kd_steps"])
     states = checkpoint_states(read_tensors(checkpoints_path))

@@ -7,9 +7,9 @@ import logging
 
 import polars as pl
 
+from gna.students.spec import load_any
 from gna.core.io import write_parquet
 from gna.phases.masking import answer_rows_experiment
-from gna.models.prepare import load_model
 from gna.tasks.tables import load_task_tables
 
 log = logging.getLogger("gna.students.student_masking")
@@ -19,7 +19,7 @@ def run_hybrid_answer_rows(model_name: str, variant: str, model_dir: str, task_p
                            max_items: int | None, batch_size: int, dtype: str = "float32") -> pl.DataFrame:
     """gna.phases.masking.answer_rows_experiment on student `variant` over the task tables (each cut
     to `max_items`), with model and variant columns, written to `out_path`."""
-    model, tok = load_model(model_dir, dtype)
+    model, tok = load_any(model_dir, dtype)
     frame = answer_rows_experiment(model, load_task_tables(task_paths, max_items), tok, batch_size)
     for row in frame.iter_rows(named=True):
         log.info("%s %s: acc %.3f", row["task"], row["condition"], row["acc"])

@@ -8,7 +8,7 @@ import torch
 
 from gna.students.decoding import cache_nbytes, inference_memory, prefill, step
 from gna.students.mixer import mixers, swapped_to_attention
-from gna.students.spec import load_student, make_hybrid, save_student
+from gna.students.spec import load_any, load_student, make_hybrid, save_student
 from gna.engine.packing import collate, pack
 from gna.engine.ssm import materialize, padded_lengths, ssd_chunked, ssd_masked, ssd_padded, ssd_recurrent
 
@@ -159,12 +159,16 @@ def test_measured_cache_matches_the_memory_formula(tiny_llama, hybrid):
     assert teacher["ssm_state_bytes"] == 0 and teacher["kv_cache_bytes"] == 2 * 3 * 2 * 12 * 50 * 4
 
 
-def test_student_round_trip_through_load_model(tmp_path, hybrid):
+def test_student_round_trip_through_load_any(tmp_path, hybrid):
+    """A saved student reloads (load_any) to the same logits; the plain loader refuses it by
+    name; a spec that does not fit the weights is refused."""
     from gna.models.prepare import load_model
 
     student, tok = hybrid
     save_student(student, tok, tmp_path, {"state_size": 8, "kept_heads": [list(k) for k in KEPT]})
-    loaded, _ = load_model(tmp_path)
+    loaded, _ = load_any(tmp_path)
+    with pytest.raises(ValueError, match="is a distilled student.*load_any"):
+        load_model(tmp_path)
     ids = _ids(tok)
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids).logits, student(input_ids=ids).logits)

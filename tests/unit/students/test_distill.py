@@ -20,7 +20,7 @@ from gna.students.recipe import ablated_student, run_hybrid_ablation
 from gna.students.student_evaluation import (checkpoint_states, label_variant, run_hybrid_budget, run_hybrid_score,
                                              run_hybrid_swap, swap_label)
 from gna.students.student_masking import run_hybrid_answer_rows
-from gna.students.spec import checkpoint_steps, make_hybrid, read_spec
+from gna.students.spec import checkpoint_steps, load_any, make_hybrid, read_spec
 from gna.tasks.tables import build_kv_retrieval
 from gna.core.tensor_files import read_tensors, write_tensors
 
@@ -205,7 +205,7 @@ def test_scoring_rules_on_the_distilled_students(phase):
     rows = run_hybrid_answer_rows("tiny", "k2-n4", str(root / "k2"), tasks, str(root / "rows.parquet"), **args)
     assert rows["condition"].to_list() == ["unmodified", "attention answer rows masked"]
     assert pl.read_parquet(root / "rows.parquet").equals(rows)
-    student, _ = load_model(root / "k2")
+    student, _ = load_any(root / "k2")
     assert len(mixers(student)) == 3
 
 
