@@ -71,7 +71,7 @@ def get_baseline_results(wildcards):
 
 HYBRID = config["hybrid"]
 
-from gna.students.spec import student_name, student_variants, teacher_of
+from gna.students.spec import ablation_kd, student_name, student_variants, teacher_of
 
 
 def hybrid_variants():
@@ -88,6 +88,8 @@ def _check_student_lists():
         if HYBRID["enabled"] and unknown:
             raise ValueError(f"config key 'hybrid.{key}': {unknown} are not students of this config; "
                              f"allowed: {', '.join(hybrid_variants())}")
+    if HYBRID["enabled"] and HYBRID["ablation"]["remove"]:
+        ablation_kd(HYBRID)  # kd_steps must be a budget of the ablated student's curve
     sizes = config["tasks"]["kv_retrieval"]["sizes"]
     if HYBRID["enabled"] and HYBRID["budget_curve"]["dict_size"] not in sizes:
         raise ValueError(f"config key 'hybrid.budget_curve.dict_size': {HYBRID['budget_curve']['dict_size']} is not "

@@ -2,8 +2,8 @@
 # variant), scoring, the layer swap and the inference-memory table. Students are written to
 # data/models/<model>-hybrid-k<heads kept>-n<state size> (names from gna.students.spec), loadable
 # like any prepared model.
-from gna.students.spec import (ABLATIONS, TEACHER_VARIANT, VARIANT_PATTERN, checkpoint_steps, parse_variant,
-                               scored_tasks, student_name, variant_name)
+from gna.students.spec import (ABLATIONS, TEACHER_VARIANT, VARIANT_PATTERN, ablation_kd, checkpoint_steps,
+                               parse_variant, scored_tasks, student_name, variant_name)
 
 TASK_FILES = {task: f"data/tasks/{task}.parquet" for task in TASKS}
 
@@ -200,7 +200,7 @@ rule hybrid_ablation:
         dict_size=HYBRID["budget_curve"]["dict_size"],
         variant=HYBRID["ablation"]["variant"],
         align=HYBRID["align"],
-        kd=HYBRID["kd"],
+        kd=ablation_kd(HYBRID),
         align_windows=HYBRID["corpus"]["align_windows"],
         seed=HYBRID["seed"],
         swap_items=HYBRID["degeneracy_items"],

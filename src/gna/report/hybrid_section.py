@@ -340,7 +340,8 @@ def budget_part(model: str, budget: pl.DataFrame, teacher: pl.DataFrame, size: i
 RECIPE = ("<p>The recipe: SSM heads initialised from their attention heads; stage 1 aligns them layer by layer, "
           "with the first-token share; stage 2 distills end to end on all training windows with the positions "
           "that predict an answer token (KV values, MMLU letters) weighted. Each row below removes one "
-          "ingredient and retrains the same student; 'alignment only' is the budget curve's first point.</p>")
+          "ingredient and retrains the same student for the budget in the title, beside the full recipe at that "
+          "budget; 'alignment only' is the budget curve's first point.</p>")
 
 
 def ablation_part(model: str, scores: pl.DataFrame, budget: pl.DataFrame, ablation: pl.DataFrame, hy: dict) -> str:
@@ -354,14 +355,20 @@ def ablation_part(model: str, scores: pl.DataFrame, budget: pl.DataFrame, ablati
     # the KV items of the budget curve's dictionary size only: the ablations were scored on those
     keep = (((pl.col("task") == "kv_retrieval") & (pl.col("group") == size)) | (pl.col("task") == "heldout")
             | (pl.col("metric") == "context_swap_agreement")) & (pl.col("variant") == variant) & (pl.col("model") == model)
-    rows = [scores.filter(keep).with_columns(pl.lit("full recipe").alias(label))]
+    steps = hy["ablation"].get("kd_steps")
+    if steps is None:  # the ablations trained as long as the student: compare with the student
+        full, at = scores.filter(keep), "all distillation steps"
+    else:  # the ablations trained for one budget of the curve: compare with the recipe there
+        full = budget.filter(keep & (pl.col("kd_steps") == steps)) if not budget.is_empty() else budget
+        at = f"{steps} distillation steps" + (f", {full['kd_tokens'][0]:,} tokens" if len(full) else "")
+    rows = [full.with_columns(pl.lit("full recipe").alias(label))]
     if not budget.is_empty():
         aligned = budget.filter(keep & (pl.col("kd_steps") == 0))
         rows.append(aligned.with_columns(pl.lit("alignment only (0 distillation tokens)").alias(label)))
     rows.append(sub.filter(keep).with_columns(pl.col("description").alias(label)))
     shown = _metric_table(pl.concat(rows, how="diagonal_relaxed"), label)
-    return (f"<h3>{html.escape(model)}: the distillation recipe, ingredient by ingredient ({html.escape(variant)})</h3>"
-            + RECIPE + table(shown, left=(label,), fmt=_fmt(shown)))
+    return (f"<h3>{html.escape(model)}: the distillation recipe, ingredient by ingredient ({html.escape(variant)}, "
+            f"{html.escape(at)})</h3>" + RECIPE + table(shown, left=(label,), fmt=_fmt(shown)))
 
 
 def swap_part(model: str, swap: pl.DataFrame, students: pl.DataFrame, teacher: pl.DataFrame, hy: dict) -> str:

@@ -94,6 +94,23 @@ def checkpoint_steps(steps: int, points: int) -> list[int]:
     return sorted({round(i * steps / points) for i in range(points + 1)})
 
 
+def ablation_kd(hybrid: dict) -> dict:
+    """The KD settings the recipe's ablations train with: hybrid.kd, for hybrid.ablation.kd_steps
+    steps when set (then a budget on the ablated student's own budget curve, whose checkpoint
+    there is the full recipe they are compared with — the same budget at a fraction of the cost).
+    A kd_steps that is not such a budget raises, naming the key and the allowed values."""
+    steps = hybrid["ablation"].get("kd_steps")
+    if steps is None:
+        return dict(hybrid["kd"])
+    curve, variant = hybrid["budget_curve"], hybrid["ablation"]["variant"]
+    budgets = checkpoint_steps(hybrid["kd"]["steps"], curve["points"])[1:]
+    if variant not in curve["variants"] or steps not in budgets:
+        raise ValueError(f"config key 'hybrid.ablation.kd_steps': {steps} must be a budget of the budget curve of "
+                         f"{variant} (hybrid.budget_curve.variants {curve['variants']}); allowed: "
+                         f"{', '.join(map(str, budgets))} or null (hybrid.kd.steps)")
+    return {**hybrid["kd"], "steps": steps}
+
+
 # -- which heads are SSM heads ----------------------------------------------------------------------
 
 def ranked_heads(ranking, k: int, model_name: str = "the model") -> list[tuple[int, int]]:

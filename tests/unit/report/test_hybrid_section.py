@@ -2,7 +2,7 @@
 
 import polars as pl
 
-from gna.report.hybrid_section import budget_goal, heads_kept_summary
+from gna.report.hybrid_section import ablation_part, budget_goal, heads_kept_summary
 
 
 def kv10(value, low, high, n=50, **extra) -> dict:
@@ -38,3 +38,20 @@ def test_budget_goal_gives_the_first_budget_that_reaches_the_goal_or_says_none_d
         budget_goal(budget, TEACHER, 10)
     short = budget.filter(pl.col("kd_tokens") == 0)
     assert "k10-n16 does not reach 80%" in budget_goal(short, TEACHER, 10)
+
+
+def test_ablations_at_a_budget_are_compared_with_the_recipe_at_that_budget():
+    """With ablation.kd_steps the 'full recipe' row is the budget curve's checkpoint at those
+    steps (not the fully trained student), and the title says the budget."""
+    hy = {"ablation": {"variant": "k10-n16", "kd_steps": 14}, "budget_curve": {"dict_size": 10}}
+    common = {"model": "m", "variant": "k10-n16", "degenerate": False}
+    scores = pl.DataFrame([kv10(0.96, 0.87, 0.99, **common)])
+    budget = pl.DataFrame([kv10(v, v - 0.1, v + 0.05, kd_steps=s, kd_tokens=s * 1000, **common)
+                           for v, s in ((0.46, 0), (0.88, 14), (0.96, 42))])
+    ablation = pl.DataFrame([kv10(0.6, 0.45, 0.73, description="without layer alignment", **common)])
+    page = ablation_part("m", scores, budget, ablation, hy)
+    assert "14 distillation steps, 14,000 tokens" in page
+    assert "88.0%" in page and "96.0%" not in page and "60.0%" in page and "46.0%" in page
+    untrained_budget = ablation_part("m", scores, budget, ablation, {**hy, "ablation": {"variant": "k10-n16",
+                                                                                         "kd_steps": None}})
+    assert "96.0%" in untrained_budget and "all distillation steps" in untrained_budget

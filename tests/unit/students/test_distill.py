@@ -20,7 +20,7 @@ from gna.students.recipe import ablated_student, run_hybrid_ablation
 from gna.students.student_evaluation import (checkpoint_states, label_variant, run_hybrid_budget, run_hybrid_score,
                                              run_hybrid_swap, swap_label)
 from gna.students.student_masking import run_hybrid_answer_rows
-from gna.students.spec import checkpoint_steps, load_any, make_hybrid, read_spec
+from gna.students.spec import ablation_kd, checkpoint_steps, load_any, make_hybrid, read_spec
 from gna.tasks.tables import build_kv_retrieval
 from gna.core.tensor_files import read_tensors, write_tensors
 
@@ -228,6 +228,20 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase):
     first = checkpoint_states(read_tensors(str(root / "kd2-checkpoints.safetensors")))[0]
     for key, value in snapshot(aligned).items():
         assert torch.equal(first[key], value)
+
+
+def test_ablation_kd_steps_must_be_a_budget_of_the_ablated_students_curve():
+    hybrid = {"kd": {"steps": 42, "lr": 1e-3}, "budget_curve": {"variants": ["k10-n16"], "points": 3},
+              "ablation": {"variant": "k10-n16", "kd_steps": None}}
+    assert ablation_kd(hybrid) == {"steps": 42, "lr": 1e-3}
+    hybrid["ablation"]["kd_steps"] = 14
+    assert ablation_kd(hybrid) == {"steps": 14, "lr": 1e-3}
+    hybrid["ablation"]["kd_steps"] = 15
+    with pytest.raises(ValueError, match=r"hybrid.ablation.kd_steps.*allowed: 14, 28, 42 or null"):
+        ablation_kd(hybrid)
+    hybrid["ablation"] = {"variant": "k0-n16", "kd_steps": 14}
+    with pytest.raises(ValueError, match="budget curve of k0-n16"):
+        ablation_kd(hybrid)
 
 
 def test_checkpoint_steps_are_evenly_spaced_from_alignment_to_the_student():
