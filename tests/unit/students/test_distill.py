@@ -10,7 +10,7 @@ import torch
 from conftest import MINI_MMLU
 from gna.students.corpus import (answer_tokens, answered_kv, build_corpus, check_no_evaluation_items, corpus_kv_seed,
                                  split_pool, token_windows)
-from gna.students.distill import (answer_weights, distill_logits, kd_loss, first_token_attention, head_errors, load_aligned,
+from gna.students.distill import (answer_weights, distill_logits, frozen_weights_in, kd_loss, first_token_attention, head_errors, load_aligned,
                                   restore, run_distill_align, run_distill_kd, run_distill_teacher, snapshot,
                                   teacher_activations)
 from gna.students.mixer import captured_maps, mixers
@@ -366,3 +366,19 @@ def test_bf16_distillation_step_agrees_with_the_float32_reference(tiny_llama):
         grads.append(torch.cat([g.flatten() for g in torch.autograd.grad(loss, params)]))
     assert abs(losses[1] - losses[0]) < 2e-2 * abs(losses[0])
     assert torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0) > 0.98
+
+
+def test_frozen_weights_are_held_in_bf16_during_distillation_and_restored_exactly(tiny_llama):
+    """Only frozen linear weights change dtype inside the block (trained SSM weights and the
+    output head tied to the embeddings stay float32), and every weight is back bit for bit."""
+    student = make_hybrid(copy.deepcopy(tiny_llama[0]), [(1, 0)], 4)
+    m = mixers(student)[1]
+    student.requires_grad_(False)
+    m.C_proj.weight.requires_grad_(True)
+    before = {name: p.detach().clone() for name, p in student.named_parameters()}
+    with frozen_weights_in(student, torch.bfloat16):
+        assert m.q_proj.weight.dtype == torch.bfloat16 and m.C_proj.weight.dtype == torch.float32
+        assert student.get_output_embeddings().weight.dtype == torch.float32
+        assert student.base_model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
+    for name, p in student.named_parameters():
+        assert p.dtype == torch.float32 and torch.equal(p, before[name]), name
