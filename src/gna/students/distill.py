@@ -116,11 +116,14 @@ def _output_metric(mixer: HybridMixer) -> torch.Tensor:
 
 
 def align_layers(model, hidden: torch.Tensor, state_size: int, steps: int, batch: int, lr: float, seed: int,
-                 progress: bool = True, log_every: int = 10, first_token: bool = True) -> tuple[dict, pl.DataFrame]:
+                 progress: bool = True, log_every: int = 10, first_token: bool = True,
+                 compute_dtype: str = "float32") -> tuple[dict, pl.DataFrame]:
     """Fit one SSM head per attention head of every layer (the pure-SSM student, k = 0).
 
     hidden: [layers, n, T, d] teacher hidden states entering each layer. first_token: False
     switches the first-token share off (HybridMixer.first_token_share; the recipe ablation).
+    compute_dtype "bfloat16": the SSM heads' forward and backward under bf16 autocast (targets,
+    parameters, optimizer and loss stay float32).
     Returns the SSM parameters {"<layer>.<param>": tensor} and the loss curve (relative error
     per layer)."""
     torch.manual_seed(seed)
@@ -153,7 +156,9 @@ def align_layers(model, hidden: torch.Tensor, state_size: int, steps: int, batch
             for i, (layer, m, metric) in enumerate(zip(base.layers, ms, metrics)):
                 u = layer.input_layernorm(hidden[i, pick].float())
                 target = targets[i, pick].float()
-                pred = torch.einsum("blhp,hpq->blhq", m.ssm_output(u, None), metric)
+                with torch.autocast(u.device.type, dtype=torch.bfloat16, enabled=compute_dtype == "bfloat16"):
+                    heads = m.ssm_output(u, None)
+                pred = torch.einsum("blhp,hpq->blhq", heads.float(), metric)
                 loss = (pred - target).square().sum() / target.square().sum().clamp_min(1e-12)
                 loss.backward()  # per layer: the layers are independent, keep one graph at a time
                 per_layer.append(loss.item())
@@ -236,12 +241,13 @@ def head_errors(model, hidden: torch.Tensor, n_seq: int = 4) -> pl.DataFrame:
 def run_distill_align(model_name: str, model_dir: str, teacher_path: str, state_size: int, weights_path: str,
                       curve_path: str, heads_path: str, align: dict, seed: int, dtype: str = "float32") -> None:
     """align_layers at `state_size` on the teacher file's hidden states, with `align` {steps,
-    batch, lr}: writes the aligned SSM heads to `weights_path`, the loss curve to `curve_path` and
+    batch, lr, compute_dtype}: writes the aligned SSM heads to `weights_path`, the loss curve to `curve_path` and
     the per-head errors after alignment (head_errors of the pure SSM) to `heads_path`, each with
     model and state_size columns."""
     model, _ = load_model(model_dir, dtype)
     hidden = read_tensors(teacher_path, ["hidden"])["hidden"]
-    state, curve = align_layers(model, hidden, state_size, align["steps"], align["batch"], align["lr"], seed)
+    state, curve = align_layers(model, hidden, state_size, align["steps"], align["batch"], align["lr"], seed,
+                                compute_dtype=align.get("compute_dtype", "float32"))
     write_tensors(state, weights_path)
     labels = [pl.lit(model_name).alias("model"), pl.lit(state_size).alias("state_size")]
     write_parquet(curve.with_columns(*labels), curve_path)

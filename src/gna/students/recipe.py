@@ -37,7 +37,7 @@ def ablated_student(teacher, kept: list[tuple[int, int]], state_size: int, ablat
         return student
     if ablation == "no_first_token":
         aligned, _ = align_layers(teacher, data["hidden"], state_size, align["steps"], align["batch"], align["lr"],
-                                  seed, first_token=False)
+                                  seed, first_token=False, compute_dtype=align.get("compute_dtype", "float32"))
         for m in mixers(student):
             m.first_token_share = False
     if ablation != "no_align":

@@ -10,7 +10,7 @@ import torch
 from conftest import MINI_MMLU
 from gna.students.corpus import (answer_tokens, answered_kv, build_corpus, check_no_evaluation_items, corpus_kv_seed,
                                  split_pool, token_windows)
-from gna.students.distill import (answer_weights, distill_logits, frozen_weights_in, kd_loss, first_token_attention, head_errors, load_aligned,
+from gna.students.distill import (align_layers, answer_weights, distill_logits, frozen_weights_in, kd_loss, first_token_attention, head_errors, load_aligned,
                                   restore, run_distill_align, run_distill_kd, run_distill_teacher, snapshot,
                                   teacher_activations)
 from gna.students.mixer import captured_maps, mixers
@@ -382,3 +382,16 @@ def test_frozen_weights_are_held_in_bf16_during_distillation_and_restored_exactl
         assert student.base_model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
     for name, p in student.named_parameters():
         assert p.dtype == torch.float32 and torch.equal(p, before[name]), name
+
+
+def test_bf16_alignment_agrees_with_the_float32_reference(tiny_llama):
+    """Alignment's fast path (bf16 autocast for the SSM heads) against float32: the same
+    relative error per layer to bf16 precision at the first step and after a few steps."""
+    model, _ = tiny_llama
+    ids = torch.randint(0, model.config.vocab_size, (4, 16), generator=torch.Generator().manual_seed(5))
+    hidden = teacher_activations(model, ids, top_k=4, progress=False)["hidden"]
+    curves = [align_layers(model, hidden, 4, steps=5, batch=2, lr=1e-2, seed=0, progress=False, log_every=1,
+                           compute_dtype=dtype)[1] for dtype in ("float32", "bfloat16")]
+    for step in (0, 4):
+        ref, fast = (c.filter(pl.col("step") == step)["loss"].to_numpy() for c in curves)
+        assert abs(fast - ref).max() < 0.03 * abs(ref).max() + 1e-3
