@@ -93,7 +93,8 @@ def load_mmlu_jsonl(path: str | Path) -> pl.DataFrame:
 
 def select_mmlu(table: pl.DataFrame, n: int | None, seed: int, topics: list[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(evaluation subset, remaining pool). The pool supplies few-shot examples and, later,
-    distillation text that never overlaps the evaluation questions."""
+    distillation text that never overlaps the evaluation questions: a question whose text is an
+    evaluation question's (MMLU repeats some under other ids) is in neither."""
     if topics:
         known = set(table["topic"].unique())
         unknown = sorted(set(topics) - known)
@@ -104,8 +105,8 @@ def select_mmlu(table: pl.DataFrame, n: int | None, seed: int, topics: list[str]
     rng = random.Random(f"mmlu-{seed}")
     chosen = set(rng.sample(ids, min(n, len(ids)))) if n else set(ids)
     subset = table.filter(pl.col("question_id").is_in(chosen)).sort("question_id")
-    pool = table.filter(~pl.col("question_id").is_in(chosen)).sort("question_id")
-    return subset, pool
+    pool = table.filter(~pl.col("question_id").is_in(chosen) & ~pl.col("question").is_in(subset["question"].implode()))
+    return subset, pool.sort("question_id")
 
 
 def select_mmlu_file(path: str | Path, sha256: str | None, mmlu: dict) -> tuple[pl.DataFrame, pl.DataFrame]:

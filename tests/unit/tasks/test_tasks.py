@@ -84,6 +84,16 @@ def test_write_kv_task_writes_the_configured_table(tmp_path):
     assert pl.read_parquet(tmp_path / "kv.parquet").equals(table)
 
 
+def test_a_repeated_question_stays_out_of_the_pool_when_it_is_evaluated():
+    """MMLU repeats some questions under other ids: the pool (few-shot examples, distillation
+    text) must not hold the text of any evaluation question."""
+    table = load_mmlu_jsonl(MINI_MMLU)
+    twin = table.head(len(table)).with_columns(pl.col("question_id") + 10_000)  # every question again
+    subset, pool = select_mmlu(pl.concat([table, twin]), 4, 0, [])
+    assert len(subset) == 4 and len(pool) == 2 * (table["question"].n_unique() - 4)
+    assert not set(pool["question"]) & set(subset["question"])
+
+
 def test_write_mmlu_task_selects_and_formats_like_the_builders(tmp_path):
     subset, pool = select_mmlu(load_mmlu_jsonl(MINI_MMLU), 6, seed=1, topics=["biology"])
     for fmt in ("letter", "cloze"):
