@@ -17,7 +17,6 @@ Only SSM parameters (HybridMixer.ssm_state) are trained; every teacher weight st
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import math
@@ -26,6 +25,7 @@ import polars as pl
 import torch
 from tqdm.auto import tqdm
 
+from gna.engine.precision import COMPUTE_DTYPES, frozen_weights_in
 from gna.students.corpus import build_corpus, check_no_evaluation_items
 from gna.students.mixer import HybridMixer, mixers
 from gna.core.io import atomic_dir, read_parquet, write_parquet
@@ -310,26 +310,6 @@ def kd_loss(logits: torch.Tensor, target: torch.Tensor, top_idx: torch.Tensor,
     return (weights * per_position).sum() / weights.sum()
 
 
-@contextlib.contextmanager
-def frozen_weights_in(model, dtype: torch.dtype | None):
-    """Within the block, the frozen weights of `model`'s linear layers are held in `dtype` (None:
-    unchanged): autocast re-casts every weight that needs no gradient at every call, a copy of
-    the whole model per forward. The float32 originals are put back afterwards, bit for bit."""
-    kept = {}
-    if dtype is not None:
-        for module in model.modules():
-            w = getattr(module, "weight", None)
-            if isinstance(module, torch.nn.Linear) and not w.requires_grad and w.dtype != dtype \
-                    and module is not model.get_output_embeddings():  # tied to the input embeddings
-                kept[module] = w.data
-                w.data = w.data.to(dtype)
-    try:
-        yield model
-    finally:
-        for module, data in kept.items():
-            module.weight.data = data
-
-
 def distill_logits(student, ids: torch.Tensor, top_logp: torch.Tensor, top_idx: torch.Tensor, steps: int,
                    batch: int, lr: float, seed: int, weights: torch.Tensor | None = None,
                    checkpoints: list[int] = (), compute_dtype: str = "float32", progress: bool = True,
@@ -338,8 +318,9 @@ def distill_logits(student, ids: torch.Tensor, top_logp: torch.Tensor, top_idx: 
     distribution at every position (cross-entropy to the renormalised teacher top-k, averaged
     with per-position `weights` [n, T], default 1). Returns the loss curve and a snapshot of
     the SSM parameters after each step count in `checkpoints` (0: before training).
-    compute_dtype "bfloat16": forward and backward under bf16 autocast (parameters, optimizer
-    state and loss stay float32; about twice as fast on CPUs with bf16 instructions)."""
+    compute_dtype "bfloat16": forward and backward under bf16 autocast with the frozen weights
+    held in bf16 (gna.engine.precision; trained parameters, optimizer state and loss stay float32;
+    about twice as fast on CPUs with bf16 instructions)."""
     torch.manual_seed(seed)
     for p in student.parameters():
         p.requires_grad_(False)
@@ -356,15 +337,15 @@ def distill_logits(student, ids: torch.Tensor, top_logp: torch.Tensor, top_idx: 
     weights = torch.ones(ids.shape) if weights is None else weights.float()
     warmup = max(1, steps // 10)
     student.train()
-    bf16 = compute_dtype == "bfloat16"
+    low = COMPUTE_DTYPES[compute_dtype]
     try:
-        with frozen_weights_in(student, torch.bfloat16 if bf16 else None), \
+        with frozen_weights_in(student, low), \
                 tqdm(range(steps), desc=desc, disable=not progress, mininterval=2.0) as bar:
             for step in bar:
                 for g in opt.param_groups:
                     g["lr"] = lr * _schedule(step, steps, warmup)
                 pick = torch.randperm(len(ids), generator=rng)[:batch]
-                with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=bf16):
+                with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=low is not None):
                     logits = student(input_ids=ids[pick], use_cache=False).logits
                 loss = kd_loss(logits, target[pick], top_idx[pick], weights[pick])
                 opt.zero_grad(set_to_none=True)

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from conftest import MINI_MMLU
+from gna.engine.precision import frozen_weights_in
 from gna.students.corpus import (answer_tokens, answered_kv, build_corpus, check_no_evaluation_items, corpus_kv_seed,
                                  split_pool, token_windows)
-from gna.students.distill import (align_layers, answer_weights, distill_logits, frozen_weights_in, kd_loss, first_token_attention, head_errors, load_aligned,
+from gna.students.distill import (align_layers, answer_weights, distill_logits, kd_loss, first_token_attention, head_errors, load_aligned,
                                   restore, run_distill_align, run_distill_kd, run_distill_teacher, snapshot,
                                   teacher_activations)
 from gna.students.mixer import captured_maps, mixers
