@@ -6,6 +6,8 @@ from gna.students.spec import (ABLATIONS, TEACHER_VARIANT, VARIANT_PATTERN, abla
                                parse_variant, scored_tasks, student_name, variant_name)
 
 TASK_FILES = {task: f"data/tasks/{task}.parquet" for task in TASKS}
+# the students are scored only once the corpus they were distilled on is known to hold no evaluation item
+CORPUS_CHECK = "data/distill/corpus-check.json"
 
 
 def answer_row_variants():
@@ -59,7 +61,6 @@ rule distill_teacher:
     input:
         model="data/models/{model}",
         mmlu=get_mmlu_file,
-        kv=TASK_FILES["kv_retrieval"],  # the corpus is checked to hold none of its prompts
     output:
         "data/distill/{model}/teacher.safetensors",
     params:
@@ -80,6 +81,32 @@ rule distill_teacher:
         runtime=60,
     script:
         "../workflow_scripts/distill_teacher.py"
+
+
+# Model-free and apart from the teacher file: an edit of the evaluation tasks reruns this check
+# (and the scoring that reads its result), never the distillation.
+rule distill_corpus_check:
+    input:
+        mmlu=get_mmlu_file,
+        kv=TASK_FILES["kv_retrieval"],
+    output:
+        CORPUS_CHECK,
+    params:
+        corpus=HYBRID["corpus"],
+        seed=HYBRID["seed"],
+        mmlu={k: v for k, v in config["tasks"]["mmlu"].items() if k in ("n", "seed", "topics")},
+        template=config["tasks"]["kv_retrieval"]["template"],
+        code=code_of("distill_corpus_check"),
+    log:
+        "data/logs/distill_corpus_check.log",
+    benchmark:
+        "data/benchmarks/distill_corpus_check/all.tsv"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=30,
+    script:
+        "../workflow_scripts/distill_corpus_check.py"
 
 
 rule distill_align:
@@ -140,6 +167,7 @@ rule hybrid_score:
         model=get_scored_model,
         teacher="data/distill/{model}/teacher.safetensors",
         tasks=lambda wc: [TASK_FILES[t] for t in scored_tasks(HYBRID, wc.variant, TASKS)],
+        corpus_check=CORPUS_CHECK,
     output:
         summary="data/results/hybrid/{model}/{variant}.parquet",
         answers="data/results/hybrid/{model}/answers/{variant}.parquet",
@@ -167,6 +195,7 @@ rule hybrid_budget:
         checkpoints="data/distill/{model}/kd-{variant}-checkpoints.safetensors",
         teacher="data/distill/{model}/teacher.safetensors",
         task="data/tasks/kv_retrieval.parquet",
+        corpus_check=CORPUS_CHECK,
     output:
         "data/results/hybrid/{model}/budget-{variant}.parquet",
     params:
@@ -194,6 +223,7 @@ rule hybrid_ablation:
         aligned=f"data/distill/{{model}}/align-n{parse_variant(HYBRID['ablation']['variant'])[1]}.safetensors",
         ranking="data/results/heads/{model}/ranking.parquet",
         task="data/tasks/kv_retrieval.parquet",
+        corpus_check=CORPUS_CHECK,
     output:
         "data/results/hybrid/{model}/ablation-{ablation}.parquet",
     params:
@@ -225,6 +255,7 @@ rule hybrid_swap:
         ranking="data/results/heads/{model}/ranking.parquet",
         teacher="data/distill/{model}/teacher.safetensors",
         tasks=list(TASK_FILES.values()),
+        corpus_check=CORPUS_CHECK,
     output:
         summary="data/results/hybrid/{model}/swap.parquet",
         answers="data/results/hybrid/{model}/answers/swap.parquet",
@@ -272,6 +303,7 @@ rule hybrid_answer_rows:
     input:
         model="data/models/" + student_name("{model}", "{variant}"),
         tasks=list(TASK_FILES.values()),
+        corpus_check=CORPUS_CHECK,
     output:
         "data/results/hybrid/{model}/answer-rows-{variant}.parquet",
     params:

@@ -133,9 +133,9 @@ def test_task_size_edit_reruns_only_dependents(smoke):
     cfg["tasks"]["kv_retrieval"]["sizes"] = [3, 6, 8]
     assert planned_jobs_of(smk(smoke, "-n", config=cfg)) == {
         "kv_task": 1, "baseline": 1, "collect_baseline": 1, "prune_gradual": 1, "minimal_model": 1,
-        "prune_individual": 1, "heads_topk": 1, "heads_kept": 1, "hybrid_score": 4, "hybrid_swap": 1,
-        "hybrid_answer_rows": 1, "hybrid_budget": 2, "hybrid_ablation": 2, "report": 1,
-        "all": 1}
+        "prune_individual": 1, "heads_topk": 1, "heads_kept": 1, "distill_corpus_check": 1, "hybrid_score": 4,
+        "hybrid_swap": 1, "hybrid_answer_rows": 1, "hybrid_budget": 2, "hybrid_ablation": 2, "report": 1,
+        "all": 1}  # the corpus is checked again against the new items; nothing is distilled again
 
 
 def test_state_size_edit_reruns_only_the_affected_variants(smoke):

@@ -12,7 +12,8 @@ import random
 import polars as pl
 import torch
 
-from gna.tasks.tables import build_kv_retrieval, build_mmlu
+from gna.core.io import read_parquet, write_json
+from gna.tasks.tables import build_kv_retrieval, build_mmlu, load_mmlu_jsonl, select_mmlu
 
 
 def answered_mmlu(pool: pl.DataFrame, seed: int) -> list[tuple[str, str]]:
@@ -90,21 +91,51 @@ def split_pool(pool: pl.DataFrame, heldout_share: float) -> tuple[pl.DataFrame, 
     return pool[n_held:], pool[:n_held]
 
 
-def build_corpus(tok, mmlu_pool: pl.DataFrame, corpus: dict, template: str, seed: int,
-                 evaluation_kv: frozenset[str] = frozenset()) -> dict:
-    """Train and held-out windows {"train": [n, T], "train_answers": [n, T] bool (positions that
-    predict an answer token), "heldout": [m, T]} (disjoint questions and KV seed namespaces; the
-    MMLU evaluation subset is never in `mmlu_pool`). A KV prompt among `evaluation_kv` (the
-    evaluation's KV contexts) raises (check_no_evaluation_items)."""
+def corpus_documents(mmlu_pool: pl.DataFrame, corpus: dict, template: str, seed: int) -> dict:
+    """{split: (MMLU documents, KV documents)} for "train" and "heldout", each a list of
+    (context, answer): disjoint question halves of `mmlu_pool` and KV seed namespaces."""
     train_pool, held_pool = split_pool(mmlu_pool, corpus["heldout_share"])
-    out = {}
+    docs = {}
     for split, pool, n, split_seed in (("train", train_pool, corpus["train_windows"], seed),
                                        ("heldout", held_pool, corpus["heldout_windows"], seed + 1)):
         n_kv = corpus["seq_len"] * n // 16 if corpus["kv_share"] > 0 else 0  # more than enough documents
         kv_docs = answered_kv(corpus["kv_sizes"], n_kv, corpus_kv_seed(split, seed), template) if n_kv else []
-        check_no_evaluation_items([c for c, _ in kv_docs], evaluation_kv, f"{split} KV-retrieval prompts")
-        out[split], answers = token_windows(tok, answered_mmlu(pool, split_seed), kv_docs, corpus["kv_share"],
-                                           corpus["seq_len"], n, split_seed)
+        docs[split] = (answered_mmlu(pool, split_seed), kv_docs)
+    return docs
+
+
+def build_corpus(tok, mmlu_pool: pl.DataFrame, corpus: dict, template: str, seed: int) -> dict:
+    """Train and held-out windows {"train": [n, T], "train_answers": [n, T] bool (positions that
+    predict an answer token), "heldout": [m, T]} from corpus_documents (the MMLU evaluation
+    subset is never in `mmlu_pool`; run_corpus_check checks the whole corpus against the
+    evaluation items)."""
+    out = {}
+    for split, (mmlu_docs, kv_docs) in corpus_documents(mmlu_pool, corpus, template, seed).items():
+        n = corpus["train_windows"] if split == "train" else corpus["heldout_windows"]
+        split_seed = seed if split == "train" else seed + 1
+        out[split], answers = token_windows(tok, mmlu_docs, kv_docs, corpus["kv_share"], corpus["seq_len"], n,
+                                           split_seed)
         if split == "train":
             out["train_answers"] = answers
     return out
+
+
+def run_corpus_check(mmlu_path: str, kv_path: str, out_path: str, corpus: dict, seed: int, mmlu: dict,
+                     template: str) -> dict:
+    """Check that the distillation corpus (corpus_documents, from the MMLU questions outside the
+    evaluation subset `mmlu` {n, seed, topics}) holds no evaluation item: no MMLU question of the
+    subset (by text) and no KV prompt of the evaluation table `kv_path`; raises otherwise
+    (check_no_evaluation_items). Writes what was checked to the JSON `out_path`. Model-free and
+    apart from the teacher file, so an edit of the evaluation tasks reruns this check, not the
+    distillation."""
+    subset, pool = select_mmlu(load_mmlu_jsonl(mmlu_path), mmlu["n"], mmlu["seed"], mmlu["topics"])
+    evaluation_kv = read_parquet(kv_path)["context"]
+    counts = {"evaluation_mmlu_questions": len(subset), "evaluation_kv_prompts": len(evaluation_kv)}
+    for split, (mmlu_docs, kv_docs) in corpus_documents(pool, corpus, template, seed).items():
+        check_no_evaluation_items([c for c, _ in kv_docs], evaluation_kv, f"{split} KV-retrieval prompts")
+        counts[f"{split}_kv_prompts"] = len(kv_docs)
+        counts[f"{split}_mmlu_documents"] = len(mmlu_docs)
+    check_no_evaluation_items(pool["question"], subset["question"], "MMLU questions of the corpus pool")
+    counts["corpus_pool_mmlu_questions"] = len(pool)
+    write_json(counts | {"leaked": 0}, out_path)
+    return counts

@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from gna.engine.precision import COMPUTE_DTYPES, frozen_weights_in
-from gna.students.corpus import build_corpus, check_no_evaluation_items
+from gna.students.corpus import build_corpus
 from gna.students.mixer import HybridMixer, mixers
 from gna.core.io import atomic_dir, read_parquet, write_parquet
 from gna.models.prepare import load_model
@@ -70,23 +70,19 @@ def teacher_activations(model, ids: torch.Tensor, top_k: int, hidden_windows: in
     return {"hidden": torch.cat(hidden, dim=1).contiguous(), "top_logp": torch.cat(top_lp), "top_idx": torch.cat(top_ix)}
 
 
-def run_distill_teacher(model_dir: str, mmlu_path: str, kv_path: str, out_path: str, corpus: dict, top_k: int,
-                        seed: int, mmlu: dict, template: str, dtype: str = "float32") -> None:
+def run_distill_teacher(model_dir: str, mmlu_path: str, out_path: str, corpus: dict, top_k: int, seed: int,
+                        mmlu: dict, template: str, dtype: str = "float32") -> None:
     """Build the corpus (gna.students.corpus.build_corpus, from the MMLU questions outside the evaluation
-    subset `mmlu` {n, seed, topics}; refused if it holds an evaluation question or a KV prompt of
-    the evaluation table `kv_path`) and write the teacher file `out_path`: teacher_activations
+    subset `mmlu` {n, seed, topics}) and write the teacher file `out_path`: teacher_activations
     on the train windows (hidden of the first corpus["align_windows"], top_logp, top_idx) plus
     the windows (train_ids, train_answers, heldout_ids)."""
     model, tok = load_model(model_dir, dtype)
-    subset, pool = select_mmlu(load_mmlu_jsonl(mmlu_path), mmlu["n"], mmlu["seed"], mmlu["topics"])
-    check_no_evaluation_items(pool["question"], subset["question"], "MMLU questions")
-    evaluation_kv = frozenset(read_parquet(kv_path)["context"])
-    windows = build_corpus(tok, pool, corpus, template, seed, evaluation_kv)
+    _, pool = select_mmlu(load_mmlu_jsonl(mmlu_path), mmlu["n"], mmlu["seed"], mmlu["topics"])
+    windows = build_corpus(tok, pool, corpus, template, seed)
     log.info("corpus: %d train windows (%d answer positions; the first %d also for alignment) and %d held-out "
-             "windows of %d tokens (%d MMLU questions outside the evaluation subset; no evaluation item, "
-             "checked against %d MMLU questions and %d KV prompts)", len(windows["train"]),
+             "windows of %d tokens (%d MMLU questions outside the evaluation subset)", len(windows["train"]),
              int(windows["train_answers"].sum()), min(corpus["align_windows"], len(windows["train"])),
-             len(windows["heldout"]), corpus["seq_len"], len(pool), len(subset), len(evaluation_kv))
+             len(windows["heldout"]), corpus["seq_len"], len(pool))
     acts = teacher_activations(model, windows["train"], top_k, corpus["align_windows"])
     write_tensors({**acts, "train_ids": windows["train"], "train_answers": windows["train_answers"],
                    "heldout_ids": windows["heldout"]}, out_path)

@@ -2,6 +2,7 @@
 student, and the hybrid phase's rule functions chained on a tiny teacher."""
 
 import copy
+import json
 
 import polars as pl
 import pytest
@@ -9,7 +10,7 @@ import torch
 
 from conftest import MINI_MMLU
 from gna.engine.precision import frozen_weights_in
-from gna.students.corpus import (answer_tokens, answered_kv, build_corpus, check_no_evaluation_items, corpus_kv_seed,
+from gna.students.corpus import (answer_tokens, answered_kv, check_no_evaluation_items, corpus_kv_seed, run_corpus_check,
                                  split_pool, token_windows)
 from gna.students.distill import (align_layers, answer_weights, distill_logits, kd_loss, first_token_attention, head_errors, load_aligned,
                                   restore, run_distill_align, run_distill_kd, run_distill_teacher, snapshot,
@@ -69,16 +70,23 @@ def test_corpus_kv_prompts_never_come_from_an_evaluation_seed():
     assert corpus_kv_seed("train", 7) != corpus_kv_seed("heldout", 7)
 
 
-def test_a_corpus_holding_an_evaluation_prompt_is_refused(tiny_llama):
-    """The teacher rule's check: a KV prompt of the corpus among the evaluation contexts (here
-    made so on purpose) stops the corpus, naming the split; disjoint contexts pass."""
-    _, tok = tiny_llama
+def test_a_corpus_holding_an_evaluation_item_is_refused(tmp_path):
+    """The corpus check: a KV prompt of the corpus among the evaluation items (here made so on
+    purpose) stops it, naming the split; disjoint items pass and are counted."""
     config = {"heldout_share": 0.5, "train_windows": 2, "heldout_windows": 1, "seq_len": 16, "kv_share": 1.0,
               "kv_sizes": [3]}
-    leaked = frozenset(c for c, _ in answered_kv([3], 2, corpus_kv_seed("train", 0), "lookup"))
+    mmlu = {"n": 4, "seed": 0, "topics": []}
+    clean = build_kv_retrieval([3], 4, seed=0, template="lookup")
+    write_parquet(clean, tmp_path / "kv.parquet")
+    counts = run_corpus_check(str(MINI_MMLU), str(tmp_path / "kv.parquet"), str(tmp_path / "check.json"), config,
+                              0, mmlu, "lookup")
+    assert counts["evaluation_kv_prompts"] == 4 and counts["train_kv_prompts"] > 0
+    assert json.loads((tmp_path / "check.json").read_text())["leaked"] == 0
+    corpus_prompt = answered_kv([3], 2, corpus_kv_seed("train", 0), "lookup")[0][0]
+    write_parquet(clean.with_columns(pl.lit(corpus_prompt).alias("context")), tmp_path / "kv.parquet")
     with pytest.raises(ValueError, match="train KV-retrieval prompts are evaluation items"):
-        build_corpus(tok, pl.DataFrame(), config, "lookup", 0, evaluation_kv=leaked)
-    build_corpus(tok, pl.DataFrame(), config, "lookup", 0, evaluation_kv=frozenset({"another prompt"}))
+        run_corpus_check(str(MINI_MMLU), str(tmp_path / "kv.parquet"), str(tmp_path / "check2.json"), config, 0,
+                         mmlu, "lookup")
     with pytest.raises(ValueError, match="1 MMLU questions are evaluation items"):
         check_no_evaluation_items(["q1", "q2"], ["q2", "q3"], "MMLU questions")
 
@@ -143,8 +151,7 @@ def phase(tmp_path_factory, tiny_llama):
     write_parquet(pl.DataFrame({"rank": [1, 2, 3], "layer": [2, 0, 1], "head": [1, 3, 0]}), root / "ranking.parquet")
     write_parquet(build_kv_retrieval([3, 5], 2, seed=0, template="lookup"), root / "kv_retrieval.parquet")
     p = {name: str(root / name) for name in ("teacher", "ranking.parquet", "kv_retrieval.parquet")}
-    run_distill_teacher(p["teacher"], str(MINI_MMLU), p["kv_retrieval.parquet"], str(root / "teacher.safetensors"),
-                        CORPUS, top_k=4, seed=1,
+    run_distill_teacher(p["teacher"], str(MINI_MMLU), str(root / "teacher.safetensors"), CORPUS, top_k=4, seed=1,
                         mmlu={"n": 8, "seed": 7, "topics": []}, template="lookup")
     run_distill_align("tiny", p["teacher"], str(root / "teacher.safetensors"), 4, str(root / "align.safetensors"),
                       str(root / "align.parquet"), str(root / "align-heads.parquet"), {"steps": 2, "batch": 2, "lr": 1e-3},

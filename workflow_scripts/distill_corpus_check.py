@@ -1,0 +1,8 @@
+"""Rule distill_corpus_check: the distillation corpus holds no evaluation item (MMLU question or KV prompt)."""
+from gna.core.runtime import setup
+from gna.students.corpus import run_corpus_check
+
+setup(snakemake.log[0], snakemake.threads)
+p = snakemake.params
+run_corpus_check(snakemake.input.mmlu, snakemake.input.kv, snakemake.output[0], corpus=p.corpus, seed=p.seed,
+                 mmlu=p.mmlu, template=p.template)
