@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import logging
 import math
+import tempfile
 import time
+from pathlib import Path
 
 import polars as pl
 import torch
 import torch.nn.functional as F
 
 from gna.core.io import read_parquet, write_parquet
-from gna.tasks.lmeval_bridge import CROSSCHECK_TASK, results_to_frame, run_tasks
+from gna.tasks.lmeval_bridge import CROSSCHECK_TASK, crosscheck_task_yaml, results_to_frame, run_tasks
 from gna.models.prepare import load_model
 from gna.core.runtime import peak_rss_mb
 from gna.engine.scoring import chance_accuracy, score_table, summarize_task
@@ -88,9 +90,15 @@ def run_lm_eval_task(model_name: str, model_dir: str, task: str, out_path: str, 
 def run_crosscheck(model_name: str, model_dir: str, task_dir: str, out_path: str, batch_size: int = 8,
                    dtype: str = "float32") -> pl.DataFrame:
     """run_lm_eval_task on our own MMLU letter items: the task CROSSCHECK_TASK that
-    lmeval_bridge.write_crosscheck_task wrote to `task_dir`, with lm-eval's built-in tasks off."""
-    return run_lm_eval_task(model_name, model_dir, CROSSCHECK_TASK, out_path, options={"include_defaults": False},
-                            include_path=task_dir, batch_size=batch_size, dtype=dtype)
+    lmeval_bridge.write_crosscheck_task wrote to `task_dir`, with lm-eval's built-in tasks off;
+    its YAML is written again here (crosscheck_task_yaml), next to `out_path` and removed after,
+    so it names the items where they are now."""
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=Path(out_path).parent, prefix=".lmeval-task-") as yaml_dir:
+        crosscheck_task_yaml(task_dir, yaml_dir)
+        return run_lm_eval_task(model_name, model_dir, CROSSCHECK_TASK, out_path,
+                                options={"include_defaults": False}, include_path=yaml_dir, batch_size=batch_size,
+                                dtype=dtype)
 
 
 def score_model(model, tok, tables: dict[str, pl.DataFrame], heldout: torch.Tensor | None, batch_size: int,

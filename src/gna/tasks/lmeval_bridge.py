@@ -223,6 +223,24 @@ def write_local_mmlu_task(items: pl.DataFrame, task_dir: Path, task_name: str,
     return yaml_path
 
 
+def crosscheck_task_yaml(task_dir: str | Path, yaml_dir: str | Path) -> Path:
+    """Write the YAML of the cross-check task in `task_dir` (write_crosscheck_task) into the folder
+    `yaml_dir`, naming that task folder's data file where it is now: lm-eval wants the data file
+    by absolute path, so a YAML written when the task was made reads the old checkout's items
+    after the project moves (or a copy restored by `dvc pull`); one written by the job that runs
+    it cannot."""
+    import yaml
+
+    data_file = Path(task_dir).resolve() / f"{CROSSCHECK_TASK}.jsonl"
+    if not data_file.is_file():
+        raise FileNotFoundError(f"missing input file: {data_file}")
+    yaml_path = Path(yaml_dir) / f"{CROSSCHECK_TASK}.yaml"
+    with open(yaml_path, "w") as handle:
+        yaml.dump(_mmlu_task_config(CROSSCHECK_TASK, data_file), handle, Dumper=_yaml_dumper(), sort_keys=False,
+                  allow_unicode=True, width=1000)
+    return yaml_path
+
+
 def write_crosscheck_task(mmlu_path: str | Path, sha256: str | None, mmlu: dict, out_dir: str | Path) -> Path:
     """Write the lm-eval task CROSSCHECK_TASK into the folder `out_dir` (atomically): the same
     MMLU subset as the study's own MMLU tasks (file `mmlu_path` checked against `sha256`,

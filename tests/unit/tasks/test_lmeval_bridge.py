@@ -170,3 +170,22 @@ def test_run_crosscheck_scores_the_crosscheck_task(setup, tmp_path):
     row = frame.row(0, named=True)
     assert (row["model"], row["task"], row["metric"], row["n"]) == ("tiny", bridge.CROSSCHECK_TASK, "acc", 4)
     assert (row["format"], row["group"], row["engine"]) == ("lm-eval", "all", "lm-eval")
+
+
+def test_crosscheck_reads_the_items_where_they_are_after_the_project_moves(setup, tmp_path):
+    """A task folder written in one place, then moved and the old place refilled with other
+    items (a stale checkout): the cross-check scores the moved folder's own items."""
+    from gna.phases.evaluation import run_crosscheck
+
+    model_dir = tmp_path / "model"
+    setup["model"].save_pretrained(model_dir)
+    setup["tok"].save_pretrained(model_dir)
+    mmlu_file = setup["task_dir"].parent / "mmlu.jsonl"
+    old, moved = tmp_path / "old" / "task", tmp_path / "moved" / "task"
+    bridge.write_crosscheck_task(mmlu_file, None, {"n": 4, "seed": 0, "topics": []}, old)
+    moved.parent.mkdir()
+    old.rename(moved)
+    bridge.write_crosscheck_task(mmlu_file, None, {"n": 2, "seed": 1, "topics": []}, old)  # the stale copy
+    frame = run_crosscheck("tiny", str(model_dir), str(moved), tmp_path / "out" / "x.parquet", batch_size=4)
+    assert frame.filter(pl.col("metric") == "acc")["n"].to_list() == [4]
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["x.parquet"]  # the job-time YAML is gone
