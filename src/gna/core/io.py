@@ -39,13 +39,35 @@ def current_umask() -> int:
     return mask
 
 
+def temporary_siblings(path: Path) -> list[Path]:
+    """The temporary files and folders that atomic_path / atomic_dir make for `path`
+    (`.<name>.<random>.tmp` beside it; .dvcignore keeps the pattern out of DVC)."""
+    return sorted(path.parent.glob(f".{glob_escape(path.name)}.*.tmp"))
+
+
+def glob_escape(name: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
+
+
+def remove_stale_temporaries(path: Path) -> None:
+    """Remove what an interrupted earlier write of `path` left behind (one job writes an output,
+    so any temporary of it found when a new write starts is stale)."""
+    for stale in temporary_siblings(path):
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds.
     The file gets the permissions of a plain open() under the user's umask (mkstemp's are 0600,
-    which would hide results from a shared project's group)."""
+    which would hide results from a shared project's group). Temporaries an interrupted write of
+    `path` left are removed first."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.fchmod(fd, 0o666 & ~current_umask())
     os.close(fd)
@@ -61,9 +83,11 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 @contextlib.contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Yield a temporary directory beside `path`; it replaces `path` only if the block succeeds.
-    The directory gets the permissions of a plain mkdir under the user's umask (mkdtemp's are 0700)."""
+    The directory gets the permissions of a plain mkdir under the user's umask (mkdtemp's are 0700);
+    temporaries an interrupted write of `path` left are removed first."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path)
     tmp_path = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     tmp_path.chmod(0o777 & ~current_umask())
     try:

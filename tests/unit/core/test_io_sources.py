@@ -1,9 +1,12 @@
 import os
 import stat
+from pathlib import Path
 
+import polars as pl
 import pytest
 
 from gna.models import sources
+from conftest import REPO
 from gna.core.io import atomic_dir, atomic_path, collect_tables, current_umask, read_json, write_json, write_parquet
 from gna.models.sources import ChecksumError, SourceError, fetch_pypi_member, resolve_local, verify_sha256
 
@@ -39,9 +42,30 @@ def test_atomic_outputs_follow_the_umask_like_plain_files(tmp_path, umask):
     assert mode("folder") == mode("plain") == 0o777 & ~umask
 
 
-def test_write_parquet_roundtrip(tmp_path):
-    import polars as pl
+def test_a_write_removes_what_an_interrupted_write_of_the_same_output_left(tmp_path):
+    """Stale temporaries of this output (file and folder kinds) go; another output's stay."""
+    (tmp_path / ".x.parquet.ab12.tmp").write_text("half")
+    (tmp_path / ".x.parquet.cd34.tmp").mkdir()
+    (tmp_path / ".other.parquet.ab12.tmp").write_text("not mine")
+    (tmp_path / ".d.ef56.tmp").mkdir()
+    write_parquet(pl.DataFrame({"a": [1]}), tmp_path / "x.parquet")
+    with atomic_dir(tmp_path / "d") as tmp:
+        (tmp / "f").write_text("ok")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.parquet.ab12.tmp", "d", "x.parquet"]
 
+
+def test_dvc_ignores_the_temporaries_of_atomic_writes():
+    """A temporary left in data/ is not tracked or pushed by DVC (.dvcignore)."""
+    import subprocess
+    import sys
+
+    dvc = Path(sys.executable).parent / "dvc"
+    check = subprocess.run([str(dvc), "check-ignore", "data/results/.x.parquet.ab12.tmp", "data/results/x.parquet"],
+                           cwd=REPO, capture_output=True, text=True)
+    assert check.stdout.split() == ["data/results/.x.parquet.ab12.tmp"]
+
+
+def test_write_parquet_roundtrip(tmp_path):
     frame = pl.DataFrame({"a": [1, 2], "b": [[0.5], [1.5, 2.5]]})
     write_parquet(frame, tmp_path / "x" / "t.parquet")
     assert pl.read_parquet(tmp_path / "x" / "t.parquet").equals(frame)
