@@ -84,6 +84,11 @@ def _check_semantics(config: dict) -> None:
     if prune["retrieval_task"] not in prune["tasks"]:
         raise ConfigError(f"config key 'prune.retrieval_task': {prune['retrieval_task']!r} must be one of "
                           f"prune.tasks ({', '.join(prune['tasks'])})")
-    for name in config["models"]:
+    for name, spec in config["models"].items():
         if "/" in name or name.startswith("."):
             raise ConfigError(f"config key 'models.{name}': model names may not contain '/' or start with '.'")
+        if spec["source"] == "tiny-random":
+            heads, kv_heads, hidden = spec["heads"], spec["kv_heads"], spec["hidden"]
+            if heads % kv_heads or hidden % heads:
+                raise ConfigError(f"config key 'models.{name}': heads ({heads}) must be a multiple of kv_heads "
+                                  f"({kv_heads}) and divide hidden ({hidden})")

@@ -89,6 +89,8 @@ def resolve_local(path: str | Path, what: str, sha256: str | None = None) -> tup
     path = Path(path)
     if not path.exists():
         raise SourceError(f"{what}: local path does not exist: {path}")
+    if not (path.is_file() or path.is_dir()):  # a device or pipe (/dev/zero) would hang the job
+        raise SourceError(f"{what}: local path is neither a regular file nor a folder: {path}")
     digest = None
     if path.is_file():
         digest = verify_sha256(path, sha256, str(path))

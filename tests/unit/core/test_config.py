@@ -56,6 +56,9 @@ def test_defaults_are_filled():
         (lambda c: c["lm_eval"].update(tasks=["../../x"]), "config key 'lm_eval.tasks[0]': '../../x' does not match"),
         (lambda c: c["models"].update({"../evil": c["models"]["smollm2-135m"]}), "config key 'models': '../evil'"),
         (lambda c: c["models"].update({"a/b": c["models"]["smollm2-135m"]}), "'a/b' does not match"),
+        (lambda c: c["tasks"]["kv_retrieval"].update(n_per_size=10**9), "is greater than the maximum of 10000"),
+        (lambda c: c["models"].update(t={"source": "tiny-random", "heads": 4, "kv_heads": 3}),
+         "config key 'models.t': heads (4) must be a multiple of kv_heads (3)"),
     ],
 )
 def test_bad_config_names_the_key(mutate, expected):

@@ -65,6 +65,12 @@ def test_dvc_ignores_the_temporaries_of_atomic_writes():
     assert check.stdout.split() == ["data/results/.x.parquet.ab12.tmp"]
 
 
+def test_a_local_source_that_is_not_a_regular_file_is_refused():
+    """/dev/zero as a data file would hang the job reading it: refused by name instead."""
+    with pytest.raises(SourceError, match="neither a regular file nor a folder: /dev/zero"):
+        resolve_local("/dev/zero", "tasks.mmlu.data")
+
+
 def test_write_parquet_roundtrip(tmp_path):
     frame = pl.DataFrame({"a": [1, 2], "b": [[0.5], [1.5, 2.5]]})
     write_parquet(frame, tmp_path / "x" / "t.parquet")
