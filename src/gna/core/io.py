@@ -59,21 +59,30 @@ def remove_stale_temporaries(path: Path) -> None:
             stale.unlink(missing_ok=True)
 
 
+def with_umask_modes(path: Path) -> None:
+    """Give `path` (and, for a folder, everything in it) the mode a plain open() / mkdir gives
+    under the user's umask: libraries write some files 0600 (safetensors), which would hide
+    results from a shared project's group."""
+    mask = current_umask()
+    for item in [path, *path.rglob("*")] if path.is_dir() else [path]:
+        if not item.is_symlink():
+            item.chmod((0o777 if item.is_dir() else 0o666) & ~mask)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds.
-    The file gets the permissions of a plain open() under the user's umask (mkstemp's are 0600,
-    which would hide results from a shared project's group). Temporaries an interrupted write of
-    `path` left are removed first."""
+    The file gets the permissions of a plain open() under the user's umask (with_umask_modes;
+    mkstemp's are 0600). Temporaries an interrupted write of `path` left are removed first."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.fchmod(fd, 0o666 & ~current_umask())
     os.close(fd)
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        with_umask_modes(tmp_path)  # writers that recreate the file (safetensors: 0600) reset it
         os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():
@@ -83,15 +92,16 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 @contextlib.contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Yield a temporary directory beside `path`; it replaces `path` only if the block succeeds.
-    The directory gets the permissions of a plain mkdir under the user's umask (mkdtemp's are 0700);
-    temporaries an interrupted write of `path` left are removed first."""
+    The directory and its contents get the permissions of a plain mkdir / open() under the user's
+    umask (with_umask_modes; mkdtemp's are 0700); temporaries an interrupted write of `path` left
+    are removed first."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
     tmp_path = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    tmp_path.chmod(0o777 & ~current_umask())
     try:
         yield tmp_path
+        with_umask_modes(tmp_path)
         if path.exists():
             shutil.rmtree(path)
         os.replace(tmp_path, path)

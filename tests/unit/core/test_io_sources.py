@@ -4,9 +4,12 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from gna.models import sources
 from conftest import REPO
+from gna.core.tensor_files import write_tensors
 from gna.core.io import atomic_dir, atomic_path, collect_tables, current_umask, read_json, write_json, write_parquet
 from gna.models.sources import ChecksumError, SourceError, fetch_pypi_member, resolve_local, verify_sha256
 
@@ -33,13 +36,17 @@ def test_atomic_outputs_follow_the_umask_like_plain_files(tmp_path, umask):
             tmp.write_text("x")
         with atomic_dir(tmp_path / "folder") as tmp:
             (tmp / "inner.txt").write_text("x")
+            (tmp / "sub").mkdir(mode=0o700)
+            save_file({"w": torch.zeros(2)}, str(tmp / "sub" / "model.safetensors"))  # as save_pretrained does
+        write_tensors({"w": torch.zeros(2)}, str(tmp_path / "t.safetensors"))  # safetensors writes 0600 itself
         (tmp_path / "plain.txt").write_text("x")
         (tmp_path / "plain").mkdir()
     finally:
         os.umask(old)
     mode = lambda name: stat.S_IMODE((tmp_path / name).stat().st_mode)  # noqa: E731
-    assert mode("file.txt") == mode("plain.txt") == 0o666 & ~umask
-    assert mode("folder") == mode("plain") == 0o777 & ~umask
+    assert mode("file.txt") == mode("plain.txt") == mode("t.safetensors") == 0o666 & ~umask
+    assert mode("folder/inner.txt") == mode("folder/sub/model.safetensors") == 0o666 & ~umask
+    assert mode("folder") == mode("folder/sub") == mode("plain") == 0o777 & ~umask
 
 
 def test_a_write_removes_what_an_interrupted_write_of_the_same_output_left(tmp_path):
