@@ -7,6 +7,7 @@ never leaves a half-written file that a rerun would trust.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -42,11 +43,7 @@ def current_umask() -> int:
 def temporary_siblings(path: Path) -> list[Path]:
     """The temporary files and folders that atomic_path / atomic_dir make for `path`
     (`.<name>.<random>.tmp` beside it; .dvcignore keeps the pattern out of DVC)."""
-    return sorted(path.parent.glob(f".{glob_escape(path.name)}.*.tmp"))
-
-
-def glob_escape(name: str) -> str:
-    return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
+    return sorted(path.parent.glob(f".{glob.escape(path.name)}.*.tmp"))
 
 
 def remove_stale_temporaries(path: Path) -> None:

@@ -32,15 +32,3 @@ def frozen_weights_in(model, dtype: torch.dtype | None):
     finally:
         for module, data in kept.items():
             module.weight.data = data
-
-
-@contextlib.contextmanager
-def computing_in(model, compute_dtype: str):
-    """Run `model` in `compute_dtype` ("float32": as it is; "bfloat16": bf16 autocast with its
-    frozen weights in bf16) within the block."""
-    if compute_dtype not in COMPUTE_DTYPES:
-        raise ValueError(f"compute dtype {compute_dtype!r}; allowed: {', '.join(COMPUTE_DTYPES)}")
-    dtype = COMPUTE_DTYPES[compute_dtype]
-    device = next(model.parameters()).device.type
-    with frozen_weights_in(model, dtype), torch.autocast(device, dtype=torch.bfloat16, enabled=dtype is not None):
-        yield model
