@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from gna.core.io import atomic_dir, sha256_file
-from gna.models.folders import STUDENT_SPEC_FILE
+from gna.models.folders import STUDENT_SPEC_FILE, is_student
 from gna.models.sources import SourceError
 
 SOURCE_KINDS = ("pypi-file", "hf", "local", "tiny-random")
@@ -104,7 +104,7 @@ def load_model(model_dir: str | Path, dtype: str = "float32"):
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"not a prepared model folder (no config.json): {model_dir}")
-    if (model_dir / STUDENT_SPEC_FILE).is_file():
+    if is_student(model_dir):
         raise ValueError(f"{model_dir} is a distilled student ({STUDENT_SPEC_FILE}): load it with "
                          "gna.students.spec.load_any")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype])

@@ -19,9 +19,7 @@ import json
 import re
 from pathlib import Path
 
-from gna.models.folders import STUDENT_SPEC_FILE
-
-SPEC_FILE = STUDENT_SPEC_FILE
+from gna.models.folders import STUDENT_SPEC_FILE as SPEC_FILE, is_student
 STUDENT_MARK = "-hybrid-"
 VARIANT_PATTERN = r"k\d+-n\d+"  # also the workflow's wildcard constraint for a variant
 TEACHER_VARIANT = "teacher"  # the teacher itself, where results list it beside its students
@@ -162,10 +160,6 @@ def save_student(model, tok, out_dir: Path, spec: dict):
     tok.save_pretrained(out_dir)
     save_model(model, str(out_dir / "model.safetensors"))
     (out_dir / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n")
-
-
-def is_student(model_dir: Path) -> bool:
-    return (Path(model_dir) / SPEC_FILE).is_file()
 
 
 def read_spec(model_dir: Path) -> dict:
