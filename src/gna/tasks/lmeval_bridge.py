@@ -172,6 +172,17 @@ def _check_mmlu_items(items: pl.DataFrame, task_name: str) -> None:
         raise ValueError(f"correct_answer must be one of {LETTERS}; question_ids {bad['question_id'].to_list()}")
 
 
+def _write_mmlu_task_yaml(task_name: str, data_file: Path, yaml_dir: Path) -> Path:
+    """Write `yaml_dir/{task_name}.yaml`, the task of the MMLU items in `data_file`; return its path."""
+    import yaml
+
+    yaml_path = yaml_dir / f"{task_name}.yaml"
+    with open(yaml_path, "w") as handle:
+        yaml.dump(_mmlu_task_config(task_name, data_file), handle, Dumper=_yaml_dumper(), sort_keys=False,
+                  allow_unicode=True, width=1000)
+    return yaml_path
+
+
 def _mmlu_task_config(task_name: str, data_file: Path) -> dict:
     """The lm-eval task YAML (as a dict) of MMLU letter items stored in the jsonl `data_file`."""
     return {
@@ -205,8 +216,6 @@ def write_local_mmlu_task(items: pl.DataFrame, task_dir: Path, task_name: str,
     (the YAML names its data file by absolute path).
     Few-shot (num_fewshot > 0) is lm-eval's own sampling from this same split, not build_mmlu's
     pool, so only 0-shot is comparable."""
-    import yaml
-
     _check_mmlu_items(items, task_name)
     task_dir = Path(task_dir).resolve()
     task_dir.mkdir(parents=True, exist_ok=True)
@@ -216,11 +225,7 @@ def write_local_mmlu_task(items: pl.DataFrame, task_dir: Path, task_name: str,
             row["answer"] = LETTERS.index(row["correct_answer"])  # gold index, as cais/mmlu's
             handle.write(json.dumps(row, ensure_ascii=False) + "\n")
 
-    config = _mmlu_task_config(task_name, Path(final_dir or task_dir).resolve() / data_path.name)
-    yaml_path = task_dir / f"{task_name}.yaml"
-    with open(yaml_path, "w") as handle:
-        yaml.dump(config, handle, Dumper=_yaml_dumper(), sort_keys=False, allow_unicode=True, width=1000)
-    return yaml_path
+    return _write_mmlu_task_yaml(task_name, Path(final_dir or task_dir).resolve() / data_path.name, task_dir)
 
 
 def crosscheck_task_yaml(task_dir: str | Path, yaml_dir: str | Path) -> Path:
@@ -229,16 +234,10 @@ def crosscheck_task_yaml(task_dir: str | Path, yaml_dir: str | Path) -> Path:
     by absolute path, so a YAML written when the task was made reads the old checkout's items
     after the project moves (or a copy restored by `dvc pull`); one written by the job that runs
     it cannot."""
-    import yaml
-
     data_file = Path(task_dir).resolve() / f"{CROSSCHECK_TASK}.jsonl"
     if not data_file.is_file():
         raise FileNotFoundError(f"missing input file: {data_file}")
-    yaml_path = Path(yaml_dir) / f"{CROSSCHECK_TASK}.yaml"
-    with open(yaml_path, "w") as handle:
-        yaml.dump(_mmlu_task_config(CROSSCHECK_TASK, data_file), handle, Dumper=_yaml_dumper(), sort_keys=False,
-                  allow_unicode=True, width=1000)
-    return yaml_path
+    return _write_mmlu_task_yaml(CROSSCHECK_TASK, data_file, Path(yaml_dir))
 
 
 def write_crosscheck_task(mmlu_path: str | Path, sha256: str | None, mmlu: dict, out_dir: str | Path) -> Path:
