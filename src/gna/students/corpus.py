@@ -91,16 +91,20 @@ def split_pool(pool: pl.DataFrame, heldout_share: float) -> tuple[pl.DataFrame, 
     return pool[n_held:], pool[:n_held]
 
 
+def corpus_splits(corpus: dict, seed: int) -> list[tuple[str, int, int]]:
+    """(split, windows, seed) of the corpus's "train" and "heldout" splits."""
+    return [("train", corpus["train_windows"], seed), ("heldout", corpus["heldout_windows"], seed + 1)]
+
+
 def corpus_documents(mmlu_pool: pl.DataFrame, corpus: dict, template: str, seed: int) -> dict:
-    """{split: (MMLU documents, KV documents)} for "train" and "heldout", each a list of
+    """{split: (MMLU documents, KV documents)} for each of corpus_splits, each a list of
     (context, answer): disjoint question halves of `mmlu_pool` and KV seed namespaces."""
-    train_pool, held_pool = split_pool(mmlu_pool, corpus["heldout_share"])
+    pools = dict(zip(("train", "heldout"), split_pool(mmlu_pool, corpus["heldout_share"])))
     docs = {}
-    for split, pool, n, split_seed in (("train", train_pool, corpus["train_windows"], seed),
-                                       ("heldout", held_pool, corpus["heldout_windows"], seed + 1)):
+    for split, n, split_seed in corpus_splits(corpus, seed):
         n_kv = corpus["seq_len"] * n // 16 if corpus["kv_share"] > 0 else 0  # more than enough documents
         kv_docs = answered_kv(corpus["kv_sizes"], n_kv, corpus_kv_seed(split, seed), template) if n_kv else []
-        docs[split] = (answered_mmlu(pool, split_seed), kv_docs)
+        docs[split] = (answered_mmlu(pools[split], split_seed), kv_docs)
     return docs
 
 
@@ -109,12 +113,10 @@ def build_corpus(tok, mmlu_pool: pl.DataFrame, corpus: dict, template: str, seed
     predict an answer token), "heldout": [m, T]} from corpus_documents (the MMLU evaluation
     subset is never in `mmlu_pool`; run_corpus_check checks the whole corpus against the
     evaluation items)."""
+    docs = corpus_documents(mmlu_pool, corpus, template, seed)
     out = {}
-    for split, (mmlu_docs, kv_docs) in corpus_documents(mmlu_pool, corpus, template, seed).items():
-        n = corpus["train_windows"] if split == "train" else corpus["heldout_windows"]
-        split_seed = seed if split == "train" else seed + 1
-        out[split], answers = token_windows(tok, mmlu_docs, kv_docs, corpus["kv_share"], corpus["seq_len"], n,
-                                           split_seed)
+    for split, n, split_seed in corpus_splits(corpus, seed):
+        out[split], answers = token_windows(tok, *docs[split], corpus["kv_share"], corpus["seq_len"], n, split_seed)
         if split == "train":
             out["train_answers"] = answers
     return out
