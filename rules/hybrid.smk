@@ -8,6 +8,8 @@ from gna.students.spec import (ABLATIONS, TEACHER_VARIANT, VARIANT_PATTERN, abla
 TASK_FILES = {task: f"data/tasks/{task}.parquet" for task in TASKS}
 # the students are scored only once the corpus they were distilled on is known to hold no evaluation item
 CORPUS_CHECK = "data/distill/corpus-check.json"
+# the tasks.mmlu keys that choose the evaluation subset, which the corpus stays out of
+MMLU_SELECTION = {k: v for k, v in config["tasks"]["mmlu"].items() if k in ("n", "seed", "topics")}
 
 
 def answer_row_variants():
@@ -67,7 +69,7 @@ rule distill_teacher:
         corpus=HYBRID["corpus"],
         top_k=HYBRID["top_k_logits"],
         seed=HYBRID["seed"],
-        mmlu={k: v for k, v in config["tasks"]["mmlu"].items() if k in ("n", "seed", "topics")},
+        mmlu=MMLU_SELECTION,
         template=config["tasks"]["kv_retrieval"]["template"],
         dtype=config["dtype"],
         code=code_of("distill_teacher"),
@@ -94,7 +96,7 @@ rule distill_corpus_check:
     params:
         corpus=HYBRID["corpus"],
         seed=HYBRID["seed"],
-        mmlu={k: v for k, v in config["tasks"]["mmlu"].items() if k in ("n", "seed", "topics")},
+        mmlu=MMLU_SELECTION,
         template=config["tasks"]["kv_retrieval"]["template"],
         code=code_of("distill_corpus_check"),
     log:
