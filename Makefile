@@ -39,22 +39,25 @@ smoke-golden: venv
 dryrun: venv
 	$(BIN)/snakemake -n
 
-## Restore results from the DVC remote and make Snakemake trust them. `dvc checkout` restores
-## files but not Snakemake's run records, so Snakemake would rerun everything (or miss a later
-## config change); --touch re-records every output against the current config and code.
+## Restore results from the DVC remote and make Snakemake trust them. The remote is checked first
+## (gna.core.sharing: a missing or empty remote is named, with what to configure). `dvc checkout`
+## restores files but not Snakemake's run records, so Snakemake would rerun everything (or miss a
+## later config change); --touch re-records every output against the current config and code.
 pull: venv
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc pull
-	$(BIN)/dvc status --quiet
+	$(BIN)/python -m gna.core.sharing pull
 	$(BIN)/snakemake --touch --forceall --cores 1 --quiet
 	$(BIN)/snakemake -n
 
+## Send results to the DVC remote: checked first (a missing local folder is never created), and
+## after the push every tracked output must be on the remote.
 push: venv
-	$(BIN)/dvc push
+	$(BIN)/python -m gna.core.sharing push
 
 ## Snakemake's own interactive report (figures with captions) beside data/report/index.html.
 report: venv
 	$(BIN)/snakemake --report data/report/snakemake-report.html
 
 lock: venv
-	$(BIN)/python -m pip freeze --exclude-editable | sed 's/^torch==.*/torch==2.13.0/' > requirements.lock.new
+	head -2 requirements.lock > requirements.lock.new
+	$(BIN)/python -m pip freeze --exclude-editable | sed 's/^torch==.*/torch==2.13.0/' >> requirements.lock.new
 	mv requirements.lock.new requirements.lock

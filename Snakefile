@@ -22,3 +22,14 @@ rule all:
         get_all_results(),
         "data/report/index.html",
     default_target: True
+
+
+onsuccess:
+    # Bookkeeping after jobs ran (not after a dry run or "nothing to be done"): the run record
+    # (wall times, machine, commit; not a result, so no rule's output) and every folder DVC tracks.
+    from gna.core.sharing import ensure_tracked_folders
+    from gna.report.run_record import RUN_RECORD, write_run_record
+
+    if not workflow.touch:
+        write_run_record(RUN_RECORD, "data/benchmarks", "data/logs", config, workflow.basedir)
+    ensure_tracked_folders(os.path.join(workflow.basedir, "dvc.yaml"))

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/phase_times.py [--benchmarks data/benchmarks] [--phase students --target-min 20 --target-gb 6]
 
-Prints one row per phase (gna.report.page.phase_timings: steps, summed wall seconds, largest
+Prints one row per phase (gna.report.run_record.phase_timings: steps, summed wall seconds, largest
 peak RSS) and, with --phase, that phase's time and memory as ratios of the targets given.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from gna.report.page import phase_timings, timings
+from gna.report.run_record import phase_timings, timings
 
 
 def main():

@@ -39,7 +39,9 @@ rule heads_attribution:
         dtype=config["dtype"],
         code=code_of("heads_attribution"),
     log:
-        "data/logs/heads_attribution/{model}.log",
+        log="data/logs/heads_attribution/{model}.log",
+        # the wall times of its two parts, for the run record (a log: timings are not results)
+        timings="data/logs/heads_attribution/{model}.timings.json",
     benchmark:
         "data/benchmarks/heads_attribution/{model}.tsv"
     threads: 2

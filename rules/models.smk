@@ -23,8 +23,9 @@ rule prepare_model:
         directory("data/models/{model}"),
     params:
         spec=get_model_spec,
-        # only a fetched GGUF is read as a file; a local source is an input so that it reruns
-        raw_file=lambda wildcards, input: input[0] if get_model_spec(wildcards)["source"] == "pypi-file" else None,
+        # the fetched GGUF or the local path resolved against the workflow folder (an input, so
+        # that it reruns when the file changes); hf and tiny-random sources have none
+        source_path=lambda wildcards, input: input[0] if input else None,
         dtype=config["dtype"],
         code=code_of("prepare_model"),
     log:

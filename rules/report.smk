@@ -29,7 +29,6 @@ rule report:
     params:
         report=config["report"],
         config=config,
-        benchmark_dir="data/benchmarks",
         workflow_dir=workflow.basedir,
         code=code_of("report"),
     log:

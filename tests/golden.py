@@ -21,13 +21,10 @@ from polars.testing import assert_frame_equal
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN_DIR = REPO / "tests" / "data" / "smoke_results"
 RESULT_FOLDERS = ("results", "distill")
-# wall-clock columns: they differ between any two runs, so they are not part of a result
-TIMING_COLUMNS = ("seconds", "attribution_seconds", "verify_seconds")
 
 
 def stable(frame: pl.DataFrame) -> pl.DataFrame:
-    """`frame` without its timing columns, rows sorted by every column (a stable order)."""
-    frame = frame.drop([c for c in TIMING_COLUMNS if c in frame.columns])
+    """`frame` with its rows sorted by every column (a stable order)."""
     return frame.sort(frame.columns, nulls_last=True) if frame.width else frame
 
 
@@ -66,7 +63,7 @@ def first_difference(actual: pl.DataFrame, expected: pl.DataFrame) -> str:
 
 def compare(actual_dir: str | Path, golden_dir: str | Path = GOLDEN_DIR) -> None:
     """Assert that the run's data folder `actual_dir` holds exactly the golden results, bit for
-    bit (timing columns aside); the error names the file, the column and the first row."""
+    bit (rows in any order); the error names the file, the column and the first row."""
     actual, golden = snapshot(actual_dir), read_golden(golden_dir)
     missing, extra = sorted(golden.keys() - actual.keys()), sorted(actual.keys() - golden.keys())
     if missing or extra:

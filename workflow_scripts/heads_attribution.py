@@ -2,8 +2,8 @@
 from gna.phases.head_ablation import run_heads_attribution
 from gna.core.runtime import setup
 
-setup(snakemake.log[0], snakemake.threads)
+setup(snakemake.log.log, snakemake.threads)
 run_heads_attribution(snakemake.wildcards.model, snakemake.input.model, snakemake.input.ranking,
-                      snakemake.output[0], sweep=snakemake.params.sweep, template=snakemake.params.template,
+                      snakemake.output[0], snakemake.log.timings, sweep=snakemake.params.sweep, template=snakemake.params.template,
                       top_n=snakemake.params.top_n, batch_size=snakemake.params.batch_size,
                       dtype=snakemake.params.dtype)

@@ -5,6 +5,6 @@ from gna.core.runtime import peak_rss_mb, setup
 
 log = setup(snakemake.log[0], snakemake.threads)
 info = prepare_model(snakemake.wildcards.model, snakemake.params.spec, snakemake.output[0],
-                     raw_file=snakemake.params.raw_file, dtype=snakemake.params.dtype)
-log.info("prepared %s: %s, %d layers, %.1fM params in %.1fs, peak RSS %.0f MB", info["name"],
-         info["architecture"], info["n_layers"], info["n_params"] / 1e6, info["seconds"], peak_rss_mb())
+                     source_path=snakemake.params.source_path, dtype=snakemake.params.dtype)
+log.info("prepared %s: %s, %d layers, %.1fM params, peak RSS %.0f MB", info["name"],
+         info["architecture"], info["n_layers"], info["n_params"] / 1e6, peak_rss_mb())

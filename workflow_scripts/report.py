@@ -6,4 +6,4 @@ setup(snakemake.log[0], snakemake.threads)
 build_report(dict(snakemake.input.items()), snakemake.output.html,
              {name: path for name, path in snakemake.output.items() if name != "html"},
              options=snakemake.params.report, config=snakemake.params.config,
-             benchmark_dir=snakemake.params.benchmark_dir, workflow_dir=snakemake.params.workflow_dir)
+             workflow_dir=snakemake.params.workflow_dir)

@@ -41,6 +41,7 @@ def fails_before_any_job(workdir: Path, config: dict, *args: str) -> str:
 
 
 def smk(workdir: Path, *args: str, config: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    workdir.mkdir(parents=True, exist_ok=True)
     cfg_path = workdir / "config.yaml"
     cfg_path.write_text(yaml.safe_dump(config if config is not None else SMOKE))
     cmd = SNAKEMAKE + ["--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
@@ -71,7 +72,7 @@ def test_smoke_run_writes_results_and_report(smoke):
     assert len(cross) == 1 and cross["value"][0] == pytest.approx(ours_letter["value"][0])
     html = (smoke / "data/report/index.html").read_text()
     for needle in ("gna smoke run", "tiny-llama", "Template: <b>lookup</b>", "KV-retrieval", "letter",
-                   "Cross-check with lm-evaluation-harness", "data:image/png;base64", "git commit", "Timings",
+                   "Cross-check with lm-evaluation-harness", "data:image/png;base64", "code hash", "run record",
                    "Layer pruning", "Minimal model", "Individual layer removal", "Per-head ablation",
                    "Removing the top-k heads together", "Heads kept in the critical layers",
                    "Attribution pre-ranking vs the exact sweep", "Gather-and-Aggregate roles",
@@ -80,6 +81,15 @@ def test_smoke_run_writes_results_and_report(smoke):
     model_dir = smoke / "data/models/tiny-llama"
     assert {"model.safetensors", "config.json", "tokenizer.json", "gna_source.json"} <= {p.name for p in model_dir.iterdir()}
     assert not list((smoke / "data").rglob("*.tmp")), "temporary files left behind"
+    # every file is in a folder DVC tracks, or in the run's own records (logs, timings)
+    from gna.core.sharing import UNTRACKED, tracked_outs
+
+    homes = tracked_outs(REPO / "dvc.yaml") + list(UNTRACKED)
+    stray = [p for p in (smoke / "data").rglob("*") if p.is_file()
+             and not any(p.relative_to(smoke).as_posix().startswith(home) for home in homes)]
+    assert not stray, stray
+    record = (smoke / "data/run/index.html").read_text()
+    assert "heads_sweep/tiny-llama" in record and "verify top" in record and "git commit" in record
     gradual = pl.read_parquet(smoke / "data/results/prune/tiny-llama/gradual.parquet")
     assert set(gradual["layers_kept"]) == {1, 2, 3, 4} and set(gradual["task"]) == set(ours["task"])
     minimal = json.loads((smoke / "data/results/prune/tiny-llama/minimal_model.json").read_text())
@@ -210,6 +220,19 @@ def test_checksum_mismatch_fails_that_job_and_leaves_no_output(tmp_path):
     log = "".join(p.read_text() for p in (tmp_path / "data/logs/mmlu_task").glob("*.log"))
     assert "checksum mismatch for" in log and "mini_mmlu.jsonl" in log
     assert not list((tmp_path / "data/tasks").glob("mmlu_*.parquet"))
+
+
+def test_relative_local_model_path_is_read_from_the_workflow_folder_under_directory(tmp_path):
+    """README: relative paths in the config are relative to the workflow folder, also when the
+    run's working folder is elsewhere (`snakemake --directory`)."""
+    from gna.models.prepare import load_model, prepare_model
+
+    prepare_model("source", SMOKE["models"]["tiny-llama"], tmp_path / "source")
+    cfg = smoke_config()
+    cfg["models"] = {"mine": {"source": "local", "path": os.path.relpath(tmp_path / "source", REPO)}}
+    smk(tmp_path / "work", "data/models/mine", config=cfg)
+    assert load_model(tmp_path / "work/data/models/mine")[0].config.num_hidden_layers == \
+        load_model(tmp_path / "source")[0].config.num_hidden_layers
 
 
 def test_slurm_profile_dry_run_without_slurm(tmp_path):

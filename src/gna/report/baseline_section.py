@@ -22,7 +22,7 @@ SOURCES = {
 
 
 def model_rows(model_dirs: list[str]) -> pl.DataFrame:
-    """One row per prepared model: name, source, raw file hash, architecture, size, convert time."""
+    """One row per prepared model: name, source, raw file hash, architecture, size."""
     rows = []
     for folder in model_dirs:
         info = read_provenance(folder)
@@ -30,8 +30,7 @@ def model_rows(model_dirs: list[str]) -> pl.DataFrame:
         source = SOURCES.get(spec.get("source"), lambda s: "?")(spec)
         rows.append({"model": info.get("name", Path(folder).name), "source": source,
                      "sha256": (info.get("raw_file_sha256") or "–"), "architecture": info.get("architecture"),
-                     "layers": info.get("n_layers"), "params (M)": round(info.get("n_params", 0) / 1e6, 1),
-                     "convert s": info.get("seconds")})
+                     "layers": info.get("n_layers"), "params (M)": round(info.get("n_params", 0) / 1e6, 1)})
     return pl.DataFrame(rows)
 
 

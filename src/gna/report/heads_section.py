@@ -165,9 +165,7 @@ def attribution_part(attribution: pl.DataFrame, ctx: SectionContext) -> str:
     stats = (attribution.group_by("model").agg(
         pl.col("spearman_logp").first().alias("Spearman (all heads)"),
         pl.col("top_n").first().alias("top N verified"),
-        pl.col("recall_top10_in_top_n").first().alias("recall of exact top-10 in top N"),
-        pl.col("attribution_seconds").first().alias("attribution s"),
-        pl.col("verify_seconds").first().alias("verify top N s")).sort("model"))
+        pl.col("recall_top10_in_top_n").first().alias("recall of exact top-10 in top N")).sort("model"))
     return ("<h3>Attribution pre-ranking vs the exact sweep</h3>"
             + table(stats, left=("model",), fmt={"recall of exact top-10 in top N": pct})
             + ctx.figure("heads_attribution"))

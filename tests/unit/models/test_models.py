@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from gna.models.prepare import load_model, load_source, prepare_model, read_provenance
+from gna.models.sources import ChecksumError, SourceError
 
 TINY = {"source": "tiny-random", "arch": "llama", "layers": 2, "hidden": 32, "heads": 4, "kv_heads": 2, "seed": 5}
 
@@ -42,9 +43,24 @@ def test_local_source_and_missing_folder(tmp_path):
     m1, t1 = load_model(tmp_path / "a")
     m2, t2 = load_model(tmp_path / "b")
     assert torch.equal(_logits(m1, t1), _logits(m2, t2))
-    with pytest.raises(FileNotFoundError, match="nowhere"):
+    with pytest.raises(SourceError, match="local path does not exist: .*nowhere"):
         prepare_model("x", {"source": "local", "path": str(tmp_path / "nowhere")}, tmp_path / "c")
     assert not (tmp_path / "c").exists()
+
+
+def test_a_source_file_is_checked_against_the_configured_checksum_at_every_conversion(tmp_path):
+    """A GGUF fetched (or restored) earlier is checked again when the config's sha256 changed:
+    the conversion fails naming the file and writes nothing."""
+    gguf = tmp_path / "downloads/m.gguf"
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"GGUF, or so it claims")
+    pinned = {"source": "pypi-file", "package": "p", "version": "1", "member": "m.gguf", "sha256": "0" * 64}
+    for spec, path in ((pinned, gguf), ({"source": "local", "path": str(gguf), "sha256": "f" * 64}, None)):
+        with pytest.raises(ChecksumError, match="checksum mismatch for .*m.gguf"):
+            prepare_model("m", spec, tmp_path / "out", source_path=path)
+        assert not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match="'pypi-file' model source needs the path of its file"):
+        load_source(dict(pinned, sha256=None))
 
 
 def test_unknown_source_is_named():

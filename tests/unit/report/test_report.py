@@ -13,7 +13,8 @@ from conftest import REPO
 from gna.core.config import load_schema, validate_config
 from gna.report.htmlkit import read_caption, rst_to_html
 from gna.core.provenance import import_closure
-from gna.report.page import build_report, phase_timings, render_function
+from gna.report.page import build_report, render_function
+from gna.report.run_record import part_timings, phase_timings, timings, write_run_record
 from gna.report.registry import FIGURES, SECTIONS, Input, report_figures, report_inputs
 
 GOLDEN = REPO / "tests" / "data" / "smoke_results"
@@ -29,7 +30,7 @@ SMOKE_VALUES = {
     "state_size": [4, 8],
 }
 SECTION_TITLES = ["Models", "Baseline", "Layer pruning", "Per-head ablation", "Gather-and-Aggregate roles",
-                  "SSM and hybrid students", "Timings", "Config"]
+                  "SSM and hybrid students", "Config"]
 
 
 def test_every_figure_has_its_caption_file_and_every_caption_a_figure():
@@ -77,13 +78,10 @@ def test_rst_captions_become_html():
 
 def smoke_data(root: Path) -> Path:
     """A data folder like a finished smoke run's: the golden results plus the few inputs the golden
-    set leaves out (the KV task, the model's provenance, the minimal model, the wall-clock columns)."""
+    set leaves out (the KV task, the model's provenance, the minimal model, a benchmark record)."""
     data = root / "data"
     for folder in ("results", "distill"):
         shutil.copytree(GOLDEN / folder, data / folder)
-    attribution = data / "results/heads/tiny-llama/attribution.parquet"
-    pl.read_parquet(attribution).with_columns(attribution_seconds=pl.lit(1.5), verify_seconds=pl.lit(0.5)).write_parquet(
-        attribution)
     (data / "tasks").mkdir()
     pl.DataFrame({"task": ["kv_retrieval"] * 2, "item_id": [0, 1], "group": ["3", "6"],
                   "context": ["k1:v1\nk2:v2\nk3:v3\n\nLookup:\nk1:v1\nk2:", "…"], "choices": [["v1", "v2", "v3"]] * 2,
@@ -93,7 +91,7 @@ def smoke_data(root: Path) -> Path:
     model.mkdir(parents=True)
     (model / "gna_source.json").write_text(json.dumps({
         "name": "tiny-llama", "spec": {"source": "tiny-random", "arch": "llama", "seed": 0}, "raw_file_sha256": None,
-        "architecture": "LlamaForCausalLM", "n_layers": 4, "n_params": 180928, "seconds": 3.07}))
+        "architecture": "LlamaForCausalLM", "n_layers": 4, "n_params": 180928}))
     (data / "results/prune/tiny-llama/minimal_model.json").write_text(json.dumps({
         "fraction": 0.9, "full_value": 1 / 6, "kept_layers": [0], "layers_kept": 1, "metric": "acc",
         "model": "tiny-llama", "n_layers": 4, "task": "kv_retrieval", "threshold": 0.15, "value": 1 / 6}))
@@ -110,8 +108,7 @@ def render(root: Path, switches: dict) -> Path:
     inputs = {key: [str(root / p) for p in paths] if isinstance(paths, list) else str(root / paths)
               for key, paths in report_inputs(SMOKE_VALUES, switches).items()}
     figures = {name: str(root / path) for name, path in report_figures().items()}
-    build_report(inputs, root / "index.html", figures, options=config["report"], config=config,
-                 benchmark_dir=data / "benchmarks", workflow_dir=REPO)
+    build_report(inputs, root / "index.html", figures, options=config["report"], config=config, workflow_dir=REPO)
     return root / "index.html"
 
 
@@ -139,12 +136,39 @@ def test_report_shows_the_smoke_numbers(smoke_report):
     assert "tiny random llama (seed 0)" in page
     assert "Template: <b>lookup</b>" in page
     assert "tiny-llama: layer swap" in page and "k0-n8 + attention layer 3" in page
-    assert "heads_sweep/tiny-llama" in page  # the timings table
+    assert "heads_sweep/tiny-llama" not in page and " UTC" not in page  # in the run record
+    assert "code hash" in page and "href='../run/index.html'" in page
     assert "Reference, not produced by this pipeline" in page
     # accuracies carry their interval and n; a student that ignores the context is flagged, the
     # tiny random teacher among them (the golden smoke results say so)
     assert "<td class=''>25.0% [7–59]</td>" in page and "KV all (n=8)" in page
     assert "degenerate (acc " in page and "Per-head alignment error" in page
+
+
+@pytest.mark.slow
+def test_the_report_is_the_same_bytes_for_the_same_results(smoke_report, tmp_path):
+    """Nothing of the run (time, machine, folder, timings) is in the report, so DVC hashes it the
+    same whenever the results are the same."""
+    _, page = smoke_report
+    assert render(tmp_path, {"hybrid": True, "hybrid_swap": True}).read_text() == page
+
+
+def test_run_record_gathers_benchmark_records_and_timed_parts(tmp_path):
+    bench, logs = tmp_path / "benchmarks", tmp_path / "logs"
+    for step, seconds, rss in (("heads_sweep/m", 12.5, 800.0), ("distill_kd/m-k0-n8", 3.0, 1200.0)):
+        (bench / step).parent.mkdir(parents=True, exist_ok=True)
+        (bench / f"{step}.tsv").write_text(f"s\th:m:s\tmax_rss\n{seconds}\t0:00:12\t{rss}\n")
+    (logs / "heads_attribution").mkdir(parents=True)
+    (logs / "heads_attribution/m.timings.json").write_text(json.dumps({"attribution": 1.5, "verify top 5": 0.5}))
+    assert timings(bench).rows() == [("distill_kd/m-k0-n8", 3.0, 1200.0), ("heads_sweep/m", 12.5, 800.0)]
+    assert part_timings(logs).rows() == [("heads_attribution/m", "attribution", 1.5),
+                                         ("heads_attribution/m", "verify top 5", 0.5)]
+    write_run_record(tmp_path / "run/index.html", bench, logs, {"a": 1}, REPO)
+    page = (tmp_path / "run/index.html").read_text()
+    for needle in ("git commit", " UTC", "heads_sweep/m", "students", "verify top 5", "Parts of steps"):
+        assert needle in page, needle
+    write_run_record(tmp_path / "empty.html", tmp_path / "none", tmp_path / "none", {}, REPO)
+    assert "No benchmark records" in (tmp_path / "empty.html").read_text()
 
 
 @pytest.mark.slow
