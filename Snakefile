@@ -17,6 +17,22 @@ include: "rules/hybrid.smk"
 include: "rules/report.smk"
 
 
+# Quick model-free steps (downloads, task tables, summaries, the report) run in the Snakemake
+# process itself, not as cluster jobs: a few seconds each, where a SLURM job would wait in the
+# queue and for the next status check; downloads need the network a login node has.
+localrules:
+    all,
+    fetch_model_file,
+    fetch_mmlu,
+    kv_task,
+    mmlu_task,
+    lmeval_crosscheck_task,
+    collect_baseline,
+    minimal_model,
+    distill_corpus_check,
+    report,
+
+
 rule all:
     input:
         get_all_results(),

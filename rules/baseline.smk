@@ -18,7 +18,7 @@ rule baseline:
         "data/benchmarks/baseline/{model}/{task}.tsv"
     threads: 2
     resources:
-        mem_mb=4000,
+        mem_mb=job_mem_mb("baseline"),
         runtime=120,
     script:
         "../workflow_scripts/baseline.py"
@@ -41,7 +41,7 @@ rule lm_eval:
         "data/benchmarks/lm_eval/{model}/{lmtask}.tsv"
     threads: 2
     resources:
-        mem_mb=4000,
+        mem_mb=job_mem_mb("lm_eval"),
         runtime=240,
     script:
         "../workflow_scripts/lm_eval.py"
@@ -78,7 +78,7 @@ rule lm_eval_crosscheck:
         "data/benchmarks/lm_eval/{model}/crosscheck_mmlu_letter.tsv"
     threads: 2
     resources:
-        mem_mb=4000,
+        mem_mb=job_mem_mb("lm_eval_crosscheck"),
         runtime=240,
     script:
         "../workflow_scripts/lm_eval_crosscheck.py"

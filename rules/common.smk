@@ -5,6 +5,7 @@ from pathlib import Path
 
 from gna.core.config import load_schema, validate_config
 from gna.core.provenance import script_fingerprint
+from gna.core.resources import mem_mb, model_params_b
 
 # `--configfile X` replaces the default config instead of merging model lists into it.
 if not workflow.overwrite_configfiles:
@@ -41,8 +42,25 @@ def get_path(path):
     return str(path if path.is_absolute() else Path(workflow.basedir) / path)
 
 
+# keys of a model spec that size cluster jobs but do not change the model (so no rerun)
+RESOURCE_KEYS = ("params_b",)
+
+
 def get_model_spec(wildcards):
-    return config["models"][wildcards.model]
+    """The model's config entry without its resource keys (what the model is, not how big a job
+    it needs)."""
+    return {k: v for k, v in config["models"][wildcards.model].items() if k not in RESOURCE_KEYS}
+
+
+def job_mem_mb(rule_name):
+    """The `mem_mb` resource of `rule_name` (gna.core.resources.mem_mb) from the size of the
+    model its job loads; a student is sized as its teacher."""
+
+    def mem(wildcards):
+        spec = config["models"][teacher_of(wildcards.model)]
+        return mem_mb(rule_name, model_params_b(spec), config["dtype"])
+
+    return mem
 
 
 def get_model_raw(wildcards):

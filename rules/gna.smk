@@ -25,7 +25,7 @@ rule gna_roles:
         "data/benchmarks/gna_roles/{model}.tsv"
     threads: 2
     resources:
-        mem_mb=4000,
+        mem_mb=job_mem_mb("gna_roles"),
         runtime=60,
     script:
         "../workflow_scripts/gna_roles.py"
@@ -54,7 +54,7 @@ rule gna_masking:
         "data/benchmarks/gna_masking/{model}.tsv"
     threads: 2
     resources:
-        mem_mb=4000,
+        mem_mb=job_mem_mb("gna_masking"),
         runtime=60,
     script:
         "../workflow_scripts/gna_masking.py"

@@ -19,7 +19,7 @@ rule heads_sweep:
         "data/benchmarks/heads_sweep/{model}.tsv"
     threads: 2
     resources:
-        mem_mb=4000,
+        mem_mb=job_mem_mb("heads_sweep"),
         runtime=240,
     script:
         "../workflow_scripts/heads_sweep.py"
@@ -46,7 +46,7 @@ rule heads_attribution:
         "data/benchmarks/heads_attribution/{model}.tsv"
     threads: 2
     resources:
-        mem_mb=6000,
+        mem_mb=job_mem_mb("heads_attribution"),
         runtime=120,
     script:
         "../workflow_scripts/heads_attribution.py"
@@ -74,7 +74,7 @@ rule heads_topk:
         "data/benchmarks/heads_topk/{model}.tsv"
     threads: 2
     resources:
-        mem_mb=4000,
+        mem_mb=job_mem_mb("heads_topk"),
         runtime=240,
     script:
         "../workflow_scripts/heads_topk.py"
@@ -99,7 +99,7 @@ rule heads_kept:
         "data/benchmarks/heads_kept/{model}.tsv"
     threads: 2
     resources:
-        mem_mb=4000,
+        mem_mb=job_mem_mb("heads_kept"),
         runtime=120,
     script:
         "../workflow_scripts/heads_kept.py"
@@ -125,7 +125,7 @@ rule heads_dictsize:
         "data/benchmarks/heads_dictsize/{model}.tsv"
     threads: 2
     resources:
-        mem_mb=4000,
+        mem_mb=job_mem_mb("heads_dictsize"),
         runtime=120,
     script:
         "../workflow_scripts/heads_dictsize.py"

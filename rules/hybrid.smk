@@ -79,7 +79,7 @@ rule distill_teacher:
         "data/benchmarks/distill_teacher/{model}.tsv"
     threads: 2
     resources:
-        mem_mb=6000,
+        mem_mb=job_mem_mb("distill_teacher"),
         runtime=60,
     script:
         "../workflow_scripts/distill_teacher.py"
@@ -130,7 +130,7 @@ rule distill_align:
         "data/benchmarks/distill_align/{model}-n{n}.tsv"
     threads: 2
     resources:
-        mem_mb=8000,
+        mem_mb=job_mem_mb("distill_align"),
         runtime=240,
     script:
         "../workflow_scripts/distill_align.py"
@@ -158,7 +158,7 @@ rule distill_kd:
         "data/benchmarks/distill_kd/{model}-k{k}-n{n}.tsv"
     threads: 2
     resources:
-        mem_mb=8000,
+        mem_mb=job_mem_mb("distill_kd"),
         runtime=240,
     script:
         "../workflow_scripts/distill_kd.py"
@@ -185,7 +185,7 @@ rule hybrid_score:
         "data/benchmarks/hybrid_score/{model}-{variant}.tsv"
     threads: 2
     resources:
-        mem_mb=6000,
+        mem_mb=job_mem_mb("hybrid_score"),
         runtime=120,
     script:
         "../workflow_scripts/hybrid_score.py"
@@ -212,7 +212,7 @@ rule hybrid_budget:
         "data/benchmarks/hybrid_budget/{model}-{variant}.tsv"
     threads: 2
     resources:
-        mem_mb=6000,
+        mem_mb=job_mem_mb("hybrid_budget"),
         runtime=120,
     script:
         "../workflow_scripts/hybrid_budget.py"
@@ -245,7 +245,7 @@ rule hybrid_ablation:
         "data/benchmarks/hybrid_ablation/{model}-{ablation}.tsv"
     threads: 2
     resources:
-        mem_mb=8000,
+        mem_mb=job_mem_mb("hybrid_ablation"),
         runtime=240,
     script:
         "../workflow_scripts/hybrid_ablation.py"
@@ -274,7 +274,7 @@ rule hybrid_swap:
         "data/benchmarks/hybrid_swap/{model}.tsv"
     threads: 2
     resources:
-        mem_mb=6000,
+        mem_mb=job_mem_mb("hybrid_swap"),
         runtime=120,
     script:
         "../workflow_scripts/hybrid_swap.py"
@@ -295,7 +295,7 @@ rule hybrid_memory:
         "data/benchmarks/hybrid_memory/{model}.tsv"
     threads: 2
     resources:
-        mem_mb=6000,
+        mem_mb=job_mem_mb("hybrid_memory"),
         runtime=60,
     script:
         "../workflow_scripts/hybrid_memory.py"
@@ -319,7 +319,7 @@ rule hybrid_answer_rows:
         "data/benchmarks/hybrid_answer_rows/{model}-{variant}.tsv"
     threads: 2
     resources:
-        mem_mb=6000,
+        mem_mb=job_mem_mb("hybrid_answer_rows"),
         runtime=120,
     script:
         "../workflow_scripts/hybrid_answer_rows.py"

