@@ -10,12 +10,13 @@ from gna.core.io import atomic_path
 
 
 def write_tensors(tensors: dict[str, torch.Tensor], path: str) -> None:
-    """Write named tensors to a safetensors file atomically."""
+    """Write named tensors (on any device) to a safetensors file atomically."""
     with atomic_path(path) as tmp:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp))
 
 
-def read_tensors(path: str, names=None) -> dict[str, torch.Tensor]:
-    """The tensors `names` (default: all) of a safetensors file, reading only those."""
-    with safe_open(path, "pt") as f:
+def read_tensors(path: str, names=None, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """The tensors `names` (default: all) of a safetensors file, reading only those, onto
+    `device` (the model's that uses them: gna.engine.device.device_of)."""
+    with safe_open(path, "pt", device=str(device)) as f:
         return {name: f.get_tensor(name) for name in (f.keys() if names is None else names)}

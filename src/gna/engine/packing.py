@@ -55,20 +55,22 @@ class PackedBatch:
     items: list[PackedItem]
 
 
-def collate(items: list[PackedItem], dtype: torch.dtype = torch.float32) -> PackedBatch:
+def collate(items: list[PackedItem], dtype: torch.dtype = torch.float32,
+            device: torch.device | str = "cpu") -> PackedBatch:
+    """Pad `items` into one batch on `device` (the model's: gna.engine.device.device_of)."""
     width = max(len(it.ids) for it in items)
-    ids = torch.zeros(len(items), width, dtype=torch.long)
-    pos = torch.zeros(len(items), width, dtype=torch.long)
-    seg = torch.full((len(items), width), PAD, dtype=torch.long)
+    ids = torch.zeros(len(items), width, dtype=torch.long, device=device)
+    pos = torch.zeros(len(items), width, dtype=torch.long, device=device)
+    seg = torch.full((len(items), width), PAD, dtype=torch.long, device=device)
     for b, it in enumerate(items):
         n = len(it.ids)
-        ids[b, :n] = torch.tensor(it.ids)
-        pos[b, :n] = torch.tensor(it.positions)
-        seg[b, :n] = torch.tensor(it.segment)
+        ids[b, :n] = torch.tensor(it.ids, device=device)
+        pos[b, :n] = torch.tensor(it.positions, device=device)
+        seg[b, :n] = torch.tensor(it.segment, device=device)
     q, k = seg[:, :, None], seg[:, None, :]
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
     allowed = causal & ((k == CONTEXT) | (k == q)) & (q != PAD)
-    allowed |= torch.eye(width, dtype=torch.bool)  # padding rows see themselves: no empty softmax
-    mask = torch.zeros(len(items), 1, width, width, dtype=dtype)
+    allowed |= torch.eye(width, dtype=torch.bool, device=device)  # padding rows see themselves: no empty softmax
+    mask = torch.zeros(len(items), 1, width, width, dtype=dtype, device=device)
     mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
     return PackedBatch(ids, pos, mask, items)

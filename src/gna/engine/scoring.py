@@ -25,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from gna.core.stats import wilson_exprs
+from gna.engine.device import device_of
 from gna.engine.packing import PackedBatch, PackedItem, collate, pack
 from gna.engine.stack import DecoderStack, UnsupportedModel
 
@@ -61,12 +62,13 @@ def encode(tok, context: str, choices: list[str]) -> Encoded:
 def _score_full_ref(model, enc: Encoded):
     """Reference: one full forward per choice, logits everywhere."""
     totals, greedy = [], []
+    on = {"device": device_of(model)}
     for cont in enc.choices:
-        ids = torch.tensor([enc.context + cont[:-1]])
+        ids = torch.tensor([enc.context + cont[:-1]], **on)
         lp = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
         rows = lp[len(enc.context) - 1:]
-        idx = torch.tensor(cont)
-        totals.append(float(rows[torch.arange(len(cont)), idx].sum()))
+        idx = torch.tensor(cont, **on)
+        totals.append(float(rows[torch.arange(len(cont), **on), idx].sum()))
         greedy.append(bool((rows.argmax(-1) == idx).all()))
     return totals, greedy
 
@@ -117,11 +119,11 @@ def run_batches(model, tok, table: pl.DataFrame, forward: BatchForward, batch_si
     stack = DecoderStack(model)
     packed = [pack(e.context, e.choices) for e in encode_table(tok, table)]
     scores: dict[object, list] = {}
-    dtype = next(model.parameters()).dtype
+    dtype, device = next(model.parameters()).dtype, device_of(model)
     with (torch.enable_grad() if grad else torch.inference_mode()), \
             tqdm(total=len(packed), desc=desc, disable=not progress, mininterval=2.0, unit="item") as bar:
         for rows in _batches(packed, batch_size):
-            batch = collate([packed[i] for i in rows], dtype)
+            batch = collate([packed[i] for i in rows], dtype, device)
             h, rope = stack.embed(batch)
             for key, readout in forward(stack, batch, h, rope, rows).items():
                 per_item = scores.setdefault(key, [None] * len(packed))

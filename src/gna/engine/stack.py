@@ -61,8 +61,8 @@ class DecoderStack:
             for positions in item.score_at:
                 for p in positions:
                     where.setdefault((b, p), len(where))
-        rows = torch.tensor([b for b, _ in where])
-        cols = torch.tensor([p for _, p in where])
+        rows = torch.tensor([b for b, _ in where], device=h.device)
+        cols = torch.tensor([p for _, p in where], device=h.device)
         hidden = h[rows, cols]
         if not normed:
             hidden = self.base.norm(hidden)
@@ -72,8 +72,8 @@ class DecoderStack:
         for b, item in enumerate(batch.items):
             totals, greedy = [], []
             for positions, targets in zip(item.score_at, item.targets):
-                idx = torch.tensor([where[(b, p)] for p in positions])
-                tgt = torch.tensor(targets)
+                idx = torch.tensor([where[(b, p)] for p in positions], device=h.device)
+                tgt = torch.tensor(targets, device=h.device)
                 totals.append(float(logp[idx, tgt].sum()))
                 greedy.append(bool((best[idx] == tgt).all()))
             out.append((totals, greedy))
@@ -88,7 +88,8 @@ class DecoderStack:
                 cols.append(p)
                 toks.append(t)
                 owner.append(b)
-        hidden = self.base.norm(h[torch.tensor(rows), torch.tensor(cols)])
+        on = {"device": h.device}
+        hidden = self.base.norm(h[torch.tensor(rows, **on), torch.tensor(cols, **on)])
         logp = torch.log_softmax(self.head(hidden).float(), dim=-1)
-        picked = logp[torch.arange(len(toks)), torch.tensor(toks)]
-        return torch.zeros(len(batch.items), dtype=picked.dtype).index_add(0, torch.tensor(owner), picked)
+        picked = logp[torch.arange(len(toks), **on), torch.tensor(toks, **on)]
+        return torch.zeros(len(batch.items), dtype=picked.dtype, **on).index_add(0, torch.tensor(owner, **on), picked)

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from gna.core.io import atomic_dir
+from gna.engine.device import compute_device
 from gna.models.folders import STUDENT_SPEC_FILE, is_student
 from gna.models.sources import SourceError, resolve_local
 
@@ -108,8 +109,9 @@ def prepare_model(name: str, spec: dict, out_dir: str | Path, source_path: str |
     return provenance
 
 
-def load_model(model_dir: str | Path, dtype: str = "float32"):
-    """Load a prepared folder as (model in eval mode, tokenizer). A distilled student's folder
+def load_model(model_dir: str | Path, dtype: str = "float32", device: str | None = "auto"):
+    """Load a prepared folder as (model in eval mode on `device`, tokenizer); device 'auto' is
+    CUDA where torch sees a GPU (gna.engine.device.compute_device). A distilled student's folder
     is refused: gna.students.spec.load_any loads both (kept apart so that the rules that never
     load a student do not depend on the students' code)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -120,7 +122,7 @@ def load_model(model_dir: str | Path, dtype: str = "float32"):
     if is_student(model_dir):
         raise ValueError(f"{model_dir} is a distilled student ({STUDENT_SPEC_FILE}): load it with "
                          "gna.students.spec.load_any")
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype])
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype]).to(compute_device(device))
     model.eval()
     return model, AutoTokenizer.from_pretrained(model_dir)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import polars as pl
 import torch
 
+from gna.engine.device import device_of
 from gna.students.spec import load_any
 from gna.students.mixer import captured_maps, mixers, ssm_heads_of
 from gna.core.io import read_parquet, write_parquet
@@ -92,7 +93,7 @@ def eager_attention(model):
 def attention_maps(model, tok, context: str) -> torch.Tensor:
     """[layers, heads, T, T] attention weights of the context (no choice appended). For hybrid
     students, SSM heads give their implicit attention |T| normalised per row (gna.students.mixer)."""
-    ids = tok(context, return_tensors="pt", add_special_tokens=False).input_ids
+    ids = torch.tensor([tok(context, add_special_tokens=False).input_ids], device=device_of(model))
     if mixers(model):
         with captured_maps(model) as maps:
             model(ids)

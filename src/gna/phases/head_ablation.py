@@ -17,6 +17,7 @@ import torch
 from scipy.stats import spearmanr
 from tqdm.auto import tqdm
 
+from gna.engine.device import device_of
 from gna.engine.hooks import ablate_heads, head_sites
 from gna.core.io import read_parquet, write_json, write_parquet
 from gna.models.prepare import load_model
@@ -87,7 +88,7 @@ def attribution_scores(model, tok, table: pl.DataFrame, batch_size: int = 8, pro
     changes the metric by about -<g, z>; the estimated drop is <g, z> summed over positions."""
     sites = head_sites(model)
     targets = table["target"].to_list()
-    est = {s.layer: torch.zeros(s.n_heads, dtype=torch.float64) for s in sites}
+    est = {s.layer: torch.zeros(s.n_heads, dtype=torch.float64, device=device_of(model)) for s in sites}
     captured: dict[int, torch.Tensor] = {}
 
     def capture(layer):

@@ -55,7 +55,7 @@ def head_mask(batch: PackedBatch, segs: list[Segments], n_heads: int, head: int,
     blocked = torch.finfo(mask.dtype).min
     T = mask.shape[-1]
     for b, (item, seg) in enumerate(zip(batch.items, segs)):
-        allowed = torch.eye(T, dtype=torch.bool)
+        allowed = torch.eye(T, dtype=torch.bool, device=mask.device)
         if role == "gather":
             for (start, end), summary in zip(seg.spans, seg.summary):
                 keys = list(range(start, end)) + [summary]
@@ -101,7 +101,7 @@ def answer_rows_mask(batch: PackedBatch, n_heads: int, heads: list[int]) -> torc
     mask = batch.mask.expand(-1, n_heads, -1, -1).clone()
     blocked = torch.finfo(mask.dtype).min
     T = mask.shape[-1]
-    eye = torch.eye(T, dtype=torch.bool)
+    eye = torch.eye(T, dtype=torch.bool, device=mask.device)
     for b, item in enumerate(batch.items):
         rows = [item.score_at[0][0]] + [p for p, s in enumerate(item.segment) if s >= 0]
         for h in heads:

@@ -10,6 +10,8 @@ import logging
 import polars as pl
 import torch
 
+from gna.engine.device import device_of
+
 from gna.core.io import write_parquet
 from gna.students.spec import load_student, read_spec
 
@@ -23,7 +25,7 @@ def prefill(model, ids: torch.Tensor):
     """Run a hybrid on ids [B, L] keeping what generation needs; returns (last logits, caches)."""
     base = model.base_model
     h = base.embed_tokens(ids)
-    pos = torch.arange(ids.shape[1])[None].expand(ids.shape[0], -1)
+    pos = torch.arange(ids.shape[1], device=ids.device)[None].expand(ids.shape[0], -1)
     rope = base.rotary_emb(h, position_ids=pos)
     caches = []
     for layer in base.layers:
@@ -87,8 +89,9 @@ def memory_rows(name: str, cfg, kept: list | None, state_size: int, seq_lens: li
 
 def measured_cache(model, length: int, seed: int = 0) -> int:
     """Bytes actually held by a student's recurrent cache after a prefill of `length` tokens."""
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, model.config.vocab_size, (1, length), generator=gen)
+    # drawn on the CPU whatever the model's device, so a seed gives the same tokens everywhere
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (1, length), generator=gen, device="cpu").to(device_of(model))
     _, caches = prefill(model, ids)
     return cache_nbytes(caches)
 

@@ -33,6 +33,7 @@ from gna.models.prepare import load_model
 from gna.students.spec import hybrid_spec, make_hybrid, ranked_heads, save_student, variant_name
 from gna.tasks.tables import load_mmlu_jsonl, select_mmlu
 from gna.core.tensor_files import read_tensors, write_tensors
+from gna.engine.device import device_of
 
 log = logging.getLogger("gna.students.distill")
 
@@ -83,7 +84,7 @@ def run_distill_teacher(model_dir: str, mmlu_path: str, out_path: str, corpus: d
              "windows of %d tokens (%d MMLU questions outside the evaluation subset)", len(windows["train"]),
              int(windows["train_answers"].sum()), min(corpus["align_windows"], len(windows["train"])),
              len(windows["heldout"]), corpus["seq_len"], len(pool))
-    acts = teacher_activations(model, windows["train"], top_k, corpus["align_windows"])
+    acts = teacher_activations(model, windows["train"].to(device_of(model)), top_k, corpus["align_windows"])
     write_tensors({**acts, "train_ids": windows["train"], "train_answers": windows["train_answers"],
                    "heldout_ids": windows["heldout"]}, out_path)
     log.info("teacher hidden states %s (float16)", tuple(acts["hidden"].shape))
@@ -102,7 +103,7 @@ def _output_metric(mixer: HybridMixer) -> torch.Tensor:
     contribution to the residual stream, not in its own (arbitrarily scaled) coordinates."""
     p = mixer.head_dim
     w = mixer.o_proj.weight.detach().float()
-    eye = torch.eye(p)
+    eye = torch.eye(p, device=w.device)
     blocks = []
     for h in range(mixer.num_heads):
         wh = w[:, h * p: (h + 1) * p]
@@ -136,8 +137,8 @@ def align_layers(model, hidden: torch.Tensor, state_size: int, steps: int, batch
     metrics = [_output_metric(m) for m in ms]
     base = student.base_model
     n_layers, n_seq, length, _ = hidden.shape
-    pos = torch.arange(length)[None]
-    rng = torch.Generator().manual_seed(seed)
+    pos = torch.arange(length, device=hidden.device)[None]
+    rng = torch.Generator(device="cpu").manual_seed(seed)  # the same draws on any device
     _init_head_scales(ms, base, hidden, pos)
     targets = attention_targets(base, ms, metrics, hidden, batch)
     curve = []
@@ -146,7 +147,7 @@ def align_layers(model, hidden: torch.Tensor, state_size: int, steps: int, batch
         for step in bar:
             for g in opt.param_groups:
                 g["lr"] = lr * _schedule(step, steps, warmup)
-            pick = torch.randperm(n_seq, generator=rng)[:batch]
+            pick = torch.randperm(n_seq, generator=rng, device="cpu")[:batch].to(hidden.device)
             opt.zero_grad(set_to_none=True)
             per_layer = []
             for i, (layer, m, metric) in enumerate(zip(base.layers, ms, metrics)):
@@ -174,7 +175,7 @@ def attention_targets(base, ms, metrics, hidden: torch.Tensor, batch: int) -> to
     states `hidden` [layers, n, T, d], in the output metric (_output_metric) — what alignment
     fits, fixed, so computed once rather than at every step."""
     n_layers, n_seq, length, _ = hidden.shape
-    pos = torch.arange(length)[None]
+    pos = torch.arange(length, device=hidden.device)[None]
     out = None
     for i, (layer, m, metric) in enumerate(zip(base.layers, ms, metrics)):
         for start in range(0, n_seq, batch):
@@ -206,7 +207,7 @@ def _init_head_scales(ms, base, hidden, pos, n_seq: int = 4):
 def first_token_attention(m: HybridMixer, u: torch.Tensor, rope, heads: list[int]) -> torch.Tensor:
     """[len(heads)]: the teacher heads' mean attention probability on the first token (rows
     after the first, causal)."""
-    causal = torch.ones(u.shape[1], u.shape[1], dtype=torch.bool).tril()
+    causal = torch.ones(u.shape[1], u.shape[1], dtype=torch.bool, device=u.device).tril()
     return m.attention_probs(u, rope, heads, causal)[:, :, 1:, 0].mean(dim=(0, 2))
 
 
@@ -217,7 +218,7 @@ def head_errors(model, hidden: torch.Tensor, n_seq: int = 4) -> pl.DataFrame:
     first `n_seq` windows), beside the teacher head's attention on the first token."""
     base = model.base_model
     length = hidden.shape[2]
-    pos = torch.arange(length)[None]
+    pos = torch.arange(length, device=hidden.device)[None]
     rows = []
     for i, (layer, m) in enumerate(zip(base.layers, mixers(model))):
         if not m.ssm_heads:
@@ -241,7 +242,7 @@ def run_distill_align(model_name: str, model_dir: str, teacher_path: str, state_
     the per-head errors after alignment (head_errors of the pure SSM) to `heads_path`, each with
     model and state_size columns."""
     model, _ = load_model(model_dir, dtype)
-    hidden = read_tensors(teacher_path, ["hidden"])["hidden"]
+    hidden = read_tensors(teacher_path, ["hidden"], device_of(model))["hidden"]
     state, curve = align_layers(model, hidden, state_size, align["steps"], align["batch"], align["lr"], seed,
                                 compute_dtype=align.get("compute_dtype", "float32"))
     write_tensors(state, weights_path)
@@ -267,8 +268,8 @@ def load_aligned(model, aligned: dict):
             if full.shape[0] != m.num_heads * rows:
                 raise ValueError(f"aligned state for layer {m.layer_idx} {key}: shape {tuple(full.shape)} does "
                                  f"not fit {m.num_heads} heads with state size {n}")
-            idx = torch.cat([torch.arange(h * rows, (h + 1) * rows) for h in m.ssm_heads]) if m.ssm_heads else \
-                torch.zeros(0, dtype=torch.long)
+            idx = torch.cat([torch.arange(h * rows, (h + 1) * rows, device=full.device) for h in m.ssm_heads]) \
+                if m.ssm_heads else torch.zeros(0, dtype=torch.long, device=full.device)
             param.copy_(full[idx])
     return model
 
@@ -328,9 +329,9 @@ def distill_logits(student, ids: torch.Tensor, top_logp: torch.Tensor, top_idx: 
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    rng = torch.Generator().manual_seed(seed)
+    rng = torch.Generator(device="cpu").manual_seed(seed)  # the same draws on any device
     target = torch.softmax(top_logp.float(), dim=-1)
-    weights = torch.ones(ids.shape) if weights is None else weights.float()
+    weights = torch.ones(ids.shape, device=ids.device) if weights is None else weights.float()
     warmup = max(1, steps // 10)
     student.train()
     low = COMPUTE_DTYPES[compute_dtype]
@@ -340,7 +341,7 @@ def distill_logits(student, ids: torch.Tensor, top_logp: torch.Tensor, top_idx: 
             for step in bar:
                 for g in opt.param_groups:
                     g["lr"] = lr * _schedule(step, steps, warmup)
-                pick = torch.randperm(len(ids), generator=rng)[:batch]
+                pick = torch.randperm(len(ids), generator=rng, device="cpu")[:batch].to(ids.device)
                 with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=low is not None):
                     logits = student(input_ids=ids[pick], use_cache=False).logits
                 loss = kd_loss(logits, target[pick], top_idx[pick], weights[pick])
@@ -369,8 +370,9 @@ def run_distill_kd(model_name: str, model_dir: str, teacher_path: str, aligned_p
     kd["steps"] to `checkpoints_path` (keys "<step>/<layer>.<param>"; empty without any)."""
     teacher, tok = load_model(model_dir, dtype)
     kept = ranked_heads(read_parquet(ranking_path), heads_kept, model_name)
-    student = load_aligned(make_hybrid(copy.deepcopy(teacher), kept, state_size), read_tensors(aligned_path))
-    data = read_tensors(teacher_path, ["train_ids", "train_answers", "top_logp", "top_idx"])
+    on = device_of(teacher)
+    student = load_aligned(make_hybrid(copy.deepcopy(teacher), kept, state_size), read_tensors(aligned_path, None, on))
+    data = read_tensors(teacher_path, ["train_ids", "train_answers", "top_logp", "top_idx"], on)
     weights = answer_weights(data["train_answers"], kd["answer_weight"])
     curve, saved = distill_logits(student, data["train_ids"], data["top_logp"], data["top_idx"], kd["steps"],
                                   kd["batch"], kd["lr"], seed, weights=weights,

@@ -77,21 +77,22 @@ class HybridMixer(nn.Module):
         self.captured = None
         d, n, p, s = config.hidden_size, self.state_size, self.head_dim, len(self.ssm_heads)
         bias = attn.q_proj.bias is not None
+        on = {"device": attn.q_proj.weight.device}  # beside the teacher's weights (CPU or GPU)
         with warnings.catch_warnings():  # a layer that keeps all its heads has zero-size SSM blocks
             warnings.filterwarnings("ignore", "Initializing zero-element tensors")
-            self.C_proj = nn.Linear(d, s * n, bias=bias)
-            self.B_proj = nn.Linear(d, s * n, bias=bias)
-            self.x_proj = nn.Linear(d, s * p, bias=bias)
-            self.decay_proj = nn.Linear(d, s, bias=True)
-            self.sink_proj = nn.Linear(d, s, bias=True)
-        self.D = nn.Parameter(torch.zeros(s))
-        self.norm_weight = nn.Parameter(torch.ones(s, p))
+            self.C_proj = nn.Linear(d, s * n, bias=bias, **on)
+            self.B_proj = nn.Linear(d, s * n, bias=bias, **on)
+            self.x_proj = nn.Linear(d, s * p, bias=bias, **on)
+            self.decay_proj = nn.Linear(d, s, bias=True, **on)
+            self.sink_proj = nn.Linear(d, s, bias=True, **on)
+        self.D = nn.Parameter(torch.zeros(s, **on))
+        self.norm_weight = nn.Parameter(torch.ones(s, p, **on))
         self.init_from_attention()
 
     @torch.no_grad()
     def init_from_attention(self, seed: int = 0):
         n, p = self.state_size, self.head_dim
-        gen = torch.Generator().manual_seed(seed * 1000 + self.layer_idx)
+        gen = torch.Generator(device="cpu").manual_seed(seed * 1000 + self.layer_idx)
         for j, h in enumerate(self.ssm_heads):
             g = h // self.group
             # C also carries 1/sqrt(P) like attention logits, and a small factor: without softmax's
@@ -103,7 +104,9 @@ class HybridMixer(nn.Module):
                 w = dst.weight[j * n: (j + 1) * n]
                 w[:take] = block[:take] * scale
                 if n > p:  # extra state dimensions start small and random
-                    w[take:] = torch.randn(n - take, w.shape[1], generator=gen) * block.std() * 0.1
+                    # drawn on the CPU, so a seed gives the same student on any device
+                    noise = torch.randn(n - take, w.shape[1], generator=gen, device="cpu").to(w.device)
+                    w[take:] = noise * block.std() * 0.1
                 if dst.bias is not None:
                     dst.bias[j * n: j * n + take] = src.bias[rows * p: rows * p + take] * scale
                     dst.bias[j * n + take: (j + 1) * n] = 0
@@ -112,7 +115,7 @@ class HybridMixer(nn.Module):
                 self.x_proj.bias[j * p: (j + 1) * p] = self.v_proj.bias[g * p: (g + 1) * p]
         # per-step decays exp(-dt), dt log-spaced in [0.001, 0.1] across heads (Mamba's init)
         s = len(self.ssm_heads)
-        dt = torch.exp(torch.linspace(math.log(1e-3), math.log(1e-1), max(s, 1)))[:s]
+        dt = torch.exp(torch.linspace(math.log(1e-3), math.log(1e-1), max(s, 1), device=self.D.device))[:s]
         self.decay_proj.weight.zero_()
         self.decay_proj.bias.copy_(torch.log(torch.expm1(dt)))  # softplus⁻¹
         self.D.zero_()
@@ -186,6 +189,7 @@ class HybridMixer(nn.Module):
         Cm = self.C_proj(u).view(b, length, s, n)
         log_a = -F.softplus(self.decay_proj(u))
         if which is not None and len(which) != s:
+            which = torch.tensor(which, device=u.device)
             x, Bm, Cm, log_a = x[:, :, which], Bm[:, :, which], Cm[:, :, which], log_a[:, :, which]
         return x, log_a, Bm, Cm
 

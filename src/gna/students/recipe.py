@@ -16,6 +16,7 @@ import polars as pl
 
 from gna.core.io import read_parquet, write_parquet
 from gna.core.tensor_files import read_tensors
+from gna.engine.device import device_of
 from gna.models.prepare import load_model
 from gna.phases.evaluation import score_model
 from gna.students.distill import align_layers, answer_weights, distill_logits, load_aligned
@@ -62,8 +63,9 @@ def run_hybrid_ablation(model_name: str, ablation: str, variant: str, model_dir:
     heads_kept, state_size = parse_variant(variant)
     kept = ranked_heads(read_parquet(ranking_path), heads_kept, model_name)
     needed = ["train_ids", "train_answers", "top_logp", "top_idx", "heldout_ids"]
-    data = read_tensors(teacher_path, needed + (["hidden"] if ablation == "no_first_token" else []))
-    student = ablated_student(teacher, kept, state_size, ablation, read_tensors(aligned_path), data, align, kd,
+    on = device_of(teacher)
+    data = read_tensors(teacher_path, needed + (["hidden"] if ablation == "no_first_token" else []), on)
+    student = ablated_student(teacher, kept, state_size, ablation, read_tensors(aligned_path, None, on), data, align, kd,
                               align_windows, seed)
     frame, _ = score_model(student, tok, kv_items(kv_path, dict_size), data["heldout_ids"], batch_size, swap_items)
     frame = frame.with_columns(pl.lit(model_name).alias("model"), pl.lit(variant).alias("variant"),

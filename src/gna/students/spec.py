@@ -19,6 +19,7 @@ import json
 import re
 from pathlib import Path
 
+from gna.engine.device import compute_device
 from gna.models.folders import STUDENT_SPEC_FILE as SPEC_FILE, is_student
 STUDENT_MARK = "-hybrid-"
 VARIANT_PATTERN = r"k\d+-n\d+"  # also the workflow's wildcard constraint for a variant
@@ -167,17 +168,18 @@ def read_spec(model_dir: Path) -> dict:
     return json.loads((Path(model_dir) / SPEC_FILE).read_text())
 
 
-def load_any(model_dir: str | Path, dtype: str = "float32"):
-    """(model in eval mode, tokenizer) of a prepared folder or a student's (load_student)."""
+def load_any(model_dir: str | Path, dtype: str = "float32", device: str | None = "auto"):
+    """(model in eval mode on `device`, tokenizer) of a prepared folder or a student's (load_student)."""
     from gna.models.prepare import DTYPES, load_model
 
     if is_student(model_dir):
-        return load_student(model_dir, DTYPES[dtype])
-    return load_model(model_dir, dtype)
+        return load_student(model_dir, DTYPES[dtype], device)
+    return load_model(model_dir, dtype, device)
 
 
-def load_student(model_dir: Path, dtype=None):
-    """(student in eval mode, tokenizer) from a student folder; dtype: a torch dtype (float32)."""
+def load_student(model_dir: Path, dtype=None, device: str | None = "auto"):
+    """(student in eval mode on `device`, tokenizer) from a student folder; dtype: a torch dtype
+    (float32); device as in gna.engine.device.compute_device."""
     import torch
     from safetensors.torch import load_model as load_weights
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -192,5 +194,5 @@ def load_student(model_dir: Path, dtype=None):
     if unexpected or not (set(missing) <= tied and len(missing) < 2):
         raise ValueError(f"{model_dir}: student weights do not match its {SPEC_FILE} "
                          f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})")
-    model.eval()
+    model.to(compute_device(device)).eval()
     return model, AutoTokenizer.from_pretrained(model_dir)

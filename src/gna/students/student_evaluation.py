@@ -14,6 +14,7 @@ from gna.students.distill import restore, snapshot
 from gna.students.spec import TEACHER_VARIANT, load_any, parse_variant, ranked_heads, read_spec
 from gna.tasks.tables import load_task_tables
 from gna.core.tensor_files import read_tensors
+from gna.engine.device import device_of
 
 log = logging.getLogger("gna.students.student_evaluation")
 
@@ -58,7 +59,7 @@ def run_hybrid_score(model_name: str, variant: str, model_dir: str, teacher_path
     goes to `summary_path`, the per-item answers to `answers_path`."""
     model, tok = load_any(model_dir, dtype)
     tables = load_task_tables(task_paths, max_items)
-    heldout = read_tensors(teacher_path, ["heldout_ids"])["heldout_ids"]
+    heldout = read_tensors(teacher_path, ["heldout_ids"], device_of(model))["heldout_ids"]
     frame, items = score_model(model, tok, tables, heldout, batch_size, swap_items)
     frame = label_variant(frame, variant)
     write_scores(frame, items, model_name, summary_path, answers_path)
@@ -73,7 +74,7 @@ def run_hybrid_swap(model_name: str, variant: str, model_dir: str, ranking_path:
     summary and answers written as by run_hybrid_score."""
     model, tok = load_any(model_dir, dtype)
     tables = load_task_tables(task_paths, max_items)
-    heldout = read_tensors(teacher_path, ["heldout_ids"])["heldout_ids"]
+    heldout = read_tensors(teacher_path, ["heldout_ids"], device_of(model))["heldout_ids"]
     critical = ranked_heads(read_parquet(ranking_path), 1, model_name)[0][0]
     with swapped_to_attention(model, [critical]):
         frame, items = score_model(model, tok, tables, heldout, batch_size, swap_items)
@@ -111,10 +112,10 @@ def run_hybrid_budget(model_name: str, variant: str, model_dir: str, checkpoints
     model, tok = load_any(model_dir, dtype)
     spec = read_spec(model_dir)
     tokens_per_step = spec["kd_tokens"] / max(1, spec["kd_steps"])
-    states = checkpoint_states(read_tensors(checkpoints_path))
+    states = checkpoint_states(read_tensors(checkpoints_path, None, device_of(model)))
     states[spec["kd_steps"]] = snapshot(model)
     tables = kv_items(kv_path, dict_size)
-    heldout = read_tensors(teacher_path, ["heldout_ids"])["heldout_ids"]
+    heldout = read_tensors(teacher_path, ["heldout_ids"], device_of(model))["heldout_ids"]
     frames = []
     for step in sorted(states):
         restore(model, states[step])
