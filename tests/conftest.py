@@ -35,3 +35,21 @@ def planned_jobs(text: str) -> dict[str, int]:
         if match.group(1) != "total":
             jobs[match.group(1)] = int(match.group(2))
     return jobs
+
+
+@pytest.fixture(scope="session")
+def smoke(tmp_path_factory):
+    """A finished run of config/smoke.yaml (the real Snakemake CLI, in a temporary working folder);
+    shared by the workflow and DVC tests, which copy it before changing anything."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    workdir = tmp_path_factory.mktemp("smoke")
+    (workdir / "config.yaml").write_text(yaml.safe_dump(yaml.safe_load((REPO / "config" / "smoke.yaml").read_text())))
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
+                           str(workdir), "--configfile", str(workdir / "config.yaml"), "--cores", "2"],
+                          cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, f"smoke run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return workdir

@@ -3,8 +3,8 @@
 # munge, MariaDB + slurmdbd (accounting, so sacct works), slurmctld and slurmd; one node shaped like
 # a typical cluster node (16 CPUs, 90% of this machine's memory; slurmd takes the configured shape,
 # so jobs asking for 8 CPUs schedule on a small machine, sharing its real cores), partitions `cpu`
-# (default) and `gpu`, and a fake `gpu` GRES backed by /dev/null so that GPU requests schedule
-# (nothing runs on a GPU). Needs root (packages, daemons).
+# (default) and `gpu`, and four fake GPUs (a `gpu` GRES backed by /dev/null and other harmless
+# device files) so that GPU requests schedule (nothing runs on a GPU). Needs root (packages, daemons).
 #
 #   tests/cluster/local_slurm.sh start    # install what is missing, start what is not running
 #   tests/cluster/local_slurm.sh stop     # stop the daemons it started, by PID
@@ -83,11 +83,11 @@ JobAcctGatherFrequency=5
 MinJobAge=300
 ReturnToService=2
 SchedulerType=sched/backfill
-NodeName=$HOST CPUs=$cpus RealMemory=$mem Gres=gpu:1 State=UNKNOWN
+NodeName=$HOST CPUs=$cpus RealMemory=$mem Gres=gpu:4 State=UNKNOWN
 PartitionName=cpu Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 PartitionName=gpu Nodes=$HOST MaxTime=INFINITE State=UP
 EOF
-    echo "NodeName=$HOST Name=gpu File=/dev/null" >"$STATE/gres.conf"
+    echo "NodeName=$HOST Name=gpu File=/dev/null,/dev/zero,/dev/full,/dev/urandom" >"$STATE/gres.conf"
     mkdir -p /etc/slurm
     ln -sfn "$STATE/slurm.conf" /etc/slurm/slurm.conf
     cat >"$STATE/slurmdbd.conf" <<EOF

@@ -74,8 +74,11 @@ def test_smoke_baseline_runs_as_slurm_jobs_and_equals_the_local_results(tmp_path
     print("\n".join("|".join(job) for job in ours))
     rules = sorted(re.match(r"rule_(\w+?)_wildcards", job[1]).group(1) for job in ours)
     assert rules == ["baseline", "baseline", "baseline", "prepare_model"], ours
-    assert all(job[2] == "cpu" and job[3] == "COMPLETED" and "cpu=8" in job[4] for job in ours), ours
-    assert "mem=4000M" in " ".join(job[4] for job in ours)
+    assert all(job[3] == "COMPLETED" and "cpu=8" in job[4] and "mem=4000M" in job[4] for job in ours), ours
+    # model-loading rules ask for a GPU (the fake GRES here), the conversion does not
+    for job in ours:
+        gpu = not job[1].startswith("rule_prepare_model")
+        assert (job[2], "gres/gpu=1" in job[4]) == (("gpu", True) if gpu else ("cpu", False)), job
 
     for task in tasks:
         for suffix in ("parquet", "items.parquet"):
@@ -86,7 +89,8 @@ def test_smoke_baseline_runs_as_slurm_jobs_and_equals_the_local_results(tmp_path
 
 def test_paper_config_through_the_profile_asks_for_what_an_8b_model_needs(tmp_path):
     """Dry run (no SLURM needed): the 8B model's jobs ask for at least its bf16 weights plus
-    working memory, no GRES hidden in slurm_extra, threads from the profile."""
+    working memory, a GPU through the plugin's `gpu` resource (no GRES hidden in slurm_extra)
+    for every rule but the conversion."""
     proc = subprocess.run(SNAKEMAKE + ["--configfile", str(REPO / "config" / "paper.yaml"), "--profile",
                                        str(REPO / "profiles" / "slurm"), "--directory", str(tmp_path), "-n"],
                           cwd=REPO, capture_output=True, text=True)
@@ -101,6 +105,8 @@ def test_paper_config_through_the_profile_asks_for_what_an_8b_model_needs(tmp_pa
             continue  # a local rule runs in the Snakemake process, not as a SLURM job
         mem = int(re.search(r"mem_mb=(\d+)", block).group(1))
         assert weights_mb < mem < 200_000, (rule, mem)
-        assert "slurm_extra" not in block and "slurm_partition=cpu" in block, block
+        assert "slurm_extra" not in block, block
+        gpu = rule != "prepare_model"
+        assert ("slurm_partition=gpu" in block and "gpu=1" in block) == gpu, block
         big += 1
     assert big >= 10

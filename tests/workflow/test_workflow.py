@@ -52,13 +52,6 @@ def smk(workdir: Path, *args: str, config: dict | None = None, check: bool = Tru
     return proc
 
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("smoke")
-    smk(workdir)
-    return workdir
-
-
 def test_smoke_run_writes_results_and_report(smoke):
     baseline = pl.read_parquet(smoke / "data/results/baseline.parquet")
     ours = baseline.filter(pl.col("engine") == "gna")

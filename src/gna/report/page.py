@@ -55,9 +55,10 @@ def provenance_table(config: dict, workflow_dir: str | Path) -> str:
 
 
 def closing_sections(config: dict) -> str:
-    """The validated config."""
+    """The validated config, keys sorted: the same config gives the same report whatever order
+    its file lists the keys in."""
     return ("<h2>Config</h2><details><summary>the validated config of this run</summary><pre>"
-            + html.escape(yaml.safe_dump(config, sort_keys=False)) + "</pre></details>")
+            + html.escape(yaml.safe_dump(config, sort_keys=True)) + "</pre></details>")
 
 
 def build_report(inputs: dict, html_path, figures: dict, options: dict, config: dict, workflow_dir) -> None:
