@@ -182,7 +182,7 @@ def attention_targets(base, ms, metrics, hidden: torch.Tensor, batch: int) -> to
             u = layer.input_layernorm(hidden[i, start: start + batch].float())
             rope = base.rotary_emb(u, position_ids=pos.expand(len(u), -1))
             heads = m.attention_output(u, rope, None, list(range(m.num_heads)))
-            target = torch.einsum("blhp,hpq->blhq", heads, metric).to(torch.float16)
+            target = torch.einsum("blhp,hpq->blhq", heads.float(), metric).to(torch.float16)
             if out is None:
                 out = target.new_empty(n_layers, n_seq, *target.shape[1:])
             out[i, start: start + len(u)] = target
@@ -226,8 +226,8 @@ def head_errors(model, hidden: torch.Tensor, n_seq: int = 4) -> pl.DataFrame:
         u = layer.input_layernorm(hidden[i, :n_seq].float())
         rope = base.rotary_emb(u, position_ids=pos.expand(len(u), -1))
         metric = _output_metric(m)[m.ssm_heads]
-        target = torch.einsum("blhp,hpq->blhq", m.attention_output(u, rope, None, m.ssm_heads), metric)
-        pred = torch.einsum("blhp,hpq->blhq", m.ssm_output(u, None), metric)
+        target = torch.einsum("blhp,hpq->blhq", m.attention_output(u, rope, None, m.ssm_heads).float(), metric)
+        pred = torch.einsum("blhp,hpq->blhq", m.ssm_output(u, None).float(), metric)
         err = (pred - target).square().sum(dim=(0, 1, 3)) / target.square().sum(dim=(0, 1, 3)).clamp_min(1e-12)
         first = first_token_attention(m, u, rope, m.ssm_heads)
         rows += [{"layer": m.layer_idx, "head": h, "rel_error": float(e), "teacher_first_token_attention": float(f)}

@@ -155,10 +155,11 @@ class HybridMixer(nn.Module):
     def _qkv(self, u, position_embeddings, heads: list[int]):
         b, length, _ = u.shape
         p = self.head_dim
+        u = u.to(self.q_proj.weight.dtype)  # the teacher's dtype (alignment passes float32 states)
         q = self.q_proj(u).view(b, length, self.num_heads, p)[:, :, heads].transpose(1, 2)
         k = self.k_proj(u).view(b, length, self.num_kv_heads, p).transpose(1, 2)
         v = self.v_proj(u).view(b, length, self.num_kv_heads, p).transpose(1, 2)
-        cos, sin = position_embeddings
+        cos, sin = (t.to(q.dtype) for t in position_embeddings)
         return _rope(q, cos, sin), _rope(k, cos, sin), v
 
     def attention_output(self, u, position_embeddings, allowed, heads: list[int], return_kv: bool = False,
@@ -180,10 +181,16 @@ class HybridMixer(nn.Module):
         scores = torch.einsum("bhlp,bhsp->bhls", q, k[:, [h // self.group for h in heads]]) * self.scaling
         return torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
 
+    def ssm_dtype(self, u):
+        """`u` in the SSM parameters' dtype: they stay float32 (they are trained) under a bf16 or
+        fp16 teacher, whose hidden states are promoted here; forward casts the heads back."""
+        return u.to(self.x_proj.weight.dtype)
+
     def ssm_inputs(self, u, which: list[int] | None = None):
         """(x [B, L, S, P], log_a [B, L, S], B [B, L, S, N], C [B, L, S, N]) for SSM heads `which`."""
         b, length, _ = u.shape
         s, n, p = len(self.ssm_heads), self.state_size, self.head_dim
+        u = self.ssm_dtype(u)
         x = self.x_proj(u).view(b, length, s, p)
         Bm = self.B_proj(u).view(b, length, s, n)
         Cm = self.C_proj(u).view(b, length, s, n)
@@ -220,12 +227,12 @@ class HybridMixer(nn.Module):
         v_proj), what the teacher's head reads when it attends to the first token."""
         heads = self.ssm_heads if which is None else [self.ssm_heads[j] for j in which]
         b, p = u.shape[0], self.head_dim
-        v = self.v_proj(u[:, :1]).view(b, 1, self.num_kv_heads, p)
+        v = self.v_proj(u[:, :1].to(self.v_proj.weight.dtype)).view(b, 1, self.num_kv_heads, p)
         return v[:, :, [h // self.group for h in heads]]
 
     def sink_share(self, u, which: list[int] | None = None):
         """[B, L, len(which)]: the share of each SSM head's output taken by the first token."""
-        share = torch.sigmoid(self.sink_proj(u))
+        share = torch.sigmoid(self.sink_proj(self.ssm_dtype(u)))
         if not self.first_token_share:
             share = torch.zeros_like(share)
         return share if which is None else share[..., which]
@@ -312,7 +319,7 @@ class HybridMixer(nn.Module):
             y, state = ssd_chunked(x, log_a, Bm, Cm, self.D[active])
             first = self.first_value(u, active)
             heads[:, :, [self.ssm_heads[j] for j in active]] = self.with_first_token(
-                self.normalize(y, active), self.sink_share(u, active), first, first_position=True)
+                self.normalize(y, active), self.sink_share(u, active), first, first_position=True).to(heads.dtype)
             cache["state"], cache["first"] = state, first
         return self.o_proj(heads.reshape(b, length, -1)), cache
 
@@ -338,7 +345,8 @@ class HybridMixer(nn.Module):
             x, log_a, Bm, Cm = self.ssm_inputs(u, active)
             y, cache["state"] = ssd_recurrent(x, log_a, Bm, Cm, self.D[active], cache["state"])
             heads[:, :, [self.ssm_heads[j] for j in active]] = self.with_first_token(
-                self.normalize(y, active), self.sink_share(u, active), cache["first"], first_position=False)
+                self.normalize(y, active), self.sink_share(u, active), cache["first"], first_position=False
+            ).to(heads.dtype)
         return self.o_proj(heads.reshape(b, 1, -1))
 
 

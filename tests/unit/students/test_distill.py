@@ -403,3 +403,25 @@ def test_bf16_alignment_agrees_with_the_float32_reference(tiny_llama):
     for step in (0, 4):
         ref, fast = (c.filter(pl.col("step") == step)["loss"].to_numpy() for c in curves)
         assert abs(fast - ref).max() < 0.03 * abs(ref).max() + 1e-3
+
+
+def test_a_bfloat16_teacher_gets_float32_ssm_heads_that_align_distil_score_and_decode(tiny_llama):
+    """The paper config's dtype: beside a bf16 teacher the SSM parameters stay float32 (they are
+    trained), the teacher's states are promoted for them and the heads cast back."""
+    from gna.students.decoding import measured_cache
+    from gna.engine.scoring import score_table
+    from gna.tasks.tables import build_kv_retrieval
+
+    model = copy.deepcopy(tiny_llama[0]).to(torch.bfloat16)
+    tok = tiny_llama[1]
+    ids = torch.randint(0, model.config.vocab_size, (4, 12), generator=torch.Generator().manual_seed(4))
+    acts = teacher_activations(model, ids, top_k=4, progress=False)
+    state, align_curve = align_layers(model, acts["hidden"], 4, steps=2, batch=2, lr=1e-2, seed=0, progress=False)
+    student = load_aligned(make_hybrid(copy.deepcopy(model), [(1, 0)], 4), state)
+    m = mixers(student)[1]
+    assert m.x_proj.weight.dtype == torch.float32 and m.q_proj.weight.dtype == torch.bfloat16
+    curve, _ = distill_logits(student, ids, acts["top_logp"], acts["top_idx"], 2, 2, 1e-3, seed=0, progress=False)
+    assert align_curve["loss"].is_finite().all() and curve["loss"].is_finite().all()
+    scores = score_table(student, tok, build_kv_retrieval([3], 2, 0, "lookup"), progress=False)
+    assert scores["logprobs"].explode().is_finite().all()
+    assert measured_cache(student, 12) > 0
