@@ -6,6 +6,7 @@ from pathlib import Path
 from gna.core.config import load_schema, validate_config
 from gna.core.provenance import script_fingerprint
 from gna.core.resources import mem_mb, model_params_b
+from gna.models.sources import check_local_sources
 
 # `--configfile X` replaces the default config instead of merging model lists into it.
 if not workflow.overwrite_configfiles:
@@ -13,6 +14,7 @@ if not workflow.overwrite_configfiles:
 _validated = validate_config(config, load_schema(os.path.join(workflow.basedir, "config/schema.yaml")))
 config.clear()
 config.update(_validated)
+check_local_sources(config, workflow.basedir)
 
 MODELS = list(config["models"])
 TASKS = ["kv_retrieval"] + [f"mmlu_{fmt}" for fmt in config["tasks"]["mmlu"]["formats"]]

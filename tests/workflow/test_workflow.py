@@ -205,6 +205,14 @@ def test_missing_local_file_is_named_before_any_job(tmp_path):
     assert "no_such_mmlu.jsonl" in fails_before_any_job(tmp_path, cfg)
 
 
+def test_a_device_as_local_source_is_named_before_any_job(tmp_path):
+    """/dev/zero as the MMLU file kept a job reading at 100% CPU forever."""
+    cfg = smoke_config()
+    cfg["tasks"]["mmlu"]["data"]["path"] = "/dev/zero"
+    assert ("config key 'tasks.mmlu.data.path': /dev/zero is neither a regular file nor a folder"
+            in fails_before_any_job(tmp_path, cfg, "-n"))
+
+
 def test_checksum_mismatch_fails_that_job_and_leaves_no_output(tmp_path):
     cfg = smoke_config()
     cfg["tasks"]["mmlu"]["data"]["sha256"] = "0" * 64

@@ -95,3 +95,25 @@ def resolve_local(path: str | Path, what: str, sha256: str | None = None) -> tup
     if path.is_file():
         digest = verify_sha256(path, sha256, str(path))
     return path, digest
+
+
+def local_source_paths(config: dict) -> dict[str, str]:
+    """{config key: path} of every local file or folder the config reads (models with source
+    local, a local MMLU file), as written in the config."""
+    paths = {f"models.{name}.path": spec["path"] for name, spec in config["models"].items()
+             if spec["source"] == "local"}
+    data = config["tasks"]["mmlu"]["data"]
+    if data["source"] == "local":
+        paths["tasks.mmlu.data.path"] = data["path"]
+    return paths
+
+
+def check_local_sources(config: dict, base_dir: str | Path) -> None:
+    """Refuse, naming the config key, a local source that exists but is neither a regular file
+    nor a folder (a device such as /dev/zero would keep the job reading forever). Relative paths
+    are relative to `base_dir` (the workflow folder); a missing path is left to Snakemake, which
+    names it as a missing input before any job runs."""
+    for key, raw in local_source_paths(config).items():
+        path = Path(raw) if Path(raw).is_absolute() else Path(base_dir) / raw
+        if path.exists() and not (path.is_file() or path.is_dir()):
+            raise SourceError(f"config key '{key}': {raw} is neither a regular file nor a folder")

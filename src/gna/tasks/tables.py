@@ -15,7 +15,7 @@ from pathlib import Path
 import polars as pl
 
 from gna.core.io import read_parquet, write_parquet
-from gna.models.sources import verify_sha256
+from gna.models.sources import resolve_local
 from gna.tasks.words import KEY_WORDS
 
 log = logging.getLogger("gna.tasks.tables")
@@ -112,7 +112,7 @@ def select_mmlu(table: pl.DataFrame, n: int | None, seed: int, topics: list[str]
 def select_mmlu_file(path: str | Path, sha256: str | None, mmlu: dict) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(evaluation subset, remaining pool) of the MMLU file `path`, after checking its sha256
     (None: no pin), by the `tasks.mmlu` config keys n, seed and topics."""
-    verify_sha256(path, sha256, str(path))
+    resolve_local(path, "tasks.mmlu.data", sha256)
     return select_mmlu(load_mmlu_jsonl(path), mmlu["n"], mmlu["seed"], mmlu["topics"])
 
 

@@ -76,6 +76,10 @@ def test_a_local_source_that_is_not_a_regular_file_is_refused():
     """/dev/zero as a data file would hang the job reading it: refused by name instead."""
     with pytest.raises(SourceError, match="neither a regular file nor a folder: /dev/zero"):
         resolve_local("/dev/zero", "tasks.mmlu.data")
+    from gna.tasks.tables import select_mmlu_file
+
+    with pytest.raises(SourceError, match="neither a regular file nor a folder: /dev/zero"):
+        select_mmlu_file("/dev/zero", None, {"n": 4, "seed": 0, "topics": None})
 
 
 def test_write_parquet_roundtrip(tmp_path):
