@@ -155,12 +155,16 @@ class HybridMixer(nn.Module):
     def _qkv(self, u, position_embeddings, heads: list[int]):
         b, length, _ = u.shape
         p = self.head_dim
-        u = u.to(self.q_proj.weight.dtype)  # the teacher's dtype (alignment passes float32 states)
-        q = self.q_proj(u).view(b, length, self.num_heads, p)[:, :, heads].transpose(1, 2)
-        k = self.k_proj(u).view(b, length, self.num_kv_heads, p).transpose(1, 2)
-        v = self.v_proj(u).view(b, length, self.num_kv_heads, p).transpose(1, 2)
-        cos, sin = (t.to(q.dtype) for t in position_embeddings)
-        return _rope(q, cos, sin), _rope(k, cos, sin), v
+        # each projection casts u to the teacher's dtype on its own (alignment passes float32
+        # states to a bf16 teacher), as autocast does: their gradients then add up in float32
+        dt = self.q_proj.weight.dtype
+        q = self.q_proj(u.to(dt)).view(b, length, self.num_heads, p)[:, :, heads].transpose(1, 2)
+        k = self.k_proj(u.to(dt)).view(b, length, self.num_kv_heads, p).transpose(1, 2)
+        v = self.v_proj(u.to(dt)).view(b, length, self.num_kv_heads, p).transpose(1, 2)
+        cos, sin = position_embeddings
+        # rotated in the rotary tables' precision, as the teacher's own attention does, then in
+        # v's dtype for the attention itself (what autocast does too; a bf16 teacher needs it)
+        return _rope(q, cos, sin).to(v.dtype), _rope(k, cos, sin).to(v.dtype), v
 
     def attention_output(self, u, position_embeddings, allowed, heads: list[int], return_kv: bool = False,
                          per_head=None):
