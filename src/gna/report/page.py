@@ -20,10 +20,10 @@ from gna.core.provenance import config_hash, machine, workflow_code_hash
 from gna.report.registry import FIGURES, SECTIONS, Section
 from gna.report.run_record import RUN_RECORD
 
-# the sections' render modules, imported (not looked up by name) so that the report rule's code
-# fingerprint covers them: a section whose module is missing here fails instead of going unhashed
 # the run record, relative to the report's folder (both under data/)
 RUN_RECORD_LINK = "../" + Path(RUN_RECORD).relative_to("data").as_posix()
+# the sections' render modules, imported (not looked up by name) so that the report rule's code
+# fingerprint covers them: a section whose module is missing here fails instead of going unhashed
 RENDER_MODULES = {module.__name__: module for module in (baseline_section, gna_section, heads_section, hybrid_section,
                                                          prune_section)}
 

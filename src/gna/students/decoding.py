@@ -10,9 +10,8 @@ import logging
 import polars as pl
 import torch
 
-from gna.engine.device import device_of
-
 from gna.core.io import write_parquet
+from gna.engine.device import device_of
 from gna.students.spec import load_student, read_spec
 
 log = logging.getLogger("gna.students.decoding")

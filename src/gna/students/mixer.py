@@ -200,7 +200,6 @@ class HybridMixer(nn.Module):
         Cm = self.C_proj(u).view(b, length, s, n)
         log_a = -F.softplus(self.decay_proj(u))
         if which is not None and len(which) != s:
-            which = torch.tensor(which, device=u.device)
             x, Bm, Cm, log_a = x[:, :, which], Bm[:, :, which], Cm[:, :, which], log_a[:, :, which]
         return x, log_a, Bm, Cm
 

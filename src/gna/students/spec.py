@@ -21,6 +21,7 @@ from pathlib import Path
 
 from gna.engine.device import compute_device
 from gna.models.folders import STUDENT_SPEC_FILE as SPEC_FILE, is_student
+
 STUDENT_MARK = "-hybrid-"
 VARIANT_PATTERN = r"k\d+-n\d+"  # also the workflow's wildcard constraint for a variant
 TEACHER_VARIANT = "teacher"  # the teacher itself, where results list it beside its students
