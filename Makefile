@@ -26,10 +26,13 @@ reproduce: venv
 ## The test suite (unit tests on tiny models, the workflow on config/smoke.yaml, one test on
 ## the real default model). `make test-fast` skips tests marked slow.
 test: venv
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not extended"
+
+test-extended: venv
+	$(BIN)/python -m pytest -m extended
 
 test-fast: venv
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow and not extended"
 
 ## Refresh the golden smoke results (tests/data/smoke_results) that the golden test compares every smoke run
 ## against: only after a change that is meant to change results.

@@ -6,6 +6,7 @@ from pathlib import Path
 from gna.core.config import load_schema, validate_config
 from gna.core.provenance import script_fingerprint
 from gna.core.resources import mem_mb, model_params_b
+from gna.models.families import check_config_families
 from gna.models.sources import check_local_sources
 
 # `--configfile X` replaces the default config instead of merging model lists into it.
@@ -15,8 +16,10 @@ _validated = validate_config(config, load_schema(os.path.join(workflow.basedir, 
 config.clear()
 config.update(_validated)
 check_local_sources(config, workflow.basedir)
+check_config_families(config)
 
 MODELS = list(config["models"])
+HYBRID_MODELS = [m for m in MODELS if "hybrid" not in config["models"][m].get("skip", [])]  # teachers of students
 TASKS = ["kv_retrieval"] + [f"mmlu_{fmt}" for fmt in config["tasks"]["mmlu"]["formats"]]
 LM_EVAL_TASKS = config["lm_eval"]["tasks"]
 
@@ -44,14 +47,14 @@ def get_path(path):
     return str(path if path.is_absolute() else Path(workflow.basedir) / path)
 
 
-# keys of a model spec that size cluster jobs but do not change the model (so no rerun)
-RESOURCE_KEYS = ("params_b",)
+# keys of a model spec that size cluster jobs or select phases but do not change the model (so no rerun)
+RUN_KEYS = ("params_b", "skip")
 
 
 def get_model_spec(wildcards):
-    """The model's config entry without its resource keys (what the model is, not how big a job
-    it needs)."""
-    return {k: v for k, v in config["models"][wildcards.model].items() if k not in RESOURCE_KEYS}
+    """The model's config entry without its run keys (what the model is, not how big a job it
+    needs or which phases it goes through)."""
+    return {k: v for k, v in config["models"][wildcards.model].items() if k not in RUN_KEYS}
 
 
 def job_mem_mb(rule_name):
@@ -118,8 +121,8 @@ def _check_student_lists():
 
 _check_student_lists()
 # students that also go through the Gather-and-Aggregate rules, named like models
-GNA_STUDENTS = [student_name(m, v) for m in MODELS for v in HYBRID["gna_variants"]] if HYBRID["enabled"] else []
-GNA_MODELS = MODELS + GNA_STUDENTS
+GNA_STUDENTS = [student_name(m, v) for m in HYBRID_MODELS for v in HYBRID["gna_variants"]] if HYBRID["enabled"] else []
+GNA_MODELS = [m for m in MODELS if "gna" not in config["models"][m].get("skip", [])] + GNA_STUDENTS
 
 
 def get_ranking(wildcards):

@@ -1,12 +1,17 @@
 """Heads as one abstraction across model families, and their ablation by forward hooks.
 
 A head is a slice of the input of one module (its *site*), zeroed by a temporary forward
-pre-hook:
-  attention  Llama-family attention: query head h is slice h of o_proj's input (with GQA several
+pre-hook. Sites are found by the shape of a layer's modules, not by family name:
+  attention  a module with query/key/value projections (separate q_proj…, fused qkv_proj,
+        query_key_value, Conv1D c_attn) and an output projection (o_proj, dense, c_proj,
+        out_proj): query head h is slice h of the output projection's input (with GQA several
         query heads share a K/V group; we never touch the shared K/V, only this head's output)
   ssm   Mamba-2 mixer: head h is slice h of y, the scan output entering the gated norm and
         out_proj
   ssm-channels  Mamba-1 mixer: inner channels entering out_proj, in `groups` equal groups
+A layer may hold several sites (Zamba2: a Mamba-2 mixer and a shared attention block); its
+heads are numbered across them in module order. A site module shared by several layers
+(Zamba2's shared attention) is ablated only while its own layer runs.
 Hooks live only inside `ablate_heads`; they are removed in `finally`, also on error.
 """
 
@@ -17,6 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
+QKV_NAMES = ("q_proj", "qkv_proj", "query_key_value", "c_attn", "Wqkv")
+OUT_PROJ_NAMES = ("o_proj", "dense", "c_proj", "out_proj")
+
 
 @dataclass(frozen=True)
 class HeadSite:
@@ -25,37 +33,79 @@ class HeadSite:
     n_heads: int
     head_dim: int
     kind: str
+    offset: int = 0          # number of the layer's heads in its earlier sites
 
 
-def head_sites(model, ssm_channel_groups: int = 16) -> list[HeadSite]:
-    """One site per layer, in layer order."""
-    cfg = model.config
-    base = model.base_model
-    layers = getattr(base, "layers", None)
-    if layers is None:
-        raise TypeError(f"{type(model).__name__}: no decoder layers found")
-    sites = []
-    for i, layer in enumerate(layers):
-        if hasattr(layer, "self_attn") and hasattr(layer.self_attn, "o_proj"):
-            n = cfg.num_attention_heads
-            head_dim = getattr(layer.self_attn, "head_dim", None) or cfg.hidden_size // n
-            sites.append(HeadSite(i, layer.self_attn.o_proj, n, head_dim, "attention"))
-        elif hasattr(layer, "mixer") and hasattr(layer.mixer, "num_heads") and hasattr(layer.mixer, "norm"):
-            mixer = layer.mixer
-            sites.append(HeadSite(i, mixer.norm, mixer.num_heads, mixer.head_dim, "ssm"))
-        elif hasattr(layer, "mixer") and hasattr(layer.mixer, "out_proj"):
-            inner = layer.mixer.out_proj.in_features
+def _in_features(proj: torch.nn.Module) -> int:
+    # nn.Linear stores [out, in]; GPT-2's Conv1D stores [in, out] and says so in `nx`
+    return getattr(proj, "in_features", None) or getattr(proj, "nx", None) or proj.weight.shape[0]
+
+
+def _n_query_heads(module, config) -> int | None:
+    for owner, name in ((module, "num_heads"), (module, "num_attention_heads"), (config, "num_attention_heads")):
+        n = getattr(owner, name, None)
+        if isinstance(n, int) and n > 0:
+            return n
+    return None
+
+
+def _layer_sites(i: int, layer: torch.nn.Module, config, ssm_channel_groups: int) -> list[HeadSite]:
+    sites, offset, taken = [], 0, set()
+    for name, m in layer.named_modules():
+        if any(name.startswith(t + ".") for t in taken):
+            continue
+        if any(hasattr(m, q) for q in QKV_NAMES) and any(hasattr(m, o) for o in OUT_PROJ_NAMES):
+            proj = next(getattr(m, o) for o in OUT_PROJ_NAMES if hasattr(m, o))
+            n, width = _n_query_heads(m, config), _in_features(proj)
+            if n is None or width % n:
+                raise TypeError(f"layer {i} ({name}): cannot split {width} attention channels into heads")
+            site = HeadSite(i, proj, n, width // n, "attention", offset)
+        elif all(hasattr(m, a) for a in ("num_heads", "head_dim", "norm", "out_proj")):
+            site = HeadSite(i, m.norm, m.num_heads, m.head_dim, "ssm", offset)
+        elif all(hasattr(m, a) for a in ("x_proj", "dt_proj", "out_proj")):
+            inner = _in_features(m.out_proj)
             if inner % ssm_channel_groups:
                 raise ValueError(f"layer {i}: {inner} inner channels do not split into {ssm_channel_groups} groups")
-            sites.append(HeadSite(i, layer.mixer.out_proj, ssm_channel_groups, inner // ssm_channel_groups,
-                                  "ssm-channels"))
+            site = HeadSite(i, m.out_proj, ssm_channel_groups, inner // ssm_channel_groups, "ssm-channels", offset)
         else:
-            raise TypeError(f"layer {i} of {type(model).__name__}: neither attention nor a Mamba mixer")
+            continue
+        sites.append(site)
+        taken.add(name)
+        offset += site.n_heads
     return sites
 
 
+def head_sites(model, ssm_channel_groups: int = 16) -> list[HeadSite]:
+    """Every site, in layer order (a layer's sites in module order)."""
+    from gna.engine.stack import decoder_layers, family_of
+
+    sites = []
+    for i, layer in enumerate(decoder_layers(model)):
+        found = _layer_sites(i, layer, model.config, ssm_channel_groups)
+        if not found:
+            raise TypeError(f"layer {i} of {family_of(model)} ({type(layer).__name__}): no attention with an output "
+                            f"projection ({', '.join(OUT_PROJ_NAMES)}) and no Mamba mixer found")
+        sites += found
+    return sites
+
+
+def heads_per_layer(sites: list[HeadSite]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for s in sites:
+        counts[s.layer] = counts.get(s.layer, 0) + s.n_heads
+    return counts
+
+
+def site_of(sites: list[HeadSite], layer: int, head: int) -> tuple[HeadSite, int]:
+    """The site holding head `head` of layer `layer`, and the head's index within it."""
+    for s in sites:
+        if s.layer == layer and s.offset <= head < s.offset + s.n_heads:
+            return s, head - s.offset
+    raise ValueError(f"no head {head} in layer {layer}")
+
+
 def all_heads(model) -> list[tuple[int, int]]:
-    return [(s.layer, h) for s in head_sites(model) for h in range(s.n_heads)]
+    return [(s.layer, s.offset + h) for s in head_sites(model) for h in range(s.n_heads)]
 
 
 class HookNotFired(RuntimeError):
@@ -68,16 +118,26 @@ def ablate_heads(model, heads: list[tuple[int, int]], sites: list[HeadSite] | No
 
     Raises HookNotFired if the model ran but a hook never saw its input (a fused kernel that
     bypasses the hooked module would silently ablate nothing)."""
+    from gna.engine.stack import decoder_layers
+
     sites = sites or head_sites(model)
-    by_layer: dict[int, list[int]] = {}
+    chosen: dict[HeadSite, list[int]] = {}
     for layer, head in heads:
-        if not 0 <= layer < len(sites) or not 0 <= head < sites[layer].n_heads:
-            raise ValueError(f"no head {head} in layer {layer}")
-        by_layer.setdefault(layer, []).append(head)
-    handles, fired = [], {layer: 0 for layer in by_layer}
+        site, local = site_of(sites, layer, head)
+        chosen.setdefault(site, []).append(local)
+    layers = decoder_layers(model)
+    running = [None]  # the decoder layer being run: a module shared by layers is ablated in its own only
+    handles, fired = [], {layer: 0 for layer, _ in heads}
+
+    def enter(i):
+        def hook(module, args):
+            running[0] = i
+        return hook
 
     def make_hook(site: HeadSite, idx: list[int]):
         def hook(module, args):
+            if running[0] != site.layer:
+                return None
             x = args[0]
             shape = x.shape
             x = x.reshape(*shape[:-1], site.n_heads, site.head_dim).clone()
@@ -92,8 +152,10 @@ def ablate_heads(model, heads: list[tuple[int, int]], sites: list[HeadSite] | No
         runs[0] += 1
 
     try:
-        for layer, idx in by_layer.items():
-            handles.append(sites[layer].module.register_forward_pre_hook(make_hook(sites[layer], sorted(idx))))
+        for layer in {s.layer for s in chosen}:
+            handles.append(layers[layer].register_forward_pre_hook(enter(layer)))
+        for site, idx in chosen.items():
+            handles.append(site.module.register_forward_pre_hook(make_hook(site, sorted(idx))))
         handles.append(model.get_input_embeddings().register_forward_pre_hook(count_run))
         yield fired
     finally:

@@ -11,7 +11,7 @@ is only predicted. Items are right-padded into batches; padding attends only to 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -53,6 +53,16 @@ class PackedBatch:
     positions: torch.Tensor  # [B, T]
     mask: torch.Tensor       # [B, 1, T, T] additive float mask (0 = may attend)
     items: list[PackedItem]
+    _windowed: dict = field(default_factory=dict, repr=False)
+
+    def window_mask(self, window: int) -> torch.Tensor:
+        """The block mask narrowed to a sliding window over positions (a query at position p sees
+        keys at positions > p - window), as a windowed attention layer sees the unpacked sequence."""
+        if window not in self._windowed:
+            distance = self.positions[:, :, None] - self.positions[:, None, :]
+            outside = (distance >= window)[:, None]
+            self._windowed[window] = self.mask.masked_fill(outside, torch.finfo(self.mask.dtype).min)
+        return self._windowed[window]
 
 
 def collate(items: list[PackedItem], dtype: torch.dtype = torch.float32,

@@ -1,9 +1,10 @@
 """The evaluation engine: log-likelihood of each choice after a context.
 
 Fast path: one batch driver (`run_batches`) packs each item's context and all of its choices
-into one sequence with a block attention mask (gna.engine.packing), batches items, and hands each
-batch to a forward function that runs the layers through an explicit loop (gna.engine.stack, which
-projects to the vocabulary only at scored positions). On it: `score_table` (optionally reading
+into one sequence with a block attention mask (gna.engine.packing) — one sequence per choice
+where a layer is recurrent (SSM) — batches them, and hands each batch to a forward function
+that records one pass of the model's own decoder and reruns layers from it (gna.engine.stack,
+which projects to the vocabulary only at scored positions). On it: `score_table` (optionally reading
 out after several depths in one pass — gradual pruning — or with per-layer attention masks),
 `score_variants` (resume from a cached hidden state: one layer removed, one head ablated), and
 the gradient pass of gna.phases.head_ablation.attribution_scores.
@@ -27,7 +28,8 @@ from tqdm.auto import tqdm
 from gna.core.stats import wilson_exprs
 from gna.engine.device import device_of
 from gna.engine.packing import PackedBatch, PackedItem, collate, pack
-from gna.engine.stack import DecoderStack, UnsupportedModel
+from gna.engine.stack import (DecoderStack, UnsupportedModel, check_engine, decoder_layers, family_of,
+                              reference_scores)
 
 
 @dataclass
@@ -58,21 +60,6 @@ def encode(tok, context: str, choices: list[str]) -> Encoded:
     return Encoded(ctx, conts)
 
 
-@torch.inference_mode()
-def _score_full_ref(model, enc: Encoded):
-    """Reference: one full forward per choice, logits everywhere."""
-    totals, greedy = [], []
-    on = {"device": device_of(model)}
-    for cont in enc.choices:
-        ids = torch.tensor([enc.context + cont[:-1]], **on)
-        lp = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
-        rows = lp[len(enc.context) - 1:]
-        idx = torch.tensor(cont, **on)
-        totals.append(float(rows[torch.arange(len(cont), **on), idx].sum()))
-        greedy.append(bool((rows.argmax(-1) == idx).all()))
-    return totals, greedy
-
-
 def per_item_frame(table: pl.DataFrame, scores: list) -> pl.DataFrame:
     """One row per item of `table` from its scores [(summed log-prob per choice, greedy flag per
     choice)]: the prediction (argmax), its byte-length-normalised twin, correctness, whether greedy
@@ -97,39 +84,56 @@ def encode_table(tok, table: pl.DataFrame) -> list[Encoded]:
     return [encode(tok, c, ch) for c, ch in zip(table["context"], table["choices"])]
 
 
-def _batches(packed: list[PackedItem], batch_size: int) -> list[list[int]]:
-    order = sorted(range(len(packed)), key=lambda i: len(packed[i].ids))  # little padding
-    return [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
+@dataclass
+class Unit:
+    """One packed sequence of the batch driver: item `row` of the table with its choices
+    `choices` (all of them where the model packs choices, else one)."""
+    row: int
+    choices: list[int]
+    item: PackedItem
 
 
-# forward(stack, batch, h, rope, rows) -> {key: stack.readout of the batch}; see run_batches
-BatchForward = Callable[[DecoderStack, PackedBatch, torch.Tensor, tuple, list[int]], dict]
-# layer_masks(batch, rows) -> {layer: additive mask [B, 1 or heads, T, T]}; see score_table
+def _batches(units: list[Unit], batch_size: int) -> list[list[Unit]]:
+    order = sorted(range(len(units)), key=lambda i: len(units[i].item.ids))  # little padding
+    return [[units[i] for i in order[j: j + batch_size]] for j in range(0, len(order), batch_size)]
+
+
+# forward(stack, batch, units) -> {key: stack.readout of the batch}; see run_batches
+BatchForward = Callable[[DecoderStack, PackedBatch, list[Unit]], dict]
+# layer_masks(batch, rows) -> {layer: additive mask [B, 1 or heads, T, T]}; rows: each batch
+# row's item index in the table; see score_table
 LayerMasks = Callable[[PackedBatch, list[int]], dict[int, torch.Tensor]]
 
 
 def run_batches(model, tok, table: pl.DataFrame, forward: BatchForward, batch_size: int = 8,
                 progress: bool = True, desc: str = "scoring", grad: bool = False) -> dict[object, pl.DataFrame]:
     """The engine's batch driver: encode every item of `table`, pack each (context and all of its
-    choices in one sequence), batch items of similar length, collate, embed, and hand each batch
-    to `forward(stack, batch, h, rope, rows)` — `h` the embedded batch, `rows` the batch's item
-    indices in `table` — which runs layers and returns {key: stack.readout(...)}. Returns
-    {key: per_item_frame}, keys in the order `forward` first gave them. Runs under
+    choices in one sequence where the model's layers allow it, else one sequence per choice),
+    batch sequences of similar length, collate, and hand each batch to
+    `forward(stack, batch, units)`, which runs the layers and returns {key: stack.readout(...)}.
+    Returns {key: per_item_frame}, keys in the order `forward` first gave them. Runs under
     inference_mode, or with autograd on when `grad` (forward then does its own backward)."""
-    stack = DecoderStack(model)
-    packed = [pack(e.context, e.choices) for e in encode_table(tok, table)]
+    stack = check_engine(model)
+    units = []
+    for row, e in enumerate(encode_table(tok, table)):
+        if stack.packs_choices:
+            units.append(Unit(row, list(range(len(e.choices))), pack(e.context, e.choices)))
+        else:
+            units += [Unit(row, [j], pack(e.context, [c])) for j, c in enumerate(e.choices)]
+    n_choices = [len(c) for c in table["choices"]]
     scores: dict[object, list] = {}
     dtype, device = next(model.parameters()).dtype, device_of(model)
     with (torch.enable_grad() if grad else torch.inference_mode()), \
-            tqdm(total=len(packed), desc=desc, disable=not progress, mininterval=2.0, unit="item") as bar:
-        for rows in _batches(packed, batch_size):
-            batch = collate([packed[i] for i in rows], dtype, device)
-            h, rope = stack.embed(batch)
-            for key, readout in forward(stack, batch, h, rope, rows).items():
-                per_item = scores.setdefault(key, [None] * len(packed))
-                for i, item_scores in zip(rows, readout):
-                    per_item[i] = item_scores
-            bar.update(len(rows))
+            tqdm(total=len(table), desc=desc, disable=not progress, mininterval=2.0, unit="item") as bar:
+        for batch_units in _batches(units, batch_size):
+            batch = collate([u.item for u in batch_units], dtype, device)
+            for key, readout in forward(stack, batch, batch_units).items():
+                per_item = scores.setdefault(key, [([None] * n, [None] * n) for n in n_choices])
+                for unit, (totals, greedy) in zip(batch_units, readout):
+                    for j, total, flag in zip(unit.choices, totals, greedy):
+                        per_item[unit.row][0][j] = total
+                        per_item[unit.row][1][j] = flag
+            bar.update(sum(1 for u in batch_units if u.choices[-1] == n_choices[u.row] - 1))
     return {key: per_item_frame(table, values) for key, values in scores.items()}
 
 
@@ -144,23 +148,19 @@ def score_table(model, tok, table: pl.DataFrame, batch_size: int = 8, progress: 
     the model pruned to its first k layers (final norm and head kept).
     layer_masks: per batch, attention masks that replace the packed mask in some layers (e.g.
     per-head G&A masks, gna.phases.masking); the other layers keep the packed mask."""
-    if not DecoderStack.supports(model):
-        if layers is not None or depths is not None or layer_masks is not None:
-            raise UnsupportedModel(f"{type(model).__name__}: layer selection needs a Llama-family decoder")
-        return score_table_ref(model, tok, table)
-    layers = list(range(DecoderStack(model).n_layers)) if layers is None else list(layers)
+    layers = list(range(len(decoder_layers(model)))) if layers is None else list(layers)
     wanted = sorted(set(depths)) if depths is not None else [len(layers)]
     if wanted[0] < 0 or wanted[-1] > len(layers):
         raise ValueError(f"depths must lie in 0..{len(layers)}, got {depths}")
 
-    def forward(stack, batch, h, rope, rows):
-        masks = layer_masks(batch, rows) if layer_masks is not None else None
-        readouts, done = {}, 0
-        for k in wanted:  # every depth continues from the previous one
-            h = stack.run(h, batch, rope, layers[done:k], masks)
-            done = k
-            readouts[k] = stack.readout(h, batch)
-        return readouts
+    if layer_masks is not None and not DecoderStack(model).packs_choices:
+        raise UnsupportedModel(f"{family_of(model)}: per-layer attention masks need a model of attention layers only")
+    keep = {layers[k] for k in wanted if k < len(layers)}
+
+    def forward(stack, batch, units):
+        masks = layer_masks(batch, [u.row for u in units]) if layer_masks is not None else None
+        run = stack.record(batch, layers, masks, keep)  # one pass; depth k reads the state after k layers
+        return {k: stack.readout(run.after(k), batch) for k in wanted}
 
     frames = run_batches(model, tok, table, forward, batch_size, progress, desc)
     if depths is None:
@@ -187,18 +187,13 @@ def score_variants(model, tok, table: pl.DataFrame, layers: list[int], variants:
     missing = sorted(resume_points - set(layers))
     if missing:
         raise ValueError(f"cannot resume at layers {missing}: not among the kept layers {layers}")
-    last_needed = max(layers.index(r) for r in resume_points)
 
-    def forward(stack, batch, h, rope, rows):
-        entering = {}
-        for pos, layer in enumerate(layers[: last_needed + 1]):
-            entering[layer] = h
-            if pos < last_needed:
-                h = stack.run(h, batch, rope, [layer])
+    def forward(stack, batch, units):
+        run = stack.record(batch, layers, keep=resume_points)
         readouts = {}
         for v in variants:
             with (v.context() if v.context else contextlib.nullcontext()):
-                out = stack.run(entering[v.resume_at], batch, rope, v.run_layers)
+                out = stack.run(run.entering[v.resume_at], run, v.run_layers)
             readouts[v.key] = stack.readout(out, batch)
         return readouts
 
@@ -222,7 +217,7 @@ def score_removals(model, tok, table: pl.DataFrame, layers: list[int], removals:
 
 def score_table_ref(model, tok, table: pl.DataFrame) -> pl.DataFrame:
     """Reference scoring: the model's own forward on context + choice, one choice at a time."""
-    return per_item_frame(table, [_score_full_ref(model, e) for e in encode_table(tok, table)])
+    return per_item_frame(table, [reference_scores(model, e.context, e.choices) for e in encode_table(tok, table)])
 
 
 PROPORTIONS = ("acc", "acc_norm", "greedy_exact_match", "context_swap_agreement")

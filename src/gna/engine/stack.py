@@ -1,55 +1,254 @@
-"""An explicit layer loop over a decoder-only transformer: embed → layers → norm → head.
+"""The layer loop of any decoder-only causal LM in transformers, driven by the model's own forward.
 
 Owning the loop lets one forward serve many variants exactly: read out after any depth (layer
 pruning from the end), resume from a cached hidden state with a layer removed, or rerun only
-layers L..end with one head ablated. Works for the Llama family in transformers (Llama,
-Mistral, Qwen2/3, SmolLM…): `base_model` with embed_tokens, layers, norm, rotary_emb, and
-decoder layers called as layer(h, attention_mask=, position_ids=, position_embeddings=).
-The model's own forward is the reference (tests keep them equal).
+layers L..end with one head ablated. Nothing of a family's forward is copied here: one pass of
+the model's own decoder (`base_model`) records, for every layer, the hidden state entering it
+and the exact arguments the model called it with (masks, rotary tables per layer type,
+embedding scale, shared inputs); variants then call the layers themselves with those arguments.
+What the engine adds is the model-independent part: the packed block mask (gna.engine.packing),
+narrowed per layer to the model's sliding window where its config declares one, and the
+read-out (final norm, head, logit soft-cap) at scored positions only. `check_engine` compares
+it once per model with the model's own forward and names the family and the mismatch if any.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import weakref
+from dataclasses import dataclass, field
+
 import torch
 
-from gna.engine.packing import PackedBatch
+from gna.engine.packing import PackedBatch, collate, pack
+
+# decoder-layer containers and final norms across families (Llama/Gemma/Qwen/Phi/OLMo: layers,
+# norm; GPT-2: h, ln_f; GPT-NeoX: final_layer_norm; Mamba: norm_f; Zamba2: final_layernorm)
+LAYER_LISTS = ("layers", "h", "blocks")
+FINAL_NORMS = ("norm", "final_layernorm", "final_layer_norm", "ln_f", "norm_f")
 
 
 class UnsupportedModel(TypeError):
     pass
 
 
+def family_of(model) -> str:
+    return getattr(model.config, "model_type", None) or type(model).__name__
+
+
+def decoder_layers(model) -> torch.nn.ModuleList:
+    base = model.base_model
+    for name in LAYER_LISTS:
+        layers = getattr(base, name, None)
+        if isinstance(layers, torch.nn.ModuleList):
+            return layers
+    raise UnsupportedModel(f"{family_of(model)} ({type(base).__name__}): no list of decoder layers "
+                           f"(looked for {', '.join(LAYER_LISTS)})")
+
+
+def _layer_list_name(model) -> str:
+    return next(n for n in LAYER_LISTS if isinstance(getattr(model.base_model, n, None), torch.nn.ModuleList))
+
+
+def final_norm(model) -> torch.nn.Module:
+    base = model.base_model
+    for name in FINAL_NORMS:
+        norm = getattr(base, name, None)
+        if isinstance(norm, torch.nn.Module):
+            return norm
+    raise UnsupportedModel(f"{family_of(model)} ({type(base).__name__}): no final norm "
+                           f"(looked for {', '.join(FINAL_NORMS)})")
+
+
+def sliding_windows(config, n_layers: int) -> list[int | None]:
+    """Per layer, the sliding-window size its attention uses (None: full causal attention), as
+    the config declares it: per-layer `layer_types` (Gemma 2/3, Qwen2/3, …) or one
+    `sliding_window` for every layer (Mistral)."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        unknown = sorted({t for t in types} - {"full_attention", "sliding_attention", "linear_attention",
+                                               "hybrid", "mamba", "attention"})
+        if unknown:
+            raise UnsupportedModel(f"{config.model_type}: layer types {unknown} are not supported "
+                                   "(supported: full and sliding-window attention, SSM layers)")
+        return [window if t == "sliding_attention" else None for t in types[:n_layers]]
+    if window is not None and getattr(config, "use_sliding_window", True):
+        return [window] * n_layers
+    return [None] * n_layers
+
+
+@contextlib.contextmanager
+def pruned_layers(model, keep: list[int]):
+    """Temporarily make `model` consist of the decoder layers `keep` (in that order).
+
+    Layers get renumbered `layer_idx` so caches stay aligned, and per-layer config lists
+    (`layer_types`) follow; everything is restored in `finally`, also on error."""
+    base = model.base_model
+    name = _layer_list_name(model)
+    original = getattr(base, name)
+    cfg = model.config
+    saved_cfg = {k: getattr(cfg, k) for k in ("num_hidden_layers", "layer_types", "layers_block_type")
+                 if getattr(cfg, k, None) is not None and not isinstance(getattr(type(cfg), k, None), property)}
+    saved_idx = [(m, m.layer_idx) for m in base.modules() if hasattr(m, "layer_idx")]
+    try:
+        setattr(base, name, torch.nn.ModuleList([original[i] for i in keep]))
+        for new, layer in enumerate(getattr(base, name)):
+            for m in layer.modules():
+                if hasattr(m, "layer_idx"):
+                    m.layer_idx = new
+        cfg.num_hidden_layers = len(keep)
+        for key in ("layer_types", "layers_block_type"):
+            if key in saved_cfg:
+                setattr(cfg, key, [saved_cfg[key][i] for i in keep])
+        yield model
+    finally:
+        setattr(base, name, original)
+        for k, v in saved_cfg.items():
+            setattr(cfg, k, v)
+        for m, idx in saved_idx:
+            m.layer_idx = idx
+
+
+@dataclass
+class LayerCall:
+    """How the model's own forward called one decoder layer, every argument by name (GPT-2 passes
+    some positionally): `hidden` names the hidden-state parameter, `kwargs` holds the others."""
+    hidden: str
+    kwargs: dict
+
+    @classmethod
+    def bind(cls, layer: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[LayerCall, torch.Tensor]:
+        """(the call, the hidden state) from a forward pre-hook's (args, kwargs)."""
+        sig = inspect.signature(layer.forward)
+        bound = sig.bind(*args, **kwargs)
+        named = {}
+        for name, value in bound.arguments.items():
+            kind = sig.parameters[name].kind
+            if kind is inspect.Parameter.VAR_KEYWORD:
+                named.update(value)
+            elif kind is inspect.Parameter.VAR_POSITIONAL:
+                if value:
+                    raise UnsupportedModel(f"{type(layer).__name__} is called with extra positional arguments")
+            else:
+                named[name] = value
+        hidden = next(iter(sig.parameters))
+        return cls(hidden, named), named.pop(hidden)
+
+    def with_mask(self, mask: torch.Tensor) -> LayerCall:
+        return LayerCall(self.hidden, {**self.kwargs, "attention_mask": mask})
+
+    def __call__(self, layer: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+        out = layer(**{self.hidden: h}, **self.kwargs)
+        return out[0] if isinstance(out, tuple) else out
+
+
+@dataclass
+class Pass:
+    """One recorded forward of the model's decoder over `layers` (original indices, in order)."""
+    layers: list[int]
+    entering: dict[int, torch.Tensor] = field(default_factory=dict)  # hidden state entering a layer
+    calls: dict[int, LayerCall] = field(default_factory=dict)
+    final: torch.Tensor | None = None                                 # after the last layer, before the norm
+
+    def after(self, k: int) -> torch.Tensor:
+        """The hidden state after the first k of `layers` (k = 0: the embedded input)."""
+        return self.final if k == len(self.layers) else self.entering[self.layers[k]]
+
+
 class DecoderStack:
     def __init__(self, model):
-        base = model.base_model
-        missing = [a for a in ("embed_tokens", "layers", "norm", "rotary_emb") if not hasattr(base, a)]
-        if missing:
-            raise UnsupportedModel(f"{type(model).__name__} has no {missing}; the layer loop needs a "
-                                   "Llama-family decoder")
         self.model = model
-        self.base = base
-        self.layers = list(base.layers)
+        self.base = model.base_model
+        self.layers = list(decoder_layers(model))
         self.n_layers = len(self.layers)
+        self.norm = final_norm(model)
         self.head = model.get_output_embeddings()
+        if self.head is None:
+            raise UnsupportedModel(f"{family_of(model)}: no output embeddings (not a causal LM head)")
+        self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        self.windows = sliding_windows(model.config, self.n_layers)
+        from gna.engine.hooks import head_sites
 
-    @staticmethod
-    def supports(model) -> bool:
-        return all(hasattr(model.base_model, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb"))
+        # a context and all its choices share one sequence only where every layer honours the
+        # block mask: attention layers do, a recurrent (SSM) layer would read the other choices
+        self.packs_choices = all(s.kind == "attention" for s in head_sites(model))
+        params = inspect.signature(self.base.forward).parameters
+        self._takes_positions = "position_ids" in params
 
-    def embed(self, batch: PackedBatch) -> tuple[torch.Tensor, tuple]:
-        h = self.base.embed_tokens(batch.ids)
-        return h, self.base.rotary_emb(h, position_ids=batch.positions)
+    def _mask(self, batch: PackedBatch, layer: int, masks: dict | None) -> torch.Tensor:
+        mask = masks.get(layer) if masks else None
+        window = self.windows[layer]
+        if window is not None:
+            windowed = batch.window_mask(window)
+            mask = windowed if mask is None else torch.minimum(mask, windowed)
+        return batch.mask if mask is None else mask
 
-    def run(self, h: torch.Tensor, batch: PackedBatch, rope: tuple, layers: list[int],
-            masks: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
-        """Run `layers` in order from the hidden state `h`. masks: {layer: additive attention
-        mask [B, 1 or heads, T, T]} used instead of the batch's packed mask in those layers."""
-        packed = batch.mask.to(h.dtype)
-        masks = masks or {}
+    def record(self, batch: PackedBatch, layers: list[int] | None = None, masks: dict | None = None,
+               keep: set[int] | None = None) -> Pass:
+        """Run the model's own decoder over `layers` (default all) on `batch` and record each
+        layer's call, the hidden state entering the layers in `keep` (default all) and the final
+        one. masks: {layer: additive mask [B, 1 or heads, T, T]} replacing the packed one there."""
+        layers = list(range(self.n_layers)) if layers is None else list(layers)
+        run = Pass(layers)
+        handles = []
+
+        def recorder(original: int):
+            def hook(module, args, kwargs):
+                call, h = LayerCall.bind(module, args, kwargs)
+                if "layer_idx" in call.kwargs:  # the loop's position; in a pruned view, the layer's own
+                    call.kwargs["layer_idx"] = original  # (Zamba2's shared blocks pick adapters by it)
+                if self.packs_choices:
+                    call = call.with_mask(self._mask(batch, original, masks))
+                run.calls[original] = call
+                if keep is None or original in keep:
+                    run.entering[original] = h
+                return (), {call.hidden: h, **call.kwargs}
+            return hook
+
+        def final(module, args):
+            run.final = args[0]
+
+        kwargs = {"input_ids": batch.ids, "use_cache": False}
+        if self.packs_choices:
+            kwargs["attention_mask"] = batch.mask
+        if self._takes_positions:
+            kwargs["position_ids"] = batch.positions
+        view = pruned_layers(self.model, layers) if layers != list(range(self.n_layers)) else contextlib.nullcontext()
+        try:
+            with view:
+                for original in layers:
+                    handles.append(self.layers[original].register_forward_pre_hook(recorder(original),
+                                                                                   with_kwargs=True))
+                handles.append(self.norm.register_forward_pre_hook(final))
+                self.base(**kwargs)
+        finally:
+            for handle in handles:
+                handle.remove()
+        if run.final is None:
+            raise UnsupportedModel(f"{family_of(self.model)}: the final norm was not applied by the decoder")
+        return run
+
+    def run(self, h: torch.Tensor, run: Pass, layers: list[int], masks: dict | None = None,
+            batch: PackedBatch | None = None) -> torch.Tensor:
+        """Call `layers` in order from the hidden state `h` with the arguments recorded in `run`;
+        masks as in `record` (needs `batch`)."""
         for i in layers:
-            h = self.layers[i](h, attention_mask=masks.get(i, packed), position_ids=batch.positions,
-                               position_embeddings=rope)
+            call = run.calls[i]
+            if masks and i in masks:
+                call = call.with_mask(self._mask(batch, i, masks))
+            h = call(self.layers[i], h)
         return h
+
+    def logprobs(self, hidden: torch.Tensor, normed: bool = False) -> torch.Tensor:
+        """Log-softmax over the vocabulary of hidden states [N, d] (final norm unless `normed`)."""
+        if not normed:
+            hidden = self.norm(hidden)
+        logits = self.head(hidden).float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return torch.log_softmax(logits, dim=-1)
 
     def readout(self, h: torch.Tensor, batch: PackedBatch, normed: bool = False):
         """Per item: (summed log-prob per choice, greedy flag per choice), from the hidden state
@@ -63,10 +262,7 @@ class DecoderStack:
                     where.setdefault((b, p), len(where))
         rows = torch.tensor([b for b, _ in where], device=h.device)
         cols = torch.tensor([p for _, p in where], device=h.device)
-        hidden = h[rows, cols]
-        if not normed:
-            hidden = self.base.norm(hidden)
-        logp = torch.log_softmax(self.head(hidden).float(), dim=-1)
+        logp = self.logprobs(h[rows, cols], normed)
         best = logp.argmax(-1)
         out = []
         for b, item in enumerate(batch.items):
@@ -80,7 +276,8 @@ class DecoderStack:
         return out
 
     def target_logprob(self, h: torch.Tensor, batch: PackedBatch, targets: list[int]) -> torch.Tensor:
-        """Differentiable log-prob of each item's target choice (summed over its tokens)."""
+        """Differentiable log-prob of each item's target choice (summed over its tokens); an item
+        holding one choice only (unpacked layout) is scored on that choice: pass 0."""
         rows, cols, toks, owner = [], [], [], []
         for b, (item, target) in enumerate(zip(batch.items, targets)):
             for p, t in zip(item.score_at[target], item.targets[target]):
@@ -89,7 +286,63 @@ class DecoderStack:
                 toks.append(t)
                 owner.append(b)
         on = {"device": h.device}
-        hidden = self.base.norm(h[torch.tensor(rows, **on), torch.tensor(cols, **on)])
-        logp = torch.log_softmax(self.head(hidden).float(), dim=-1)
+        logp = self.logprobs(h[torch.tensor(rows, **on), torch.tensor(cols, **on)])
         picked = logp[torch.arange(len(toks), **on), torch.tensor(toks, **on)]
         return torch.zeros(len(batch.items), dtype=picked.dtype, **on).index_add(0, torch.tensor(owner, **on), picked)
+
+
+@torch.inference_mode()
+def reference_scores(model, context: list[int], choices: list[list[int]]) -> tuple[list[float], list[bool]]:
+    """The reference: the model's own forward on context + choice, one choice at a time, logits
+    everywhere; (summed log-prob per choice, greedy flag per choice)."""
+    from gna.engine.device import device_of
+
+    totals, greedy = [], []
+    on = {"device": device_of(model)}
+    for cont in choices:
+        ids = torch.tensor([context + cont[:-1]], **on)
+        lp = torch.log_softmax(model(input_ids=ids, use_cache=False).logits[0].float(), dim=-1)
+        rows = lp[len(context) - 1:]
+        idx = torch.tensor(cont, **on)
+        totals.append(float(rows[torch.arange(len(cont), **on), idx].sum()))
+        greedy.append(bool((rows.argmax(-1) == idx).all()))
+    return totals, greedy
+
+
+_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+CHECK_TOLERANCE = 1e-3
+
+
+@torch.inference_mode()
+def check_engine(model) -> DecoderStack:
+    """A DecoderStack for `model`, compared once per model with the model's own forward on a
+    short probe (two choices after a context longer than a small sliding window): the
+    family's read-out, masks and positions are then known to be the engine's. Raises
+    UnsupportedModel naming the family and what differs."""
+    stack = DecoderStack(model)
+    if _CHECKED.get(model):
+        return stack
+    from gna.engine.device import device_of
+
+    vocab = stack.head.weight.shape[0]
+    windows = [w for w in stack.windows if w is not None]
+    length = min(max(windows, default=4) + 4, 48)
+    gen = torch.Generator().manual_seed(0)
+    context, first, second = (torch.randint(1, vocab, (n,), generator=gen, device="cpu").tolist() for n in (length, 3, 2))
+    choices = [first, second]
+    dtype, device = next(model.parameters()).dtype, device_of(model)
+    items = [pack(context, choices)] if stack.packs_choices else [pack(context, [c]) for c in choices]
+    batch = collate(items, dtype, device)
+    run = stack.record(batch, keep=set())
+    engine = [t for totals, _ in stack.readout(run.final, batch) for t in totals]
+    reference = reference_scores(model, context, choices)[0]
+    worst = max(abs(a - b) for a, b in zip(engine, reference))
+    scale = 1e-2 if dtype != torch.float32 else CHECK_TOLERANCE
+    if not worst <= scale * max(1.0, max(abs(r) for r in reference)):
+        raise UnsupportedModel(
+            f"{family_of(model)} ({type(model).__name__}): the engine's log-probs differ from the model's own "
+            f"forward by {worst:.3g} on a probe of {length} tokens — its attention masks, positions or output "
+            "head work differently from what the engine supports (packed block masks, config sliding windows, "
+            "final_logit_softcapping)")
+    _CHECKED[model] = True
+    return stack

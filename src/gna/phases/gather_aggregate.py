@@ -16,6 +16,9 @@ import polars as pl
 import torch
 
 from gna.engine.device import device_of
+from gna.engine.hooks import head_sites
+from gna.engine.stack import UnsupportedModel, family_of
+from gna.models.families import skip_hint
 from gna.students.spec import load_any
 from gna.students.mixer import captured_maps, mixers, ssm_heads_of
 from gna.core.io import read_parquet, write_parquet
@@ -98,6 +101,10 @@ def attention_maps(model, tok, context: str) -> torch.Tensor:
         with captured_maps(model) as maps:
             model(ids)
         return torch.stack([m[0] for m in maps]).float()
+    kinds = {s.kind for s in head_sites(model)}
+    if kinds != {"attention"}:
+        raise UnsupportedModel(f"{family_of(model)} ({type(model).__name__}): G&A maps need attention weights in every "
+                               f"layer; this model has {', '.join(sorted(kinds - {'attention'}))} layers")
     with eager_attention(model):
         out = model(ids, output_attentions=True)
     return torch.stack([a[0] for a in out.attentions]).float()
@@ -231,7 +238,10 @@ def run_gna_roles(model_name: str, model_dir: str, ranking_path: str, teacher_ro
     model, tok = load_any(model_dir, dtype)
     ranking = read_parquet(ranking_path)
     table = build_kv_retrieval([gna["dict_size"]], gna["n"], gna["seed"], template)
-    roles = head_roles(model, tok, table, kv_row_segments, gna["gather_min"], gna["aggregate_min"])
+    try:
+        roles = head_roles(model, tok, table, kv_row_segments, gna["gather_min"], gna["aggregate_min"])
+    except UnsupportedModel as err:
+        raise UnsupportedModel(f"{err}; {skip_hint(model_name, 'gna')}") from None
     roles = roles.join(ranking.select("layer", "head", "rank", "acc_drop"), on=["layer", "head"], how="left")
     write_parquet(roles.with_columns(pl.lit(model_name).alias("model")), roles_path)
     role_source = read_parquet(teacher_roles_paths[0]) if teacher_roles_paths else roles

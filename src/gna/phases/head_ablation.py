@@ -18,11 +18,11 @@ from scipy.stats import spearmanr
 from tqdm.auto import tqdm
 
 from gna.engine.device import device_of
-from gna.engine.hooks import ablate_heads, head_sites
+from gna.engine.hooks import HeadSite, ablate_heads, head_sites, site_of
 from gna.core.io import read_parquet, write_json, write_parquet
 from gna.models.prepare import load_model
 from gna.engine.scoring import Variant, run_batches, score_table, score_variants
-from gna.engine.stack import DecoderStack
+from gna.engine.stack import check_engine, decoder_layers
 from gna.tasks.tables import build_kv_retrieval
 
 log = logging.getLogger("gna.phases.head_ablation")
@@ -37,24 +37,20 @@ def sweep_heads(model, tok, table: pl.DataFrame, heads: list[tuple[int, int]] | 
                 progress: bool = True) -> pl.DataFrame:
     """Ablate each head alone; accuracy and mean log-prob of the correct choice per head.
 
-    Fast and exact for Llama-family models: the hidden state entering layer L is computed once
+    Exact for every family the engine runs: the hidden state entering layer L is computed once
     per batch and only layers L..end rerun for that layer's heads (gna.engine.scoring.score_variants).
-    Other families (SSMs) fall back to one full forward per head. Returns one row per head plus
-    a row with layer = head = -1 for the unablated model."""
+    Returns one row per head plus a row with layer = head = -1 for the unablated model."""
     sites = head_sites(model)
-    heads = heads if heads is not None else [(s.layer, h) for s in sites for h in range(s.n_heads)]
+    heads = heads if heads is not None else [(s.layer, s.offset + h) for s in sites for h in range(s.n_heads)]
     base = score_table(model, tok, table, batch_size=batch_size, progress=False)
-    if DecoderStack.supports(model):
-        layers = list(range(len(sites)))
-        variants = [Variant((layer, head), layer, layers[layer:],
-                            context=lambda layer=layer, head=head: ablate_heads(model, [(layer, head)], sites))
-                    for layer, head in heads]
-        frames = score_variants(model, tok, table, layers, variants, batch_size, progress, desc="head sweep")
-    else:
-        frames = sweep_heads_naive(model, tok, table, heads, batch_size, progress, sites)
+    layers = list(range(len(decoder_layers(model))))
+    variants = [Variant((layer, head), layer, layers[layer:],
+                        context=lambda layer=layer, head=head: ablate_heads(model, [(layer, head)], sites))
+                for layer, head in heads]
+    frames = score_variants(model, tok, table, layers, variants, batch_size, progress, desc="head sweep")
     rows = [{"layer": -1, "head": -1, "kind": "none", **_summary(base)}]
-    rows += [{"layer": layer, "head": head, "kind": sites[layer].kind, **_summary(frames[(layer, head)])}
-             for layer, head in heads]
+    rows += [{"layer": layer, "head": head, "kind": site_of(sites, layer, head)[0].kind,
+              **_summary(frames[(layer, head)])} for layer, head in heads]
     return pl.DataFrame(rows)
 
 
@@ -86,36 +82,53 @@ def attribution_scores(model, tok, table: pl.DataFrame, batch_size: int = 8, pro
 
     For head output z (its slice of the site's input) and gradient g of the metric, zeroing z
     changes the metric by about -<g, z>; the estimated drop is <g, z> summed over positions."""
+    check_engine(model)  # its probe runs before the hooks below are installed
     sites = head_sites(model)
+    layers = decoder_layers(model)
     targets = table["target"].to_list()
-    est = {s.layer: torch.zeros(s.n_heads, dtype=torch.float64, device=device_of(model)) for s in sites}
-    captured: dict[int, torch.Tensor] = {}
+    est = {s: torch.zeros(s.n_heads, dtype=torch.float64, device=device_of(model)) for s in sites}
+    captured: dict[HeadSite, list[torch.Tensor]] = {s: [] for s in sites}
+    running = [None]
 
-    def capture(layer):
+    def enter(i):
         def hook(module, args):
-            args[0].retain_grad()
-            captured[layer] = args[0]
+            running[0] = i
         return hook
 
-    def forward(stack, batch, h, rope, rows):
-        h = h.detach().requires_grad_(True)  # gradients flow from here through every layer
-        h = stack.run(h, batch, rope, list(range(stack.n_layers)))
-        logp = stack.target_logprob(h, batch, [targets[i] for i in rows])
-        (logp.sum() / len(table)).backward()
+    def capture(site):
+        def hook(module, args):
+            if running[0] == site.layer and args[0].requires_grad:  # this layer's call only (shared modules)
+                args[0].retain_grad()
+                captured[site].append(args[0])
+        return hook
+
+    def forward(stack, batch, units):
+        # the target choice's log-prob; with one choice per sequence, other choices weigh 0
+        local = [u.choices.index(targets[u.row]) if targets[u.row] in u.choices else 0 for u in units]
+        weight = torch.tensor([float(targets[u.row] in u.choices) for u in units], device=batch.ids.device)
+        run = stack.record(batch, keep=set())
+        logp = stack.target_logprob(run.final, batch, local)
+        ((logp * weight).sum() / len(table)).backward()
         for s in sites:
-            z, g = captured[s.layer], captured[s.layer].grad
-            shape = (*z.shape[:-1], s.n_heads, s.head_dim)
-            est[s.layer] += (z.detach().reshape(shape) * g.reshape(shape)).sum(dim=(0, 1, 3)).double()
+            for z in captured[s]:
+                shape = (*z.shape[:-1], s.n_heads, s.head_dim)
+                est[s] += (z.detach().reshape(shape) * z.grad.reshape(shape)).sum(dim=(0, 1, 3)).double()
+            captured[s].clear()
         model.zero_grad(set_to_none=True)
         return {}
 
-    handles = [s.module.register_forward_pre_hook(capture(s.layer)) for s in sites]
+    def grad_from_embeddings(module, args, out):  # the weights may be frozen: gradients start here
+        return out.detach().requires_grad_(True) if torch.is_grad_enabled() else out
+
+    handles = [layer.register_forward_pre_hook(enter(i)) for i, layer in enumerate(layers)]
+    handles.append(model.get_input_embeddings().register_forward_hook(grad_from_embeddings))
+    handles += [s.module.register_forward_pre_hook(capture(s)) for s in sites]
     try:
         run_batches(model, tok, table, forward, batch_size, progress, desc="attribution", grad=True)
     finally:
         for handle in handles:
             handle.remove()
-    rows = [{"layer": s.layer, "head": h, "kind": s.kind, "logp_drop_est": float(est[s.layer][h])}
+    rows = [{"layer": s.layer, "head": s.offset + h, "kind": s.kind, "logp_drop_est": float(est[s][h])}
             for s in sites for h in range(s.n_heads)]
     return pl.DataFrame(rows)
 

@@ -15,7 +15,7 @@ import random
 import polars as pl
 from tqdm.auto import tqdm
 
-from gna.engine.hooks import ablate_heads, all_heads, head_sites
+from gna.engine.hooks import ablate_heads, all_heads, head_sites, heads_per_layer
 from gna.core.io import read_json, read_parquet, write_parquet
 from gna.models.prepare import load_model
 from gna.engine.scoring import score_table, summarize_task
@@ -79,7 +79,7 @@ def heads_kept(model, tok, ranking: pl.DataFrame, kept_layers: list[int], tables
     if len(kept_layers) < 2:  # a one-layer "minimal model" has no pair of critical layers
         kept_layers = list(range(model.config.num_hidden_layers))
     (layer_a, head_a), (layer_b, head_b) = critical_heads(ranking, kept_layers)
-    n_heads = {s.layer: s.n_heads for s in head_sites(model)}
+    n_heads = heads_per_layer(head_sites(model))
     others_a = [(layer_a, h) for h in range(n_heads[layer_a]) if h != head_a]
     others_b = [(layer_b, h) for h in range(n_heads[layer_b]) if h != head_b]
     variants = [

@@ -3,17 +3,15 @@
 
 Fast path: every prefix of a model shares one forward pass (the state after layer k-1 does not
 depend on later layers), so one pass reads out all depths; individual removal reuses the state
-entering the removed layer (gna.engine.scoring.score_removals). Reference: `pruned_layers` builds the
+entering the removed layer (gna.engine.scoring.score_removals). Reference: `gna.engine.stack.pruned_layers` builds the
 pruned model itself — a fresh ModuleList with renumbered layer_idx — and runs its own forward.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
 import polars as pl
-import torch
 
 from gna.core.io import read_json, read_parquet, write_json, write_parquet
 from gna.models.prepare import load_model
@@ -21,35 +19,6 @@ from gna.engine.scoring import score_removals, score_table, summarize_task
 from gna.tasks.tables import load_task_tables
 
 log = logging.getLogger("gna.phases.pruning")
-
-
-@contextlib.contextmanager
-def pruned_layers(model, keep: list[int]):
-    """Temporarily make `model` consist of the decoder layers `keep` (in that order).
-
-    Layers get renumbered `layer_idx` so KV caches stay aligned; everything is restored in
-    `finally`, also on error."""
-    base = model.base_model
-    original = base.layers
-    cfg = model.config
-    saved_cfg = {k: getattr(cfg, k) for k in ("num_hidden_layers", "layer_types") if hasattr(cfg, k)}
-    saved_idx = [(m, m.layer_idx) for m in base.modules() if hasattr(m, "layer_idx")]
-    try:
-        base.layers = torch.nn.ModuleList([original[i] for i in keep])
-        for new, layer in enumerate(base.layers):
-            for m in layer.modules():
-                if hasattr(m, "layer_idx"):
-                    m.layer_idx = new
-        cfg.num_hidden_layers = len(keep)
-        if saved_cfg.get("layer_types") is not None:
-            cfg.layer_types = [saved_cfg["layer_types"][i] for i in keep]
-        yield model
-    finally:
-        base.layers = original
-        for k, v in saved_cfg.items():
-            setattr(cfg, k, v)
-        for m, idx in saved_idx:
-            m.layer_idx = idx
 
 
 def _tidy(per_item: pl.DataFrame, key: str) -> pl.DataFrame:

@@ -14,7 +14,8 @@ from gna.tasks.lmeval_bridge import CROSSCHECK_TASK
 from gna.models.prepare import read_provenance
 
 SOURCES = {
-    "pypi-file": lambda s: f"PyPI {s['package']}=={s['version']} : {s['member']}",
+    "pypi-file": lambda s: (f"PyPI {s['package']}=={s['version']} : {s['member']}" if "parts" not in s else
+                            "PyPI " + " + ".join(f"{p['package']}=={p['version']}" for p in s["parts"])),
     "hf": lambda s: f"HF {s['id']}" + (f"@{s['revision']}" if s.get("revision") else ""),
     "local": lambda s: f"local {s['path']}",
     "tiny-random": lambda s: f"tiny random {s.get('arch', 'llama')} (seed {s.get('seed', 0)})",

@@ -453,12 +453,17 @@ def memory_part(memory: pl.DataFrame, hy: dict, reference: bool) -> str:
 def render_hybrid(ctx: SectionContext) -> str:
     """The students: heads kept, state size, layer swap, answer rows, memory and training curves
     (placeholder figures when the hybrid phase is off)."""
+    skipped = [name for name, spec in ctx.config["models"].items() if "hybrid" in spec.get("skip", [])]
+    skipped_note = (f"<p>No students of {', '.join(f'<code>{html.escape(m)}</code>' for m in skipped)}: "
+                    "<code>skip: [hybrid]</code> in the config (students replace Llama-shaped attention head by "
+                    "head; the README's family table lists the families they are built for).</p>" if skipped else "")
     if not ctx.paths("hybrid_scores"):
+        why = "hybrid.enabled: false" if not ctx.config["hybrid"].get("enabled", True) else "every model has skip: [hybrid]"
         for name in ("hybrid_heads", "hybrid_budget", "hybrid_training", "hybrid_align_heads"):
-            placeholder_figure(ctx.figures[name], "hybrid phase not run (hybrid.enabled: false)")
-        return ""
+            placeholder_figure(ctx.figures[name], f"hybrid phase not run ({why})")
+        return skipped_note
     hy, scores, swap = ctx.config["hybrid"], ctx.frame("hybrid_scores"), ctx.frame("hybrid_swap")
-    parts = [DESIGN, budget_note(hy)]
+    parts = [DESIGN, budget_note(hy), skipped_note]
     if scores.is_empty():
         return "".join(parts)
     models = sorted(scores["model"].unique())

@@ -23,7 +23,7 @@ HTML = "data/report/index.html"
 @dataclass(frozen=True)
 class Input:
     """A result the report reads: `pattern` is expanded over the wildcard lists it names
-    ({model}, {gna_model}, {scored_variant}, {student_variant}, {answer_row_variant},
+    ({model}, {hybrid_model}, {gna_model}, {scored_variant}, {student_variant}, {answer_row_variant},
     {state_size}); `switch`, when set, names the config switch without which it is not made."""
 
     key: str
@@ -97,16 +97,16 @@ SECTIONS: tuple[Section, ...] = (
     Section("gna", _results("gna", ("roles", "maps", "masking"), model="gna_model"),
             _figures("Gather-and-Aggregate", "gna_maps", "gna_maps_mmlu"), "gna.report.gna_section:render_gna"),
     Section("hybrid",
-            (Input("hybrid_scores", "data/results/hybrid/{model}/{scored_variant}.parquet", "hybrid"),
-             Input("hybrid_swap", "data/results/hybrid/{model}/swap.parquet", "hybrid_swap"),
-             Input("hybrid_answer_rows", "data/results/hybrid/{model}/answer-rows-{answer_row_variant}.parquet",
+            (Input("hybrid_scores", "data/results/hybrid/{hybrid_model}/{scored_variant}.parquet", "hybrid"),
+             Input("hybrid_swap", "data/results/hybrid/{hybrid_model}/swap.parquet", "hybrid_swap"),
+             Input("hybrid_answer_rows", "data/results/hybrid/{hybrid_model}/answer-rows-{answer_row_variant}.parquet",
                    "hybrid"),
-             Input("hybrid_memory", "data/results/hybrid/{model}/memory.parquet", "hybrid"),
-             Input("hybrid_align", "data/distill/{model}/align-n{state_size}.parquet", "hybrid"),
-             Input("hybrid_align_heads", "data/distill/{model}/align-n{state_size}-heads.parquet", "hybrid"),
-             Input("hybrid_kd", "data/distill/{model}/kd-{student_variant}.parquet", "hybrid"),
-             Input("hybrid_budget", "data/results/hybrid/{model}/budget-{budget_variant}.parquet", "hybrid"),
-             Input("hybrid_ablation", "data/results/hybrid/{model}/ablation-{ablation}.parquet", "hybrid")),
+             Input("hybrid_memory", "data/results/hybrid/{hybrid_model}/memory.parquet", "hybrid"),
+             Input("hybrid_align", "data/distill/{hybrid_model}/align-n{state_size}.parquet", "hybrid"),
+             Input("hybrid_align_heads", "data/distill/{hybrid_model}/align-n{state_size}-heads.parquet", "hybrid"),
+             Input("hybrid_kd", "data/distill/{hybrid_model}/kd-{student_variant}.parquet", "hybrid"),
+             Input("hybrid_budget", "data/results/hybrid/{hybrid_model}/budget-{budget_variant}.parquet", "hybrid"),
+             Input("hybrid_ablation", "data/results/hybrid/{hybrid_model}/ablation-{ablation}.parquet", "hybrid")),
             _figures("SSM and hybrid students", "hybrid_heads", "hybrid_budget", "hybrid_training",
                      "hybrid_align_heads"),
             "gna.report.hybrid_section:render_hybrid"),
@@ -117,7 +117,7 @@ FIGURES: tuple[Figure, ...] = tuple(figure for section in SECTIONS for figure in
 
 def report_inputs(values: dict[str, list], switches: dict[str, bool]) -> dict[str, str | list[str]]:
     """Every section's inputs, {key: path or paths}: `values` gives each wildcard's list (model,
-    gna_model, scored_variant, student_variant, answer_row_variant, budget_variant, ablation,
+    hybrid_model, gna_model, scored_variant, student_variant, answer_row_variant, budget_variant, ablation,
     state_size), `switches` the
     config switches (hybrid, hybrid_swap)."""
     return {put.key: put.paths(values, switches) for section in SECTIONS for put in section.inputs}

@@ -20,12 +20,15 @@ from __future__ import annotations
 import copy
 import logging
 import math
+from pathlib import Path
 
 import polars as pl
 import torch
 from tqdm.auto import tqdm
 
 from gna.engine.precision import COMPUTE_DTYPES, frozen_weights_in
+from gna.engine.stack import UnsupportedModel
+from gna.models.families import check_student_family, skip_hint
 from gna.students.corpus import build_corpus
 from gna.students.mixer import HybridMixer, mixers
 from gna.core.io import atomic_dir, read_parquet, write_parquet
@@ -78,6 +81,10 @@ def run_distill_teacher(model_dir: str, mmlu_path: str, out_path: str, corpus: d
     on the train windows (hidden of the first corpus["align_windows"], top_logp, top_idx) plus
     the windows (train_ids, train_answers, heldout_ids)."""
     model, tok = load_model(model_dir, dtype)
+    try:
+        check_student_family(model)
+    except UnsupportedModel as err:
+        raise UnsupportedModel(f"{err}; {skip_hint(Path(model_dir).name, 'hybrid')}") from None
     _, pool = select_mmlu(load_mmlu_jsonl(mmlu_path), mmlu["n"], mmlu["seed"], mmlu["topics"])
     windows = build_corpus(tok, pool, corpus, template, seed)
     log.info("corpus: %d train windows (%d answer positions; the first %d also for alignment) and %d held-out "

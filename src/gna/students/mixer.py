@@ -356,11 +356,13 @@ class HybridMixer(nn.Module):
 # -- the mixers of a model ----------------------------------------------------------------
 
 def layers_of(model):
-    return model.base_model.layers
+    from gna.engine.stack import decoder_layers
+
+    return decoder_layers(model)
 
 
 def mixers(model) -> list[HybridMixer]:
-    return [layer.self_attn for layer in layers_of(model) if isinstance(layer.self_attn, HybridMixer)]
+    return [layer.self_attn for layer in layers_of(model) if isinstance(getattr(layer, "self_attn", None), HybridMixer)]
 
 
 def ssm_heads_of(model) -> set[tuple[int, int]]:

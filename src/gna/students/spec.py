@@ -132,8 +132,10 @@ def ssm_heads_for(n_layers: int, n_heads: int, kept: list[tuple[int, int]]) -> d
 def make_hybrid(model, kept: list[tuple[int, int]], state_size: int):
     """Turn `model` (a Llama-family transformer, modified in place) into a hybrid keeping the
     attention heads `kept` [(layer, head)]; all other heads become SSM heads."""
+    from gna.models.families import check_student_family
     from gna.students.mixer import HybridMixer, layers_of
 
+    check_student_family(model)
     cfg = model.config
     for i, layer in enumerate(layers_of(model)):
         if not hasattr(layer, "self_attn") or not hasattr(layer.self_attn, "o_proj"):

@@ -40,6 +40,42 @@ MMLU_DOC_TO_TEXT = (
 FRAME_COLUMNS = ("model", "task", "metric", "filter", "value", "stderr", "n")
 
 
+# lm-eval computes logits at every position of a batch and their float32 log-softmax: about
+# 12 bytes per (position, vocabulary entry) held at once (measured: a 262k-token vocabulary at
+# batch 8 peaked at 12 GB)
+LOGIT_BYTES = 12
+ASSUMED_TOKENS = 2048  # the longest request of a task whose items are not ours to measure
+RESERVED_MB = 1000     # the process, the tokenizer, lm-eval's own tables
+
+
+def fitting_batch_size(model, requested: int, memory_mb: int | None, longest_tokens: int) -> int:
+    """The largest batch size up to `requested` whose logits fit in `memory_mb` (the job's
+    memory) next to the weights; 1 at least (a warning says when even that does not fit)."""
+    if memory_mb is None:
+        return requested
+    vocab = model.get_output_embeddings().weight.shape[0]
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    spare = (memory_mb - RESERVED_MB) * 2**20 - weights
+    per_sequence = longest_tokens * vocab * LOGIT_BYTES
+    fits = int(spare // per_sequence) if spare > 0 else 0
+    if fits < 1:
+        log.warning("lm-eval's logits of one %d-token request over %d vocabulary entries (%.0f MB) do not fit in "
+                    "the job's %d MB next to the weights; raise the rule's mem_mb", longest_tokens, vocab,
+                    per_sequence / 2**20, memory_mb)
+    batch = max(1, min(requested, fits))
+    if batch < requested:
+        log.info("lm-eval batch size %d instead of %d: %d-token requests over %d vocabulary entries in %d MB",
+                 batch, requested, longest_tokens, vocab, memory_mb)
+    return batch
+
+
+def longest_request(tok, items_file: str | Path) -> int:
+    """An upper bound of the tokens of the longest request of our MMLU items (`items_file`, one
+    JSON item per line): the item's text and a margin for the description and prompt words."""
+    with open(items_file) as handle:
+        return max(len(tok(line, add_special_tokens=False)["input_ids"]) for line in handle) + 64
+
+
 def make_lm(model, tok, batch_size: int = 8):
     """lm-eval HFLM around an already-instantiated transformers model (kept on its device).
 
@@ -76,8 +112,11 @@ def check_task_names(task_manager, tasks: list[str], searched: str = "lm-eval's 
 
 def run_tasks(model, tok, tasks: list[str], include_path: str | Path | None = None,
               include_defaults: bool = True, limit: int | None = None,
-              num_fewshot: int | None = None, batch_size: int = 8, log_samples: bool = False) -> dict:
-    """Evaluate `tasks` with lm_eval.simple_evaluate; returns its raw results dict.
+              num_fewshot: int | None = None, batch_size: int = 8, log_samples: bool = False,
+              memory_mb: int | None = None, longest_tokens: int = ASSUMED_TOKENS) -> dict:
+    """Evaluate `tasks` with lm_eval.simple_evaluate; returns its raw results dict. The batch
+    size is reduced where the logits of `longest_tokens`-token requests would not fit in
+    `memory_mb` (fitting_batch_size).
 
     Hub tasks ("mmlu", "arc_easy", ...) download their datasets through `datasets` on first use
     (needs network or a populated HF cache). Per-sample outputs are under results["samples"]
@@ -90,6 +129,7 @@ def run_tasks(model, tok, tasks: list[str], include_path: str | Path | None = No
         ([f"include_path={include_path}"] if include_path else [])
         + (["lm-eval's built-in tasks"] if include_defaults else []))
     check_task_names(task_manager, tasks, searched)
+    batch_size = fitting_batch_size(model, batch_size, memory_mb, longest_tokens)
     lm = make_lm(model, tok, batch_size=batch_size)
     results = lm_eval.simple_evaluate(
         model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit, batch_size=batch_size,

@@ -4,7 +4,8 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from gna.phases.pruning import gradual, individual, minimal_prefix, pruned_layers
+from gna.engine.stack import pruned_layers
+from gna.phases.pruning import gradual, individual, minimal_prefix
 from gna.tasks.tables import subset_evenly
 from gna.engine.scoring import score_removals, score_table, score_table_ref
 from gna.tasks.tables import build_kv_retrieval

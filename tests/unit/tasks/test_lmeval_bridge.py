@@ -189,3 +189,20 @@ def test_crosscheck_reads_the_items_where_they_are_after_the_project_moves(setup
     frame = run_crosscheck("tiny", str(model_dir), str(moved), tmp_path / "out" / "x.parquet", batch_size=4)
     assert frame.filter(pl.col("metric") == "acc")["n"].to_list() == [4]
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["x.parquet"]  # the job-time YAML is gone
+
+
+def test_lm_eval_batch_shrinks_until_its_logits_fit_the_jobs_memory(tiny_llama, tmp_path, caplog):
+    from gna.tasks.lmeval_bridge import LOGIT_BYTES, RESERVED_MB, fitting_batch_size, longest_request
+
+    model, tok = tiny_llama
+    per_sequence_mb = 1000 * 257 * LOGIT_BYTES / 2**20  # 1000-token requests over the byte vocabulary
+    weights_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+    room = RESERVED_MB + weights_mb + 3.5 * per_sequence_mb
+    assert fitting_batch_size(model, 8, None, 1000) == 8
+    assert fitting_batch_size(model, 8, int(room), 1000) == 3
+    assert fitting_batch_size(model, 2, int(room), 1000) == 2
+    assert fitting_batch_size(model, 8, RESERVED_MB, 1000) == 1
+    assert "do not fit in the job's 1000 MB" in caplog.text
+    items = tmp_path / "items.jsonl"
+    items.write_text('{"question": "short"}\n{"question": "' + "x" * 300 + '"}\n')
+    assert longest_request(tok, items) == len('{"question": "' + "x" * 300 + '"}\n') + 64  # one token per byte

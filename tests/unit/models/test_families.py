@@ -1,0 +1,179 @@
+"""The model-family matrix: tiny random configs of transformers' own classes (no hub), each
+prepared from a saved HF folder and run through every phase that applies, against the model's
+own forward as the reference. Windowed families use a window of 8 tokens, shorter than every
+prompt here, so windowed layers are tested where they differ from full attention."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from gna.engine.hooks import ablate_heads, active_hooks, all_heads, head_sites
+from gna.engine.scoring import score_removals, score_table, score_table_ref
+from gna.engine.stack import DecoderStack, pruned_layers, sliding_windows
+from gna.models.families import FAMILY_PHASES, STUDENT_FAMILIES, check_student_family
+from gna.models.prepare import load_model, prepare_model
+from gna.models.tiny import ARCHS, tiny_random_model
+from gna.phases.gather_aggregate import head_roles, kv_row_segments
+from gna.phases.head_ablation import attribution_scores, sweep_heads
+from gna.phases.masking import CONDITIONS, masking_experiment
+from gna.tasks.tables import build_kv_retrieval
+
+KV = build_kv_retrieval([3, 4], 2, seed=0, template="lookup")
+
+
+def _flat(frame) -> np.ndarray:
+    return np.concatenate(frame["logprobs"].to_list())
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def family(request, tmp_path_factory):
+    """(arch, prepared model, tokenizer): a tiny model saved as an HF folder, prepared as a
+    `local` source and loaded back as the workflow does."""
+    arch = request.param
+    model, tok = tiny_random_model({"arch": arch, "layers": 4, "hidden": 32, "heads": 4, "kv_heads": 2, "seed": 1})
+    folder = tmp_path_factory.mktemp(arch)
+    model.save_pretrained(folder / "hf")
+    tok.save_pretrained(folder / "hf")
+    prov = prepare_model(arch, {"source": "local", "path": str(folder / "hf")}, folder / "prepared")
+    loaded, tok = load_model(folder / "prepared")
+    assert prov["architecture"] == type(loaded).__name__ and loaded.config.model_type.startswith(arch)
+    return arch, loaded, tok
+
+
+def test_engine_logprobs_equal_the_models_own_forward(family):
+    arch, model, tok = family
+    windows = sliding_windows(model.config, model.config.num_hidden_layers)
+    longest = max(len(tok(c).input_ids) for c in KV["context"])
+    if any(windows):
+        assert longest > max(w for w in windows if w)  # the prompts reach past every window
+    fast, ref = score_table(model, tok, KV, batch_size=3, progress=False), score_table_ref(model, tok, KV)
+    assert np.abs(_flat(fast) - _flat(ref)).max() <= 1e-4
+    assert fast["pred"].to_list() == ref["pred"].to_list()
+
+
+def test_pruning_gradual_and_individual_equal_the_pruned_models_forward(family):
+    arch, model, tok = family
+    n = model.config.num_hidden_layers
+    depths = score_table(model, tok, KV, depths=[1, n - 1], progress=False)
+    # Zamba2's own forward tells a layer its position in the loop, and its shared blocks pick
+    # per-layer adapters by it: only a prefix of its layers is a model its own forward can run
+    gone = n - 1 if arch == "zamba2" else 1
+    removed = score_removals(model, tok, KV, list(range(n)), [gone], progress=False)
+    for keep, fast in ((list(range(1)), depths.filter(depths["depth"] == 1)),
+                       (list(range(n - 1)), depths.filter(depths["depth"] == n - 1)),
+                       ([i for i in range(n) if i != gone], removed)):
+        with pruned_layers(model, keep):
+            ref = score_table_ref(model, tok, KV)
+        assert np.abs(_flat(fast) - _flat(ref)).max() <= 1e-4, keep
+
+
+def test_exact_head_sweep_equals_a_naive_forward_per_head(family):
+    arch, model, tok = family
+    heads = all_heads(model)
+    chosen = [heads[0], heads[len(heads) // 2], heads[-1]]
+    sweep = sweep_heads(model, tok, KV, heads=chosen, batch_size=3, progress=False)
+    for layer, head in chosen:
+        with ablate_heads(model, [(layer, head)]):
+            ref = score_table_ref(model, tok, KV)
+        row = sweep.filter((sweep["layer"] == layer) & (sweep["head"] == head)).row(0, named=True)
+        assert row["mean_logp"] == pytest.approx(float(ref["logp_target"].mean()), abs=1e-4)
+    unablated = sweep.filter(sweep["layer"] == -1)["mean_logp"][0]
+    assert any(abs(r - unablated) > 1e-6 for r in sweep.filter(sweep["layer"] >= 0)["mean_logp"])
+    assert active_hooks(model) == 0
+
+
+def test_attribution_estimates_every_head(family):
+    """With frozen weights, as a fresh load in a job has them checked by the engine first."""
+    from gna.engine import stack
+
+    arch, model, tok = family
+    stack._CHECKED.pop(model, None)
+    model.requires_grad_(False)
+    try:
+        est = attribution_scores(model, tok, KV, batch_size=3, progress=False)
+    finally:
+        model.requires_grad_(True)
+    assert len(est) == len(all_heads(model))
+    assert all(math.isfinite(v) for v in est["logp_drop_est"]) and est["logp_drop_est"].abs().max() > 0
+    assert active_hooks(model) == 0
+
+
+def test_gather_and_aggregate_phases_run_or_are_refused_by_name(family):
+    arch, model, tok = family
+    if "gna" not in FAMILY_PHASES[arch]:
+        with pytest.raises(TypeError, match=arch):
+            head_roles(model, tok, KV.head(1), kv_row_segments, progress=False)
+        return
+    roles = head_roles(model, tok, KV.head(2), kv_row_segments, gather_min=0.0, aggregate_min=0.0, progress=False)
+    assert len(roles) == len(all_heads(model))
+    heads = {"gather": (0, 1), "aggregate": (model.config.num_hidden_layers - 1, 0)}
+    result = masking_experiment(model, tok, KV.head(3), kv_row_segments, heads, batch_size=2)
+    assert result["condition"].to_list() == list(CONDITIONS[:3]) and result["acc"].is_between(0, 1).all()
+
+
+def test_students_are_built_for_supported_families_and_refused_by_name_otherwise(family):
+    import copy
+
+    from gna.students.spec import make_hybrid
+
+    arch, model, tok = family
+    if arch not in STUDENT_FAMILIES:
+        with pytest.raises(TypeError, match=f"{arch}.*supported: {', '.join(STUDENT_FAMILIES)}"):
+            check_student_family(model)
+        return
+    if any(sliding_windows(model.config, model.config.num_hidden_layers)):
+        with pytest.raises(TypeError, match=f"{arch} with a sliding window of 8 tokens"):
+            check_student_family(model)
+        model, tok = tiny_random_model({"arch": arch, "layers": 4, "hidden": 32, "seed": 1, "window": None})
+    student = make_hybrid(copy.deepcopy(model), [(1, 0)], 4)
+    fast, ref = score_table(student, tok, KV, progress=False), score_table_ref(student, tok, KV)
+    assert np.abs(_flat(fast) - _flat(ref)).max() <= 1e-4
+
+
+def test_every_layer_has_heads_and_windowed_families_declare_their_windows():
+    for arch in ARCHS:
+        model, _ = tiny_random_model({"arch": arch, "layers": 4, "hidden": 32, "seed": 0})
+        sites = head_sites(model)
+        assert sorted({s.layer for s in sites}) == [0, 1, 2, 3], arch
+        windows = sliding_windows(model.config, 4)
+        assert any(windows) == (arch in ("mistral", "qwen2", "gemma2", "gemma3")), arch
+        assert DecoderStack(model).packs_choices == all(s.kind == "attention" for s in sites)
+
+
+def test_the_readme_family_table_is_the_generated_one():
+    from pathlib import Path
+
+    from gna.models.families import family_table
+
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    assert family_table() in readme
+
+
+def test_a_tiny_family_a_phase_refuses_must_skip_it_in_the_config():
+    from gna.models.families import check_config_families
+
+    def config(**spec):
+        return {"models": {"m": {"source": "tiny-random", **spec}}, "hybrid": {"enabled": True}}
+
+    with pytest.raises(ValueError, match=r"models\.m\.skip.*gemma3.*skip: \[hybrid\]"):
+        check_config_families(config(arch="gemma3"))
+    with pytest.raises(ValueError, match=r"models\.m\.skip.*with a sliding window"):
+        check_config_families(config(arch="mistral"))
+    with pytest.raises(ValueError, match=r"models\.m\.skip.*G&A maps need attention.*skip: \[gna\]"):
+        check_config_families(config(arch="mamba", skip=["hybrid"]))
+    check_config_families(config(arch="mamba", skip=["hybrid", "gna"]))
+    check_config_families(config(arch="mistral", window=None))
+    check_config_families(config(arch="llama"))
+
+
+def test_a_model_whose_read_out_the_engine_does_not_know_is_refused_by_family():
+    from gna.engine.stack import UnsupportedModel, check_engine
+
+    model, tok = tiny_random_model({"arch": "qwen3", "layers": 2, "hidden": 32, "seed": 0})
+    check_engine(model)
+    model, tok = tiny_random_model({"arch": "qwen3", "layers": 2, "hidden": 32, "seed": 0})
+    model.config.final_logit_softcapping = 1e-3  # the engine would cap logits that Qwen3's own head does not
+    with pytest.raises(UnsupportedModel, match=r"qwen3 \(Qwen3ForCausalLM\): the engine's log-probs differ"):
+        score_table(model, tok, KV, progress=False)
