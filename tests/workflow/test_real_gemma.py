@@ -5,6 +5,7 @@ own forward on prompts longer than its 512-token sliding window, and it answers 
 Beyond the suite's time budget (250 MB of wheels and a 1 GB conversion): `make test-extended`."""
 
 import numpy as np
+import polars as pl
 import pytest
 import torch
 import yaml
@@ -47,7 +48,11 @@ def test_gemma_generates_sensible_text(gemma):
 
 def test_gemma_engine_equals_its_own_forward_past_the_sliding_window(gemma):
     model, tok = gemma
-    table = build_kv_retrieval([150], 2, seed=5, template="lookup")
+    # the largest dictionary (90 keys) is ~500 tokens: another dictionary before it reaches past 512
+    earlier = build_kv_retrieval([40], 1, seed=6, template="lookup")["context"][0]
+    table = build_kv_retrieval([90], 2, seed=5, template="lookup").with_columns(
+        (pl.lit(earlier + "\n") + pl.col("context")).alias("context"),
+        pl.col("choices").list.head(3), pl.lit(0).alias("target"))  # 3 choices: the reference runs one forward each
     assert min(len(tok(c).input_ids) for c in table["context"]) > 512  # windowed layers differ here
     fast, ref = score_table(model, tok, table, batch_size=2, progress=False), score_table_ref(model, tok, table)
     flat = [np.asarray(v) for v in (fast["logprobs"].to_list(), ref["logprobs"].to_list())]
