@@ -21,7 +21,7 @@ import polars as pl
 
 from gna.phases.head_ablation import (attribution_scores, compare_attribution, rank_attribution, rank_heads, sweep_heads,
                                sweep_heads_naive)
-from gna.engine.hooks import head_sites
+from gna.engine.hooks import all_heads, head_sites, heads_per_layer
 from gna.tasks.tables import build_kv_retrieval
 
 from _common import model_or_tiny
@@ -38,9 +38,10 @@ def main() -> None:
     args = parser.parse_args()
     model, tok, name = model_or_tiny(args.model_dir, args.threads)
     table = build_kv_retrieval([args.dict_size], args.prompts, seed=4321, template="lookup")
-    sites = head_sites(model)
-    layers = list(range(0, len(sites), args.layer_stride))
-    heads = [(s.layer, h) for s in sites if s.layer in layers for h in range(s.n_heads)]
+    per_layer = heads_per_layer(head_sites(model))
+    n_layers = len(per_layer)
+    layers = list(range(0, n_layers, args.layer_stride))
+    heads = [(layer, h) for layer, h in all_heads(model) if layer in layers]
 
     start = time.perf_counter()
     naive = sweep_heads_naive(model, tok, table, heads, progress=False)
@@ -58,19 +59,19 @@ def main() -> None:
     swept = est.join(pl.DataFrame(heads, schema=["layer", "head"], orient="row"), on=["layer", "head"])
     rho = compare_attribution(rank_attribution(swept), rank_heads(fast), top_n=10)["spearman_logp"][0]
 
-    n_all = sum(s.n_heads for s in sites)
+    n_all = sum(per_layer.values())
     # naive cost is the same for every head; the fast cost of a head grows with the layers after it
     per_head_naive = t_naive / len(heads)
-    frac_swept = sum(len(sites) - l for l, _ in heads) / len(heads)
-    frac_all = sum((len(sites) - s.layer) * s.n_heads for s in sites) / n_all
+    frac_swept = sum(n_layers - l for l, _ in heads) / len(heads)
+    frac_all = sum((n_layers - layer) * n for layer, n in per_layer.items()) / n_all
     est_fast_all = t_fast / len(heads) * n_all * frac_all / frac_swept
     result = {"model": name, "prompts": len(table), "threads": args.threads, "heads_swept": len(heads),
               "naive_s": t_naive, "fast_s": t_fast, "ratio": t_naive / t_fast,
               "max_abs_mean_logp_diff": worst, "attribution_s": t_attr, "attribution_spearman_swept": rho,
               "extrapolated_all_heads": {"heads": n_all, "naive_s": per_head_naive * n_all, "fast_s": est_fast_all,
                                          "ratio": per_head_naive * n_all / est_fast_all},
-              "prefix_cache_bound": len(sites) / frac_all}
-    print(f"model {name}: {len(sites)} layers, {n_all} heads; {len(table)} KV prompts (size {args.dict_size}), "
+              "prefix_cache_bound": n_layers / frac_all}
+    print(f"model {name}: {n_layers} layers, {n_all} heads; {len(table)} KV prompts (size {args.dict_size}), "
           f"{args.threads} threads; swept {len(heads)} heads in layers {layers}")
     print(f"naive (full forward per head): {t_naive:8.1f} s")
     print(f"fast  (prefix-cached, exact) : {t_fast:8.1f} s   ratio {t_naive / t_fast:4.2f}x   "

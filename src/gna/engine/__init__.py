@@ -1,1 +1,2 @@
-"""The evaluation engine: packed scoring, the explicit layer loop, head hooks, the SSM scan."""
+"""The evaluation engine: packed scoring, the layer loop recorded from the model's own forward,
+head hooks, the SSM scan."""

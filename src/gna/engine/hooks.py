@@ -9,9 +9,8 @@ pre-hook. Sites are found by the shape of a layer's modules, not by family name:
   ssm   Mamba-2 mixer: head h is slice h of y, the scan output entering the gated norm and
         out_proj
   ssm-channels  Mamba-1 mixer: inner channels entering out_proj, in `groups` equal groups
-A layer may hold several sites (Zamba2: a Mamba-2 mixer and a shared attention block); its
-heads are numbered across them in module order. A site module shared by several layers
-(Zamba2's shared attention) is ablated only while its own layer runs.
+A layer may hold several sites (Zamba2's hybrid layers: a Mamba-2 mixer and an attention
+block); its heads are numbered across them in module order.
 Hooks live only inside `ablate_heads`; they are removed in `finally`, also on error.
 """
 
@@ -50,6 +49,8 @@ def _n_query_heads(module, config) -> int | None:
 
 
 def _layer_sites(i: int, layer: torch.nn.Module, config, ssm_channel_groups: int) -> list[HeadSite]:
+    from gna.engine.stack import UnsupportedModel
+
     sites, offset, taken = [], 0, set()
     for name, m in layer.named_modules():
         if any(name.startswith(t + ".") for t in taken):
@@ -58,7 +59,7 @@ def _layer_sites(i: int, layer: torch.nn.Module, config, ssm_channel_groups: int
             proj = next(getattr(m, o) for o in OUT_PROJ_NAMES if hasattr(m, o))
             n, width = _n_query_heads(m, config), _in_features(proj)
             if n is None or width % n:
-                raise TypeError(f"layer {i} ({name}): cannot split {width} attention channels into heads")
+                raise UnsupportedModel(f"layer {i} ({name}): cannot split {width} attention channels into heads")
             site = HeadSite(i, proj, n, width // n, "attention", offset)
         elif all(hasattr(m, a) for a in ("num_heads", "head_dim", "norm", "out_proj")):
             site = HeadSite(i, m.norm, m.num_heads, m.head_dim, "ssm", offset)
@@ -77,13 +78,13 @@ def _layer_sites(i: int, layer: torch.nn.Module, config, ssm_channel_groups: int
 
 def head_sites(model, ssm_channel_groups: int = 16) -> list[HeadSite]:
     """Every site, in layer order (a layer's sites in module order)."""
-    from gna.engine.stack import decoder_layers, family_of
+    from gna.engine.stack import UnsupportedModel, decoder_layers, family_of
 
     sites = []
     for i, layer in enumerate(decoder_layers(model)):
         found = _layer_sites(i, layer, model.config, ssm_channel_groups)
         if not found:
-            raise TypeError(f"layer {i} of {family_of(model)} ({type(layer).__name__}): no attention with an output "
+            raise UnsupportedModel(f"layer {i} of {family_of(model)} ({type(layer).__name__}): no attention with an output "
                             f"projection ({', '.join(OUT_PROJ_NAMES)}) and no Mamba mixer found")
         sites += found
     return sites
@@ -118,26 +119,15 @@ def ablate_heads(model, heads: list[tuple[int, int]], sites: list[HeadSite] | No
 
     Raises HookNotFired if the model ran but a hook never saw its input (a fused kernel that
     bypasses the hooked module would silently ablate nothing)."""
-    from gna.engine.stack import decoder_layers
-
     sites = sites or head_sites(model)
     chosen: dict[HeadSite, list[int]] = {}
     for layer, head in heads:
         site, local = site_of(sites, layer, head)
         chosen.setdefault(site, []).append(local)
-    layers = decoder_layers(model)
-    running = [None]  # the decoder layer being run: a module shared by layers is ablated in its own only
     handles, fired = [], {layer: 0 for layer, _ in heads}
-
-    def enter(i):
-        def hook(module, args):
-            running[0] = i
-        return hook
 
     def make_hook(site: HeadSite, idx: list[int]):
         def hook(module, args):
-            if running[0] != site.layer:
-                return None
             x = args[0]
             shape = x.shape
             x = x.reshape(*shape[:-1], site.n_heads, site.head_dim).clone()
@@ -152,8 +142,6 @@ def ablate_heads(model, heads: list[tuple[int, int]], sites: list[HeadSite] | No
         runs[0] += 1
 
     try:
-        for layer in {s.layer for s in chosen}:
-            handles.append(layers[layer].register_forward_pre_hook(enter(layer)))
         for site, idx in chosen.items():
             handles.append(site.module.register_forward_pre_hook(make_hook(site, sorted(idx))))
         handles.append(model.get_input_embeddings().register_forward_pre_hook(count_run))
@@ -169,5 +157,5 @@ def ablate_heads(model, heads: list[tuple[int, int]], sites: list[HeadSite] | No
 
 
 def active_hooks(model) -> int:
-    """Number of forward pre-hooks currently installed on any module (tests assert 0)."""
-    return sum(len(m._forward_pre_hooks) for m in model.modules())
+    """Number of forward hooks (pre and post) currently installed on any module (tests assert 0)."""
+    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())

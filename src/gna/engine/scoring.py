@@ -153,11 +153,12 @@ def score_table(model, tok, table: pl.DataFrame, batch_size: int = 8, progress: 
     if wanted[0] < 0 or wanted[-1] > len(layers):
         raise ValueError(f"depths must lie in 0..{len(layers)}, got {depths}")
 
-    if layer_masks is not None and not DecoderStack(model).packs_choices:
-        raise UnsupportedModel(f"{family_of(model)}: per-layer attention masks need a model of attention layers only")
     keep = {layers[k] for k in wanted if k < len(layers)}
 
     def forward(stack, batch, units):
+        if layer_masks is not None and not stack.packs_choices:
+            raise UnsupportedModel(f"{family_of(model)}: per-layer attention masks need a model of attention "
+                                   "layers only")
         masks = layer_masks(batch, [u.row for u in units]) if layer_masks is not None else None
         run = stack.record(batch, layers, masks, keep)  # one pass; depth k reads the state after k layers
         return {k: stack.readout(run.after(k), batch) for k in wanted}

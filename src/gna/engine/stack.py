@@ -37,28 +37,22 @@ def family_of(model) -> str:
     return getattr(model.config, "model_type", None) or type(model).__name__
 
 
-def decoder_layers(model) -> torch.nn.ModuleList:
+def _named_child(model, names: tuple[str, ...], kind: type, what: str) -> tuple[str, torch.nn.Module]:
+    """(name, module) of the first of `names` that the decoder (`base_model`) has as a `kind`."""
     base = model.base_model
-    for name in LAYER_LISTS:
-        layers = getattr(base, name, None)
-        if isinstance(layers, torch.nn.ModuleList):
-            return layers
-    raise UnsupportedModel(f"{family_of(model)} ({type(base).__name__}): no list of decoder layers "
-                           f"(looked for {', '.join(LAYER_LISTS)})")
+    for name in names:
+        child = getattr(base, name, None)
+        if isinstance(child, kind):
+            return name, child
+    raise UnsupportedModel(f"{family_of(model)} ({type(base).__name__}): no {what} (looked for {', '.join(names)})")
 
 
-def _layer_list_name(model) -> str:
-    return next(n for n in LAYER_LISTS if isinstance(getattr(model.base_model, n, None), torch.nn.ModuleList))
+def decoder_layers(model) -> torch.nn.ModuleList:
+    return _named_child(model, LAYER_LISTS, torch.nn.ModuleList, "list of decoder layers")[1]
 
 
 def final_norm(model) -> torch.nn.Module:
-    base = model.base_model
-    for name in FINAL_NORMS:
-        norm = getattr(base, name, None)
-        if isinstance(norm, torch.nn.Module):
-            return norm
-    raise UnsupportedModel(f"{family_of(model)} ({type(base).__name__}): no final norm "
-                           f"(looked for {', '.join(FINAL_NORMS)})")
+    return _named_child(model, FINAL_NORMS, torch.nn.Module, "final norm")[1]
 
 
 def sliding_windows(config, n_layers: int) -> list[int | None]:
@@ -81,13 +75,13 @@ def sliding_windows(config, n_layers: int) -> list[int | None]:
 
 @contextlib.contextmanager
 def pruned_layers(model, keep: list[int]):
-    """Temporarily make `model` consist of the decoder layers `keep` (in that order).
+    """Temporarily make `model` consist of the decoder layers `keep` (in that order): the
+    reference for pruning, run by the model's own forward (with or without a cache).
 
-    Layers get renumbered `layer_idx` so caches stay aligned, and per-layer config lists
+    Layers get renumbered `layer_idx` so a cache stays aligned, and per-layer config lists
     (`layer_types`) follow; everything is restored in `finally`, also on error."""
     base = model.base_model
-    name = _layer_list_name(model)
-    original = getattr(base, name)
+    name, original = _named_child(model, LAYER_LISTS, torch.nn.ModuleList, "list of decoder layers")
     cfg = model.config
     saved_cfg = {k: getattr(cfg, k) for k in ("num_hidden_layers", "layer_types", "layers_block_type")
                  if getattr(cfg, k, None) is not None and not isinstance(getattr(type(cfg), k, None), property)}
@@ -230,15 +224,10 @@ class DecoderStack:
             raise UnsupportedModel(f"{family_of(self.model)}: the final norm was not applied by the decoder")
         return run
 
-    def run(self, h: torch.Tensor, run: Pass, layers: list[int], masks: dict | None = None,
-            batch: PackedBatch | None = None) -> torch.Tensor:
-        """Call `layers` in order from the hidden state `h` with the arguments recorded in `run`;
-        masks as in `record` (needs `batch`)."""
+    def run(self, h: torch.Tensor, run: Pass, layers: list[int]) -> torch.Tensor:
+        """Call `layers` in order from the hidden state `h` with the arguments recorded in `run`."""
         for i in layers:
-            call = run.calls[i]
-            if masks and i in masks:
-                call = call.with_mask(self._mask(batch, i, masks))
-            h = call(self.layers[i], h)
+            h = run.calls[i](self.layers[i], h)
         return h
 
     def logprobs(self, hidden: torch.Tensor, normed: bool = False) -> torch.Tensor:
@@ -311,12 +300,14 @@ def reference_scores(model, context: list[int], choices: list[list[int]]) -> tup
 
 _CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 CHECK_TOLERANCE = 1e-3
+PROBE_MAX_TOKENS = 1100
 
 
 @torch.inference_mode()
 def check_engine(model) -> DecoderStack:
     """A DecoderStack for `model`, compared once per model with the model's own forward on a
-    short probe (two choices after a context longer than a small sliding window): the
+    probe (two choices after a context longer than the smallest sliding window, up to
+    PROBE_MAX_TOKENS), both the recorded pass and the layers called again from it: the
     family's read-out, masks and positions are then known to be the engine's. Raises
     UnsupportedModel naming the family and what differs."""
     stack = DecoderStack(model)
@@ -326,17 +317,21 @@ def check_engine(model) -> DecoderStack:
 
     vocab = stack.head.weight.shape[0]
     windows = [w for w in stack.windows if w is not None]
-    length = min(max(windows, default=4) + 4, 48)
+    # past the smallest window where it is affordable (Gemma 3: 512), so a misread window shows
+    length = min(min(windows, default=4) + 4, PROBE_MAX_TOKENS)
     gen = torch.Generator().manual_seed(0)
     context, first, second = (torch.randint(1, vocab, (n,), generator=gen, device="cpu").tolist() for n in (length, 3, 2))
     choices = [first, second]
     dtype, device = next(model.parameters()).dtype, device_of(model)
     items = [pack(context, choices)] if stack.packs_choices else [pack(context, [c]) for c in choices]
     batch = collate(items, dtype, device)
-    run = stack.record(batch, keep=set())
+    layers = list(range(stack.n_layers))
+    run = stack.record(batch, keep={0})
     engine = [t for totals, _ in stack.readout(run.final, batch) for t in totals]
+    # the variants call the layers again with the recorded arguments: that path must agree too
+    replayed = [t for totals, _ in stack.readout(stack.run(run.entering[0], run, layers), batch) for t in totals]
     reference = reference_scores(model, context, choices)[0]
-    worst = max(abs(a - b) for a, b in zip(engine, reference))
+    worst = max(abs(a - b) for a, b in zip(engine + replayed, reference + reference))
     scale = 1e-2 if dtype != torch.float32 else CHECK_TOLERANCE
     if not worst <= scale * max(1.0, max(abs(r) for r in reference)):
         raise UnsupportedModel(

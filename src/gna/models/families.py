@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 
 from gna.engine.stack import UnsupportedModel, family_of, sliding_windows
+from gna.models.tiny import DEFAULT_WINDOW
 
 PHASES = ("prepare", "baseline", "pruning", "heads", "attribution", "gna", "students")
 STUDENT_FAMILIES = ("llama", "mistral", "qwen2")
@@ -59,7 +60,7 @@ def check_config_families(config: dict) -> None:
         if spec.get("source") != "tiny-random":
             continue
         arch, skip = spec.get("arch", "llama"), spec.get("skip", [])
-        windowed = arch in WINDOWED and spec.get("window", 8) is not None
+        windowed = arch in WINDOWED and spec.get("window", DEFAULT_WINDOW) is not None
         if hybrid_on and "hybrid" not in skip and (arch not in STUDENT_FAMILIES or windowed):
             why = "with a sliding window" if arch in STUDENT_FAMILIES else REFUSED_BECAUSE["students"]
             raise ValueError(f"config key 'models.{name}.skip': students cannot be distilled from {arch} ({why}; "

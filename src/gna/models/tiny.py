@@ -26,6 +26,9 @@ def byte_level_tokenizer():
     )
 
 
+DEFAULT_WINDOW = 8
+
+
 def _config(arch: str, spec: dict, vocab: int, special: dict):
     """A tiny transformers config of family `arch`, shaped by the spec's layers/hidden/heads/
     kv_heads; windowed families get a small `window` (default 8) so that test prompts reach
@@ -34,7 +37,7 @@ def _config(arch: str, spec: dict, vocab: int, special: dict):
 
     d, n_layers = spec.get("hidden", 64), spec.get("layers", 4)
     heads, kv = spec.get("heads", 4), spec.get("kv_heads", 2)
-    window = spec.get("window", 8)
+    window = spec.get("window", DEFAULT_WINDOW)
     attn = dict(vocab_size=vocab, hidden_size=d, intermediate_size=spec.get("intermediate", 2 * d),
                 num_hidden_layers=n_layers, num_attention_heads=heads, num_key_value_heads=kv,
                 max_position_embeddings=4096, tie_word_embeddings=False, **special)

@@ -18,7 +18,7 @@ from scipy.stats import spearmanr
 from tqdm.auto import tqdm
 
 from gna.engine.device import device_of
-from gna.engine.hooks import HeadSite, ablate_heads, head_sites, site_of
+from gna.engine.hooks import HeadSite, ablate_heads, all_heads, head_sites, site_of
 from gna.core.io import read_parquet, write_json, write_parquet
 from gna.models.prepare import load_model
 from gna.engine.scoring import Variant, run_batches, score_table, score_variants
@@ -41,7 +41,7 @@ def sweep_heads(model, tok, table: pl.DataFrame, heads: list[tuple[int, int]] | 
     per batch and only layers L..end rerun for that layer's heads (gna.engine.scoring.score_variants).
     Returns one row per head plus a row with layer = head = -1 for the unablated model."""
     sites = head_sites(model)
-    heads = heads if heads is not None else [(s.layer, s.offset + h) for s in sites for h in range(s.n_heads)]
+    heads = heads if heads is not None else all_heads(model)
     base = score_table(model, tok, table, batch_size=batch_size, progress=False)
     layers = list(range(len(decoder_layers(model))))
     variants = [Variant((layer, head), layer, layers[layer:],
@@ -84,22 +84,15 @@ def attribution_scores(model, tok, table: pl.DataFrame, batch_size: int = 8, pro
     changes the metric by about -<g, z>; the estimated drop is <g, z> summed over positions."""
     check_engine(model)  # its probe runs before the hooks below are installed
     sites = head_sites(model)
-    layers = decoder_layers(model)
     targets = table["target"].to_list()
     est = {s: torch.zeros(s.n_heads, dtype=torch.float64, device=device_of(model)) for s in sites}
-    captured: dict[HeadSite, list[torch.Tensor]] = {s: [] for s in sites}
-    running = [None]
-
-    def enter(i):
-        def hook(module, args):
-            running[0] = i
-        return hook
+    captured: dict[HeadSite, torch.Tensor] = {}
 
     def capture(site):
         def hook(module, args):
-            if running[0] == site.layer and args[0].requires_grad:  # this layer's call only (shared modules)
+            if args[0].requires_grad:
                 args[0].retain_grad()
-                captured[site].append(args[0])
+                captured[site] = args[0]
         return hook
 
     def forward(stack, batch, units):
@@ -110,19 +103,17 @@ def attribution_scores(model, tok, table: pl.DataFrame, batch_size: int = 8, pro
         logp = stack.target_logprob(run.final, batch, local)
         ((logp * weight).sum() / len(table)).backward()
         for s in sites:
-            for z in captured[s]:
-                shape = (*z.shape[:-1], s.n_heads, s.head_dim)
-                est[s] += (z.detach().reshape(shape) * z.grad.reshape(shape)).sum(dim=(0, 1, 3)).double()
-            captured[s].clear()
+            z = captured.pop(s)
+            shape = (*z.shape[:-1], s.n_heads, s.head_dim)
+            est[s] += (z.detach().reshape(shape) * z.grad.reshape(shape)).sum(dim=(0, 1, 3)).double()
         model.zero_grad(set_to_none=True)
         return {}
 
     def grad_from_embeddings(module, args, out):  # the weights may be frozen: gradients start here
         return out.detach().requires_grad_(True) if torch.is_grad_enabled() else out
 
-    handles = [layer.register_forward_pre_hook(enter(i)) for i, layer in enumerate(layers)]
+    handles = [s.module.register_forward_pre_hook(capture(s)) for s in sites]
     handles.append(model.get_input_embeddings().register_forward_hook(grad_from_embeddings))
-    handles += [s.module.register_forward_pre_hook(capture(s)) for s in sites]
     try:
         run_batches(model, tok, table, forward, batch_size, progress, desc="attribution", grad=True)
     finally:

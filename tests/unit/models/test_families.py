@@ -84,6 +84,36 @@ def test_exact_head_sweep_equals_a_naive_forward_per_head(family):
     assert active_hooks(model) == 0
 
 
+def test_ablating_a_head_equals_zeroing_its_slice_of_the_projection_weights(family):
+    """Independent of the hooks: a head's output enters a linear projection (o_proj, dense,
+    Conv1D c_proj, Mamba's out_proj), so zeroing it equals zeroing its input columns there."""
+    arch, model, tok = family
+    sites = head_sites(model)
+    # Mamba-2's gated norm is not linear; Zamba2 ties its attention blocks' weights across layers,
+    # so zeroing one block's weight would ablate the head in every layer that shares it
+    untied = [s for s in sites if s.kind != "ssm" and sum(o.module.weight is s.module.weight for o in sites) == 1]
+    if not untied:
+        pytest.skip(f"{arch}: no head enters an untied linear projection")
+    site = untied[0]
+    ids = torch.tensor([tok(KV["context"][0]).input_ids])
+    with torch.inference_mode(), ablate_heads(model, [(site.layer, site.offset + 1)]):
+        hooked = model(ids, use_cache=False).logits
+    weight = site.module.weight
+    cols = slice(site.head_dim, 2 * site.head_dim)
+    saved = weight.detach().clone()
+    try:
+        with torch.no_grad():  # nn.Linear keeps [out, in]; GPT-2's Conv1D keeps [in, out]
+            if isinstance(site.module, torch.nn.Linear):
+                weight[:, cols] = 0
+            else:
+                weight[cols, :] = 0
+            surgery = model(ids, use_cache=False).logits
+    finally:
+        with torch.no_grad():
+            weight.copy_(saved)
+    assert torch.allclose(hooked, surgery, atol=1e-5)
+
+
 def test_attribution_estimates_every_head(family):
     """With frozen weights, as a fresh load in a job has them checked by the engine first."""
     from gna.engine import stack
