@@ -157,5 +157,7 @@ def ablate_heads(model, heads: list[tuple[int, int]], sites: list[HeadSite] | No
 
 
 def active_hooks(model) -> int:
-    """Number of forward hooks (pre and post) currently installed on any module (tests assert 0)."""
-    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+    """Number of forward hooks (pre and post) of gna's code currently installed on any module
+    (tests assert 0; transformers keeps output-capturing hooks of its own)."""
+    return sum(getattr(hook, "__module__", "").startswith("gna.")
+               for m in model.modules() for hook in (*m._forward_pre_hooks.values(), *m._forward_hooks.values()))

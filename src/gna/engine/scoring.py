@@ -38,19 +38,32 @@ class Encoded:
     choices: list[list[int]]
 
 
-def encode(tok, context: str, choices: list[str]) -> Encoded:
+def starts_with_bos(tok) -> bool:
+    """Whether the tokenizer puts BOS before a text by default, as the model's users and lm-eval
+    (add_bos_token unset) tokenize it: Gemma's and Llama 3's post-processors do, whatever the
+    tokenizer's `add_bos_token` attribute says; SmolLM2's does not."""
+    if tok.bos_token_id is None:
+        return False
+    with_special, plain = tok("a")["input_ids"], tok("a", add_special_tokens=False)["input_ids"]
+    return with_special[:1] == [tok.bos_token_id] and plain[:1] != [tok.bos_token_id]
+
+
+def encode(tok, context: str, choices: list[str], bos: bool | None = None) -> Encoded:
+    """Context and choice ids; BOS first where the tokenizer puts it (`bos`, default
+    starts_with_bos)."""
+    bos = starts_with_bos(tok) if bos is None else bos
     # lm-eval moves trailing context whitespace into the continuation
     n_space = len(context) - len(context.rstrip())
     if n_space:
         choices = [context[-n_space:] + c for c in choices]
         context = context[:-n_space]
     ctx = tok(context, add_special_tokens=False)["input_ids"]
-    if tok.bos_token_id is not None and getattr(tok, "add_bos_token", False):
+    if bos:
         ctx = [tok.bos_token_id] + ctx
     conts = []
     for choice in choices:
         whole = tok(context + choice, add_special_tokens=False)["input_ids"]
-        offset = len(ctx) - (1 if ctx and getattr(tok, "add_bos_token", False) else 0)
+        offset = len(ctx) - (1 if bos else 0)
         cont = whole[offset:]
         if not cont:
             raise ValueError(f"choice {choice!r} encodes to no tokens after context")
@@ -81,7 +94,8 @@ def per_item_frame(table: pl.DataFrame, scores: list) -> pl.DataFrame:
 
 def encode_table(tok, table: pl.DataFrame) -> list[Encoded]:
     """`encode` of every item (context, choices) of a task table."""
-    return [encode(tok, c, ch) for c, ch in zip(table["context"], table["choices"])]
+    bos = starts_with_bos(tok)
+    return [encode(tok, c, ch, bos) for c, ch in zip(table["context"], table["choices"])]
 
 
 @dataclass

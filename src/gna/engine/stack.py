@@ -288,10 +288,13 @@ def reference_scores(model, context: list[int], choices: list[list[int]]) -> tup
 
     totals, greedy = [], []
     on = {"device": device_of(model)}
+    # the head only where scored, when the model offers it (a 262k vocabulary over 500 positions is 0.5 GB)
+    trims = "logits_to_keep" in inspect.signature(model.forward).parameters
     for cont in choices:
         ids = torch.tensor([context + cont[:-1]], **on)
-        lp = torch.log_softmax(model(input_ids=ids, use_cache=False).logits[0].float(), dim=-1)
-        rows = lp[len(context) - 1:]
+        extra = {"logits_to_keep": len(cont)} if trims else {}
+        logits = model(input_ids=ids, use_cache=False, **extra).logits[0, -len(cont):]
+        rows = torch.log_softmax(logits.float(), dim=-1)
         idx = torch.tensor(cont, **on)
         totals.append(float(rows[torch.arange(len(cont), **on), idx].sum()))
         greedy.append(bool((rows.argmax(-1) == idx).all()))

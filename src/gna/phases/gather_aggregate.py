@@ -17,6 +17,7 @@ import torch
 
 from gna.engine.device import device_of
 from gna.engine.hooks import head_sites
+from gna.engine.scoring import starts_with_bos
 from gna.engine.stack import UnsupportedModel, family_of
 from gna.models.families import skip_hint
 from gna.students.spec import load_any
@@ -47,14 +48,16 @@ def _token_span(offsets: list[tuple[int, int]], start: int, end: int) -> tuple[i
 def _segments(tok, context: str, char_spans: list[tuple[int, int]], correct: int) -> Segments:
     enc = tok(context, return_offsets_mapping=True, add_special_tokens=False)
     offsets = [tuple(o) for o in enc["offset_mapping"]]
+    shift = 1 if starts_with_bos(tok) else 0  # token positions as the engine and attention_maps see them
     spans, summary = [], []
     for start, end in char_spans:
         first, last = _token_span(offsets, start, end)
         # the summary token ends the line: the token holding the newline after it, if any
         newline = [i for i, (a, b) in enumerate(offsets) if a <= end < b] if end < len(context) else []
-        spans.append((first, last))
-        summary.append(newline[0] if newline else last - 1)
-    return Segments(spans, summary, len(offsets) - 1, correct, tok.convert_ids_to_tokens(enc["input_ids"]))
+        spans.append((first + shift, last + shift))
+        summary.append((newline[0] if newline else last - 1) + shift)
+    tokens = [tok.bos_token] * shift + tok.convert_ids_to_tokens(enc["input_ids"])
+    return Segments(spans, summary, len(offsets) - 1 + shift, correct, tokens)
 
 
 def kv_segments(tok, context: str, query_key: str) -> Segments:
@@ -96,7 +99,8 @@ def eager_attention(model):
 def attention_maps(model, tok, context: str) -> torch.Tensor:
     """[layers, heads, T, T] attention weights of the context (no choice appended). For hybrid
     students, SSM heads give their implicit attention |T| normalised per row (gna.students.mixer)."""
-    ids = torch.tensor([tok(context, add_special_tokens=False).input_ids], device=device_of(model))
+    bos = [tok.bos_token_id] if starts_with_bos(tok) else []  # as the engine scores it (Segments count it)
+    ids = torch.tensor([bos + tok(context, add_special_tokens=False).input_ids], device=device_of(model))
     if mixers(model):
         with captured_maps(model) as maps:
             model(ids)

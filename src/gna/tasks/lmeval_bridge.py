@@ -83,7 +83,11 @@ def make_lm(model, tok, batch_size: int = 8):
     causal LM (HFLM infers the backend from the config)."""
     from lm_eval.models.huggingface import HFLM
 
-    return HFLM(pretrained=model, tokenizer=tok, batch_size=int(batch_size), device=str(model.device))
+    from gna.engine.scoring import starts_with_bos
+
+    # BOS exactly where the engine puts it, so the cross-check compares the same token sequences
+    return HFLM(pretrained=model, tokenizer=tok, batch_size=int(batch_size), device=str(model.device),
+                add_bos_token=starts_with_bos(tok))
 
 
 def _task_manager(include_path: str | Path | None, include_defaults: bool):

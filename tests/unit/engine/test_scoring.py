@@ -115,3 +115,29 @@ def test_layer_masks_replace_the_packed_mask_only_where_given(tiny_llama):
     masked = score_table(model, tok, table, batch_size=2, progress=False, layer_masks=self_only)
     assert sorted(seen) == list(range(len(table)))  # rows: the batch's item indices in the table
     assert not np.allclose(flat(plain), flat(masked), atol=1e-4)
+
+
+def test_bos_is_put_first_where_the_tokenizer_puts_it_by_default(tiny_llama):
+    """Gemma's and Llama 3's tokenizers add BOS through their post-processor while their
+    `add_bos_token` attribute says False: the engine, the G&A segments and maps follow what the
+    tokenizer does (and lm-eval, add_bos_token unset, does the same)."""
+    from tokenizers import processors
+
+    from gna.engine.scoring import starts_with_bos
+    from gna.models.tiny import byte_level_tokenizer
+    from gna.phases.gather_aggregate import attention_maps, kv_segments
+
+    model, plain = tiny_llama
+    bos_tok = byte_level_tokenizer()
+    bos_tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos_tok.bos_token_id)])
+    assert not getattr(bos_tok, "add_bos_token", False) and bos_tok("ab")["input_ids"][0] == bos_tok.bos_token_id
+    assert starts_with_bos(bos_tok) and not starts_with_bos(plain)
+    row = build_kv_retrieval([3], 1, 0, "lookup").row(0, named=True)
+    with_bos, without = encode(bos_tok, row["context"], row["choices"]), encode(plain, row["context"], row["choices"])
+    assert with_bos.context == [bos_tok.bos_token_id] + without.context and with_bos.choices == without.choices
+    seg, seg_plain = kv_segments(bos_tok, row["context"], row["query_key"]), kv_segments(plain, row["context"],
+                                                                                        row["query_key"])
+    assert len(seg.tokens) == len(with_bos.context) and seg.answer == seg_plain.answer + 1
+    assert seg.spans == [(a + 1, b + 1) for a, b in seg_plain.spans]
+    assert attention_maps(model, bos_tok, row["context"]).shape[-1] == len(with_bos.context)
