@@ -8,7 +8,10 @@ rule heads_sweep:
         sweep="data/results/heads/{model}/sweep.parquet",
         ranking="data/results/heads/{model}/ranking.parquet",
     params:
-        sweep={k: config["heads"][k] for k in ("sweep_dict_size", "sweep_n", "seed")},
+        sweep={k: config["heads"][k] for k in ("sweep_dict_size", "sweep_n", "seed")}
+        | {"mode": config["heads"]["sweep_mode"], **({"budget": config["heads"]["verify_budget"],
+                                                     "order": config["heads"]["verify_order"]}
+                                                    if config["heads"]["sweep_mode"] == "verified" else {})},
         template=config["tasks"]["kv_retrieval"]["template"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
@@ -34,6 +37,7 @@ rule heads_attribution:
     params:
         sweep={k: config["heads"][k] for k in ("sweep_dict_size", "sweep_n", "seed")},
         top_n=config["heads"]["attribution_top_n"],
+        order=config["heads"]["verify_order"],
         template=config["tasks"]["kv_retrieval"]["template"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],

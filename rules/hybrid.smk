@@ -169,6 +169,10 @@ rule hybrid_score:
         model=get_scored_model,
         teacher="data/distill/{model}/teacher.safetensors",
         tasks=lambda wc: [TASK_FILES[t] for t in scored_tasks(HYBRID, wc.variant, TASKS)],
+        # the teacher's per-item scores are its baseline's: read, not scored again
+        baseline=lambda wc: (expand("data/results/baseline/{model}/{task}.items.parquet", model=wc.model,
+                                    task=scored_tasks(HYBRID, wc.variant, TASKS))
+                             if wc.variant == TEACHER_VARIANT else []),
         corpus_check=CORPUS_CHECK,
     output:
         summary="data/results/hybrid/{model}/{variant}.parquet",

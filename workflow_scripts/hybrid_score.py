@@ -7,4 +7,4 @@ p = snakemake.params
 run_hybrid_score(snakemake.wildcards.model, snakemake.wildcards.variant, snakemake.input.model,
                  snakemake.input.teacher, list(snakemake.input.tasks), snakemake.output.summary,
                  snakemake.output.answers, max_items=p.max_items, swap_items=p.swap_items,
-                 batch_size=p.batch_size, dtype=p.dtype)
+                 batch_size=p.batch_size, dtype=p.dtype, baseline_paths=list(snakemake.input.baseline))

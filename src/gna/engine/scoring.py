@@ -194,10 +194,12 @@ class Variant:
 
 
 def score_variants(model, tok, table: pl.DataFrame, layers: list[int], variants: list[Variant],
-                   batch_size: int = 8, progress: bool = True, desc: str = "variants") -> dict:
+                   batch_size: int = 8, progress: bool = True, desc: str = "variants",
+                   base_key: object = None) -> dict:
     """Score many variants with exact prefix reuse: per batch the base model's layers run once,
     the hidden state entering each needed layer is kept, and each variant runs only its own
-    layers from there. Returns {variant.key: per-item frame}."""
+    layers from there. Returns {variant.key: per-item frame}, plus the base model's own scores
+    under `base_key` when one is given (read from the same pass: no extra forward)."""
     resume_points = {v.resume_at for v in variants}
     missing = sorted(resume_points - set(layers))
     if missing:
@@ -205,7 +207,7 @@ def score_variants(model, tok, table: pl.DataFrame, layers: list[int], variants:
 
     def forward(stack, batch, units):
         run = stack.record(batch, layers, keep=resume_points)
-        readouts = {}
+        readouts = {base_key: stack.readout(run.final, batch)} if base_key is not None else {}
         for v in variants:
             with (v.context() if v.context else contextlib.nullcontext()):
                 out = stack.run(run.entering[v.resume_at], run, v.run_layers)

@@ -109,16 +109,22 @@ def run_crosscheck(model_name: str, model_dir: str, task_dir: str, out_path: str
 
 
 def score_model(model, tok, tables: dict[str, pl.DataFrame], heldout: torch.Tensor | None, batch_size: int,
-                swap_items: int | None = None, progress: bool = True) -> tuple[pl.DataFrame, pl.DataFrame]:
+                swap_items: int | None = None, progress: bool = True,
+                scored: dict[str, pl.DataFrame] | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(summary, items) of the model on every task table, plus held-out perplexity: summary is
     tidy (task, group, n, metric, value, ci_low, ci_high, degenerate), items one row per scored
     item (gna.engine.scoring.per_item_frame). `swap_items` items per task (None: all, 0: none) are
     scored again with another item's context (gna.tasks.tables.context_swapped): their
     predictions are the items' `pred_swapped`, and the summary says whether the model is
-    degenerate (answers the same whatever the context)."""
+    degenerate (answers the same whatever the context). `scored`: {task: per-item scores of this
+    model already computed on a superset of the table's items (the teacher's baseline)}, used
+    instead of scoring those items again."""
     summaries, items = [], []
     for name, table in tables.items():
-        per_item = score_table(model, tok, table, batch_size=batch_size, progress=progress, desc=name)
+        if scored and name in scored:
+            per_item = known_items(table, scored[name])
+        else:
+            per_item = score_table(model, tok, table, batch_size=batch_size, progress=progress, desc=name)
         if swap_items != 0:
             swapped = score_table(model, tok, context_swapped(table, swap_items), batch_size=batch_size,
                                   progress=progress, desc=f"{name}, contexts swapped")
@@ -130,6 +136,16 @@ def score_model(model, tok, tables: dict[str, pl.DataFrame], heldout: torch.Tens
         summaries.append(pl.DataFrame({"task": ["heldout"], "group": ["all"], "n": [heldout.numel()],
                                        "metric": ["perplexity"], "value": [perplexity(model, heldout)]}))
     return pl.concat(summaries, how="diagonal_relaxed"), pl.concat(items, how="diagonal_relaxed")
+
+
+def known_items(table: pl.DataFrame, scored: pl.DataFrame) -> pl.DataFrame:
+    """The rows of `scored` (score_table's per-item frame) for the items of `table`, in its order;
+    refuses a table holding an item `scored` lacks."""
+    per_item = table.select("item_id").join(scored, on="item_id", how="left", maintain_order="left")
+    missing = per_item.filter(pl.col("pred").is_null())["item_id"].to_list()
+    if missing:
+        raise ValueError(f"{len(missing)} items have no earlier scores (first: {missing[0]!r})")
+    return per_item.select(scored.columns)
 
 
 @torch.inference_mode()

@@ -39,19 +39,26 @@ def sweep_heads(model, tok, table: pl.DataFrame, heads: list[tuple[int, int]] | 
 
     Exact for every family the engine runs: the hidden state entering layer L is computed once
     per batch and only layers L..end rerun for that layer's heads (gna.engine.scoring.score_variants).
-    Returns one row per head plus a row with layer = head = -1 for the unablated model."""
+    Returns one row per head plus a row with layer = head = -1 for the unablated model, scored
+    from the same recorded pass."""
     sites = head_sites(model)
     heads = heads if heads is not None else all_heads(model)
-    base = score_table(model, tok, table, batch_size=batch_size, progress=False)
     layers = list(range(len(decoder_layers(model))))
     variants = [Variant((layer, head), layer, layers[layer:],
                         context=lambda layer=layer, head=head: ablate_heads(model, [(layer, head)], sites))
                 for layer, head in heads]
-    frames = score_variants(model, tok, table, layers, variants, batch_size, progress, desc="head sweep")
-    rows = [{"layer": -1, "head": -1, "kind": "none", **_summary(base)}]
+    frames = score_variants(model, tok, table, layers, variants, batch_size, progress, desc="head sweep",
+                            base_key="base")
+    rows = [{"layer": -1, "head": -1, "kind": "none", **_summary(frames["base"])}]
     rows += [{"layer": layer, "head": head, "kind": site_of(sites, layer, head)[0].kind,
               **_summary(frames[(layer, head)])} for layer, head in heads]
     return pl.DataFrame(rows)
+
+
+def sweep_cost(heads: list[tuple[int, int]], n_layers: int) -> int:
+    """The exact sweep's cost of `heads` in layer runs per batch: a head of layer L reruns
+    layers L..end (the shared base pass is left out: every mode pays it once)."""
+    return sum(n_layers - layer for layer, _ in heads)
 
 
 def sweep_heads_naive(model, tok, table: pl.DataFrame, heads: list[tuple[int, int]], batch_size: int = 8,
@@ -76,16 +83,28 @@ def rank_heads(sweep: pl.DataFrame) -> pl.DataFrame:
     return heads.with_columns(pl.int_range(1, len(heads) + 1).alias("rank"))
 
 
-def attribution_scores(model, tok, table: pl.DataFrame, batch_size: int = 8, progress: bool = True) -> pl.DataFrame:
+def attribution_scores(model, tok, table: pl.DataFrame, batch_size: int = 8, progress: bool = True,
+                       grad_drop: bool = False) -> pl.DataFrame:
     """Attribution patching: a linear estimate of every head's ablation effect on the mean
     log-prob of the correct choice, from one forward and one backward pass per batch.
 
     For head output z (its slice of the site's input) and gradient g of the metric, zeroing z
-    changes the metric by about -<g, z>; the estimated drop is <g, z> summed over positions."""
+    changes the metric by about -<g, z>; the estimated drop is <g, z> summed over positions
+    (column logp_drop_est).
+
+    grad_drop adds AtP*'s GradDrop correction (Kramár et al. 2024), column graddrop_est: for
+    each layer l, the estimate recomputed with the gradient through layer l's own output dropped
+    (only the residual path carries it past l), and the head's score is the sum over l of the
+    magnitudes. A head whose paths cancel in the plain estimate (a gather head feeding
+    later heads) still scores high. Costs one partial backward per layer: layers 0..l-1 for l."""
     check_engine(model)  # its probe runs before the hooks below are installed
     sites = head_sites(model)
+    n_layers = len(decoder_layers(model))
     targets = table["target"].to_list()
-    est = {s: torch.zeros(s.n_heads, dtype=torch.float64, device=device_of(model)) for s in sites}
+    on = {"dtype": torch.float64, "device": device_of(model)}
+    est = {s: torch.zeros(s.n_heads, **on) for s in sites}
+    # dropped[l][site]: the signed estimate with layer l's own gradient dropped, for sites below l
+    dropped = [{s: torch.zeros(s.n_heads, **on) for s in sites if s.layer < l} for l in range(n_layers)]
     captured: dict[HeadSite, torch.Tensor] = {}
 
     def capture(site):
@@ -95,17 +114,33 @@ def attribution_scores(model, tok, table: pl.DataFrame, batch_size: int = 8, pro
                 captured[site] = args[0]
         return hook
 
+    def per_head(site: HeadSite, z: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        shape = (*z.shape[:-1], site.n_heads, site.head_dim)
+        return (z.detach().reshape(shape) * grad.reshape(shape)).sum(dim=(0, 1, 3)).double()
+
     def forward(stack, batch, units):
         # the target choice's log-prob; with one choice per sequence, other choices weigh 0
         local = [u.choices.index(targets[u.row]) if targets[u.row] in u.choices else 0 for u in units]
         weight = torch.tensor([float(targets[u.row] in u.choices) for u in units], device=batch.ids.device)
-        run = stack.record(batch, keep=set())
+        run = stack.record(batch, keep=set(range(1, n_layers)) if grad_drop else set())
+        # the residual stream after each layer: entering[l + 1], and the final state after the last
+        after = [run.entering[l + 1] for l in range(n_layers - 1)] + [run.final] if grad_drop else []
+        for h in after:
+            h.retain_grad()
         logp = stack.target_logprob(run.final, batch, local)
-        ((logp * weight).sum() / len(table)).backward()
+        ((logp * weight).sum() / len(table)).backward(retain_graph=grad_drop)
         for s in sites:
-            z = captured.pop(s)
-            shape = (*z.shape[:-1], s.n_heads, s.head_dim)
-            est[s] += (z.detach().reshape(shape) * z.grad.reshape(shape)).sum(dim=(0, 1, 3)).double()
+            if captured[s].grad is not None:  # no gradient: the metric does not depend on the site
+                est[s] += per_head(s, captured[s], captured[s].grad)
+        for l in range(1, n_layers) if grad_drop else ():
+            below = [s for s in sites if s.layer < l]
+            # dropping layer l's own gradient leaves the gradient after l to reach the state before it
+            grads = torch.autograd.grad((run.entering[l] * after[l].grad).sum(), [captured[s] for s in below],
+                                        retain_graph=True, allow_unused=True)
+            for s, g in zip(below, grads):
+                if g is not None:  # a site the state before l does not depend on estimates 0
+                    dropped[l][s] += per_head(s, captured[s], g)
+        captured.clear()
         model.zero_grad(set_to_none=True)
         return {}
 
@@ -119,8 +154,15 @@ def attribution_scores(model, tok, table: pl.DataFrame, batch_size: int = 8, pro
     finally:
         for handle in handles:
             handle.remove()
-    rows = [{"layer": s.layer, "head": s.offset + h, "kind": s.kind, "logp_drop_est": float(est[s][h])}
-            for s in sites for h in range(s.n_heads)]
+    rows = []
+    for s in sites:
+        for h in range(s.n_heads):
+            row = {"layer": s.layer, "head": s.offset + h, "kind": s.kind, "logp_drop_est": float(est[s][h])}
+            if grad_drop:
+                # l below the head's layer: the plain estimate; l = its layer: 0 (its output dropped)
+                row["graddrop_est"] = (s.layer * abs(row["logp_drop_est"])
+                                       + sum(abs(float(dropped[l][s][h])) for l in range(s.layer + 1, n_layers)))
+            rows.append(row)
     return pl.DataFrame(rows)
 
 
@@ -129,9 +171,46 @@ def spearman(a: list[float], b: list[float]) -> float:
     return float(spearmanr(np.asarray(a), np.asarray(b)).statistic)
 
 
-def rank_attribution(est: pl.DataFrame) -> pl.DataFrame:
-    """attribution_scores sorted by estimated drop, largest first, with est_rank (1 = largest)."""
-    return est.sort("logp_drop_est", descending=True).with_columns(pl.int_range(1, len(est) + 1).alias("est_rank"))
+ESTIMATE_ORDERS = {"signed": "logp_drop_est", "magnitude": "logp_drop_est", "graddrop": "graddrop_est"}
+
+
+def rank_attribution(est: pl.DataFrame, order: str = "signed") -> pl.DataFrame:
+    """attribution_scores sorted largest first, with est_rank (1 = largest): by the estimated drop
+    (`signed`), by its magnitude (`magnitude`: a head whose removal the linear estimate gets
+    wrong in sign is still a candidate), or by the GradDrop score (`graddrop`)."""
+    if order not in ESTIMATE_ORDERS:
+        raise ValueError(f"unknown attribution order {order!r}; one of {sorted(ESTIMATE_ORDERS)}")
+    key = pl.col(ESTIMATE_ORDERS[order])
+    key = key.abs() if order == "magnitude" else key
+    return est.sort(key, descending=True).with_columns(pl.int_range(1, len(est) + 1).alias("est_rank"))
+
+
+def within_budget(ranked_est: pl.DataFrame, n_layers: int, budget: float) -> list[tuple[int, int]]:
+    """The heads of a ranked estimate, in its order, whose exact sweep fits in `budget` (a share
+    of the full sweep's cost, sweep_cost) less the attribution's own cost (a forward and a
+    backward: about 3 passes over every layer)."""
+    heads = top_heads(ranked_est, len(ranked_est))
+    allowed = budget * sweep_cost(heads, n_layers) - 3 * n_layers
+    chosen, spent = [], 0
+    for layer, head in heads:
+        spent += n_layers - layer
+        if spent > allowed:
+            break
+        chosen.append((layer, head))
+    return chosen
+
+
+def sweep_heads_verified(model, tok, table: pl.DataFrame, budget: float = 0.2, order: str = "magnitude",
+                         batch_size: int = 8, progress: bool = True) -> pl.DataFrame:
+    """The sweep's fast mode: rank every head by attribution (rank_attribution with `order`),
+    then sweep exactly, in that order, the heads that fit in `budget` of the full sweep's cost
+    (within_budget). Returns sweep_heads' rows for the unablated model and the verified heads
+    only (their numbers are exact); the heads left out were not measured, and rank_heads ranks
+    the verified ones. benchmarks/head_sweep_speed.py measures how many of the full sweep's top 10
+    it finds, and at what share of its time."""
+    est = attribution_scores(model, tok, table, batch_size, progress, grad_drop=order == "graddrop")
+    chosen = within_budget(rank_attribution(est, order), len(decoder_layers(model)), budget)
+    return sweep_heads(model, tok, table, heads=chosen, batch_size=batch_size, progress=progress)
 
 
 def top_heads(frame: pl.DataFrame, n: int) -> list[tuple[int, int]]:
@@ -162,36 +241,51 @@ def sweep_task(sweep: dict, template: str) -> pl.DataFrame:
     return build_kv_retrieval([sweep["sweep_dict_size"]], sweep["sweep_n"], sweep["seed"], template)
 
 
+SWEEP_MODES = ("exact", "verified")
+
+
 def run_heads_sweep(model_name: str, model_dir: str, sweep_path: str, ranking_path: str, sweep: dict,
                     template: str, batch_size: int = 8, dtype: str = "float32") -> pl.DataFrame:
-    """Phase heads_sweep: sweep_heads over every head of the prepared model on sweep_task, written
-    to `sweep_path`, and its rank_heads to `ranking_path` (both with a model column)."""
+    """Phase heads_sweep on sweep_task: `sweep["mode"]` exact (sweep_heads over every head) or
+    verified (sweep_heads_verified with `sweep["budget"]` and `sweep["order"]`), written to
+    `sweep_path` with the mode and the model's number of heads, and its rank_heads to
+    `ranking_path` (both with a model column)."""
     model, tok = load_model(model_dir, dtype)
-    result = sweep_heads(model, tok, sweep_task(sweep, template), batch_size=batch_size)
+    table = sweep_task(sweep, template)
+    mode = sweep.get("mode", "exact")
+    if mode == "exact":
+        result = sweep_heads(model, tok, table, batch_size=batch_size)
+    elif mode == "verified":
+        result = sweep_heads_verified(model, tok, table, sweep["budget"], sweep["order"], batch_size=batch_size)
+    else:
+        raise ValueError(f"heads.sweep_mode: unknown mode {mode!r}; one of {SWEEP_MODES}")
     ranking = rank_heads(result)
+    result = result.with_columns(pl.lit(mode).alias("mode"), pl.lit(len(all_heads(model))).alias("heads_total"))
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), sweep_path)
     write_parquet(ranking.with_columns(pl.lit(model_name).alias("model")), ranking_path)
-    log.info("top-10 heads: %s", ", ".join(f"L{r['layer']}H{r['head']} (-{r['acc_drop']:.2f})"
-                                           for r in ranking.head(10).iter_rows(named=True)))
+    log.info("%s sweep, %d of %d heads measured; top-10 heads: %s", mode, len(ranking), len(all_heads(model)),
+             ", ".join(f"L{r['layer']}H{r['head']} (-{r['acc_drop']:.2f})" for r in ranking.head(10).iter_rows(named=True)))
     return ranking
 
 
 def run_heads_attribution(model_name: str, model_dir: str, ranking_path: str, out_path: str, timings_path: str,
                           sweep: dict, template: str, top_n: int, batch_size: int = 8,
-                          dtype: str = "float32") -> pl.DataFrame:
-    """Phase heads_attribution: attribution_scores on sweep_task, the exact sweep of the estimate's
-    top `top_n` heads (the cost of verifying a pre-ranking), and compare_attribution against the
-    exact ranking in `ranking_path`; written to `out_path` with a model column. The two parts'
-    wall times go to `timings_path` (JSON, a log: timings are not results)."""
+                          dtype: str = "float32", order: str = "magnitude") -> pl.DataFrame:
+    """Phase heads_attribution: attribution_scores on sweep_task ranked by `order`
+    (rank_attribution), the exact sweep of the estimate's top `top_n` heads (the cost of verifying
+    a pre-ranking), and compare_attribution against the exact ranking in `ranking_path`; written
+    to `out_path` with a model column. The two parts' wall times go to `timings_path` (JSON, a
+    log: timings are not results)."""
     model, tok = load_model(model_dir, dtype)
     table = sweep_task(sweep, template)
     start = time.perf_counter()
-    ranked = rank_attribution(attribution_scores(model, tok, table, batch_size=batch_size))
+    est = attribution_scores(model, tok, table, batch_size=batch_size, grad_drop=order == "graddrop")
+    ranked = rank_attribution(est, order)
     t_attr = time.perf_counter() - start
     start = time.perf_counter()
     sweep_heads(model, tok, table, heads=top_heads(ranked, top_n), batch_size=batch_size)
     t_verify = time.perf_counter() - start
-    result = compare_attribution(ranked, read_parquet(ranking_path), top_n)
+    result = compare_attribution(ranked, read_parquet(ranking_path), top_n).with_columns(pl.lit(order).alias("order"))
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
     write_json({"attribution": round(t_attr, 2), f"verify top {top_n}": round(t_verify, 2)}, timings_path)
     log.info("attribution: spearman %.3f, recall of exact top-10 in top-%d %.2f, %.1fs + verify %.1fs",

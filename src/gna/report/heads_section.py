@@ -101,8 +101,14 @@ def top_heads_part(ranking: pl.DataFrame, sweep: pl.DataFrame) -> str:
         base = sweep.filter((pl.col("model") == model) & (pl.col("layer") == -1)).row(0, named=True)
         sub = ranking.filter(pl.col("model") == model).sort("rank")
         parts.append(f"<h3>{html.escape(model)}: top heads</h3>")
+        if base.get("mode") == "verified":
+            measured = (f"verified mode: the {len(sub)} of {base['heads_total']} heads that attribution ranked "
+                        f"first and that fit the budget, each ablated exactly; the others were not measured "
+                        f"(blank in the heatmap)")
+        else:
+            measured = f"{len(sub)} heads, each ablated exactly"
         parts.append(f"<p>Sweep: {base['n']} KV prompts, unablated accuracy {pct(base['acc'])}, "
-                     f"mean log-prob of the correct value {base['mean_logp']:.3f}; {len(sub)} heads.</p>")
+                     f"mean log-prob of the correct value {base['mean_logp']:.3f}; {measured}.</p>")
         top = sub.head(10).select("rank", pl.format("L{}H{}", "layer", "head").alias("head"), "kind", "acc",
                                   "acc_drop", "logp_drop")
         parts.append(table(top, left=("head", "kind"), fmt={"acc": pct, "acc_drop": pct}))
@@ -162,12 +168,21 @@ def dictsize_part(curves: pl.DataFrame, ctx: SectionContext) -> str:
 def attribution_part(attribution: pl.DataFrame, ctx: SectionContext) -> str:
     if attribution.is_empty():
         return ""
+    if "order" not in attribution.columns:  # results written before the order was a setting
+        attribution = attribution.with_columns(pl.lit("signed").alias("order"))
     stats = (attribution.group_by("model").agg(
+        pl.col("order").first().alias("ranked by"),
         pl.col("spearman_logp").first().alias("Spearman (all heads)"),
         pl.col("top_n").first().alias("top N verified"),
         pl.col("recall_top10_in_top_n").first().alias("recall of exact top-10 in top N")).sort("model"))
     return ("<h3>Attribution pre-ranking vs the exact sweep</h3>"
-            + table(stats, left=("model",), fmt={"recall of exact top-10 in top N": pct})
+            "<p>One forward and one backward pass estimate every head's ablation effect linearly; heads are "
+            "ranked by that estimate (<i>signed</i>), by its magnitude (<i>magnitude</i>: a head whose effect the "
+            "linear estimate gets wrong in sign, as for gather heads feeding later heads, stays a candidate) or "
+            "by AtP*'s GradDrop score (<i>graddrop</i>), set by <code>heads.verify_order</code>. Spearman: "
+            "estimated vs exact log-prob drop over all heads; recall: share of the exact sweep's top 10 among "
+            "the estimate's top N, the heads a verifying sweep would measure exactly.</p>"
+            + table(stats, left=("model", "ranked by"), fmt={"recall of exact top-10 in top N": pct})
             + ctx.figure("heads_attribution"))
 
 

@@ -52,15 +52,20 @@ def write_scores(frame: pl.DataFrame, items: pl.DataFrame, model_name: str, summ
 
 def run_hybrid_score(model_name: str, variant: str, model_dir: str, teacher_path: str, task_paths: list[str],
                      summary_path: str, answers_path: str, max_items: int | None, swap_items: int | None,
-                     batch_size: int, dtype: str = "float32") -> pl.DataFrame:
+                     batch_size: int, dtype: str = "float32", baseline_paths: list[str] = ()) -> pl.DataFrame:
     """score_model of the teacher or one student (`variant`) on the task tables (each cut to
     `max_items`; None: all, the teacher's baseline items) with `swap_items` per task checked
     for degeneracy, and on the teacher file's held-out windows. The label_variant'ed summary
-    goes to `summary_path`, the per-item answers to `answers_path`."""
+    goes to `summary_path`, the per-item answers to `answers_path`. `baseline_paths`: the
+    model's per-item baseline scores (the teacher's), read instead of scoring its items again."""
     model, tok = load_any(model_dir, dtype)
     tables = load_task_tables(task_paths, max_items)
     heldout = read_tensors(teacher_path, ["heldout_ids"], device_of(model))["heldout_ids"]
-    frame, items = score_model(model, tok, tables, heldout, batch_size, swap_items)
+    scored = {}
+    for path in baseline_paths:
+        items = read_parquet(path).drop("model")
+        scored[items["task"][0]] = items
+    frame, items = score_model(model, tok, tables, heldout, batch_size, swap_items, scored=scored)
     frame = label_variant(frame, variant)
     write_scores(frame, items, model_name, summary_path, answers_path)
     return frame

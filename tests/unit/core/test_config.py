@@ -59,6 +59,9 @@ def test_defaults_are_filled():
         (lambda c: c["tasks"]["kv_retrieval"].update(n_per_size=10**9), "is greater than the maximum of 10000"),
         (lambda c: c["models"].update(t={"source": "tiny-random", "heads": 4, "kv_heads": 3}),
          "config key 'models.t': heads (4) must be a multiple of kv_heads (3)"),
+        (lambda c: c.setdefault("heads", {}).update(sweep_mode="fast"), "config key 'heads.sweep_mode'"),
+        (lambda c: c.setdefault("heads", {}).update(verify_budget=0), "config key 'heads.verify_budget'"),
+        (lambda c: c.setdefault("heads", {}).update(verify_order="abs"), "allowed values: signed, magnitude, graddrop"),
     ],
 )
 def test_bad_config_names_the_key(mutate, expected):

@@ -5,7 +5,8 @@ import torch
 
 from gna.phases.head_tables import critical_heads, dict_size_curves, heads_kept, remove_top_k
 from gna.phases.head_ablation import (attribution_scores, compare_attribution, rank_attribution, rank_heads, spearman,
-                               sweep_heads, sweep_heads_naive, top_heads)
+                                      sweep_cost, sweep_heads, sweep_heads_naive, sweep_heads_verified, top_heads,
+                                      within_budget)
 from gna.engine.hooks import ablate_heads, active_hooks, all_heads, head_sites
 from gna.engine.scoring import score_table
 from gna.tasks.tables import build_kv_retrieval
@@ -161,3 +162,88 @@ def test_attribution_comparison():
     # the exact top 10 are heads 2..11; the estimate's top 5 are heads 7..11
     assert result["recall_top10_in_top_n"][0] == pytest.approx(0.5)
     assert result["verified"].sum() == 5 and result.columns[-2:] == ["top_n", "verified"]
+
+
+def _attribution_with_layer_gradient_dropped(model, tok, layer):
+    """Reference for one GradDrop term: the plain estimate on the model whose layer `layer` passes
+    its own output's value but only the residual path's gradient (out = in + (f(in) - in).detach())."""
+    def hook(module, args, kwargs, out):
+        h = kwargs.get("hidden_states", args[0] if args else None)
+        value = out[0] if isinstance(out, tuple) else out
+        value = h + (value - h).detach()
+        return (value, *out[1:]) if isinstance(out, tuple) else value
+
+    handle = model.model.layers[layer].register_forward_hook(hook, with_kwargs=True)
+    try:
+        return attribution_scores(model, tok, KV, progress=False)
+    finally:
+        handle.remove()
+
+
+def test_graddrop_equals_dropping_each_layers_gradient_by_a_hook(tiny_llama):
+    model, tok = tiny_llama
+    est = attribution_scores(model, tok, KV, progress=False, grad_drop=True).sort("layer", "head")
+    plain = attribution_scores(model, tok, KV, progress=False).sort("layer", "head")
+    np.testing.assert_allclose(est["logp_drop_est"].to_numpy(), plain["logp_drop_est"].to_numpy(), rtol=1e-6)
+    n_layers = len(model.model.layers)
+    total = np.zeros(len(est))
+    for layer in range(n_layers):
+        term = _attribution_with_layer_gradient_dropped(model, tok, layer).sort("layer", "head")
+        total += np.abs(term["logp_drop_est"].to_numpy())
+    np.testing.assert_allclose(est["graddrop_est"].to_numpy(), total, rtol=1e-5, atol=1e-9)
+    assert not np.allclose(total, n_layers * np.abs(plain["logp_drop_est"].to_numpy()))
+    assert active_hooks(model) == 0
+
+
+def test_estimate_orders():
+    est = pl.DataFrame({"layer": [0, 0, 1], "head": [0, 1, 0], "kind": "attention",
+                        "logp_drop_est": [0.5, -2.0, 1.0], "graddrop_est": [3.0, 1.0, 2.0]})
+    assert top_heads(rank_attribution(est), 3) == [(1, 0), (0, 0), (0, 1)]
+    assert top_heads(rank_attribution(est, "magnitude"), 3) == [(0, 1), (1, 0), (0, 0)]
+    assert top_heads(rank_attribution(est, "graddrop"), 3) == [(0, 0), (1, 0), (0, 1)]
+    with pytest.raises(ValueError, match="unknown attribution order 'abs'"):
+        rank_attribution(est, "abs")
+
+
+def test_the_budget_counts_layer_runs_and_keeps_the_order():
+    # 4 layers x 2 heads: the full sweep costs 2 * (4 + 3 + 2 + 1) = 20 layer runs; attribution 12
+    heads = [(3, 0), (3, 1), (2, 0), (0, 0), (1, 0), (0, 1), (1, 1), (2, 1)]
+    ranked = pl.DataFrame({"layer": [l for l, _ in heads], "head": [h for _, h in heads]})
+    assert sweep_cost(heads, 4) == 20
+    assert within_budget(ranked, 4, 0.6) == []            # 12 - 12: nothing left to verify
+    assert within_budget(ranked, 4, 0.8) == [(3, 0), (3, 1), (2, 0)]  # 16 - 12 = 4 = 1 + 1 + 2; stops at (0, 0)
+    assert within_budget(ranked, 4, 1.0) == [(3, 0), (3, 1), (2, 0), (0, 0)]
+
+
+def test_verified_sweep_is_exact_where_it_measures(tiny_llama):
+    model, tok = tiny_llama
+    full = sweep_heads(model, tok, KV, progress=False)
+    fast = sweep_heads_verified(model, tok, KV, budget=0.6, progress=False)
+    n_layers = len(model.model.layers)
+    verified = [(l, h) for l, h in zip(fast["layer"], fast["head"]) if l >= 0]
+    assert 0 < len(verified) < len(full) - 1
+    assert sweep_cost(verified, n_layers) <= 0.6 * sweep_cost(all_heads(model), n_layers) - 3 * n_layers
+    exact = full.join(fast.select("layer", "head"), on=["layer", "head"]).sort("layer", "head")
+    assert exact.equals(fast.sort("layer", "head"))
+    # the unablated row comes from the sweep's own pass and equals plain scoring
+    base = score_table(model, tok, KV, progress=False)
+    assert fast.filter(pl.col("layer") == -1)["mean_logp"][0] == pytest.approx(base["logp_target"].mean(), abs=1e-6)
+
+
+def test_sweep_phase_in_each_mode_says_what_it_measured(tiny_llama, tmp_path):
+    from gna.phases.head_ablation import run_heads_sweep
+
+    model, tok = tiny_llama
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    sweep = {"sweep_dict_size": 3, "sweep_n": 3, "seed": 0}
+    out = {mode: (tmp_path / f"{mode}-sweep.parquet", tmp_path / f"{mode}-ranking.parquet") for mode in ("exact", "verified")}
+    run_heads_sweep("t", str(tmp_path / "m"), *map(str, out["exact"]), sweep | {"mode": "exact"}, "lookup")
+    run_heads_sweep("t", str(tmp_path / "m"), *map(str, out["verified"]),
+                    sweep | {"mode": "verified", "budget": 0.6, "order": "magnitude"}, "lookup")
+    exact, verified = (pl.read_parquet(out[m][0]) for m in ("exact", "verified"))
+    assert set(exact["mode"]) == {"exact"} and set(verified["mode"]) == {"verified"}
+    assert set(exact["heads_total"]) == set(verified["heads_total"]) == {len(all_heads(model))} == {len(exact) - 1}
+    assert 1 < len(verified) < len(exact)
+    with pytest.raises(ValueError, match="heads.sweep_mode: unknown mode 'fast'"):
+        run_heads_sweep("t", str(tmp_path / "m"), *map(str, out["exact"]), sweep | {"mode": "fast"}, "lookup")

@@ -217,6 +217,28 @@ def test_scoring_rules_on_the_distilled_students(phase):
     assert len(mixers(student)) == 3
 
 
+def test_the_teacher_is_read_from_its_baseline_not_scored_again(phase):
+    root, p = phase
+    from gna.phases.evaluation import run_baseline
+
+    run_baseline("tiny", p["teacher"], p["kv_retrieval.parquet"], str(root / "base.parquet"),
+                 str(root / "base.items.parquet"), batch_size=2)
+    args = dict(max_items=3, swap_items=2, batch_size=2)
+    scored = run_hybrid_score("tiny", "teacher", p["teacher"], str(root / "teacher.safetensors"),
+                              [p["kv_retrieval.parquet"]], str(root / "t1.parquet"), str(root / "t1a.parquet"), **args)
+    read = run_hybrid_score("tiny", "teacher", p["teacher"], str(root / "teacher.safetensors"),
+                            [p["kv_retrieval.parquet"]], str(root / "t2.parquet"), str(root / "t2a.parquet"),
+                            baseline_paths=[str(root / "base.items.parquet")], **args)
+    assert read.equals(scored)
+    assert pl.read_parquet(root / "t2a.parquet").equals(pl.read_parquet(root / "t1a.parquet"))
+    # scores of other items are refused, not silently mixed in
+    write_parquet(pl.read_parquet(root / "base.items.parquet").head(1), root / "short.items.parquet")
+    with pytest.raises(ValueError, match="items have no earlier scores"):
+        run_hybrid_score("tiny", "teacher", p["teacher"], str(root / "teacher.safetensors"),
+                         [p["kv_retrieval.parquet"]], str(root / "t3.parquet"), str(root / "t3a.parquet"),
+                         baseline_paths=[str(root / "short.items.parquet")], **args)
+
+
 def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase):
     root, p = phase
     curve = run_hybrid_budget("tiny", "k2-n4", str(root / "k2"), str(root / "kd2-checkpoints.safetensors"),
