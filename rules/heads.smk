@@ -61,6 +61,8 @@ rule heads_topk:
         model="data/models/{model}",
         ranking="data/results/heads/{model}/ranking.parquet",
         tasks=expand("data/tasks/{task}.parquet", task=TASKS),
+        # k = 0 is the unmodified model: its baseline's per-item scores, read instead of scored again
+        baseline=expand("data/results/baseline/{{model}}/{task}.items.parquet", task=TASKS),
     output:
         "data/results/heads/{model}/topk.parquet",
     params:

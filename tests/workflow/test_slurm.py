@@ -72,8 +72,9 @@ def test_smoke_baseline_runs_as_slurm_jobs_and_equals_the_local_results(tmp_path
                           capture_output=True, text=True, env=slurm_env).stdout.splitlines()
     ours = [line.split("|") for line in jobs if line.split("|")[0] not in submitted]
     print("\n".join("|".join(job) for job in ours))
-    rules = sorted(re.match(r"rule_(\w+?)_wildcards", job[1]).group(1) for job in ours)
-    assert rules == ["baseline", "baseline", "baseline", "prepare_model"], ours
+    # the conversion alone, then the three baseline tasks as one group job (profile `groups`):
+    # one GPU, the threads and memory of one job, the three run one after another inside it
+    assert sorted(job[1] for job in ours) == ["rule_baseline_baseline", "rule_prepare_model_wildcards_tiny-llama"], ours
     assert all(job[3] == "COMPLETED" and "cpu=8" in job[4] and "mem=4000M" in job[4] for job in ours), ours
     # model-loading rules ask for a GPU (the fake GRES here), the conversion does not
     for job in ours:
@@ -95,7 +96,8 @@ def test_paper_config_through_the_profile_asks_for_what_an_8b_model_needs(tmp_pa
                                        str(REPO / "profiles" / "slurm"), "--directory", str(tmp_path), "-n"],
                           cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    jobs = re.findall(r"(local)?rule (\w+):\n((?:    .*\n)+)", proc.stdout + proc.stderr)
+    # a job's block: "rule x:" then indented "key: value" lines; jobs of a group job are indented once more
+    jobs = re.findall(r"(local)?rule (\w+):\n((?: {4,}\w+: .*\n)+)", proc.stdout + proc.stderr)
     local_rules = re.search(r"localrules:\n((?:    \w+,\n)+)", (REPO / "Snakefile").read_text()).group(1).split()
     assert len(jobs) == sum(planned_jobs(proc.stdout + proc.stderr).values())  # every job, local ones too
     weights_mb = 8.03e9 * 2 / 2**20
@@ -110,3 +112,5 @@ def test_paper_config_through_the_profile_asks_for_what_an_8b_model_needs(tmp_pa
         assert ("slurm_partition=gpu" in block and "gpu=1" in block) == gpu, block
         big += 1
     assert big >= 10
+    # the many short jobs go to SLURM as group jobs (profile `groups`)
+    assert all(f"Group job {group}" in proc.stdout for group in ("baseline", "head-tables", "gna", "student-scores"))

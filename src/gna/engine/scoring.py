@@ -92,6 +92,16 @@ def per_item_frame(table: pl.DataFrame, scores: list) -> pl.DataFrame:
     return pl.DataFrame(rows)
 
 
+def known_items(table: pl.DataFrame, scored: pl.DataFrame) -> pl.DataFrame:
+    """The rows of `scored` (score_table's per-item frame) for the items of `table`, in its order;
+    refuses a table holding an item `scored` lacks."""
+    per_item = table.select("item_id").join(scored, on="item_id", how="left", maintain_order="left")
+    missing = per_item.filter(pl.col("pred").is_null())["item_id"].to_list()
+    if missing:
+        raise ValueError(f"{len(missing)} items have no earlier scores (first: {missing[0]!r})")
+    return per_item.select(scored.columns)
+
+
 def encode_table(tok, table: pl.DataFrame) -> list[Encoded]:
     """`encode` of every item (context, choices) of a task table."""
     bos = starts_with_bos(tok)

@@ -18,7 +18,7 @@ from gna.tasks.lmeval_bridge import (ASSUMED_TOKENS, CROSSCHECK_TASK, crosscheck
                                     results_to_frame, run_tasks)
 from gna.models.prepare import load_model
 from gna.core.runtime import peak_rss_mb
-from gna.engine.scoring import chance_accuracy, score_table, summarize_task
+from gna.engine.scoring import chance_accuracy, known_items, score_table, summarize_task
 from gna.tasks.tables import context_swapped
 
 log = logging.getLogger("gna.phases.evaluation")
@@ -136,16 +136,6 @@ def score_model(model, tok, tables: dict[str, pl.DataFrame], heldout: torch.Tens
         summaries.append(pl.DataFrame({"task": ["heldout"], "group": ["all"], "n": [heldout.numel()],
                                        "metric": ["perplexity"], "value": [perplexity(model, heldout)]}))
     return pl.concat(summaries, how="diagonal_relaxed"), pl.concat(items, how="diagonal_relaxed")
-
-
-def known_items(table: pl.DataFrame, scored: pl.DataFrame) -> pl.DataFrame:
-    """The rows of `scored` (score_table's per-item frame) for the items of `table`, in its order;
-    refuses a table holding an item `scored` lacks."""
-    per_item = table.select("item_id").join(scored, on="item_id", how="left", maintain_order="left")
-    missing = per_item.filter(pl.col("pred").is_null())["item_id"].to_list()
-    if missing:
-        raise ValueError(f"{len(missing)} items have no earlier scores (first: {missing[0]!r})")
-    return per_item.select(scored.columns)
 
 
 @torch.inference_mode()

@@ -18,8 +18,8 @@ from tqdm.auto import tqdm
 from gna.engine.hooks import ablate_heads, all_heads, head_sites, heads_per_layer
 from gna.core.io import read_json, read_parquet, write_parquet
 from gna.models.prepare import load_model
-from gna.engine.scoring import score_table, summarize_task
-from gna.tasks.tables import build_kv_retrieval, load_task_tables
+from gna.engine.scoring import known_items, score_table, summarize_task
+from gna.tasks.tables import build_kv_retrieval, load_item_scores, load_task_tables
 
 log = logging.getLogger("gna.phases.head_tables")
 
@@ -39,8 +39,10 @@ def _top(ranking: pl.DataFrame, k: int) -> list[tuple[int, int]]:
 
 def remove_top_k(model, tok, ranking: pl.DataFrame, tables: dict[str, pl.DataFrame], ks: list[int],
                  random_draws: int, control_tasks: list[str], seed: int, batch_size: int = 8,
-                 progress: bool = True) -> pl.DataFrame:
-    """Tidy: condition (top | random), k, draw, heads, task, group, n, metric, value."""
+                 progress: bool = True, scored: dict[str, pl.DataFrame] | None = None) -> pl.DataFrame:
+    """Tidy: condition (top | random), k, draw, heads, task, group, n, metric, value.
+    `scored`: {task: per-item scores of the unmodified model} (its baseline), read for k = 0
+    instead of scoring the same items again."""
     population = all_heads(model)
     jobs = [("top", k, 0, _top(ranking, k)) for k in ks]
     for k in ks:
@@ -52,7 +54,10 @@ def remove_top_k(model, tok, ranking: pl.DataFrame, tables: dict[str, pl.DataFra
     frames = []
     for condition, k, draw, heads in tqdm(jobs, desc="remove top-k", disable=not progress, mininterval=2.0):
         use = tables if condition == "top" else {t: tables[t] for t in control_tasks if t in tables}
-        summary = _score(model, tok, use, heads, batch_size=batch_size)
+        if not heads and scored and set(use) <= set(scored):
+            summary = pl.concat([summarize_task(known_items(table, scored[t])) for t, table in use.items()])
+        else:
+            summary = _score(model, tok, use, heads, batch_size=batch_size)
         frames.append(summary.with_columns(
             pl.lit(condition).alias("condition"), pl.lit(k).alias("k"), pl.lit(draw).alias("draw"),
             pl.lit(" ".join(f"L{l}H{h}" for l, h in heads)).alias("heads")))
@@ -114,12 +119,14 @@ def dict_size_curves(model, tok, ranking: pl.DataFrame, table: pl.DataFrame, bat
 
 def run_heads_topk(model_name: str, model_dir: str, ranking_path: str, task_paths: list[str], out_path: str,
                    top_k: list[int], random_draws: int, control_tasks: list[str], max_items: int | None, seed: int,
-                   batch_size: int = 8, dtype: str = "float32") -> pl.DataFrame:
+                   batch_size: int = 8, dtype: str = "float32", baseline_paths: list[str] = ()) -> pl.DataFrame:
     """Phase heads_topk: remove_top_k of the ranking in `ranking_path` on the task tables
-    `task_paths` (each cut to `max_items`), written to `out_path` with a model column."""
+    `task_paths` (each cut to `max_items`), written to `out_path` with a model column; k = 0 is
+    read from the model's per-item baseline scores `baseline_paths` where given."""
     model, tok = load_model(model_dir, dtype)
     result = remove_top_k(model, tok, read_parquet(ranking_path), load_task_tables(task_paths, max_items), top_k,
-                          random_draws, control_tasks, seed, batch_size=batch_size)
+                          random_draws, control_tasks, seed, batch_size=batch_size,
+                          scored=load_item_scores(baseline_paths))
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
     log.info("remove top-k: %d rows", len(result))
     return result

@@ -12,7 +12,7 @@ from gna.students.mixer import swapped_to_attention
 from gna.core.io import read_parquet, write_parquet
 from gna.students.distill import restore, snapshot
 from gna.students.spec import TEACHER_VARIANT, load_any, parse_variant, ranked_heads, read_spec
-from gna.tasks.tables import load_task_tables
+from gna.tasks.tables import load_item_scores, load_task_tables
 from gna.core.tensor_files import read_tensors
 from gna.engine.device import device_of
 
@@ -61,11 +61,8 @@ def run_hybrid_score(model_name: str, variant: str, model_dir: str, teacher_path
     model, tok = load_any(model_dir, dtype)
     tables = load_task_tables(task_paths, max_items)
     heldout = read_tensors(teacher_path, ["heldout_ids"], device_of(model))["heldout_ids"]
-    scored = {}
-    for path in baseline_paths:
-        items = read_parquet(path).drop("model")
-        scored[items["task"][0]] = items
-    frame, items = score_model(model, tok, tables, heldout, batch_size, swap_items, scored=scored)
+    frame, items = score_model(model, tok, tables, heldout, batch_size, swap_items,
+                               scored=load_item_scores(baseline_paths))
     frame = label_variant(frame, variant)
     write_scores(frame, items, model_name, summary_path, answers_path)
     return frame

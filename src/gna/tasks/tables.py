@@ -192,6 +192,17 @@ def load_task_tables(paths: list[str], max_items: int | None = None) -> dict[str
     return tables
 
 
+def load_item_scores(paths: list[str]) -> dict[str, pl.DataFrame]:
+    """{task name: per-item scores} from per-item score files (a baseline's `*.items.parquet`),
+    their model column dropped: scores to reuse instead of scoring the same items again
+    (gna.engine.scoring.known_items)."""
+    scores = {}
+    for path in paths:
+        items = read_parquet(path)
+        scores[items["task"][0]] = items.drop("model", strict=False)
+    return scores
+
+
 def context_swapped(table: pl.DataFrame, max_items: int | None) -> pl.DataFrame:
     """The degeneracy check's items: subset_evenly(table, max_items), each given the context of
     the next item with as many choices (cyclically; for KV-retrieval that is the next dictionary

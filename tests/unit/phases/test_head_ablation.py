@@ -247,3 +247,21 @@ def test_sweep_phase_in_each_mode_says_what_it_measured(tiny_llama, tmp_path):
     assert 1 < len(verified) < len(exact)
     with pytest.raises(ValueError, match="heads.sweep_mode: unknown mode 'fast'"):
         run_heads_sweep("t", str(tmp_path / "m"), *map(str, out["exact"]), sweep | {"mode": "fast"}, "lookup")
+
+
+def test_top_k_zero_is_read_from_the_baseline_scores(tiny_llama):
+    model, tok = tiny_llama
+    ranking = rank_heads(sweep_heads(model, tok, KV, progress=False))
+    tables = {"kv_retrieval": KV}
+    args = dict(random_draws=1, control_tasks=["kv_retrieval"], seed=1, progress=False)
+    scored = remove_top_k(model, tok, ranking, tables, [0, 1], **args)
+    baseline = score_table(model, tok, KV, progress=False)
+    read = remove_top_k(model, tok, ranking, tables, [0, 1], scored={"kv_retrieval": baseline}, **args)
+    assert read.equals(scored)
+    # the k = 0 rows come from the given scores (here all made wrong), the others are scored
+    wrong = baseline.with_columns(pl.lit(False).alias("correct"))
+    marked = remove_top_k(model, tok, ranking, tables, [0, 1], scored={"kv_retrieval": wrong}, **args)
+    acc = marked.filter((pl.col("metric") == "acc") & (pl.col("group") == "all"))
+    assert acc.filter(pl.col("k") == 0)["value"].to_list() == [0.0]
+    assert acc.filter(pl.col("k") == 1).equals(
+        scored.filter((pl.col("metric") == "acc") & (pl.col("group") == "all") & (pl.col("k") == 1)))
