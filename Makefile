@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CORES  ?= all
 
-.PHONY: venv reproduce test test-fast smoke-golden dryrun pull push report lock
+.PHONY: venv reproduce test test-fast smoke-golden dryrun pull push report lock peers
 
 # torch first, pinned to the CPU wheel (any looser spec can pull a multi-GB CUDA build), then
 # the project under a full constraint file so the resolver cannot replace it.
@@ -64,3 +64,12 @@ lock: venv
 	head -2 requirements.lock > requirements.lock.new
 	$(BIN)/python -m pip freeze --exclude-editable | sed 's/^torch==.*/torch==2.13.0/' >> requirements.lock.new
 	mv requirements.lock.new requirements.lock
+
+## The peer tools of benchmarks/head_sweep_peers.py (TransformerLens, nnsight and the few
+## dependencies the project lacks), pinned, into .peers/ beside the venv: the project's own
+## environment and lock are left as they are. Use with PYTHONPATH=.peers.
+PEERS := transformer-lens==4.3.0 nnsight==0.8.1 einops==0.8.2 jaxtyping==0.3.11 wadler-lindig==0.1.8 \
+	fancy-einsum==0.0.3 beartype==0.23.1 typeguard==4.6.1 sentencepiece==0.2.3 websocket-client==1.9.2 \
+	zstandard==0.25.0 httpx==0.28.1 httpcore==1.0.9 sniffio==1.3.1
+peers: venv
+	$(BIN)/python -m pip install --quiet --no-deps --target .peers $(PEERS)

@@ -30,7 +30,7 @@ from gna.engine.stack import decoder_layers
 from gna.phases.head_ablation import rank_heads, sweep_heads, sweep_heads_naive, sweep_heads_verified, top_heads
 from gna.tasks.tables import build_kv_retrieval
 
-from _common import model_or_tiny
+from _common import extrapolated_fast_sweep_s, model_or_tiny
 
 
 def naive_part(model, tok, table, layer_stride: int) -> dict:
@@ -53,9 +53,8 @@ def naive_part(model, tok, table, layer_stride: int) -> dict:
     n_all = sum(per_layer.values())
     # naive cost is the same for every head; the fast cost of a head grows with the layers after it
     per_head_naive = t_naive / len(heads)
-    frac_swept = sum(n_layers - l for l, _ in heads) / len(heads)
     frac_all = sum((n_layers - layer) * n for layer, n in per_layer.items()) / n_all
-    est_fast_all = t_fast / len(heads) * n_all * frac_all / frac_swept
+    est_fast_all = extrapolated_fast_sweep_s(t_fast, heads, per_layer)
     result = {"heads_swept": len(heads), "layers": layers, "naive_s": t_naive, "fast_s": t_fast,
               "ratio": t_naive / t_fast, "max_abs_mean_logp_diff": worst,
               "extrapolated_all_heads": {"heads": n_all, "naive_s": per_head_naive * n_all, "fast_s": est_fast_all,

@@ -51,6 +51,7 @@ rule prune_individual:
         max_items=config["prune"]["max_items"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
+        skip_at_chance=config["prune"]["skip_at_chance"],
         code=code_of("prune_individual"),
     log:
         "data/logs/prune_individual/{model}.log",

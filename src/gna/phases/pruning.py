@@ -14,6 +14,7 @@ import logging
 import polars as pl
 
 from gna.core.io import read_json, read_parquet, write_json, write_parquet
+from gna.core.stats import wilson_interval
 from gna.models.prepare import load_model
 from gna.engine.scoring import score_removals, score_table, summarize_task
 from gna.tasks.tables import load_task_tables
@@ -56,18 +57,37 @@ def minimal_prefix(gradual_summary: pl.DataFrame, task: str, metric: str, fracti
             "fraction": fraction, "full_value": full, "value": by_k[k], "threshold": bar}
 
 
+def at_chance(per_item: pl.DataFrame, table: pl.DataFrame) -> str | None:
+    """Why a model's accuracy on `table` cannot show a loss, or None: its Wilson 95% interval
+    (per_item: score_table's frame) contains chance, 1 / the number of choices averaged over items."""
+    n, correct = len(per_item), int(per_item["correct"].sum())
+    chance = sum(1 / len(c) for c in table["choices"]) / len(table)
+    low, high = wilson_interval(correct, n)
+    if not low <= chance <= high:
+        return None
+    return (f"at chance: accuracy {correct / n:.1%} [{low:.1%}, {high:.1%}] (n={n}) contains chance "
+            f"{chance:.1%}, so removing a layer cannot show a loss")
+
+
 def individual(model, tok, tables: dict[str, pl.DataFrame], kept_layers: list[int], batch_size: int = 8,
-               progress: bool = True) -> pl.DataFrame:
+               progress: bool = True, skip_at_chance: bool = True) -> pl.DataFrame:
     """Remove each layer of the minimal model in turn; also score the minimal model itself
-    (removed_layer = -1). Tidy: task, group, n, metric, value, removed_layer."""
+    (removed_layer = -1). Tidy: task, group, n, metric, value, removed_layer, skipped_reason.
+    skip_at_chance: a task on which the minimal model is at chance (`at_chance`) is scored on
+    the minimal model only, with the reason in skipped_reason (null where every removal ran)."""
     frames = []
     for task, table in tables.items():
         base = score_table(model, tok, table, batch_size=batch_size, progress=False, layers=kept_layers)
-        removed = score_removals(model, tok, table, kept_layers, kept_layers, batch_size=batch_size,
-                                 progress=progress, desc=f"remove-one {task}")
-        items = pl.concat([base.with_columns(pl.lit(-1).alias("removed_layer")), removed])
-        frames.append(_tidy(items, "removed_layer"))
-    return pl.concat(frames).with_columns(pl.lit("individual").alias("experiment"))
+        items = base.with_columns(pl.lit(-1).alias("removed_layer"))
+        reason = at_chance(base, table) if skip_at_chance else None
+        if reason is None:
+            removed = score_removals(model, tok, table, kept_layers, kept_layers, batch_size=batch_size,
+                                     progress=progress, desc=f"remove-one {task}")
+            items = pl.concat([items, removed])
+        else:
+            log.info("individual removal: %s on the minimal model only, %s", task, reason)
+        frames.append(_tidy(items, "removed_layer").with_columns(pl.lit(reason, dtype=pl.String).alias("skipped_reason")))
+    return pl.concat(frames, how="diagonal_relaxed").with_columns(pl.lit("individual").alias("experiment"))
 
 
 def run_prune_gradual(model_name: str, model_dir: str, task_paths: list[str], out_path: str,
@@ -93,13 +113,14 @@ def run_minimal_model(model_name: str, gradual_path: str, out_path: str, task: s
 
 
 def run_prune_individual(model_name: str, model_dir: str, task_paths: list[str], minimal_path: str, out_path: str,
-                         max_items: int | None, batch_size: int = 8, dtype: str = "float32") -> pl.DataFrame:
+                         max_items: int | None, batch_size: int = 8, dtype: str = "float32",
+                         skip_at_chance: bool = True) -> pl.DataFrame:
     """Phase prune_individual: `individual` removal on the minimal model of `minimal_path`
     (run_minimal_model's JSON), on the task tables `task_paths`; written to `out_path` with a
     model column."""
     model, tok = load_model(model_dir, dtype)
     result = individual(model, tok, load_task_tables(task_paths, max_items), read_json(minimal_path)["kept_layers"],
-                        batch_size=batch_size)
+                        batch_size=batch_size, skip_at_chance=skip_at_chance)
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
     log.info("individual removal: %d rows", len(result))
     return result

@@ -44,8 +44,9 @@ def plot_individual(individual: pl.DataFrame, path) -> None:
         if not removed.is_empty():
             sns.lineplot(data=removed.to_pandas(), x="removed_layer", y="value", hue="task", marker="o", ms=4, ax=ax)
             palette = dict(zip(removed["task"].unique(maintain_order=True), sns.color_palette()))
-            for row in sub.filter(pl.col("removed_layer") == -1).iter_rows(named=True):
-                ax.axhline(row["value"], ls=":", lw=1, color=palette.get(row["task"], "black"))
+            # the minimal model's own score, for the tasks whose removals were scored
+            for row in sub.filter((pl.col("removed_layer") == -1) & pl.col("task").is_in(list(palette))).iter_rows(named=True):
+                ax.axhline(row["value"], ls=":", lw=1, color=palette[row["task"]])
         accuracy_axis(ax, f"{model}: remove one layer of the minimal model", "removed layer")
     save_figure(fig, path)
 
@@ -101,15 +102,27 @@ def _critical_layers(ind: pl.DataFrame, minimal: list[dict]) -> str:
     return "<ul>" + "".join(crit) + "</ul>"
 
 
+def _skipped_tasks(ind: pl.DataFrame) -> str:
+    """The tasks scored on the minimal model only, with the recorded reason."""
+    if "skipped_reason" not in ind.columns:
+        return ""
+    skipped = ind.filter(pl.col("skipped_reason").is_not_null()).unique(["model", "task"]).sort(["model", "task"])
+    if skipped.is_empty():
+        return ""
+    return ("<p>Scored on the minimal model only (no per-layer removals; <code>prune.skip_at_chance</code>):</p><ul>"
+            + "".join(f"<li><b>{html.escape(r['model'])}</b>, {r['task']}: {html.escape(r['skipped_reason'])}</li>"
+                      for r in skipped.iter_rows(named=True)) + "</ul>")
+
+
 def individual_part(individual: pl.DataFrame, minimal: list[dict], ctx: SectionContext) -> str:
-    """Single-layer removal on the minimal model: figure, critical layers, table."""
+    """Single-layer removal on the minimal model: figure, critical layers, tasks skipped at chance, table."""
     ind = _overall(individual)
     if ind.is_empty():
         return ""
     wide = (ind.select("model", "task", "removed_layer", "value")
             .pivot(on="task", index=["model", "removed_layer"], values="value").sort(["model", "removed_layer"]))
     return ("<h3>Individual layer removal on the minimal model</h3>" + ctx.figure("prune_individual")
-            + _critical_layers(ind, minimal)
+            + _critical_layers(ind, minimal) + _skipped_tasks(ind)
             + "<details><summary>table: accuracy with one layer removed (−1 = none removed)</summary>"
             + table(wide, left=("model",), fmt={c: pct for c in wide.columns if c not in ("model", "removed_layer")})
             + "</details>")

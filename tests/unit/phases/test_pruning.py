@@ -5,7 +5,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from gna.engine.stack import pruned_layers
-from gna.phases.pruning import gradual, individual, minimal_prefix
+from gna.phases.pruning import at_chance, gradual, individual, minimal_prefix
 from gna.tasks.tables import subset_evenly
 from gna.engine.scoring import score_removals, score_table, score_table_ref
 from gna.tasks.tables import build_kv_retrieval
@@ -97,9 +97,28 @@ def test_sweeps_are_tidy(tiny_llama):
     tables = {"kv_retrieval": KV}
     g = gradual(model, tok, tables, progress=False)
     assert set(g["layers_kept"]) == {1, 2, 3} and set(g["group"]) == {"3", "5", "all"}
-    i = individual(model, tok, tables, [0, 1], progress=False)
-    assert set(i["removed_layer"]) == {-1, 0, 1}
+    i = individual(model, tok, tables, [0, 1], progress=False, skip_at_chance=False)
+    assert set(i["removed_layer"]) == {-1, 0, 1} and i["skipped_reason"].is_null().all()
     assert set(g.columns) >= {"task", "group", "n", "metric", "value", "layers_kept", "experiment"}
+
+
+def test_a_task_at_chance_is_scored_on_the_minimal_model_only_with_the_reason(tiny_llama):
+    model, tok = tiny_llama
+    base = score_table(model, tok, KV, layers=[0, 1], progress=False)
+    assert at_chance(base, KV) is not None  # a random model on 3- and 5-key lookups
+    i = individual(model, tok, {"kv_retrieval": KV}, [0, 1], progress=False)
+    assert set(i["removed_layer"]) == {-1} and i["skipped_reason"].str.contains("at chance").all()
+    # the minimal model's own row is the same either way
+    full = individual(model, tok, {"kv_retrieval": KV}, [0, 1], progress=False, skip_at_chance=False)
+    assert i.drop("skipped_reason").equals(full.filter(pl.col("removed_layer") == -1).drop("skipped_reason"))
+
+
+def test_at_chance_is_the_interval_containing_one_over_the_choices():
+    table = pl.DataFrame({"choices": [["a", "b", "c", "d"]] * 40})
+    scored = lambda k: pl.DataFrame({"correct": [True] * k + [False] * (40 - k)})  # noqa: E731
+    assert "contains chance 25.0%" in at_chance(scored(10), table)  # 25% [14, 40]
+    assert at_chance(scored(20), table) is None  # 50% [35, 65]
+    assert at_chance(scored(2), table) is None  # 5% [1.4, 17]: below chance is a finding too
 
 
 def test_minimal_prefix_needs_every_larger_prefix_to_pass():

@@ -193,3 +193,15 @@ def test_phase_timings_sum_each_phase_and_the_total():
     assert phases["students"]["steps"] == 2 and phases["heads"]["seconds"] == 100.0
     assert phases["other"]["steps"] == 1
     assert phases["all"]["seconds"] == 116.0 and phases["all"]["peak RSS (MB)"] == 900.0
+
+
+def test_tasks_scored_on_the_minimal_model_only_are_listed_with_their_reason():
+    from gna.report.prune_section import _skipped_tasks
+
+    rows = {"model": ["m", "m", "m"], "task": ["kv_retrieval", "mmlu_letter", "mmlu_letter"],
+            "removed_layer": [-1, -1, -1], "metric": ["acc"] * 3,
+            "skipped_reason": [None, "at chance: accuracy 26.0%", "at chance: accuracy 26.0%"]}
+    listed = _skipped_tasks(pl.DataFrame(rows))
+    assert listed.count("<li>") == 1 and "<b>m</b>, mmlu_letter: at chance: accuracy 26.0%" in listed
+    assert _skipped_tasks(pl.DataFrame(rows).drop("skipped_reason")) == ""
+    assert _skipped_tasks(pl.DataFrame(rows).with_columns(pl.lit(None, pl.String).alias("skipped_reason"))) == ""
