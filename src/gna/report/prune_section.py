@@ -47,6 +47,9 @@ def plot_individual(individual: pl.DataFrame, path) -> None:
             # the minimal model's own score, for the tasks whose removals were scored
             for row in sub.filter((pl.col("removed_layer") == -1) & pl.col("task").is_in(list(palette))).iter_rows(named=True):
                 ax.axhline(row["value"], ls=":", lw=1, color=palette[row["task"]])
+        elif not sub.is_empty():
+            ax.text(0.5, 0.5, "no removal scored:\nthe minimal model is at chance on every task", ha="center",
+                    va="center", transform=ax.transAxes, fontsize=9, color="grey")
         accuracy_axis(ax, f"{model}: remove one layer of the minimal model", "removed layer")
     save_figure(fig, path)
 
@@ -93,13 +96,13 @@ def _critical_layers(ind: pl.DataFrame, minimal: list[dict]) -> str:
     for m in minimal:
         sub = ind.filter((pl.col("model") == m["model"]) & (pl.col("task") == m["task"]))
         base = sub.filter(pl.col("removed_layer") == -1)["value"]
-        if base.is_empty():
-            continue
         worst = sub.filter(pl.col("removed_layer") >= 0).sort("value").head(3)
+        if base.is_empty() or worst.is_empty():  # no removals scored (e.g. the task at chance)
+            continue
         crit.append(f"<li><b>{html.escape(m['model'])}</b>, {m['task']}: minimal model {pct(base[0])}; "
                     + ", ".join(f"without layer {r['removed_layer']}: {pct(r['value'])}" for r in worst.iter_rows(named=True))
                     + "</li>")
-    return "<ul>" + "".join(crit) + "</ul>"
+    return "<ul>" + "".join(crit) + "</ul>" if crit else ""
 
 
 def _skipped_tasks(ind: pl.DataFrame) -> str:
