@@ -122,6 +122,8 @@ def _check_student_lists():
 _check_student_lists()
 # students that also go through the Gather-and-Aggregate rules, named like models
 GNA_STUDENTS = [student_name(m, v) for m in HYBRID_MODELS for v in HYBRID["gna_variants"]] if HYBRID["enabled"] else []
+# the attribution check compares the pre-ranking with the exact sweep, so it needs one
+ATTRIBUTION_CHECK = config["heads"]["sweep_mode"] == "exact"
 GNA_MODELS = [m for m in MODELS if "gna" not in config["models"][m].get("skip", [])] + GNA_STUDENTS
 
 
@@ -137,7 +139,7 @@ def get_all_results():
         "data/results/prune/{model}/gradual.parquet",
         "data/results/prune/{model}/individual.parquet",
         "data/results/heads/{model}/ranking.parquet",
-        "data/results/heads/{model}/attribution.parquet",
+        *(["data/results/heads/{model}/attribution.parquet"] if ATTRIBUTION_CHECK else []),
         "data/results/heads/{model}/topk.parquet",
         "data/results/heads/{model}/kept.parquet",
         "data/results/heads/{model}/dictsize.parquet",

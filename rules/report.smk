@@ -17,7 +17,8 @@ def get_report_inputs():
         "ablation": HYBRID["ablation"]["remove"],
         "state_size": sorted({HYBRID["state_size"], *HYBRID["state_sizes"]}),
     }
-    return report_inputs(values, {"hybrid": hybrid, "hybrid_swap": hybrid and HYBRID["swap"]})
+    return report_inputs(values, {"hybrid": hybrid, "hybrid_swap": hybrid and HYBRID["swap"],
+                                  "attribution": ATTRIBUTION_CHECK})
 
 
 rule report:

@@ -114,3 +114,16 @@ def test_paper_config_through_the_profile_asks_for_what_an_8b_model_needs(tmp_pa
     assert big >= 10
     # the many short jobs go to SLURM as group jobs (profile `groups`)
     assert all(f"Group job {group}" in proc.stdout for group in ("baseline", "head-tables", "gna", "student-scores"))
+
+
+def test_every_group_job_fits_the_longest_single_job_limit():
+    """A group job's wall-time limit is the sum of its jobs' limits; `group-components` must keep it
+    within the longest limit one job asks (a cluster's partition limit is sized for that job)."""
+    profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    limits = {rule: res.get("runtime", profile["default-resources"]["runtime"])
+              for rule, res in profile["set-resources"].items()}
+    for group, components in profile["group-components"].items():
+        rules = [rule for rule, g in profile["groups"].items() if g == group]
+        # each component is one job of a rule of the group; the worst case takes the longest ones
+        worst = sum(sorted((limits[rule] for rule in rules), reverse=True)[:1] * components)
+        assert worst <= max(limits.values()), f"group {group}: {components} x up to {worst // components} min"

@@ -182,15 +182,26 @@ def rank_attribution(est: pl.DataFrame, order: str = "signed") -> pl.DataFrame:
         raise ValueError(f"unknown attribution order {order!r}; one of {sorted(ESTIMATE_ORDERS)}")
     key = pl.col(ESTIMATE_ORDERS[order])
     key = key.abs() if order == "magnitude" else key
-    return est.sort(key, descending=True).with_columns(pl.int_range(1, len(est) + 1).alias("est_rank"))
+    # ties (e.g. heads with no gradient) broken by the estimate's magnitude, then layer and head,
+    # so the order never depends on the row order of the input
+    return (est.sort([key, pl.col("logp_drop_est").abs(), "layer", "head"], descending=[True, True, False, False])
+            .with_columns(pl.int_range(1, len(est) + 1).alias("est_rank")))
 
 
-def within_budget(ranked_est: pl.DataFrame, n_layers: int, budget: float) -> list[tuple[int, int]]:
+def attribution_cost(n_layers: int, order: str) -> int:
+    """The attribution's cost in layer runs (sweep_cost's unit): a forward and a backward, about
+    3 passes over every layer; GradDrop adds one backward from each layer's input down to the
+    embeddings (2 * (1 + ... + n_layers - 1) layer runs)."""
+    return 3 * n_layers + (n_layers * (n_layers - 1) if order == "graddrop" else 0)
+
+
+def within_budget(ranked_est: pl.DataFrame, n_layers: int, budget: float, order: str = "magnitude"
+                  ) -> list[tuple[int, int]]:
     """The heads of a ranked estimate, in its order, whose exact sweep fits in `budget` (a share
-    of the full sweep's cost, sweep_cost) less the attribution's own cost (a forward and a
-    backward: about 3 passes over every layer)."""
+    of the full sweep's cost, sweep_cost) less the cost of the attribution that ranked them with
+    `order` (attribution_cost)."""
     heads = top_heads(ranked_est, len(ranked_est))
-    allowed = budget * sweep_cost(heads, n_layers) - 3 * n_layers
+    allowed = budget * sweep_cost(heads, n_layers) - attribution_cost(n_layers, order)
     chosen, spent = [], 0
     for layer, head in heads:
         spent += n_layers - layer
@@ -201,15 +212,22 @@ def within_budget(ranked_est: pl.DataFrame, n_layers: int, budget: float) -> lis
 
 
 def sweep_heads_verified(model, tok, table: pl.DataFrame, budget: float = 0.2, order: str = "magnitude",
-                         batch_size: int = 8, progress: bool = True) -> pl.DataFrame:
+                         batch_size: int = 8, progress: bool = True, min_heads: int = 2) -> pl.DataFrame:
     """The sweep's fast mode: rank every head by attribution (rank_attribution with `order`),
     then sweep exactly, in that order, the heads that fit in `budget` of the full sweep's cost
     (within_budget). Returns sweep_heads' rows for the unablated model and the verified heads
     only (their numbers are exact); the heads left out were not measured, and rank_heads ranks
-    the verified ones. benchmarks/head_sweep_speed.py measures how many of the full sweep's top 10
-    it finds, and at what share of its time."""
+    the verified ones. Fewer than `min_heads` verified heads is an error naming the budget.
+    benchmarks/head_sweep_speed.py measures how many of the full sweep's top 10 it finds, and at
+    what share of its time."""
     est = attribution_scores(model, tok, table, batch_size, progress, grad_drop=order == "graddrop")
-    chosen = within_budget(rank_attribution(est, order), len(decoder_layers(model)), budget)
+    n_layers = len(decoder_layers(model))
+    chosen = within_budget(rank_attribution(est, order), n_layers, budget, order)
+    if len(chosen) < min_heads:
+        share = attribution_cost(n_layers, order) / sweep_cost(all_heads(model), n_layers)
+        raise ValueError(f"heads.verify_budget={budget} verifies {len(chosen)} heads, fewer than the {min_heads} "
+                         f"needed: the attribution ({order}) alone costs {share:.0%} of the exact sweep on this "
+                         f"model; raise heads.verify_budget or use heads.sweep_mode: exact")
     return sweep_heads(model, tok, table, heads=chosen, batch_size=batch_size, progress=progress)
 
 
@@ -224,6 +242,10 @@ def compare_attribution(ranked_est: pl.DataFrame, exact: pl.DataFrame, top_n: in
     joined with the exact acc_drop, logp_drop and rank (rank_heads) of each head, plus
     spearman_logp (estimated vs exact log-prob drop over the heads), recall_top10_in_top_n (share
     of the exact top 10 among the estimate's top `top_n`), top_n and `verified` (the head is in the estimate's top `top_n`)."""
+    missing = ranked_est.join(exact, on=["layer", "head"], how="anti")
+    if not missing.is_empty():
+        raise ValueError(f"the attribution check needs the exact sweep of every head; {len(missing)} of "
+                         f"{len(ranked_est)} heads have no exact result (heads.sweep_mode must be 'exact')")
     joined = ranked_est.join(exact.select("layer", "head", "acc_drop", "logp_drop", "rank"), on=["layer", "head"],
                              how="left")
     exact_top10 = set(top_heads(exact.sort("rank"), 10))

@@ -43,6 +43,11 @@ def remove_top_k(model, tok, ranking: pl.DataFrame, tables: dict[str, pl.DataFra
     """Tidy: condition (top | random), k, draw, heads, task, group, n, metric, value.
     `scored`: {task: per-item scores of the unmodified model} (its baseline), read for k = 0
     instead of scoring the same items again."""
+    short = [k for k in ks if k > len(ranking)]
+    if short:
+        raise ValueError(f"heads.top_k: removing the top {max(short)} heads needs {max(short)} ranked heads; the "
+                         f"ranking has {len(ranking)} (a verified sweep ranks only the heads that fit "
+                         f"heads.verify_budget: raise it, or use heads.sweep_mode: exact)")
     population = all_heads(model)
     jobs = [("top", k, 0, _top(ranking, k)) for k in ks]
     for k in ks:
@@ -54,7 +59,7 @@ def remove_top_k(model, tok, ranking: pl.DataFrame, tables: dict[str, pl.DataFra
     frames = []
     for condition, k, draw, heads in tqdm(jobs, desc="remove top-k", disable=not progress, mininterval=2.0):
         use = tables if condition == "top" else {t: tables[t] for t in control_tasks if t in tables}
-        if not heads and scored and set(use) <= set(scored):
+        if k == 0 and scored and set(use) <= set(scored):
             summary = pl.concat([summarize_task(known_items(table, scored[t])) for t, table in use.items()])
         else:
             summary = _score(model, tok, use, heads, batch_size=batch_size)

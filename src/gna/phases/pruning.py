@@ -16,7 +16,7 @@ import polars as pl
 from gna.core.io import read_json, read_parquet, write_json, write_parquet
 from gna.core.stats import wilson_interval
 from gna.models.prepare import load_model
-from gna.engine.scoring import score_removals, score_table, summarize_task
+from gna.engine.scoring import chance_accuracy, score_removals, score_table, summarize_task
 from gna.tasks.tables import load_task_tables
 
 log = logging.getLogger("gna.phases.pruning")
@@ -59,27 +59,29 @@ def minimal_prefix(gradual_summary: pl.DataFrame, task: str, metric: str, fracti
 
 def at_chance(per_item: pl.DataFrame, table: pl.DataFrame) -> str | None:
     """Why a model's accuracy on `table` cannot show a loss, or None: its Wilson 95% interval
-    (per_item: score_table's frame) contains chance, 1 / the number of choices averaged over items."""
+    (per_item: score_table's frame) contains chance (chance_accuracy)."""
     n, correct = len(per_item), int(per_item["correct"].sum())
-    chance = sum(1 / len(c) for c in table["choices"]) / len(table)
+    chance = chance_accuracy(table)
     low, high = wilson_interval(correct, n)
     if not low <= chance <= high:
         return None
-    return (f"at chance: accuracy {correct / n:.1%} [{low:.1%}, {high:.1%}] (n={n}) contains chance "
-            f"{chance:.1%}, so removing a layer cannot show a loss")
+    return (f"not distinguishable from chance at n={n}: accuracy {correct / n:.1%} [{low:.1%}, {high:.1%}] "
+            f"contains chance {chance:.1%}, so removing a layer cannot show a loss")
 
 
 def individual(model, tok, tables: dict[str, pl.DataFrame], kept_layers: list[int], batch_size: int = 8,
-               progress: bool = True, skip_at_chance: bool = True) -> pl.DataFrame:
+               progress: bool = True, skip_at_chance: bool = True, always_scored: tuple[str, ...] = ()
+               ) -> pl.DataFrame:
     """Remove each layer of the minimal model in turn; also score the minimal model itself
     (removed_layer = -1). Tidy: task, group, n, metric, value, removed_layer, skipped_reason.
     skip_at_chance: a task on which the minimal model is at chance (`at_chance`) is scored on
-    the minimal model only, with the reason in skipped_reason (null where every removal ran)."""
+    the minimal model only, with the reason in skipped_reason (null where every removal ran);
+    the tasks in `always_scored` (the retrieval task that defined the minimal model) never are."""
     frames = []
     for task, table in tables.items():
         base = score_table(model, tok, table, batch_size=batch_size, progress=False, layers=kept_layers)
         items = base.with_columns(pl.lit(-1).alias("removed_layer"))
-        reason = at_chance(base, table) if skip_at_chance else None
+        reason = at_chance(base, table) if skip_at_chance and task not in always_scored else None
         if reason is None:
             removed = score_removals(model, tok, table, kept_layers, kept_layers, batch_size=batch_size,
                                      progress=progress, desc=f"remove-one {task}")
@@ -117,10 +119,11 @@ def run_prune_individual(model_name: str, model_dir: str, task_paths: list[str],
                          skip_at_chance: bool = True) -> pl.DataFrame:
     """Phase prune_individual: `individual` removal on the minimal model of `minimal_path`
     (run_minimal_model's JSON), on the task tables `task_paths`; written to `out_path` with a
-    model column."""
+    model column. The minimal model's defining task (the JSON's `task`) is never skipped."""
     model, tok = load_model(model_dir, dtype)
-    result = individual(model, tok, load_task_tables(task_paths, max_items), read_json(minimal_path)["kept_layers"],
-                        batch_size=batch_size, skip_at_chance=skip_at_chance)
+    minimal = read_json(minimal_path)
+    result = individual(model, tok, load_task_tables(task_paths, max_items), minimal["kept_layers"],
+                        batch_size=batch_size, skip_at_chance=skip_at_chance, always_scored=(minimal["task"],))
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
     log.info("individual removal: %d rows", len(result))
     return result

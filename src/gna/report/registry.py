@@ -91,7 +91,8 @@ SECTIONS: tuple[Section, ...] = (
             (*_results("prune", ("gradual", "individual")),
              Input("prune_minimal", "data/results/prune/{model}/minimal_model.json")),
             _figures("Layer pruning", "prune_gradual", "prune_individual"), "gna.report.prune_section:render_prune"),
-    Section("heads", _results("heads", ("sweep", "ranking", "topk", "kept", "dictsize", "attribution")),
+    Section("heads", (*_results("heads", ("sweep", "ranking", "topk", "kept", "dictsize")),
+                      Input("heads_attribution", "data/results/heads/{model}/attribution.parquet", "attribution")),
             _figures("Heads", "heads_heatmap", "heads_topk", "heads_dictsize", "heads_attribution"),
             "gna.report.heads_section:render_heads"),
     Section("gna", _results("gna", ("roles", "maps", "masking"), model="gna_model"),
@@ -119,7 +120,7 @@ def report_inputs(values: dict[str, list], switches: dict[str, bool]) -> dict[st
     """Every section's inputs, {key: path or paths}: `values` gives each wildcard's list (model,
     hybrid_model, gna_model, scored_variant, student_variant, answer_row_variant, budget_variant, ablation,
     state_size), `switches` the
-    config switches (hybrid, hybrid_swap)."""
+    config switches (hybrid, hybrid_swap, attribution)."""
     return {put.key: put.paths(values, switches) for section in SECTIONS for put in section.inputs}
 
 

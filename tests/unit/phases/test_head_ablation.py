@@ -6,7 +6,7 @@ import torch
 from gna.phases.head_tables import critical_heads, dict_size_curves, heads_kept, remove_top_k
 from gna.phases.head_ablation import (attribution_scores, compare_attribution, rank_attribution, rank_heads, spearman,
                                       sweep_cost, sweep_heads, sweep_heads_naive, sweep_heads_verified, top_heads,
-                                      within_budget)
+                                      within_budget, attribution_cost)
 from gna.engine.hooks import ablate_heads, active_hooks, all_heads, head_sites
 from gna.engine.scoring import score_table
 from gna.tasks.tables import build_kv_retrieval
@@ -162,6 +162,9 @@ def test_attribution_comparison():
     # the exact top 10 are heads 2..11; the estimate's top 5 are heads 7..11
     assert result["recall_top10_in_top_n"][0] == pytest.approx(0.5)
     assert result["verified"].sum() == 5 and result.columns[-2:] == ["top_n", "verified"]
+    # against a verified sweep (some heads never measured) the check refuses instead of correlating nulls
+    with pytest.raises(ValueError, match="2 of 12 heads have no exact result.*sweep_mode must be 'exact'"):
+        compare_attribution(ranked, exact.head(10), top_n=5)
 
 
 def _attribution_with_layer_gradient_dropped(model, tok, layer):
@@ -213,6 +216,21 @@ def test_the_budget_counts_layer_runs_and_keeps_the_order():
     assert within_budget(ranked, 4, 0.6) == []            # 12 - 12: nothing left to verify
     assert within_budget(ranked, 4, 0.8) == [(3, 0), (3, 1), (2, 0)]  # 16 - 12 = 4 = 1 + 1 + 2; stops at (0, 0)
     assert within_budget(ranked, 4, 1.0) == [(3, 0), (3, 1), (2, 0), (0, 0)]
+    # GradDrop's backward from each layer's input costs 2 * (1 + 2 + 3) = 12 more: nothing fits
+    assert attribution_cost(4, "graddrop") == 24 and within_budget(ranked, 4, 1.0, "graddrop") == []
+
+
+def test_ties_in_the_estimate_are_broken_by_magnitude_then_position():
+    est = pl.DataFrame({"layer": [1, 0, 0, 1], "head": [1, 1, 0, 0], "logp_drop_est": [0.0, -0.5, 0.0, 0.5],
+                        "graddrop_est": [1.0, 1.0, 1.0, 1.0]})
+    assert top_heads(rank_attribution(est, "graddrop"), 4) == [(0, 1), (1, 0), (0, 0), (1, 1)]
+    assert rank_attribution(est.reverse(), "signed").equals(rank_attribution(est, "signed"))
+
+
+def test_a_budget_too_small_to_verify_two_heads_is_an_error_naming_it(tiny_llama):
+    model, tok = tiny_llama
+    with pytest.raises(ValueError, match=r"heads.verify_budget=0.3 verifies 0 heads.*costs \d+% of the exact sweep"):
+        sweep_heads_verified(model, tok, KV, budget=0.3, progress=False)
 
 
 def test_verified_sweep_is_exact_where_it_measures(tiny_llama):
@@ -258,6 +276,9 @@ def test_top_k_zero_is_read_from_the_baseline_scores(tiny_llama):
     baseline = score_table(model, tok, KV, progress=False)
     read = remove_top_k(model, tok, ranking, tables, [0, 1], scored={"kv_retrieval": baseline}, **args)
     assert read.equals(scored)
+    # a ranking shorter than a k (a verified sweep) is refused, not silently cut to fewer heads
+    with pytest.raises(ValueError, match="heads.top_k: removing the top 5 heads needs 5 ranked heads; the ranking has 3"):
+        remove_top_k(model, tok, ranking.head(3), tables, [0, 1, 5], **args)
     # the k = 0 rows come from the given scores (here all made wrong), the others are scored
     wrong = baseline.with_columns(pl.lit(False).alias("correct"))
     marked = remove_top_k(model, tok, ranking, tables, [0, 1], scored={"kv_retrieval": wrong}, **args)

@@ -65,8 +65,9 @@ def test_inputs_expand_like_snakemake_expand():
 
 
 def test_switched_off_hybrid_has_no_hybrid_inputs():
-    inputs = report_inputs(SMOKE_VALUES, {"hybrid": False, "hybrid_swap": False})
+    inputs = report_inputs(SMOKE_VALUES, {"hybrid": False, "hybrid_swap": False, "attribution": False})
     assert all(inputs[key] == [] for key in inputs if key.startswith("hybrid_"))
+    assert inputs["heads_attribution"] == []  # a verified sweep: nothing exact to check attribution against
     assert inputs["gna_roles"] == [f"data/results/gna/{m}/roles.parquet" for m in SMOKE_VALUES["gna_model"]]
     assert inputs["baseline"] == "data/results/baseline.parquet"
 
@@ -118,7 +119,7 @@ def render(root: Path, switches: dict, reorder: bool = False) -> Path:
 @pytest.fixture(scope="module")
 def smoke_report(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
-    return root, render(root, {"hybrid": True, "hybrid_swap": True}).read_text()
+    return root, render(root, {"hybrid": True, "hybrid_swap": True, "attribution": True}).read_text()
 
 
 @pytest.mark.slow
@@ -153,7 +154,7 @@ def test_the_report_is_the_same_bytes_for_the_same_results(smoke_report, tmp_pat
     """Nothing of the run (time, machine, folder, timings, the config file's key order) is in the
     report, so DVC hashes it the same whenever the results are the same."""
     _, page = smoke_report
-    assert render(tmp_path, {"hybrid": True, "hybrid_swap": True}, reorder=True).read_text() == page
+    assert render(tmp_path, {"hybrid": True, "hybrid_swap": True, "attribution": True}, reorder=True).read_text() == page
 
 
 def test_run_record_gathers_benchmark_records_and_timed_parts(tmp_path):
@@ -176,7 +177,7 @@ def test_run_record_gathers_benchmark_records_and_timed_parts(tmp_path):
 
 @pytest.mark.slow
 def test_report_without_the_hybrid_phase_draws_placeholders(tmp_path):
-    page = render(tmp_path, {"hybrid": False, "hybrid_swap": False}).read_text()
+    page = render(tmp_path, {"hybrid": False, "hybrid_swap": False, "attribution": True}).read_text()
     assert "<h2>SSM and hybrid students</h2>" not in page
     assert page.count("<figure>") == len(FIGURES) - 4
     for name in ("hybrid_heads", "hybrid_budget", "hybrid_training", "hybrid_align_heads"):
@@ -200,8 +201,8 @@ def test_tasks_scored_on_the_minimal_model_only_are_listed_with_their_reason():
 
     rows = {"model": ["m", "m", "m"], "task": ["kv_retrieval", "mmlu_letter", "mmlu_letter"],
             "removed_layer": [-1, -1, -1], "metric": ["acc"] * 3,
-            "skipped_reason": [None, "at chance: accuracy 26.0%", "at chance: accuracy 26.0%"]}
+            "skipped_reason": [None] + ["not distinguishable from chance at n=100: accuracy 26.0%"] * 2}
     listed = _skipped_tasks(pl.DataFrame(rows))
-    assert listed.count("<li>") == 1 and "<b>m</b>, mmlu_letter: at chance: accuracy 26.0%" in listed
+    assert listed.count("<li>") == 1 and "<b>m</b>, mmlu_letter: not distinguishable from chance at n=100" in listed
     assert _skipped_tasks(pl.DataFrame(rows).drop("skipped_reason")) == ""
     assert _skipped_tasks(pl.DataFrame(rows).with_columns(pl.lit(None, pl.String).alias("skipped_reason"))) == ""
