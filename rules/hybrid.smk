@@ -46,6 +46,14 @@ def get_checkpoint_steps(wildcards):
     return checkpoint_steps(HYBRID["kd"]["steps"], curve["points"])
 
 
+def get_teacher_summary(wildcards):
+    """A student is not scored where its teacher is degenerate (hybrid.skip_where_teacher_degenerate),
+    so its scoring reads the teacher's."""
+    if wildcards.get("variant") == TEACHER_VARIANT or not HYBRID["skip_where_teacher_degenerate"]:
+        return []
+    return f"data/results/hybrid/{wildcards.model}/{TEACHER_VARIANT}.parquet"
+
+
 def get_scored_model(wildcards):
     if wildcards.variant == TEACHER_VARIANT:
         return f"data/models/{wildcards.model}"
@@ -173,6 +181,7 @@ rule hybrid_score:
         baseline=lambda wc: (expand("data/results/baseline/{model}/{task}.items.parquet", model=wc.model,
                                     task=scored_tasks(HYBRID, wc.variant, TASKS))
                              if wc.variant == TEACHER_VARIANT else []),
+        teacher_summary=get_teacher_summary,
         corpus_check=CORPUS_CHECK,
     output:
         summary="data/results/hybrid/{model}/{variant}.parquet",
@@ -261,6 +270,7 @@ rule hybrid_swap:
         ranking="data/results/heads/{model}/ranking.parquet",
         teacher="data/distill/{model}/teacher.safetensors",
         tasks=list(TASK_FILES.values()),
+        teacher_summary=get_teacher_summary,
         corpus_check=CORPUS_CHECK,
     output:
         summary="data/results/hybrid/{model}/swap.parquet",

@@ -125,9 +125,13 @@ def score_model(model, tok, tables: dict[str, pl.DataFrame], heldout: torch.Tens
             per_item = known_items(table, scored[name])
         else:
             per_item = score_table(model, tok, table, batch_size=batch_size, progress=progress, desc=name)
-        if swap_items != 0:
-            swapped = score_table(model, tok, context_swapped(table, swap_items), batch_size=batch_size,
-                                  progress=progress, desc=f"{name}, contexts swapped")
+        check = context_swapped(table, swap_items) if swap_items != 0 else table.clear()
+        if swap_items != 0 and check.is_empty():
+            log.warning("%s: no degeneracy check: none of the %s items chosen has a partner with as many "
+                        "choices to swap contexts with", name, swap_items)
+        if not check.is_empty():
+            swapped = score_table(model, tok, check, batch_size=batch_size, progress=progress,
+                                  desc=f"{name}, contexts swapped")
             per_item = per_item.join(swapped.select("item_id", pl.col("pred").alias("pred_swapped")),
                                      on="item_id", how="left")
         summaries.append(summarize_task(per_item))
@@ -135,7 +139,9 @@ def score_model(model, tok, tables: dict[str, pl.DataFrame], heldout: torch.Tens
     if heldout is not None:
         summaries.append(pl.DataFrame({"task": ["heldout"], "group": ["all"], "n": [heldout.numel()],
                                        "metric": ["perplexity"], "value": [perplexity(model, heldout)]}))
-    return pl.concat(summaries, how="diagonal_relaxed"), pl.concat(items, how="diagonal_relaxed")
+    # no table (every task skipped): perplexity only, and no per-item answers
+    return (pl.concat(summaries, how="diagonal_relaxed"),
+            pl.concat(items, how="diagonal_relaxed") if items else pl.DataFrame())
 
 
 @torch.inference_mode()

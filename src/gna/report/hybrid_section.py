@@ -10,7 +10,7 @@ import polars as pl
 
 from gna.report.htmlkit import (SectionContext, acc_text, accuracy_columns, accuracy_pivot, errorbar, pct,
                                 placeholder_figure, save_figure, table)
-from gna.students.spec import TEACHER_VARIANT
+from gna.students.spec import NOT_SCORED, TEACHER_VARIANT
 
 REFERENCE_HEADS = """
 <p class='note'><b>Reference, not produced by this pipeline:</b> the study's Hybrid-Llama-1B (distilled from
@@ -213,7 +213,21 @@ def heads_kept_part(model: str, teacher: pl.DataFrame, heads: pl.DataFrame, hy: 
                          how="diagonal_relaxed")
     shown = _metric_table(labelled, "heads kept")
     return (f"<h3>{html.escape(model)}: attention heads kept vs knowledge / retrieval-heavy "
-            f"(state size {hy['state_size']})</h3>" + table(shown, left=("heads kept",), fmt=_fmt(shown)))
+            f"(state size {hy['state_size']})</h3>" + table(shown, left=("heads kept",), fmt=_fmt(shown))
+            + not_scored_note(heads))
+
+
+def not_scored_note(scores: pl.DataFrame) -> str:
+    """The tasks the students in `scores` were not scored on, each with its recorded reason."""
+    if scores.is_empty() or "skipped_reason" not in scores.columns:
+        return ""
+    rows = scores.filter(pl.col("metric") == NOT_SCORED).unique("task", keep="first").sort("task")
+    if rows.is_empty():
+        return ""
+    listed = "".join(f"<li>{html.escape(TASK_COLUMNS.get(r['task'], r['task']))}: {html.escape(r['skipped_reason'])}"
+                     "</li>" for r in rows.iter_rows(named=True))
+    return ("<p class='note'>Not scored for the students (blank above; "
+            f"<code>hybrid.skip_where_teacher_degenerate</code>):</p><ul class='note'>{listed}</ul>")
 
 
 def _apart(a: dict, b: dict) -> bool:
@@ -381,7 +395,7 @@ def swap_part(model: str, swap: pl.DataFrame, students: pl.DataFrame, teacher: p
     return (f"<h3>{html.escape(model)}: layer swap</h3>"
             f"<p>The pure SSM with the critical layer — layer {sw['swapped_layer'][0]}, home of the "
             "top-ranked head — run as the teacher's attention again (all its heads), nothing "
-            "retrained.</p>" + table(rows, left=("variant",), fmt=_fmt(rows)))
+            "retrained.</p>" + table(rows, left=("variant",), fmt=_fmt(rows)) + not_scored_note(sw))
 
 
 def model_part(model: str, scores: pl.DataFrame, swap: pl.DataFrame, budget: pl.DataFrame, ablation: pl.DataFrame,

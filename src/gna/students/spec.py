@@ -77,6 +77,10 @@ def student_variants(hybrid: dict) -> list[str]:
     return list(dict.fromkeys(variant_name(k, n) for k, n in pairs))
 
 
+# the metric of a row recording a task a student was not scored on, with its skipped_reason
+NOT_SCORED = "not_scored"
+
+
 def scored_tasks(hybrid: dict, variant: str, tasks: list[str]) -> list[str]:
     """The tasks hybrid_score scores `variant` on: every task for the teacher and the heads-kept
     sweep; KV retrieval only for students of the state-size sweep alone (the study's state-size

@@ -11,7 +11,7 @@ from gna.phases.evaluation import score_model
 from gna.students.mixer import swapped_to_attention
 from gna.core.io import read_parquet, write_parquet
 from gna.students.distill import restore, snapshot
-from gna.students.spec import TEACHER_VARIANT, load_any, parse_variant, ranked_heads, read_spec
+from gna.students.spec import NOT_SCORED, TEACHER_VARIANT, load_any, parse_variant, ranked_heads, read_spec
 from gna.tasks.tables import load_item_scores, load_task_tables
 from gna.core.tensor_files import read_tensors
 from gna.engine.device import device_of
@@ -44,43 +44,84 @@ def write_scores(frame: pl.DataFrame, items: pl.DataFrame, model_name: str, summ
     """Write a scored variant's summary and its per-item answers (variant columns copied), each
     with a model column, and log the summary."""
     labels = frame.select("variant", *[c for c in ("heads_kept", "state_size", "swapped_layer") if c in frame.columns])
-    answers = items.drop("logprobs").join(labels.head(1), how="cross")
+    answers = items.drop("logprobs", strict=False).join(labels.head(1), how="cross")
     write_parquet(answers.with_columns(pl.lit(model_name).alias("model")), answers_path)
     write_parquet(frame.with_columns(pl.lit(model_name).alias("model")), summary_path)
     log_scores(frame)
 
 
+def teacher_degenerate_tasks(teacher_summary: pl.DataFrame) -> pl.DataFrame:
+    """The tasks on which the teacher is degenerate (summarize_task's flag: it keeps its answer
+    when another item's context is swapped in), one row each: task, n and value (its
+    context-swap agreement)."""
+    if "degenerate" not in teacher_summary.columns:
+        return pl.DataFrame(schema={"task": pl.String, "n": pl.Int64, "value": pl.Float64})
+    return (teacher_summary.filter((pl.col("group") == "all") & (pl.col("metric") == "context_swap_agreement")
+                                   & pl.col("degenerate").fill_null(False))
+            .select("task", "n", "value").sort("task"))
+
+
+def skip_where_teacher_degenerate(tables: dict[str, pl.DataFrame], teacher_summary_path: str | None
+                                  ) -> tuple[dict[str, pl.DataFrame], pl.DataFrame | None]:
+    """(the tables a student is scored on, rows recording the others): with the teacher's
+    summary (`teacher_summary_path`, its hybrid_score), a task on which the teacher is
+    degenerate is not scored, since no student could be compared with it there; each skipped
+    task gets a row with metric NOT_SCORED, the teacher's agreement as value and skipped_reason.
+    Without it (None), every table is scored."""
+    if teacher_summary_path is None:
+        return tables, None
+    flagged = teacher_degenerate_tasks(read_parquet(teacher_summary_path)).filter(pl.col("task").is_in(list(tables)))
+    if flagged.is_empty():
+        return tables, None
+    reasons = flagged.with_columns(
+        pl.lit("all").alias("group"), pl.lit(NOT_SCORED).alias("metric"),
+        pl.format("the teacher keeps its answer on {}% of {} items when another item's context is swapped in "
+                  "(degenerate), so no student can be compared with it on this task",
+                  (pl.col("value") * 100).round(0).cast(pl.Int64), pl.col("n")).alias("skipped_reason"))
+    for row in reasons.iter_rows(named=True):
+        log.info("%s not scored: %s", row["task"], row["skipped_reason"])
+    return {t: table for t, table in tables.items() if t not in set(flagged["task"])}, reasons
+
+
+def _with_reasons(frame: pl.DataFrame, reasons: pl.DataFrame | None) -> pl.DataFrame:
+    return frame if reasons is None else pl.concat([frame, reasons], how="diagonal_relaxed")
+
+
 def run_hybrid_score(model_name: str, variant: str, model_dir: str, teacher_path: str, task_paths: list[str],
                      summary_path: str, answers_path: str, max_items: int | None, swap_items: int | None,
-                     batch_size: int, dtype: str = "float32", baseline_paths: list[str] = ()) -> pl.DataFrame:
+                     batch_size: int, dtype: str = "float32", baseline_paths: list[str] = (),
+                     teacher_summary_path: str | None = None) -> pl.DataFrame:
     """score_model of the teacher or one student (`variant`) on the task tables (each cut to
     `max_items`; None: all, the teacher's baseline items) with `swap_items` per task checked
     for degeneracy, and on the teacher file's held-out windows. The label_variant'ed summary
     goes to `summary_path`, the per-item answers to `answers_path`. `baseline_paths`: the
-    model's per-item baseline scores (the teacher's), read instead of scoring its items again."""
+    model's per-item baseline scores (the teacher's), read instead of scoring its items again.
+    `teacher_summary_path` (a student's): tasks on which the teacher is degenerate are not
+    scored (skip_where_teacher_degenerate)."""
     model, tok = load_any(model_dir, dtype)
-    tables = load_task_tables(task_paths, max_items)
+    tables, reasons = skip_where_teacher_degenerate(load_task_tables(task_paths, max_items), teacher_summary_path)
     heldout = read_tensors(teacher_path, ["heldout_ids"], device_of(model))["heldout_ids"]
     frame, items = score_model(model, tok, tables, heldout, batch_size, swap_items,
                                scored=load_item_scores(baseline_paths))
-    frame = label_variant(frame, variant)
+    frame = label_variant(_with_reasons(frame, reasons), variant)
     write_scores(frame, items, model_name, summary_path, answers_path)
     return frame
 
 
 def run_hybrid_swap(model_name: str, variant: str, model_dir: str, ranking_path: str, teacher_path: str,
                     task_paths: list[str], summary_path: str, answers_path: str, max_items: int | None,
-                    swap_items: int | None, batch_size: int, dtype: str = "float32") -> pl.DataFrame:
+                    swap_items: int | None, batch_size: int, dtype: str = "float32",
+                    teacher_summary_path: str | None = None) -> pl.DataFrame:
     """The layer swap: score_model of student `variant` with every head of the top-ranked
     head's layer run as the teacher's attention; variant swap_label and swapped_layer columns;
-    summary and answers written as by run_hybrid_score."""
+    summary and answers written as by run_hybrid_score (tasks skipped as there)."""
     model, tok = load_any(model_dir, dtype)
-    tables = load_task_tables(task_paths, max_items)
+    tables, reasons = skip_where_teacher_degenerate(load_task_tables(task_paths, max_items), teacher_summary_path)
     heldout = read_tensors(teacher_path, ["heldout_ids"], device_of(model))["heldout_ids"]
     critical = ranked_heads(read_parquet(ranking_path), 1, model_name)[0][0]
     with swapped_to_attention(model, [critical]):
         frame, items = score_model(model, tok, tables, heldout, batch_size, swap_items)
-    frame = frame.with_columns(pl.lit(swap_label(variant, critical)).alias("variant"),
+    frame = _with_reasons(frame, reasons).with_columns(pl.lit(swap_label(variant, critical)).alias("variant"),
                                pl.lit(critical).alias("swapped_layer"))
     write_scores(frame, items, model_name, summary_path, answers_path)
     return frame

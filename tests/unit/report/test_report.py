@@ -206,3 +206,15 @@ def test_tasks_scored_on_the_minimal_model_only_are_listed_with_their_reason():
     assert listed.count("<li>") == 1 and "<b>m</b>, mmlu_letter: not distinguishable from chance at n=100" in listed
     assert _skipped_tasks(pl.DataFrame(rows).drop("skipped_reason")) == ""
     assert _skipped_tasks(pl.DataFrame(rows).with_columns(pl.lit(None, pl.String).alias("skipped_reason"))) == ""
+
+
+def test_tasks_the_students_were_not_scored_on_are_named_with_the_reason():
+    from gna.report.hybrid_section import not_scored_note
+
+    rows = pl.DataFrame({"task": ["kv_retrieval", "mmlu_letter", "mmlu_letter", "heldout"],
+                         "metric": ["acc", "not_scored", "not_scored", "perplexity"],
+                         "skipped_reason": [None, "the teacher keeps its answer on 100% of 50 items", None, None]})
+    note = not_scored_note(rows)
+    assert note.count("<li>") == 1 and "MMLU letter (retrieval-heavy): the teacher keeps its answer on 100%" in note
+    assert not_scored_note(rows.filter(pl.col("metric") != "not_scored")) == ""
+    assert not_scored_note(rows.drop("skipped_reason")) == ""

@@ -22,7 +22,7 @@ from gna.students.recipe import ablated_student, run_hybrid_ablation
 from gna.students.student_evaluation import (checkpoint_states, label_variant, run_hybrid_budget, run_hybrid_score,
                                              run_hybrid_swap, swap_label)
 from gna.students.student_masking import run_hybrid_answer_rows
-from gna.students.spec import ablation_kd, checkpoint_steps, load_any, make_hybrid, read_spec
+from gna.students.spec import NOT_SCORED, ablation_kd, checkpoint_steps, load_any, make_hybrid, read_spec
 from gna.tasks.tables import build_kv_retrieval
 from gna.core.tensor_files import read_tensors, write_tensors
 
@@ -237,6 +237,40 @@ def test_the_teacher_is_read_from_its_baseline_not_scored_again(phase):
         run_hybrid_score("tiny", "teacher", p["teacher"], str(root / "teacher.safetensors"),
                          [p["kv_retrieval.parquet"]], str(root / "t3.parquet"), str(root / "t3a.parquet"),
                          baseline_paths=[str(root / "short.items.parquet")], **args)
+
+
+def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
+    root, p = phase
+    tasks, args = [p["kv_retrieval.parquet"]], dict(max_items=4, swap_items=None, batch_size=2)
+    student = (str(root / "k2"), str(root / "teacher.safetensors"))
+    # 2 of 4 items, of 3 and 5 keys: no item has a partner to swap contexts with, so no check (not a crash)
+    unchecked = run_hybrid_score("tiny", "teacher", p["teacher"], student[1], tasks, str(root / "u.parquet"),
+                                 str(root / "ua.parquet"), **(args | {"swap_items": 2}))
+    assert "context_swap_agreement" not in unchecked["metric"].to_list() and "degenerate" not in unchecked.columns
+    teacher = run_hybrid_score("tiny", "teacher", p["teacher"], student[1], tasks, str(root / "t.parquet"),
+                               str(root / "ta.parquet"), **args)
+    for flag in (True, False):
+        write_parquet(teacher.with_columns(pl.lit(flag).alias("degenerate")), root / f"teacher-{flag}.parquet")
+    skipped = run_hybrid_score("tiny", "k2-n4", *student, tasks, str(root / "s1.parquet"), str(root / "a1.parquet"),
+                               teacher_summary_path=str(root / "teacher-True.parquet"), **args)
+    assert set(skipped["metric"]) == {"perplexity", NOT_SCORED}
+    row = skipped.filter(pl.col("metric") == NOT_SCORED).row(0, named=True)
+    agreement = teacher.filter((pl.col("metric") == "context_swap_agreement") & (pl.col("group") == "all"))
+    assert row["task"] == "kv_retrieval" and row["value"] == agreement["value"][0] and row["n"] == 4
+    assert row["skipped_reason"].startswith("the teacher keeps its answer on") and row["heads_kept"] == 2
+    assert pl.read_parquet(root / "a1.parquet").is_empty()
+    # a teacher that reads the context leaves the student's scoring as it is without the check
+    kept = run_hybrid_score("tiny", "k2-n4", *student, tasks, str(root / "s2.parquet"), str(root / "a2.parquet"),
+                            teacher_summary_path=str(root / "teacher-False.parquet"), **args)
+    plain = run_hybrid_score("tiny", "k2-n4", *student, tasks, str(root / "s3.parquet"), str(root / "a3.parquet"),
+                             **args)
+    assert kept.equals(plain) and NOT_SCORED not in plain["metric"].to_list()
+    assert skipped.filter(pl.col("metric") == "perplexity")["value"][0] == pytest.approx(
+        plain.filter(pl.col("metric") == "perplexity")["value"][0])
+    swap = run_hybrid_swap("tiny", "k0-n4", str(root / "k0"), p["ranking.parquet"], student[1], tasks,
+                           str(root / "sw.parquet"), str(root / "swa.parquet"),
+                           teacher_summary_path=str(root / "teacher-True.parquet"), **args)
+    assert set(swap["metric"]) == {"perplexity", NOT_SCORED} and set(swap["swapped_layer"]) == {2}
 
 
 def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase):
