@@ -81,7 +81,12 @@ def verified_part(model, tok, table, budget: float, orders: list[str]) -> dict:
     result = {"full_s": t_full, "budget": budget, "exact_top10": [list(x) for x in top_heads(exact, 10)], "orders": {}}
     for order in orders:
         start = time.perf_counter()
-        fast = sweep_heads_verified(model, tok, table, budget, order, progress=False)
+        try:
+            fast = sweep_heads_verified(model, tok, table, budget, order, progress=False)
+        except ValueError as err:  # the order's attribution alone does not leave room in the budget
+            result["orders"][order] = {"refused": str(err)}
+            print(f"verified ({order:9s}): refused: {err}")
+            continue
         t_fast = time.perf_counter() - start
         found = rank_heads(fast)
         recall_any = len(exact_top10 & set(top_heads(found, len(found)))) / 10
