@@ -22,6 +22,12 @@ Three ways to compute it, kept equal by tests:
 layout of items whose choices are single tokens: KV retrieval, MMLU letters): the chunked
 scan, with the padding rows, which see only themselves, computed as such.
 
+The local skip generalises D to the last few tokens: y_l += sum_j w_j x_{l-j} for j = 1..W (a
+short causal convolution beside the scan, as Mamba's conv1d gives an SSM layer direct access to
+the last tokens). `local_mix` computes it by gathering each position's predecessors on its own
+path (`path_predecessors`; packed choices never read each other); `local_matrix` is the same
+term as a matrix, added to T wherever T itself is needed (maps, masking). Tests keep them equal.
+
 Shapes: x [B, L, H, P], log_a [B, L, H] (≤ 0), Bm / Cm [B, L, H, N], D [H].
 """
 
@@ -122,3 +128,49 @@ def ssd_chunked(x, log_a, Bm, Cm, D, chunk: int = 64, state=None):
         to_end = torch.exp(cum[..., -1:] - cum).transpose(1, 2)  # [B, Q, H]
         S = torch.exp(cum[..., -1])[..., None, None] * S + torch.einsum("bshn,bsh,bshp->bhnp", Bc, to_end, xc)
     return torch.cat(ys, dim=1), S
+
+
+# -- the local skip -------------------------------------------------------------------------
+
+def path_predecessors(allowed, length: int, width: int, device=None):
+    """(index, exists), each [B or 1, L, width]: the j-th position before l on l's own path
+    (j = 1..width: the positions l may read, newest first) and whether there is one.
+    allowed: [B, L, L] tree-shaped bool visibility, or None for plain causal order."""
+    if allowed is None:
+        pos = torch.arange(length, device=device)[:, None] - torch.arange(1, width + 1, device=device)[None]
+        return pos.clamp_min(0)[None], (pos >= 0)[None]
+    rank = _path_rank(allowed)
+    steps = torch.arange(1, width + 1, device=allowed.device)
+    hit = allowed[..., None] & (rank[..., None] == steps)  # [B, L, L, width]
+    index = (hit.long() * torch.arange(length, device=allowed.device)[None, None, :, None]).sum(2)
+    return index, hit.any(2)
+
+
+def _path_rank(allowed):
+    """[B, L, L] long: for each visible (l, s), how many visible positions lie after s up to and
+    including l (0 on the diagonal)."""
+    return allowed.flip(-1).long().cumsum(-1).flip(-1) - 1
+
+
+def local_mix(x, weights, index, exists):
+    """The local skip sum_j weights[h, j-1] * x[b, pred_j(l), h] (index/exists from
+    path_predecessors): x [B, L, H, P], weights [H, W] -> [B, L, H, P]."""
+    b, length, h, p = x.shape
+    index, exists = index.expand(b, -1, -1), exists.expand(b, -1, -1)
+    out = torch.zeros_like(x)
+    for j in range(weights.shape[1]):
+        picked = torch.gather(x, 1, index[:, :, j, None, None].expand(b, length, h, p))
+        out = out + picked * (weights[:, j][None, None, :, None] * exists[:, :, j, None, None].to(x.dtype))
+    return out
+
+
+def local_matrix(weights, allowed, length: int):
+    """[B or 1, H, L, L]: the local skip as a matrix (row l, column s), to add to `materialize`'s
+    T; weights [H, W]; allowed as for path_predecessors (None: causal)."""
+    if allowed is None:
+        allowed = torch.ones(length, length, dtype=torch.bool, device=weights.device).tril()[None]
+    rank = _path_rank(allowed)  # [B, L, L]
+    out = weights.new_zeros(allowed.shape[0], weights.shape[0], length, length)
+    for j in range(weights.shape[1]):
+        out = out + (allowed & (rank == j + 1))[:, None].to(weights.dtype) * weights[:, j][None, :, None, None]
+    return out

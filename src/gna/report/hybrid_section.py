@@ -178,7 +178,12 @@ DESIGN = (
     "size N, initialised from the head (C←Q, B←K, x←V of its K/V group), whose output enters the "
     "teacher's shared o_proj in the head's place. Each SSM head also mixes in the first token's value "
     "through a fitted share (teacher heads park much of their attention on the first token, a sink that a "
-    "decaying scan cannot hold) and outputs exactly that value at the first position, as attention does. The top-k heads of the per-head ablation ranking are "
+    "decaying scan cannot hold) and outputs exactly that value at the first position, as attention does; "
+    "and it reads the values of its last four tokens directly (the <i>local skip</i>: D and three weights, a "
+    "short causal convolution beside the scan, as Mamba's conv1d), which a scan alone can only smear. "
+    "Stage 1 starts each head from its teacher head's attention profile: the first-token share, the "
+    "local weights and the decay (from the mean distance of the rest of its attention) are read off the "
+    "teacher's maps. The top-k heads of the per-head ablation ranking are "
     "kept; k = 0 is a pure SSM with the teacher's MLPs. We chose head-wise replacement over a full SSM "
     "beside the kept heads because it keeps every head's identity: the same ranking, ablation and "
     "Gather-and-Aggregate tools apply to teacher and student head by head, and the KV cache shrinks "
@@ -351,8 +356,8 @@ def budget_part(model: str, budget: pl.DataFrame, teacher: pl.DataFrame, size: i
             + budget_goal(sub, teacher, size))
 
 
-RECIPE = ("<p>The recipe: SSM heads initialised from their attention heads; stage 1 aligns them layer by layer, "
-          "with the first-token share; stage 2 distills end to end on all training windows with the positions "
+RECIPE = ("<p>The recipe: SSM heads initialised from their attention heads; stage 1 starts them from the "
+          "teacher heads' attention profiles (first-token share, local skip, decay) and aligns them layer by layer; stage 2 distills end to end on all training windows with the positions "
           "that predict an answer token (KV values, MMLU letters) weighted. Each row below removes one "
           "ingredient and retrains the same student for the budget in the title, beside the full recipe at that "
           "budget; 'alignment only' is the budget curve's first point.</p>")
@@ -452,7 +457,8 @@ def memory_part(memory: pl.DataFrame, hy: dict, reference: bool) -> str:
         parts.append(f"<h3>{html.escape(model)}: inference memory (KV cache + SSM state)</h3>"
                      f"<p>Computed from each configuration for one sequence at "
                      f"{hy['memory']['bytes_per_value']} bytes per value: K/V of every group with a kept "
-                     "head, and an N×P state plus the first token's P-vector value per SSM head.</p>")
+                     "head, and per SSM head an N×P state, the first token's P-vector value and the last three "
+                     "tokens' values (the local skip).</p>")
         parts.append(memory_table(formula.filter(pl.col("model") == model)))
         measured = memory.filter((pl.col("source") == "measured") & (pl.col("model") == model))
         for row in measured.iter_rows(named=True):

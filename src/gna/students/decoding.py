@@ -1,6 +1,6 @@
 """Recurrent inference with students and its memory: whole-model prefill and decoding steps
-(a K/V cache for the attention heads' groups, an N×P state and the first token's P-vector
-value per SSM head), the memory formula
+(a K/V cache for the attention heads' groups; per SSM head an N×P state, the first token's
+P-vector value and the last few tokens' values for the local skip), the memory formula
 per variant, a measured check of it, and the hybrid phase's memory table."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import torch
 
 from gna.core.io import write_parquet
 from gna.engine.device import device_of
+from gna.students.mixer import LOCAL_WIDTH
 from gna.students.spec import load_student, read_spec
 
 log = logging.getLogger("gna.students.decoding")
@@ -50,7 +51,7 @@ def step(model, token: torch.Tensor, position: int, caches: list[dict]):
 def cache_nbytes(caches: list[dict]) -> int:
     """Bytes held by the K/V tensors and SSM states of `prefill`'s caches."""
     return sum(t.numel() * t.element_size() for c in caches for key, t in c.items()
-               if key in ("k", "v", "state", "first"))
+               if key in ("k", "v", "state", "first", "recent"))
 
 
 # -- inference memory from the configuration --------------------------------------------------
@@ -61,7 +62,8 @@ def inference_memory(n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int
 
     kept=None is the teacher (every head attention). A K/V group is cached when any of its
     query heads is attention; each SSM head holds an N×P state plus the first token's value (P)
-    whatever the length."""
+    and the last LOCAL_WIDTH values (the local skip's, LOCAL_WIDTH×P), whatever the length."""
+
     group = n_heads // n_kv_heads
     if kept is None:
         kept = [(i, h) for i in range(n_layers) for h in range(n_heads)]
@@ -69,7 +71,7 @@ def inference_memory(n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int
     kv_groups = len({(i, h // group) for i, h in keep})
     n_ssm = n_layers * n_heads - len(keep)
     kv = 2 * kv_groups * head_dim * seq_len * bytes_per_value * batch
-    state = n_ssm * (state_size + 1) * head_dim * bytes_per_value * batch
+    state = n_ssm * (state_size + 1 + LOCAL_WIDTH) * head_dim * bytes_per_value * batch
     return {"kv_cache_bytes": kv, "ssm_state_bytes": state, "total_bytes": kv + state}
 
 

@@ -146,7 +146,7 @@ def align_layers(model, hidden: torch.Tensor, state_size: int, steps: int, batch
     n_layers, n_seq, length, _ = hidden.shape
     pos = torch.arange(length, device=hidden.device)[None]
     rng = torch.Generator(device="cpu").manual_seed(seed)  # the same draws on any device
-    _init_head_scales(ms, base, hidden, pos)
+    init_from_teacher_maps(ms, base, hidden, pos)
     targets = attention_targets(base, ms, metrics, hidden, batch)
     curve = []
     warmup = max(1, steps // 10)
@@ -197,17 +197,43 @@ def attention_targets(base, ms, metrics, hidden: torch.Tensor, batch: int) -> to
 
 
 @torch.no_grad()
-def _init_head_scales(ms, base, hidden, pos, n_seq: int = 4):
-    """Start each SSM head's output norm at the RMS of its teacher head's output, and its
-    first-token share at the teacher head's mean attention on the first token."""
+def init_from_teacher_maps(ms, base, hidden, pos, n_seq: int = 4, skip: int = 8):
+    """Start every SSM head from its teacher head's attention on the first `n_seq` windows of
+    `hidden` (rows from `skip` on, which see enough tokens): the output norm at the RMS of the
+    teacher head's output, the first-token share at its mean attention on the first token, and,
+    of the attention beside the first token, D and the local skip at its mean share on the token
+    itself and the LOCAL_WIDTH tokens before, the decay from its mean distance beyond them
+    (a = d / (1 + d): a geometric profile with that mean). Without it every head starts as a
+    slow, smooth average, which a few hundred alignment steps cannot turn into a local head."""
     for i, (layer, m) in enumerate(zip(base.layers, ms)):
+        if not m.ssm_heads:
+            continue
         u = layer.input_layernorm(hidden[i, :n_seq].float())
         rope = base.rotary_emb(u, position_ids=pos.expand(len(u), -1))
         target = m.attention_output(u, rope, None, m.ssm_heads)
         m.norm_weight.copy_(target.square().mean(dim=(0, 1, 3)).sqrt()[:, None].expand_as(m.norm_weight))
+        length, width = u.shape[1], m.local.shape[1]
+        start = min(max(skip, width), length - 1)  # short windows (tests): as many rows as there are
+        causal = torch.ones(length, length, dtype=torch.bool, device=u.device).tril()
+        probs = m.attention_probs(u, rope, m.ssm_heads, causal)[:, :, start:]  # [B, S, L - start, L]
         if m.first_token_share:
-            share = first_token_attention(m, u, rope, m.ssm_heads).clamp(0.01, 0.99)
+            share = probs[..., 0].mean(dim=(0, 2)).clamp(0.01, 0.99)
             m.sink_proj.bias.copy_(torch.log(share / (1 - share)))
+        if start < width:  # windows too short to see the local profile
+            continue
+        beside_first = (1 - probs[..., 0]).clamp_min(1e-6)
+        at_offset = [(torch.diagonal(probs[..., start - j:], dim1=-2, dim2=-1) / beside_first).mean(dim=(0, 2))
+                     for j in range(width + 1)]
+        m.D.copy_(at_offset[0])
+        m.local.copy_(torch.stack(at_offset[1:], dim=-1))
+        rows = torch.arange(start, length, device=u.device)[:, None]
+        distance = (rows - torch.arange(length, device=u.device)[None]).to(probs.dtype)
+        far = probs * (distance > width)
+        far[..., 0] = 0
+        mean_distance = ((far * distance).sum(-1) / far.sum(-1).clamp_min(1e-9)).mean(dim=(0, 2)).clamp_min(1.0)
+        dt = -torch.log((mean_distance / (1 + mean_distance)).clamp(0.5, 0.999))
+        m.decay_proj.weight.zero_()
+        m.decay_proj.bias.copy_(torch.log(torch.expm1(dt)))
 
 
 @torch.no_grad()

@@ -7,7 +7,9 @@ for the others — and sends the concatenation through the teacher's shared o_pr
 place in the model therefore never changes, so the head ranking names the same head in
 teacher and student, and k = 0 is a pure SSM with the teacher's MLPs. An SSM head starts from
 its attention head (C ← Q of the head, B ← K and x ← V of its K/V group, decays spread over
-time scales as in Mamba), then distillation fits it (gna.students.distill).
+time scales as in Mamba), then distillation fits it (gna.students.distill). Beside the scan,
+each SSM head reads the last few tokens' values directly (the local skip, gna.engine.ssm) and
+the first token's value through a fitted share (an attention sink).
 
 This module is the layer and the tools that act on a model's mixers (`mixers`, the layer swap,
 captured head maps). Building, naming, saving and loading students is gna.students.spec;
@@ -24,10 +26,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gna.engine.ssm import materialize, padded_lengths, ssd_chunked, ssd_masked, ssd_padded, ssd_recurrent
+from gna.engine.ssm import (local_matrix, local_mix, materialize, padded_lengths, path_predecessors, ssd_chunked,
+                            ssd_masked, ssd_padded, ssd_recurrent)
 
 C_INIT_SCALE = 0.03
 SINK_INIT = 0.3  # teacher heads put about a third of their attention on the first token
+LOCAL_WIDTH = 3  # tokens before each position read by the local skip (with D: 4, Mamba's conv width)
 
 
 def _rotate_half(x):
@@ -86,6 +90,7 @@ class HybridMixer(nn.Module):
             self.decay_proj = nn.Linear(d, s, bias=True, **on)
             self.sink_proj = nn.Linear(d, s, bias=True, **on)
         self.D = nn.Parameter(torch.zeros(s, **on))
+        self.local = nn.Parameter(torch.zeros(s, LOCAL_WIDTH, **on))  # the local skip's weights
         self.norm_weight = nn.Parameter(torch.ones(s, p, **on))
         self.init_from_attention()
 
@@ -119,6 +124,7 @@ class HybridMixer(nn.Module):
         self.decay_proj.weight.zero_()
         self.decay_proj.bias.copy_(torch.log(torch.expm1(dt)))  # softplus⁻¹
         self.D.zero_()
+        self.local.zero_()
         # the first token's share starts at SINK_INIT (fitted from the teacher's maps when aligning)
         self.sink_proj.weight.zero_()
         self.sink_proj.bias.fill_(math.log(SINK_INIT / (1 - SINK_INIT)))
@@ -139,7 +145,8 @@ class HybridMixer(nn.Module):
         block of rows per SSM head, in `ssm_heads` order (norm_weight: one row per head)."""
         named = {"C_proj.weight": self.C_proj.weight, "B_proj.weight": self.B_proj.weight,
                  "x_proj.weight": self.x_proj.weight, "decay_proj.weight": self.decay_proj.weight,
-                 "decay_proj.bias": self.decay_proj.bias, "D": self.D, "norm_weight": self.norm_weight,
+                 "decay_proj.bias": self.decay_proj.bias, "D": self.D, "local": self.local,
+                 "norm_weight": self.norm_weight,
                  "sink_proj.weight": self.sink_proj.weight, "sink_proj.bias": self.sink_proj.bias}
         for key in ("C_proj", "B_proj", "x_proj"):
             bias = getattr(self, key).bias
@@ -209,20 +216,35 @@ class HybridMixer(nn.Module):
         masked matrix; the decays still follow the sequence layout `allowed`)."""
         x, log_a, Bm, Cm = self.ssm_inputs(u, which)
         D = self.D if which is None else self.D[which]
+        local = self.local if which is None else self.local[which]
+        # where T is materialised anyway, the local skip is too (the same operations whether or
+        # not a restriction applies, so an all-visible restriction changes nothing, bit for bit)
         if restrict is not None:
-            T = materialize(log_a, Bm, Cm, D, allowed) * restrict
+            structure = self.structure(allowed, u)
+            T = materialize(log_a, Bm, Cm, D, structure) * restrict
             y = torch.einsum("bhls,bshp->blhp", T, x)
-        elif allowed is None:
-            y = ssd_chunked(x, log_a, Bm, Cm, D, chunk)[0]
-        elif (lengths := padded_lengths(allowed)) is not None:  # the fast path of ssd_masked
-            y = ssd_padded(x, log_a, Bm, Cm, D, lengths, chunk)
-        else:
+            y = y + torch.einsum("bhls,bshp->blhp", local_matrix(local, structure, u.shape[1]) * restrict, x)
+        elif allowed is not None and padded_lengths(allowed) is None:
             y = ssd_masked(x, log_a, Bm, Cm, D, allowed)
+            y = y + torch.einsum("bhls,bshp->blhp", local_matrix(local, allowed, u.shape[1]), x)
+        else:
+            lengths = None if allowed is None else padded_lengths(allowed)
+            y = ssd_chunked(x, log_a, Bm, Cm, D, chunk)[0] if lengths is None else \
+                ssd_padded(x, log_a, Bm, Cm, D, lengths, chunk)  # the fast path of ssd_masked
+            y = y + local_mix(x, local, *path_predecessors(allowed, u.shape[1], local.shape[1], u.device))
         share = self.sink_share(u, which)
         if restrict is not None:  # a row that may not read the first token gets nothing from it
             share = share * restrict[..., 0].transpose(1, 2)
         first = self.first_value(u, which)
         return self.with_first_token(self.normalize(y, which), share, first, first_position=True)
+
+    @staticmethod
+    def structure(allowed, u):
+        """[B, L, L] bool visibility of the sequence layout (`allowed`, or causal where None)."""
+        b, length = u.shape[:2]
+        if allowed is not None:
+            return allowed.expand(b, length, length)
+        return torch.ones(length, length, dtype=torch.bool, device=u.device).tril()[None].expand(b, -1, -1)
 
     # -- the first token: attention sinks -------------------------------------------------------
     def first_value(self, u, which: list[int] | None = None):
@@ -258,7 +280,7 @@ class HybridMixer(nn.Module):
         both read as 'share of the row's weight on each position'."""
         b, length, _ = u.shape
         maps = u.new_zeros(b, self.num_heads, length, length)
-        structure = allowed if allowed is not None else torch.ones(length, length, dtype=torch.bool).tril()[None]
+        structure = self.structure(allowed, u)
         attn = self.attention_heads
         if attn:
             mask = per_head[:, attn] if per_head is not None else structure[:, None]
@@ -267,7 +289,9 @@ class HybridMixer(nn.Module):
         if active:
             heads = [self.ssm_heads[j] for j in active]
             x, log_a, Bm, Cm = self.ssm_inputs(u, active)
-            T = materialize(log_a, Bm, Cm, self.D[active], structure.expand(b, length, length)).abs()
+            layout = structure.expand(b, length, length)
+            T = (materialize(log_a, Bm, Cm, self.D[active], layout)
+                 + local_matrix(self.local[active], layout, length)).abs()  # the local skip is part of the mix
             share = self.sink_share(u, active).transpose(1, 2)  # [B, S, L]
             if per_head is not None:
                 T = T * per_head[:, heads]
@@ -320,10 +344,14 @@ class HybridMixer(nn.Module):
         if active:
             x, log_a, Bm, Cm = self.ssm_inputs(u, active)
             y, state = ssd_chunked(x, log_a, Bm, Cm, self.D[active])
+            local = self.local[active]
+            y = y + local_mix(x, local, *path_predecessors(None, length, local.shape[1], u.device))
             first = self.first_value(u, active)
             heads[:, :, [self.ssm_heads[j] for j in active]] = self.with_first_token(
                 self.normalize(y, active), self.sink_share(u, active), first, first_position=True).to(heads.dtype)
-            cache["state"], cache["first"] = state, first
+            # the last LOCAL_WIDTH values, oldest first (zeros before the first token)
+            recent = torch.cat([x.new_zeros(b, local.shape[1], *x.shape[2:]), x], dim=1)[:, -local.shape[1]:]
+            cache["state"], cache["first"], cache["recent"] = state, first, recent
         return self.o_proj(heads.reshape(b, length, -1)), cache
 
     def step(self, u, position_embeddings, cache):
@@ -347,6 +375,10 @@ class HybridMixer(nn.Module):
         if active:
             x, log_a, Bm, Cm = self.ssm_inputs(u, active)
             y, cache["state"] = ssd_recurrent(x, log_a, Bm, Cm, self.D[active], cache["state"])
+            recent, local = cache["recent"], self.local[active]
+            y = y + sum(local[:, j - 1][None, None, :, None] * recent[:, -j:recent.shape[1] - j + 1]
+                        for j in range(1, local.shape[1] + 1))
+            cache["recent"] = torch.cat([recent[:, 1:], x], dim=1)
             heads[:, :, [self.ssm_heads[j] for j in active]] = self.with_first_token(
                 self.normalize(y, active), self.sink_share(u, active), cache["first"], first_position=False
             ).to(heads.dtype)

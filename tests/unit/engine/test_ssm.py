@@ -10,7 +10,8 @@ from gna.students.decoding import cache_nbytes, inference_memory, prefill, step
 from gna.students.mixer import mixers, swapped_to_attention
 from gna.students.spec import load_any, load_student, make_hybrid, save_student
 from gna.engine.packing import collate, pack
-from gna.engine.ssm import materialize, padded_lengths, ssd_chunked, ssd_masked, ssd_padded, ssd_recurrent
+from gna.engine.ssm import (local_matrix, local_mix, materialize, padded_lengths, path_predecessors, ssd_chunked,
+                            ssd_masked, ssd_padded, ssd_recurrent)
 
 
 def _inputs(b=2, length=37, h=3, p=5, n=4, seed=0):
@@ -80,6 +81,37 @@ def test_padded_layout_not_found_where_choices_share_a_context():
     assert padded_lengths(torch.ones(1, 5, 5, dtype=torch.bool)) is None  # not causal
 
 
+def _local_ref(x, weights, path):
+    """The local skip by its definition on one sequence given as positions `path` (the
+    positions one row sees, in order): y_i = sum_j w_j x_{path[i - j]}."""
+    out = torch.zeros(x.shape[0], len(path), *x.shape[2:], dtype=x.dtype)
+    for i in range(len(path)):
+        for j in range(1, weights.shape[1] + 1):
+            if i - j >= 0:
+                out[:, i] += weights[:, j - 1][None, :, None] * x[:, path[i - j]]
+    return out
+
+
+def test_local_skip_gather_equals_its_matrix_and_the_definition():
+    """Causal order and packed choices: the gathered local skip equals the same term as a matrix
+    and the definition on each choice's own sequence (a choice never reads the other choice)."""
+    g = torch.Generator().manual_seed(3)
+    weights = torch.randn(3, 3, generator=g, dtype=torch.float64)
+    x = _inputs(b=1, length=13)[0]
+    causal = path_predecessors(None, 13, 3)
+    torch.testing.assert_close(local_mix(x, weights, *causal), _local_ref(x, weights, list(range(13))))
+    torch.testing.assert_close(local_mix(x, weights, *causal),
+                               torch.einsum("bhls,bshp->blhp", local_matrix(weights, None, 13), x))
+    ctx, c1, c2 = 6, 4, 3
+    allowed = collate([pack(list(range(ctx)), [list(range(c1 + 1)), list(range(c2 + 1))])]).mask[:, 0] == 0
+    packed = local_mix(x, weights, *path_predecessors(allowed, 13, 3))
+    torch.testing.assert_close(packed, torch.einsum("bhls,bshp->blhp", local_matrix(weights, allowed, 13), x))
+    for start, n in ((ctx, c1), (ctx + c1, c2)):
+        path = list(range(ctx)) + list(range(start, start + n))
+        torch.testing.assert_close(packed[:, path], _local_ref(x, weights, path))
+    assert not torch.allclose(packed[:, ctx + c1], local_mix(x, weights, *causal)[:, ctx + c1])  # it bites
+
+
 # -- hybrids -------------------------------------------------------------------------------
 
 KEPT = [(0, 1), (2, 0), (2, 3)]
@@ -92,6 +124,7 @@ def hybrid(tiny_llama):
     with torch.no_grad():  # make the SSM heads matter: non-trivial skip terms and decays
         for m in mixers(student):
             m.D.normal_()
+            m.local.normal_()
             m.decay_proj.weight.normal_(std=0.05)
     return student.eval(), tok
 

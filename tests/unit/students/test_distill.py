@@ -12,7 +12,8 @@ from conftest import MINI_MMLU
 from gna.engine.precision import frozen_weights_in
 from gna.students.corpus import (answer_tokens, answered_kv, check_no_evaluation_items, corpus_kv_seed, run_corpus_check,
                                  split_pool, token_windows)
-from gna.students.distill import (align_layers, answer_weights, distill_logits, kd_loss, first_token_attention, head_errors, load_aligned,
+from gna.students.distill import (align_layers, answer_weights, distill_logits, kd_loss, first_token_attention, head_errors,
+                                  init_from_teacher_maps, load_aligned,
                                   restore, run_distill_align, run_distill_kd, run_distill_teacher, snapshot,
                                   teacher_activations)
 from gna.students.mixer import captured_maps, mixers
@@ -96,7 +97,7 @@ def test_ssm_state_names_every_trained_parameter_once(tiny_llama):
     m = mixers(student)[0]
     named = m.ssm_state()
     assert list(named) == ["C_proj.weight", "B_proj.weight", "x_proj.weight", "decay_proj.weight", "decay_proj.bias",
-                           "D", "norm_weight", "sink_proj.weight", "sink_proj.bias"]  # the tiny Llama has no q/k/v biases
+                           "D", "local", "norm_weight", "sink_proj.weight", "sink_proj.bias"]  # the tiny Llama has no q/k/v biases
     assert [id(p) for p in m.ssm_params()] == [id(p) for p in named.values()]
     trained = {id(p) for m in mixers(student) for p in m.ssm_params()}
     teacher = {id(p) for m in mixers(student) for proj in (m.q_proj, m.k_proj, m.v_proj, m.o_proj)
@@ -119,6 +120,7 @@ def test_load_aligned_copies_the_rows_of_each_ssm_head(tiny_llama):
     torch.testing.assert_close(m.C_proj.weight, torch.cat([source.C_proj.weight[h * n: (h + 1) * n] for h in (1, 3)]))
     torch.testing.assert_close(m.x_proj.weight, torch.cat([source.x_proj.weight[h * p: (h + 1) * p] for h in (1, 3)]))
     torch.testing.assert_close(m.D, source.D[[1, 3]])
+    torch.testing.assert_close(m.local, source.local[[1, 3]])
     torch.testing.assert_close(m.norm_weight, source.norm_weight[[1, 3]])
     with pytest.raises(ValueError, match="does not fit"):
         load_aligned(make_hybrid(copy.deepcopy(model), [], state_size=8), aligned)
@@ -396,6 +398,30 @@ def test_first_token_attention_equals_the_teachers_attention_maps(tiny_llama):
                                    atol=1e-3, rtol=1e-3)
 
 
+def test_ssm_heads_start_from_the_teachers_attention_profile(tiny_llama):
+    """init_from_teacher_maps against the teacher's own eager attention maps: the sink share is
+    its mean attention on the first token, D and the local skip its mean share (beside the first
+    token) at offsets 0..3, the decay's mean distance that of its attention further back."""
+    model, _ = tiny_llama
+    length, start = 24, 8
+    ids = torch.randint(0, model.config.vocab_size, (2, length), generator=torch.Generator().manual_seed(1))
+    hidden = teacher_activations(model, ids, top_k=2, progress=False)["hidden"].float()
+    attn = model(input_ids=ids, output_attentions=True).attentions  # [layers] of [B, H, L, L]
+    pure = make_hybrid(copy.deepcopy(model), [], 4)
+    init_from_teacher_maps(mixers(pure), pure.base_model, hidden, torch.arange(length)[None], skip=start)
+    for m, probs in zip(mixers(pure), attn):
+        rows = probs[:, :, start:].detach()
+        first = rows[..., 0]
+        share = torch.sigmoid(m.sink_proj.bias)
+        torch.testing.assert_close(share, first.mean(dim=(0, 2)).clamp(0.01, 0.99), atol=1e-4, rtol=1e-4)
+        for j in range(4):
+            at_j = torch.stack([rows[:, :, r, start + r - j] for r in range(length - start)], -1) / (1 - first)
+            got = m.D if j == 0 else m.local[:, j - 1]
+            torch.testing.assert_close(got, at_j.mean(dim=(0, 2)), atol=1e-4, rtol=1e-4)
+        a = torch.exp(-torch.nn.functional.softplus(m.decay_proj.bias))
+        assert torch.all((a >= 0.5 - 1e-6) & (a <= 0.999 + 1e-6)) and torch.all(m.decay_proj.weight == 0)
+
+
 def test_head_errors_are_zero_where_an_ssm_head_reproduces_its_teacher(tiny_llama):
     model, _ = tiny_llama
     ids = torch.randint(0, model.config.vocab_size, (2, 10), generator=torch.Generator().manual_seed(1))
@@ -454,7 +480,7 @@ def test_bf16_alignment_agrees_with_the_float32_reference(tiny_llama):
     model, _ = tiny_llama
     ids = torch.randint(0, model.config.vocab_size, (4, 16), generator=torch.Generator().manual_seed(5))
     hidden = teacher_activations(model, ids, top_k=4, progress=False)["hidden"]
-    curves = [align_layers(model, hidden, 4, steps=5, batch=2, lr=1e-2, seed=0, progress=False, log_every=1,
+    curves = [align_layers(model, hidden, 4, steps=5, batch=2, lr=1e-3, seed=0, progress=False, log_every=1,
                            compute_dtype=dtype)[1] for dtype in ("float32", "bfloat16")]
     for step in (0, 4):
         ref, fast = (c.filter(pl.col("step") == step)["loss"].to_numpy() for c in curves)
