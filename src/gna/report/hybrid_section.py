@@ -400,7 +400,27 @@ def swap_part(model: str, swap: pl.DataFrame, students: pl.DataFrame, teacher: p
     return (f"<h3>{html.escape(model)}: layer swap</h3>"
             f"<p>The pure SSM with the critical layer — layer {sw['swapped_layer'][0]}, home of the "
             "top-ranked head — run as the teacher's attention again (all its heads), nothing "
-            "retrained.</p>" + table(rows, left=("variant",), fmt=_fmt(rows)) + not_scored_note(sw))
+            "retrained.</p>" + table(rows, left=("variant",), fmt=_fmt(rows)) + swap_verdict(pure, sw)
+            + not_scored_note(sw))
+
+
+def swap_verdict(pure: pl.DataFrame, swapped: pl.DataFrame) -> str:
+    """One sentence: does the swap move KV-retrieval over all sizes, by the 95% intervals, set
+    against the study's layer swap (MMLU 33% → 50%)."""
+    before, after = _kv_at(pure, None), _kv_at(swapped, None)
+    if not (len(before) and len(after)):
+        return ""
+    b, a = before.row(0, named=True), after.row(0, named=True)
+    if not _apart(b, a):
+        verdict = ("the intervals overlap: the swap recovers no retrieval here, which contradicts the study "
+                   "(its swap took MMLU from 33% to 50%)")
+    elif a["value"] > b["value"]:
+        verdict = "the intervals are apart: the swap recovers retrieval, as in the study (MMLU 33% → 50%)"
+    else:
+        verdict = "the intervals are apart: the swap lowers retrieval, which contradicts the study (MMLU 33% → 50%)"
+    cell = lambda row: acc_text(row["value"], row["ci_low"], row["ci_high"], row.get("degenerate"))  # noqa: E731
+    return (f"<p><b>KV-retrieval over all sizes</b> (n = {a['n']}): pure SSM {cell(b)}, with the layer as "
+            f"attention {cell(a)}; {verdict}.</p>")
 
 
 def model_part(model: str, scores: pl.DataFrame, swap: pl.DataFrame, budget: pl.DataFrame, ablation: pl.DataFrame,

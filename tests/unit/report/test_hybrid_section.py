@@ -2,7 +2,7 @@
 
 import polars as pl
 
-from gna.report.hybrid_section import ablation_part, budget_goal, heads_kept_summary
+from gna.report.hybrid_section import ablation_part, budget_goal, heads_kept_summary, swap_verdict
 
 
 def kv10(value, low, high, n=50, **extra) -> dict:
@@ -55,3 +55,18 @@ def test_ablations_at_a_budget_are_compared_with_the_recipe_at_that_budget():
     untrained_budget = ablation_part("m", scores, budget, ablation, {**hy, "ablation": {"variant": "k10-n16",
                                                                                          "kd_steps": None}})
     assert "96.0%" in untrained_budget and "all distillation steps" in untrained_budget
+
+
+def kv_all(value, low, high, n=200) -> dict:
+    return {"task": "kv_retrieval", "group": "all", "metric": "acc", "n": n, "value": value, "ci_low": low,
+            "ci_high": high}
+
+
+def test_swap_verdict_says_plainly_whether_it_contradicts_the_study():
+    pure = pl.DataFrame([kv_all(0.08, 0.05, 0.13)])
+    same = swap_verdict(pure, pl.DataFrame([kv_all(0.075, 0.05, 0.12)]))
+    assert "pure SSM 8.0% [5–13], with the layer as attention 7.5% [5–12]" in same
+    assert "the intervals overlap: the swap recovers no retrieval here, which contradicts the study" in same
+    better = swap_verdict(pure, pl.DataFrame([kv_all(0.5, 0.43, 0.57)]))
+    assert "the swap recovers retrieval, as in the study" in better
+    assert swap_verdict(pure, pl.DataFrame(schema=pure.schema)) == ""
