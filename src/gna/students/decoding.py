@@ -63,7 +63,6 @@ def inference_memory(n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int
     kept=None is the teacher (every head attention). A K/V group is cached when any of its
     query heads is attention; each SSM head holds an N×P state plus the first token's value (P)
     and the last LOCAL_WIDTH values (the local skip's, LOCAL_WIDTH×P), whatever the length."""
-
     group = n_heads // n_kv_heads
     if kept is None:
         kept = [(i, h) for i in range(n_layers) for h in range(n_heads)]

@@ -224,12 +224,11 @@ class HybridMixer(nn.Module):
             T = materialize(log_a, Bm, Cm, D, structure) * restrict
             y = torch.einsum("bhls,bshp->blhp", T, x)
             y = y + torch.einsum("bhls,bshp->blhp", local_matrix(local, structure, u.shape[1]) * restrict, x)
-        elif allowed is not None and padded_lengths(allowed) is None:
+        elif allowed is not None and (lengths := padded_lengths(allowed)) is None:
             y = ssd_masked(x, log_a, Bm, Cm, D, allowed)
             y = y + torch.einsum("bhls,bshp->blhp", local_matrix(local, allowed, u.shape[1]), x)
         else:
-            lengths = None if allowed is None else padded_lengths(allowed)
-            y = ssd_chunked(x, log_a, Bm, Cm, D, chunk)[0] if lengths is None else \
+            y = ssd_chunked(x, log_a, Bm, Cm, D, chunk)[0] if allowed is None else \
                 ssd_padded(x, log_a, Bm, Cm, D, lengths, chunk)  # the fast path of ssd_masked
             y = y + local_mix(x, local, *path_predecessors(allowed, u.shape[1], local.shape[1], u.device))
         share = self.sink_share(u, which)
@@ -289,9 +288,8 @@ class HybridMixer(nn.Module):
         if active:
             heads = [self.ssm_heads[j] for j in active]
             x, log_a, Bm, Cm = self.ssm_inputs(u, active)
-            layout = structure.expand(b, length, length)
-            T = (materialize(log_a, Bm, Cm, self.D[active], layout)
-                 + local_matrix(self.local[active], layout, length)).abs()  # the local skip is part of the mix
+            T = (materialize(log_a, Bm, Cm, self.D[active], structure)
+                 + local_matrix(self.local[active], structure, length)).abs()  # the local skip is part of the mix
             share = self.sink_share(u, active).transpose(1, 2)  # [B, S, L]
             if per_head is not None:
                 T = T * per_head[:, heads]
