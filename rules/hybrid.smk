@@ -3,7 +3,7 @@
 # data/models/<model>-hybrid-k<heads kept>-n<state size> (names from gna.students.spec), loadable
 # like any prepared model.
 from gna.students.spec import (ABLATIONS, TEACHER_VARIANT, VARIANT_PATTERN, ablation_kd, checkpoint_steps,
-                               parse_variant, scored_tasks, student_name, variant_name)
+                               parse_variant, scored_dict_size, scored_tasks, student_name, variant_name)
 
 TASK_FILES = {task: f"data/tasks/{task}.parquet" for task in TASKS}
 # the students are scored only once the corpus they were distilled on is known to hold no evaluation item
@@ -188,6 +188,7 @@ rule hybrid_score:
         answers="data/results/hybrid/{model}/answers/{variant}.parquet",
     params:
         max_items=HYBRID["eval_items"],
+        kv_dict_size=lambda wc: scored_dict_size(HYBRID, wc.variant),
         swap_items=HYBRID["degeneracy_items"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
@@ -319,6 +320,7 @@ rule hybrid_answer_rows:
     input:
         model="data/models/" + student_name("{model}", "{variant}"),
         tasks=list(TASK_FILES.values()),
+        teacher_summary=get_teacher_summary,
         corpus_check=CORPUS_CHECK,
     output:
         "data/results/hybrid/{model}/answer-rows-{variant}.parquet",

@@ -18,20 +18,22 @@ Three ways to compute it, kept equal by tests:
   materialize       T itself (for maps and masking); `ssd_masked` applies T under any
                     tree-shaped visibility mask, e.g. the packed multiple-choice layout of
                     gna.engine.packing where each choice sees the context and itself only.
-`ssd_padded` is the fast path of `ssd_masked` for right-padded causal batches (the packed
-layout of items whose choices are single tokens: KV retrieval, MMLU letters): the chunked
-scan, with the padding rows, which see only themselves, computed as such.
+`ssd_tree` is the fast path of `ssd_masked` for scoring batches (`tree_layout`: right padding,
+choices packed after their context): the chunked scan over each sequence's causal trunk, then a
+short recurrence for the rows after it, from the trunk's state; padding rows see only themselves.
 
 The local skip generalises D to the last few tokens: y_l += sum_j w_j x_{l-j} for j = 1..W (a
 short causal convolution beside the scan, as Mamba's conv1d gives an SSM layer direct access to
 the last tokens). `local_mix` computes it by gathering each position's predecessors on its own
-path (`path_predecessors`; packed choices never read each other); `local_matrix` is the same
+path (`causal_predecessors`, `TreeLayout.predecessors`; packed choices never read each other); `local_matrix` is the same
 term as a matrix, added to T wherever T itself is needed (maps, masking). Tests keep them equal.
 
 Shapes: x [B, L, H, P], log_a [B, L, H] (≤ 0), Bm / Cm [B, L, H, N], D [H].
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -82,30 +84,98 @@ def ssd_masked(x, log_a, Bm, Cm, D, allowed=None):
     return torch.einsum("bhls,bshp->blhp", T, x)
 
 
-def padded_lengths(allowed) -> torch.Tensor | None:
-    """[B] the number of leading rows of each sequence that see exactly their causal prefix,
-    when every later row sees only itself (right padding in gna.engine.packing's layout); None
-    for any other visibility (e.g. several choices packed after one context)."""
-    length = allowed.shape[-1]
-    causal = torch.ones(length, length, dtype=torch.bool, device=allowed.device).tril()
-    eye = torch.eye(length, dtype=torch.bool, device=allowed.device)
-    row_causal = (allowed == causal).all(-1)  # [B, L]
-    row_self = (allowed == eye).all(-1)
-    lengths = row_causal.long().cumprod(-1).sum(-1)
-    tail = torch.arange(length, device=allowed.device)[None] >= lengths[:, None]
-    return lengths if bool((row_self | ~tail).all()) else None
+@dataclass
+class TreeLayout:
+    """A tree-shaped visibility (gna.engine.packing's layout) in the form the fast scan needs:
+    each row's state is its parent's, decayed, plus its own input, so the chunked scan over the
+    whole batch is exact on each sequence's causal trunk and only the rows after it (packed
+    choices) need their own short recurrence from the trunk's state.
+
+    parent  [B, L] long: the last position before l that l sees (its predecessor on its own
+            path), −1 where there is none (the first token, padding rows)
+    trunk   [B] long: the leading rows that see exactly their causal prefix
+    self_only [B, L] bool: rows after the trunk that see only themselves (padding)
+    levels  per depth after the trunk, (batch index, position) of the rows at that depth: depth
+            1 rows have their parent in the trunk, depth d + 1 rows at depth d"""
+    parent: torch.Tensor
+    trunk: torch.Tensor
+    self_only: torch.Tensor
+    levels: list[tuple[torch.Tensor, torch.Tensor]]
+
+    def predecessors(self, width: int):
+        """(index, exists), each [B, L, width]: the j-th position before l on l's own path
+        (j = 1..width, newest first), as `local_mix` takes them."""
+        steps, current = [], self.parent
+        for _ in range(width):
+            steps.append(current)
+            current = torch.where(current >= 0, torch.gather(self.parent, 1, current.clamp_min(0)), current)
+        index = torch.stack(steps, -1)
+        return index.clamp_min(0), index >= 0
 
 
-def ssd_padded(x, log_a, Bm, Cm, D, lengths, chunk: int = 64):
-    """ssd_masked under the layout `padded_lengths` found: rows below `lengths` [B] by the
-    chunked scan (padding comes after them, so it cannot reach them), later rows from
-    themselves only (T[l, l] x_l)."""
+def tree_layout(allowed) -> TreeLayout | None:
+    """The TreeLayout of a [B, L, L] bool visibility (l may read s), or None where it is not
+    tree-shaped the way the fast scan needs: every row must see its parent's row plus itself,
+    and no row may continue from a padding row."""
+    b, length, _ = allowed.shape
+    device = allowed.device
+    positions = torch.arange(length, device=device)
+    eye = torch.eye(length, dtype=torch.bool, device=device)
+    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    trunk = (allowed == causal).all(-1).long().cumprod(-1).sum(-1)  # [B]
+    strict = allowed & causal & ~eye  # earlier positions only: a row that sees later ones fails the check below
+    has_parent = strict.any(-1)
+    # the last visible position before l: the first True from the right
+    last = length - 1 - strict.flip(-1).to(torch.uint8).argmax(-1)
+    parent = torch.where(has_parent, last, torch.full_like(last, -1))
+    parent_rows = torch.gather(allowed, 1, parent.clamp_min(0)[:, :, None].expand(-1, -1, length))
+    expected = torch.where(has_parent[..., None], parent_rows | eye, eye)
+    if not bool((allowed == expected).all()):
+        return None
+    after_trunk = positions[None] >= trunk[:, None]
+    self_only = after_trunk & ~has_parent
+    branch = after_trunk & has_parent
+    if bool((branch & torch.gather(self_only, 1, parent.clamp_min(0))).any()):
+        return None
+    levels, placed = [], ~branch
+    frontier = branch & (parent < trunk[:, None])
+    while bool(frontier.any()):
+        levels.append(frontier.nonzero(as_tuple=True))
+        placed = placed | frontier
+        frontier = branch & ~placed & torch.gather(frontier, 1, parent.clamp_min(0))
+    return TreeLayout(parent, trunk, self_only, levels)
+
+
+def ssd_tree(x, log_a, Bm, Cm, D, layout: TreeLayout, chunk: int = 64):
+    """ssd_masked under a `tree_layout` (its fast path for scoring batches: right padding,
+    choices packed after their context): the chunked scan gives every trunk row (nothing after a
+    row can reach it); each row after the trunk continues its parent's state one step
+    (S_l = a_l S_parent + B_l x_l, y_l = C_l · S_l + D x_l), depth by depth, starting from the
+    state of the trunk row it leaves from; padding rows read themselves only."""
     y = ssd_chunked(x, log_a, Bm, Cm, D, chunk)[0]
-    pad = torch.arange(x.shape[1], device=x.device)[None] >= lengths[:, None]  # [B, L]
-    if not bool(pad.any()):
+    if bool(layout.self_only.any()):
+        self_only = ((Cm * Bm).sum(-1) + D)[..., None] * x  # [B, L, H, P]
+        y = torch.where(layout.self_only[:, :, None, None], self_only, y)
+    if not layout.levels:
         return y
-    self_only = ((Cm * Bm).sum(-1) + D)[..., None] * x  # [B, L, H, P]
-    return torch.where(pad[:, :, None, None], self_only, y)
+    length = x.shape[1]
+    bi, li = layout.levels[0]
+    # the state of each trunk row that a branch leaves from (once per distinct row)
+    rows, slot = torch.unique(bi * length + layout.parent[bi, li], return_inverse=True)
+    rb, rt = rows // length, rows % length
+    cum = torch.cumsum(log_a[rb], dim=1)  # [U, L, H]
+    seen = (torch.arange(length, device=x.device)[None] <= rt[:, None])[..., None]  # s ≤ t
+    weight = torch.exp((cum[torch.arange(len(rows), device=x.device), rt][:, None] - cum).masked_fill(~seen, float("-inf")))
+    state = torch.einsum("ulh,ulhn,ulhp->uhnp", weight, Bm[rb], x[rb])[slot]
+    depth_slot = torch.full_like(layout.parent, -1)
+    for depth, (bi, li) in enumerate(layout.levels):
+        if depth:
+            state = state[depth_slot[bi, layout.parent[bi, li]]]
+        state = torch.exp(log_a[bi, li])[..., None, None] * state + Bm[bi, li][..., None] * x[bi, li][..., None, :]
+        out = torch.einsum("rhn,rhnp->rhp", Cm[bi, li], state) + D[None, :, None] * x[bi, li]
+        y = y.index_put((bi, li), out)
+        depth_slot = depth_slot.index_put((bi, li), torch.arange(len(bi), device=x.device))
+    return y
 
 
 def ssd_chunked(x, log_a, Bm, Cm, D, chunk: int = 64, state=None):
@@ -132,18 +202,12 @@ def ssd_chunked(x, log_a, Bm, Cm, D, chunk: int = 64, state=None):
 
 # -- the local skip -------------------------------------------------------------------------
 
-def path_predecessors(allowed, length: int, width: int, device=None):
-    """(index, exists), each [B or 1, L, width]: the j-th position before l on l's own path
-    (j = 1..width: the positions l may read, newest first) and whether there is one.
-    allowed: [B, L, L] tree-shaped bool visibility, or None for plain causal order."""
-    if allowed is None:
-        pos = torch.arange(length, device=device)[:, None] - torch.arange(1, width + 1, device=device)[None]
-        return pos.clamp_min(0)[None], (pos >= 0)[None]
-    rank = _path_rank(allowed)
-    steps = torch.arange(1, width + 1, device=allowed.device)
-    hit = allowed[..., None] & (rank[..., None] == steps)  # [B, L, L, width]
-    index = (hit.long() * torch.arange(length, device=allowed.device)[None, None, :, None]).sum(2)
-    return index, hit.any(2)
+def causal_predecessors(length: int, width: int, device=None):
+    """(index, exists), each [1, L, width]: position l − j and whether it exists (j = 1..width),
+    the local skip's predecessors in plain causal order (TreeLayout.predecessors for packed
+    layouts)."""
+    pos = torch.arange(length, device=device)[:, None] - torch.arange(1, width + 1, device=device)[None]
+    return pos.clamp_min(0)[None], (pos >= 0)[None]
 
 
 def _path_rank(allowed):
@@ -154,7 +218,7 @@ def _path_rank(allowed):
 
 def local_mix(x, weights, index, exists):
     """The local skip sum_j weights[h, j-1] * x[b, pred_j(l), h] (index/exists from
-    path_predecessors): x [B, L, H, P], weights [H, W] -> [B, L, H, P]."""
+    causal_predecessors or TreeLayout.predecessors): x [B, L, H, P], weights [H, W] -> [B, L, H, P]."""
     b, length, h, p = x.shape
     index, exists = index.expand(b, -1, -1), exists.expand(b, -1, -1)
     out = torch.zeros_like(x)
@@ -166,7 +230,7 @@ def local_mix(x, weights, index, exists):
 
 def local_matrix(weights, allowed, length: int):
     """[B or 1, H, L, L]: the local skip as a matrix (row l, column s), to add to `materialize`'s
-    T; weights [H, W]; allowed as for path_predecessors (None: causal)."""
+    T; weights [H, W]; allowed: [B, L, L] tree-shaped bool visibility (None: causal)."""
     if allowed is None:
         allowed = torch.ones(length, length, dtype=torch.bool, device=weights.device).tril()[None]
     rank = _path_rank(allowed)  # [B, L, L]

@@ -270,13 +270,21 @@ def heads_kept_summary(teacher: pl.DataFrame, heads: pl.DataFrame, goal_k: int =
 
 
 def state_size_part(model: str, students: pl.DataFrame, hy: dict) -> str:
+    """Per entry of state_sweep_heads_kept, its students at each state size: KV accuracy at the
+    one dictionary size all of them are scored at (hybrid.budget_curve.dict_size) and perplexity."""
+    size = hy["budget_curve"]["dict_size"]
     parts = []
     for k in sorted(set(hy["state_sweep_heads_kept"])):
         state = students.filter(pl.col("heads_kept") == k).sort("state_size")
         if state["state_size"].n_unique() <= 1:
             continue
+        state = state.filter(((pl.col("task") == "kv_retrieval") & (pl.col("group") == str(size))
+                              & (pl.col("metric") == "acc")) | (pl.col("metric") == "perplexity"))
         st = _metric_table(state.with_columns(pl.col("state_size").alias("state size")), "state size")
-        parts.append(f"<h3>{html.escape(model)}: state size ({k} attention heads kept)</h3>" + table(st, fmt=_fmt(st)))
+        parts.append(f"<h3>{html.escape(model)}: state size ({k} attention heads kept)</h3>"
+                     f"<p class='note'>KV-retrieval at {size} keys, where every student of the state-size sweep "
+                     "is scored (the heads-kept table above has the other sizes), and held-out perplexity.</p>"
+                     + table(st, fmt=_fmt(st)))
     return "".join(parts)
 
 
@@ -444,13 +452,20 @@ def model_part(model: str, scores: pl.DataFrame, swap: pl.DataFrame, budget: pl.
 def answer_rows_part(answer_rows: pl.DataFrame) -> str:
     if answer_rows.is_empty():
         return ""
-    cells = answer_rows.rename({"acc": "value"}).sort("model", "attention_heads", "task")
-    wide = accuracy_pivot(cells, "condition", ["model", "variant", "attention_heads", "task"])
+    skipped = (answer_rows.filter(pl.col("skipped_reason").is_not_null()) if "skipped_reason" in answer_rows.columns
+               else answer_rows.clear())
+    cells = answer_rows.filter(pl.col("condition").is_not_null()).rename({"acc": "value"}).sort(
+        "model", "attention_heads", "task")
+    wide = accuracy_pivot(cells, "condition", ["model", "variant", "attention_heads", "task"]) if len(cells) else cells
+    note = "".join(f"<li>{html.escape(r['model'])} {html.escape(r['variant'])}, "
+                   f"{html.escape(TASK_COLUMNS.get(r['task'], r['task']))}: {html.escape(r['skipped_reason'])}</li>"
+                   for r in skipped.sort("model", "variant", "task").iter_rows(named=True))
+    note = f"<p class='note'>Not run:</p><ul class='note'>{note}</ul>" if note else ""
     return ("<h3>Aggregation lives in attention: answer rows of the attention heads masked</h3>"
             "<p>In each hybrid, every attention head's answer rows (the last context token and the choice "
             "tokens) are masked to see only themselves; SSM heads are untouched. The study (Zamba2): "
             "retrieval-heavy tasks drop sharply, knowledge tasks stay. Accuracy with its 95% interval.</p>"
-            + table(wide, left=("model", "variant", "task")))
+            + (table(wide, left=("model", "variant", "task")) if len(wide) else "") + note)
 
 
 def memory_table(sub: pl.DataFrame) -> str:

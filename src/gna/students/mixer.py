@@ -21,13 +21,14 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
+import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gna.engine.ssm import (local_matrix, local_mix, materialize, padded_lengths, path_predecessors, ssd_chunked,
-                            ssd_masked, ssd_padded, ssd_recurrent)
+from gna.engine.ssm import (TreeLayout, causal_predecessors, local_matrix, local_mix, materialize, ssd_chunked,
+                            ssd_masked, ssd_recurrent, ssd_tree, tree_layout)
 
 C_INIT_SCALE = 0.03
 SINK_INIT = 0.3  # teacher heads put about a third of their attention on the first token
@@ -56,6 +57,25 @@ def _visibility(attention_mask, batch: int, length: int):
     if allowed.shape[1] > 1:
         return allowed.any(1).expand(batch, length, length), allowed.expand(batch, -1, length, length)
     return allowed[:, 0].expand(batch, length, length), None
+
+
+# the last mask's TreeLayout: every layer of one forward gets the same mask object, so the layout
+# is found once per batch, not once per layer; (weak reference to the mask, its version, layout)
+_last_layout: tuple = (None, -1, None)
+
+
+def layout_of(attention_mask, allowed) -> TreeLayout | None:
+    """tree_layout(allowed) of a forward's mask, reused while the same, unmodified mask comes
+    back (the next layer of the same forward)."""
+    global _last_layout
+    # inference tensors keep no version counter (and masks are not edited in place between layers)
+    current = None if attention_mask.is_inference() else attention_mask._version
+    ref, version, layout = _last_layout
+    if ref is not None and ref() is attention_mask and version == current:
+        return layout
+    layout = tree_layout(allowed)
+    _last_layout = (weakref.ref(attention_mask), current, layout)
+    return layout
 
 
 class HybridMixer(nn.Module):
@@ -210,27 +230,31 @@ class HybridMixer(nn.Module):
             x, Bm, Cm, log_a = x[:, :, which], Bm[:, :, which], Cm[:, :, which], log_a[:, :, which]
         return x, log_a, Bm, Cm
 
-    def ssm_output(self, u, allowed, which: list[int] | None = None, chunk: int = 128, restrict=None):
+    def ssm_output(self, u, allowed, which: list[int] | None = None, chunk: int = 128, restrict=None,
+                   layout: TreeLayout | None = None):
         """SSM heads `which`: [B, L, len(which), P]. restrict: optional [B, len(which), L, L] bool
         mask applied to each head's materialised matrix (the head's output is recomputed from the
-        masked matrix; the decays still follow the sequence layout `allowed`)."""
+        masked matrix; the decays still follow the sequence layout `allowed`). layout: `allowed`'s
+        tree_layout where the caller has it (else found here; None where it has none)."""
         x, log_a, Bm, Cm = self.ssm_inputs(u, which)
         D = self.D if which is None else self.D[which]
         local = self.local if which is None else self.local[which]
+        if allowed is not None and restrict is None and layout is None:
+            layout = tree_layout(allowed)
         # where T is materialised anyway, the local skip is too (the same operations whether or
         # not a restriction applies, so an all-visible restriction changes nothing, bit for bit)
-        if restrict is not None:
+        if restrict is not None or (allowed is not None and layout is None):
             structure = self.structure(allowed, u)
-            T = materialize(log_a, Bm, Cm, D, structure) * restrict
-            y = torch.einsum("bhls,bshp->blhp", T, x)
-            y = y + torch.einsum("bhls,bshp->blhp", local_matrix(local, structure, u.shape[1]) * restrict, x)
-        elif allowed is not None and (lengths := padded_lengths(allowed)) is None:
-            y = ssd_masked(x, log_a, Bm, Cm, D, allowed)
-            y = y + torch.einsum("bhls,bshp->blhp", local_matrix(local, allowed, u.shape[1]), x)
-        else:
-            y = ssd_chunked(x, log_a, Bm, Cm, D, chunk)[0] if allowed is None else \
-                ssd_padded(x, log_a, Bm, Cm, D, lengths, chunk)  # the fast path of ssd_masked
-            y = y + local_mix(x, local, *path_predecessors(allowed, u.shape[1], local.shape[1], u.device))
+            T, T_local = materialize(log_a, Bm, Cm, D, structure), local_matrix(local, structure, u.shape[1])
+            if restrict is not None:
+                T, T_local = T * restrict, T_local * restrict
+            y = torch.einsum("bhls,bshp->blhp", T, x) + torch.einsum("bhls,bshp->blhp", T_local, x)
+        elif allowed is None:
+            y = ssd_chunked(x, log_a, Bm, Cm, D, chunk)[0]
+            y = y + local_mix(x, local, *causal_predecessors(u.shape[1], local.shape[1], u.device))
+        else:  # the fast path of the materialised one
+            y = ssd_tree(x, log_a, Bm, Cm, D, layout, chunk)
+            y = y + local_mix(x, local, *layout.predecessors(local.shape[1]))
         share = self.sink_share(u, which)
         if restrict is not None:  # a row that may not read the first token gets nothing from it
             share = share * restrict[..., 0].transpose(1, 2)
@@ -320,9 +344,12 @@ class HybridMixer(nn.Module):
         active = self.active_ssm
         if active:
             ssm = [self.ssm_heads[j] for j in active]
-            heads[:, :, ssm] = self.ssm_output(hidden_states, allowed, active,
-                                               restrict=None if per_head is None else per_head[:, ssm]
-                                               ).to(heads.dtype)
+            restrict = None if per_head is None else per_head[:, ssm]
+            if restrict is not None and bool((restrict == allowed[:, None]).all()):
+                restrict = None  # per-head masks that leave the SSM heads the whole layout (masking other heads)
+            layout = layout_of(attention_mask, allowed) if allowed is not None and restrict is None else None
+            heads[:, :, ssm] = self.ssm_output(hidden_states, allowed, active, restrict=restrict,
+                                               layout=layout).to(heads.dtype)
         if self.capture:
             self.captured = self.head_maps(hidden_states, position_embeddings, allowed, per_head)
         return self.o_proj(heads.reshape(b, length, -1)), None
@@ -343,7 +370,7 @@ class HybridMixer(nn.Module):
             x, log_a, Bm, Cm = self.ssm_inputs(u, active)
             y, state = ssd_chunked(x, log_a, Bm, Cm, self.D[active])
             local = self.local[active]
-            y = y + local_mix(x, local, *path_predecessors(None, length, local.shape[1], u.device))
+            y = y + local_mix(x, local, *causal_predecessors(length, local.shape[1], u.device))
             first = self.first_value(u, active)
             heads[:, :, [self.ssm_heads[j] for j in active]] = self.with_first_token(
                 self.normalize(y, active), self.sink_share(u, active), first, first_position=True).to(heads.dtype)

@@ -81,16 +81,28 @@ def student_variants(hybrid: dict) -> list[str]:
 NOT_SCORED = "not_scored"
 
 
+def in_heads_kept_sweep(hybrid: dict, variant: str) -> bool:
+    """Whether `variant` is a student of the heads-kept sweep (at `state_size`)."""
+    heads_kept, state_size = parse_variant(variant)
+    return state_size == hybrid["state_size"] and heads_kept in hybrid["heads_kept"]
+
+
 def scored_tasks(hybrid: dict, variant: str, tasks: list[str]) -> list[str]:
     """The tasks hybrid_score scores `variant` on: every task for the teacher and the heads-kept
     sweep; KV retrieval only for students of the state-size sweep alone (the study's state-size
     finding is about retrieval, and it keeps the sweep's cost down)."""
-    if variant == TEACHER_VARIANT:
-        return list(tasks)
-    heads_kept, state_size = parse_variant(variant)
-    if state_size == hybrid["state_size"] and heads_kept in hybrid["heads_kept"]:
+    if variant == TEACHER_VARIANT or in_heads_kept_sweep(hybrid, variant):
         return list(tasks)
     return [t for t in tasks if t == "kv_retrieval"]
+
+
+def scored_dict_size(hybrid: dict, variant: str) -> int | None:
+    """The one KV dictionary size a student of the state-size sweep alone is scored at
+    (hybrid.budget_curve.dict_size, as the budget curve and the ablations); None (every size) for
+    the teacher and the heads-kept sweep."""
+    if variant == TEACHER_VARIANT or in_heads_kept_sweep(hybrid, variant):
+        return None
+    return hybrid["budget_curve"]["dict_size"]
 
 
 def checkpoint_steps(steps: int, points: int) -> list[int]:

@@ -90,16 +90,20 @@ def _with_reasons(frame: pl.DataFrame, reasons: pl.DataFrame | None) -> pl.DataF
 def run_hybrid_score(model_name: str, variant: str, model_dir: str, teacher_path: str, task_paths: list[str],
                      summary_path: str, answers_path: str, max_items: int | None, swap_items: int | None,
                      batch_size: int, dtype: str = "float32", baseline_paths: list[str] = (),
-                     teacher_summary_path: str | None = None) -> pl.DataFrame:
+                     teacher_summary_path: str | None = None, kv_dict_size: int | None = None) -> pl.DataFrame:
     """score_model of the teacher or one student (`variant`) on the task tables (each cut to
     `max_items`; None: all, the teacher's baseline items) with `swap_items` per task checked
     for degeneracy, and on the teacher file's held-out windows. The label_variant'ed summary
     goes to `summary_path`, the per-item answers to `answers_path`. `baseline_paths`: the
     model's per-item baseline scores (the teacher's), read instead of scoring its items again.
     `teacher_summary_path` (a student's): tasks on which the teacher is degenerate are not
-    scored (skip_where_teacher_degenerate)."""
+    scored (skip_where_teacher_degenerate). `kv_dict_size`: KV retrieval on the items of that
+    dictionary size only (kv_items; the state-size sweep's students)."""
     model, tok = load_any(model_dir, dtype)
-    tables, reasons = skip_where_teacher_degenerate(load_task_tables(task_paths, max_items), teacher_summary_path)
+    tables = load_task_tables(task_paths, max_items)
+    if kv_dict_size is not None and "kv_retrieval" in tables:
+        tables["kv_retrieval"] = at_dict_size(tables["kv_retrieval"], kv_dict_size, "kv_retrieval")
+    tables, reasons = skip_where_teacher_degenerate(tables, teacher_summary_path)
     heldout = read_tensors(teacher_path, ["heldout_ids"], device_of(model))["heldout_ids"]
     frame, items = score_model(model, tok, tables, heldout, batch_size, swap_items,
                                scored=load_item_scores(baseline_paths))
@@ -136,13 +140,20 @@ def checkpoint_states(tensors: dict) -> dict[int, dict]:
     return states
 
 
+def at_dict_size(table: pl.DataFrame, dict_size: int, source: str) -> pl.DataFrame:
+    """The KV-retrieval items of `table` with `dict_size` keys; a clear error naming `source`
+    (the file) where there are none."""
+    picked = table.filter(pl.col("dict_size") == dict_size)
+    if picked.is_empty():
+        raise ValueError(f"{source}: no KV-retrieval items of dictionary size {dict_size} "
+                         f"(hybrid.budget_curve.dict_size); the task has sizes {sorted(table['dict_size'].unique())}")
+    return picked
+
+
 def kv_items(kv_path: str, dict_size: int) -> dict[str, pl.DataFrame]:
-    """{"kv_retrieval": the KV-retrieval items of one dictionary size} (the budget curve's and
-    the ablations' evaluation set)."""
-    table = read_parquet(kv_path).filter(pl.col("dict_size") == dict_size)
-    if table.is_empty():
-        raise ValueError(f"{kv_path}: no KV-retrieval items of dictionary size {dict_size}")
-    return {"kv_retrieval": table}
+    """{"kv_retrieval": the KV-retrieval items of one dictionary size} (the budget curve's, the
+    ablations' and the state-size sweep's evaluation set)."""
+    return {"kv_retrieval": at_dict_size(read_parquet(kv_path), dict_size, kv_path)}
 
 
 def run_hybrid_budget(model_name: str, variant: str, model_dir: str, checkpoints_path: str, teacher_path: str,

@@ -8,6 +8,7 @@ import logging
 import polars as pl
 
 from gna.students.spec import load_any
+from gna.students.student_evaluation import skip_where_teacher_degenerate
 from gna.core.io import write_parquet
 from gna.phases.masking import answer_rows_experiment
 from gna.tasks.tables import load_task_tables
@@ -16,13 +17,20 @@ log = logging.getLogger("gna.students.student_masking")
 
 
 def run_hybrid_answer_rows(model_name: str, variant: str, model_dir: str, task_paths: list[str], out_path: str,
-                           max_items: int | None, batch_size: int, dtype: str = "float32") -> pl.DataFrame:
+                           max_items: int | None, batch_size: int, dtype: str = "float32",
+                           teacher_summary_path: str | None = None) -> pl.DataFrame:
     """gna.phases.masking.answer_rows_experiment on student `variant` over the task tables (each cut
-    to `max_items`), with model and variant columns, written to `out_path`."""
+    to `max_items`), with model and variant columns, written to `out_path`. With the teacher's
+    summary, a task on which the teacher is degenerate is not run; its row carries the reason
+    (skipped_reason) instead of accuracies."""
     model, tok = load_any(model_dir, dtype)
-    frame = answer_rows_experiment(model, load_task_tables(task_paths, max_items), tok, batch_size)
+    tables, reasons = skip_where_teacher_degenerate(load_task_tables(task_paths, max_items), teacher_summary_path)
+    frame = answer_rows_experiment(model, tables, tok, batch_size) if tables else pl.DataFrame()
     for row in frame.iter_rows(named=True):
         log.info("%s %s: acc %.3f", row["task"], row["condition"], row["acc"])
+    if reasons is not None:
+        frame = pl.concat([frame, reasons.select("task", pl.lit(None, pl.String).alias("condition"), "skipped_reason")],
+                          how="diagonal_relaxed")
     frame = frame.with_columns(pl.lit(model_name).alias("model"), pl.lit(variant).alias("variant"))
     write_parquet(frame, out_path)
     return frame

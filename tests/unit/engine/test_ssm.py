@@ -10,8 +10,8 @@ from gna.students.decoding import cache_nbytes, inference_memory, prefill, step
 from gna.students.mixer import mixers, swapped_to_attention
 from gna.students.spec import load_any, load_student, make_hybrid, save_student
 from gna.engine.packing import collate, pack
-from gna.engine.ssm import (local_matrix, local_mix, materialize, padded_lengths, path_predecessors, ssd_chunked,
-                            ssd_masked, ssd_padded, ssd_recurrent)
+from gna.engine.ssm import (causal_predecessors, local_matrix, local_mix, materialize, ssd_chunked, ssd_masked,
+                            ssd_recurrent, ssd_tree, tree_layout)
 
 
 def _inputs(b=2, length=37, h=3, p=5, n=4, seed=0):
@@ -61,24 +61,38 @@ def test_masked_scan_on_packed_choices_equals_separate_sequences():
     torch.testing.assert_close(ssd_masked(x, log_a, Bm, Cm, D, causal), ssd_recurrent(x, log_a, Bm, Cm, D)[0])
 
 
-def test_padded_scan_equals_masked_scan_on_right_padded_batches():
-    """Single-token choices of different context lengths, collated with right padding: the
-    layout is found (lengths = the items' lengths) and the chunked fast path equals the
-    materialised reference on every row, padding rows included."""
-    items = [pack(list(range(n)), [[7]]) for n in (13, 9, 5)]
-    allowed = collate(items).mask[:, 0] == 0
-    x, log_a, Bm, Cm, D = _inputs(b=3, length=13)
-    lengths = padded_lengths(allowed)
-    assert lengths.tolist() == [13, 9, 5]
-    torch.testing.assert_close(ssd_padded(x, log_a, Bm, Cm, D, lengths, chunk=4),
-                               ssd_masked(x, log_a, Bm, Cm, D, allowed))
+def _scoring_batch():
+    """A collated batch as the scorer builds it: contexts of different lengths, multi-token
+    choices of different lengths (a tree after the context), single-token choices (plain
+    causal), right padding."""
+    items = [pack(list(range(9)), [[1, 2, 3, 4], [5, 6], [7, 8, 9]]), pack(list(range(5)), [[1], [2]]),
+             pack(list(range(13)), [[4, 5, 6]]), pack(list(range(3)), [[1, 2, 3], [4, 5, 6, 7, 8]])]
+    return collate(items).mask[:, 0] == 0
 
 
-def test_padded_layout_not_found_where_choices_share_a_context():
-    """Several multi-token choices after one context: not a padded causal layout."""
-    allowed = collate([pack(list(range(6)), [[1, 2, 3], [4, 5]])]).mask[:, 0] == 0
-    assert padded_lengths(allowed) is None
-    assert padded_lengths(torch.ones(1, 5, 5, dtype=torch.bool)) is None  # not causal
+@pytest.mark.parametrize("chunk", [4, 64])
+def test_tree_scan_equals_masked_scan_on_scoring_batches(chunk):
+    """The fast path equals the materialised reference on every row of a scoring batch (trunk,
+    packed choices at every depth, padding), and the layout it reads is the batch's."""
+    allowed = _scoring_batch()
+    b, length = allowed.shape[:2]
+    x, log_a, Bm, Cm, D = _inputs(b=b, length=length)
+    layout = tree_layout(allowed)
+    assert layout.trunk.tolist() == [12, 5, 15, 5]  # the first choice continues its context causally
+    assert len(layout.levels) == 4  # the longest choice (5 tokens) feeds 4
+    torch.testing.assert_close(ssd_tree(x, log_a, Bm, Cm, D, layout, chunk), ssd_masked(x, log_a, Bm, Cm, D, allowed))
+    causal = torch.ones(2, 11, 11, dtype=torch.bool).tril()
+    x, log_a, Bm, Cm, D = _inputs(b=2, length=11)
+    torch.testing.assert_close(ssd_tree(x, log_a, Bm, Cm, D, tree_layout(causal), chunk),
+                               ssd_recurrent(x, log_a, Bm, Cm, D)[0])
+
+
+def test_tree_layout_not_found_where_rows_do_not_follow_one_path():
+    """A row that sees another row's tokens without that row's own past is not a tree."""
+    assert tree_layout(torch.ones(1, 5, 5, dtype=torch.bool)) is None  # not causal
+    allowed = torch.ones(1, 4, 4, dtype=torch.bool).tril()
+    allowed[0, 3, 1] = False  # row 3 skips position 1 but sees position 2, which saw it
+    assert tree_layout(allowed) is None
 
 
 def _local_ref(x, weights, path):
@@ -98,17 +112,21 @@ def test_local_skip_gather_equals_its_matrix_and_the_definition():
     g = torch.Generator().manual_seed(3)
     weights = torch.randn(3, 3, generator=g, dtype=torch.float64)
     x = _inputs(b=1, length=13)[0]
-    causal = path_predecessors(None, 13, 3)
+    causal = causal_predecessors(13, 3)
     torch.testing.assert_close(local_mix(x, weights, *causal), _local_ref(x, weights, list(range(13))))
     torch.testing.assert_close(local_mix(x, weights, *causal),
                                torch.einsum("bhls,bshp->blhp", local_matrix(weights, None, 13), x))
     ctx, c1, c2 = 6, 4, 3
     allowed = collate([pack(list(range(ctx)), [list(range(c1 + 1)), list(range(c2 + 1))])]).mask[:, 0] == 0
-    packed = local_mix(x, weights, *path_predecessors(allowed, 13, 3))
+    packed = local_mix(x, weights, *tree_layout(allowed).predecessors(3))
     torch.testing.assert_close(packed, torch.einsum("bhls,bshp->blhp", local_matrix(weights, allowed, 13), x))
     for start, n in ((ctx, c1), (ctx + c1, c2)):
         path = list(range(ctx)) + list(range(start, start + n))
         torch.testing.assert_close(packed[:, path], _local_ref(x, weights, path))
+    batch = _scoring_batch()  # trunks, choices at every depth, padding
+    xb = _inputs(b=batch.shape[0], length=batch.shape[1])[0]
+    torch.testing.assert_close(local_mix(xb, weights, *tree_layout(batch).predecessors(3)),
+                               torch.einsum("bhls,bshp->blhp", local_matrix(weights, batch, batch.shape[1]), xb))
     assert not torch.allclose(packed[:, ctx + c1], local_mix(x, weights, *causal)[:, ctx + c1])  # it bites
 
 

@@ -2,7 +2,8 @@
 
 import polars as pl
 
-from gna.report.hybrid_section import ablation_part, budget_goal, heads_kept_summary, swap_verdict
+from gna.report.hybrid_section import (ablation_part, answer_rows_part, budget_goal, heads_kept_summary, state_size_part,
+                                       swap_verdict)
 
 
 def kv10(value, low, high, n=50, **extra) -> dict:
@@ -70,3 +71,25 @@ def test_swap_verdict_says_plainly_whether_it_contradicts_the_study():
     better = swap_verdict(pure, pl.DataFrame([kv_all(0.5, 0.43, 0.57)]))
     assert "the swap recovers retrieval, as in the study" in better
     assert swap_verdict(pure, pl.DataFrame(schema=pure.schema)) == ""
+
+
+def test_state_size_table_shows_the_one_dictionary_size_every_student_is_scored_at():
+    kv = {"task": "kv_retrieval", "metric": "acc", "n": 50, "ci_low": 0.0, "ci_high": 0.2}
+    rows = [kv | {"group": "10", "value": 0.1, "state_size": n} for n in (4, 16, 64)]
+    rows += [kv | {"group": "40", "value": 0.05, "state_size": 16}, kv | {"group": "all", "value": 0.08, "state_size": 16}]
+    rows += [ppl(30.0 - n / 8, state_size=n) for n in (4, 16, 64)]
+    scores = pl.DataFrame([r | {"heads_kept": 0} for r in rows])
+    html_text = state_size_part("m", scores, {"state_sweep_heads_kept": [0], "budget_curve": {"dict_size": 10}})
+    assert "KV-retrieval at 10 keys" in html_text and "KV 10" in html_text
+    assert "KV 40" not in html_text and "KV all" not in html_text
+
+
+def test_answer_rows_lists_tasks_not_run_with_their_reason():
+    ran = [{"model": "m", "variant": "k10-n16", "attention_heads": 10, "task": "kv_retrieval", "condition": c,
+            "acc": a, "n": 100, "ci_low": a - 0.05, "ci_high": a + 0.05} for c, a in
+           (("unmodified", 0.98), ("attention answer rows masked", 0.07))]
+    skipped = {"model": "m", "variant": "k10-n16", "task": "mmlu_cloze", "condition": None,
+               "skipped_reason": "the teacher keeps its answer on 80% of 50 items"}
+    text = answer_rows_part(pl.DataFrame(ran + [skipped], infer_schema_length=None))
+    assert "attention answer rows masked" in text and "Not run" in text
+    assert "the teacher keeps its answer on 80% of 50 items" in text

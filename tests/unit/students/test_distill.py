@@ -23,7 +23,8 @@ from gna.students.recipe import ablated_student, run_hybrid_ablation
 from gna.students.student_evaluation import (checkpoint_states, label_variant, run_hybrid_budget, run_hybrid_score,
                                              run_hybrid_swap, swap_label)
 from gna.students.student_masking import run_hybrid_answer_rows
-from gna.students.spec import NOT_SCORED, ablation_kd, checkpoint_steps, load_any, make_hybrid, read_spec
+from gna.students.spec import (NOT_SCORED, ablation_kd, checkpoint_steps, load_any, make_hybrid, read_spec,
+                               scored_dict_size, scored_tasks)
 from gna.tasks.tables import build_kv_retrieval
 from gna.core.tensor_files import read_tensors, write_tensors
 
@@ -273,6 +274,13 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
                            str(root / "sw.parquet"), str(root / "swa.parquet"),
                            teacher_summary_path=str(root / "teacher-True.parquet"), **args)
     assert set(swap["metric"]) == {"perplexity", NOT_SCORED} and set(swap["swapped_layer"]) == {2}
+    rows = run_hybrid_answer_rows("tiny", "k2-n4", student[0], tasks, str(root / "rows.parquet"), max_items=4,
+                                  batch_size=2, teacher_summary_path=str(root / "teacher-True.parquet"))
+    assert rows["task"].to_list() == ["kv_retrieval"] and rows["condition"].null_count() == 1
+    assert rows["skipped_reason"][0].startswith("the teacher keeps its answer on")
+    ran = run_hybrid_answer_rows("tiny", "k2-n4", student[0], tasks, str(root / "rows.parquet"), max_items=4,
+                                 batch_size=2, teacher_summary_path=str(root / "teacher-False.parquet"))
+    assert ran["condition"].to_list() == ["unmodified", "attention answer rows masked"]
 
 
 def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase):
@@ -282,10 +290,15 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase):
                               str(root / "budget.parquet"), dict_size=5, swap_items=2, batch_size=2)
     assert sorted(set(curve["kd_steps"])) == [0, 1, 2] and sorted(set(curve["kd_tokens"])) == [0, 64, 128]
     assert pl.read_parquet(root / "budget.parquet").equals(curve)
-    write_parquet(pl.read_parquet(p["kv_retrieval.parquet"]).filter(pl.col("dict_size") == 5), root / "kv5.parquet")
+    # hybrid_score at the one dictionary size (the state-size sweep's scoring) is the last point
     full = run_hybrid_score("tiny", "k2-n4", str(root / "k2"), str(root / "teacher.safetensors"),
-                            [str(root / "kv5.parquet")], str(root / "s.parquet"), str(root / "a.parquet"),
-                            max_items=None, swap_items=2, batch_size=2)
+                            [p["kv_retrieval.parquet"]], str(root / "s.parquet"), str(root / "a.parquet"),
+                            max_items=None, swap_items=2, batch_size=2, kv_dict_size=5)
+    assert set(pl.read_parquet(root / "a.parquet")["group"]) == {"5"}
+    with pytest.raises(ValueError, match="no KV-retrieval items of dictionary size 4"):
+        run_hybrid_score("tiny", "k2-n4", str(root / "k2"), str(root / "teacher.safetensors"),
+                         [p["kv_retrieval.parquet"]], str(root / "s.parquet"), str(root / "a.parquet"),
+                         max_items=None, swap_items=2, batch_size=2, kv_dict_size=4)
     last = curve.filter(pl.col("kd_steps") == 2).drop("kd_steps", "kd_tokens", "model")
     assert last.sort("task", "group", "metric").equals(full.select(last.columns).sort("task", "group", "metric"))
     # step 0 is the aligned student: the same scores as a student built from the aligned file
@@ -308,6 +321,15 @@ def test_ablation_kd_steps_must_be_a_budget_of_the_ablated_students_curve():
     hybrid["ablation"] = {"variant": "k0-n16", "kd_steps": 14}
     with pytest.raises(ValueError, match="budget curve of k0-n16"):
         ablation_kd(hybrid)
+
+
+def test_the_state_size_sweep_alone_is_scored_on_retrieval_at_one_dictionary_size():
+    hybrid = {"heads_kept": [0, 10], "state_size": 16, "budget_curve": {"dict_size": 10}}
+    tasks = ["kv_retrieval", "mmlu_letter"]
+    for variant in ("teacher", "k0-n16", "k10-n16"):
+        assert scored_tasks(hybrid, variant, tasks) == tasks and scored_dict_size(hybrid, variant) is None
+    for variant in ("k0-n4", "k10-n64", "k2-n4"):
+        assert scored_tasks(hybrid, variant, tasks) == ["kv_retrieval"] and scored_dict_size(hybrid, variant) == 10
 
 
 def test_checkpoint_steps_are_evenly_spaced_from_alignment_to_the_student():
