@@ -103,7 +103,8 @@ def hybrid_variants():
 
 
 def _check_student_lists():
-    """Lists of students in config name students of this config; the budget curve's size is a KV size."""
+    """Lists of students in config name students of this config; the budget curve's size (where the
+    ablations and the state-size sweep are scored too) is a KV size."""
     for key, listed in (("gna_variants", HYBRID["gna_variants"]),
                         ("budget_curve.variants", HYBRID["budget_curve"]["variants"]),
                         ("ablation.variant", [HYBRID["ablation"]["variant"]] if HYBRID["ablation"]["remove"] else [])):

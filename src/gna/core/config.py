@@ -75,11 +75,6 @@ def _check_semantics(config: dict) -> None:
     kv = config["tasks"]["kv_retrieval"]
     if kv["sizes"] and len(set(kv["sizes"])) != len(kv["sizes"]):
         raise ConfigError(f"config key 'tasks.kv_retrieval.sizes': duplicate sizes in {kv['sizes']}")
-    hybrid = config["hybrid"]
-    if hybrid["enabled"] and kv["sizes"] and hybrid["budget_curve"]["dict_size"] not in kv["sizes"]:
-        raise ConfigError(f"config key 'hybrid.budget_curve.dict_size': {hybrid['budget_curve']['dict_size']} is not "
-                          f"a KV-retrieval size (tasks.kv_retrieval.sizes: {kv['sizes']}); the budget curve, the "
-                          "ablations and the state-size sweep are scored there")
     formats = {f"mmlu_{f}" for f in config["tasks"]["mmlu"]["formats"]} | {"kv_retrieval"}
     prune = config["prune"]
     for task in prune["tasks"]:

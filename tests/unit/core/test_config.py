@@ -52,7 +52,6 @@ def test_defaults_are_filled():
         (lambda c: c["models"].update(x={"source": "hf", "id": "a/b", "revison": "v1"}), "models.x.revison"),
         (lambda c: c["tasks"]["kv_retrieval"].update(template="prose"), "allowed values: lookup, study"),
         (lambda c: c["tasks"]["kv_retrieval"].update(sizes=[5, 5]), "duplicate sizes"),
-        (lambda c: c["tasks"]["kv_retrieval"].update(sizes=[5, 20]), "config key 'hybrid.budget_curve.dict_size': 10"),
         # names that become file names may not climb out of data/
         (lambda c: c["lm_eval"].update(tasks=["../../x"]), "config key 'lm_eval.tasks[0]': '../../x' does not match"),
         (lambda c: c["models"].update({"../evil": c["models"]["smollm2-135m"]}), "config key 'models': '../evil'"),
