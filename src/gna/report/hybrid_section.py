@@ -516,7 +516,8 @@ def render_hybrid(ctx: SectionContext) -> str:
         why = "hybrid.enabled: false" if not ctx.config["hybrid"].get("enabled", True) else "every model has skip: [hybrid]"
         for name in ("hybrid_heads", "hybrid_budget", "hybrid_training", "hybrid_align_heads"):
             placeholder_figure(ctx.figures[name], f"hybrid phase not run ({why})")
-        return skipped_note
+        # under its own heading, so the note does not read as part of the section before it
+        return "<h2>SSM and hybrid students</h2>" + skipped_note if skipped_note else ""
     hy, scores, swap = ctx.config["hybrid"], ctx.frame("hybrid_scores"), ctx.frame("hybrid_swap")
     parts = [DESIGN, budget_note(hy), skipped_note]
     if scores.is_empty():

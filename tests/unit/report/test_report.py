@@ -103,9 +103,11 @@ def smoke_data(root: Path) -> Path:
     return data
 
 
-def render(root: Path, switches: dict, reorder: bool = False) -> Path:
+def render(root: Path, switches: dict, reorder: bool = False, skip: list[str] = ()) -> Path:
     smoke_data(root)
     raw = yaml.safe_load((REPO / "config/smoke.yaml").read_text())
+    if skip:
+        raw["models"]["tiny-llama"]["skip"] = list(skip)
     if reorder:  # the same config, its keys listed in another order
         raw = dict(reversed(list(raw.items())))
     config = validate_config(raw, load_schema(REPO / "config/schema.yaml"))
@@ -182,6 +184,13 @@ def test_report_without_the_hybrid_phase_draws_placeholders(tmp_path):
     assert page.count("<figure>") == len(FIGURES) - 4
     for name in ("hybrid_heads", "hybrid_budget", "hybrid_training", "hybrid_align_heads"):
         assert (tmp_path / report_figures()[name]).is_file()
+
+
+@pytest.mark.slow
+def test_a_model_skipped_by_the_hybrid_phase_is_named_under_the_students_heading(tmp_path):
+    page = render(tmp_path, {"hybrid": False, "hybrid_swap": False, "attribution": True}, skip=["hybrid"]).read_text()
+    heading = page.index("<h2>SSM and hybrid students</h2>")
+    assert page.index("No students of <code>tiny-llama</code>: <code>skip: [hybrid]</code>") > heading
 
 
 def test_phase_timings_sum_each_phase_and_the_total():
