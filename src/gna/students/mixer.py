@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gna.engine.ssm import (TreeLayout, causal_predecessors, local_matrix, local_mix, materialize, ssd_chunked,
-                            ssd_masked, ssd_recurrent, ssd_tree, tree_layout)
+                            ssd_recurrent, ssd_tree, tree_layout)
 
 C_INIT_SCALE = 0.03
 SINK_INIT = 0.3  # teacher heads put about a third of their attention on the first token
@@ -235,12 +235,11 @@ class HybridMixer(nn.Module):
         """SSM heads `which`: [B, L, len(which), P]. restrict: optional [B, len(which), L, L] bool
         mask applied to each head's materialised matrix (the head's output is recomputed from the
         masked matrix; the decays still follow the sequence layout `allowed`). layout: `allowed`'s
-        tree_layout where the caller has it (else found here; None where it has none)."""
+        tree_layout (forward finds it once per batch, layout_of) for the fast path; None where it
+        has none: the materialised matrix."""
         x, log_a, Bm, Cm = self.ssm_inputs(u, which)
         D = self.D if which is None else self.D[which]
         local = self.local if which is None else self.local[which]
-        if allowed is not None and restrict is None and layout is None:
-            layout = tree_layout(allowed)
         # where T is materialised anyway, the local skip is too (the same operations whether or
         # not a restriction applies, so an all-visible restriction changes nothing, bit for bit)
         if restrict is not None or (allowed is not None and layout is None):
