@@ -6,7 +6,9 @@
 Part `naive`: the exact fast sweep vs the naive full forward per head, same prompts. Naive: for
 every head, a full forward of the whole model with that head zeroed (the same packed engine,
 logits only at scored positions). Fast: per batch the hidden state entering layer L is computed
-once and only layers L..end rerun for that layer's heads. `--layer-stride 3` sweeps every third
+once and only layers L..end rerun for that layer's heads; then the same fast sweep with the linear
+layers' matmuls in bf16 (eval.compute_dtype: bfloat16), its error against the float32 naive
+loop and on how many heads its accuracy equals the float32 sweep's. `--layer-stride 3` sweeps every third
 layer (all of its heads) to keep the naive side short; the full-sweep times are extrapolated
 from the per-layer averages and printed as such.
 
@@ -19,6 +21,7 @@ the full sweep's top 10. The default prompts are the default config's sweep (32 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import time
 from pathlib import Path
@@ -26,6 +29,7 @@ from pathlib import Path
 import polars as pl
 
 from gna.engine.hooks import all_heads, head_sites, heads_per_layer
+from gna.engine.precision import linears_computed_in
 from gna.engine.stack import decoder_layers
 from gna.phases.head_ablation import rank_heads, sweep_heads, sweep_heads_naive, sweep_heads_verified, top_heads
 from gna.tasks.tables import build_kv_retrieval
@@ -45,10 +49,19 @@ def naive_part(model, tok, table, layer_stride: int) -> dict:
     start = time.perf_counter()
     fast = sweep_heads(model, tok, table, heads=heads, progress=False)
     t_fast = time.perf_counter() - start
-    worst = 0.0
+    # the same fast sweep with the linear layers' matmuls in bf16 (eval.compute_dtype: bfloat16)
+    low = linears_computed_in(copy.deepcopy(model), "bfloat16")
+    start = time.perf_counter()
+    fast_low = sweep_heads(low, tok, table, heads=heads, progress=False)
+    t_low = time.perf_counter() - start
+    worst, worst_low, same_acc = 0.0, 0.0, 0
     for layer, head in heads:
+        reference = naive[(layer, head)]
         row = fast.filter((pl.col("layer") == layer) & (pl.col("head") == head)).row(0, named=True)
-        worst = max(worst, abs(row["mean_logp"] - float(naive[(layer, head)]["logp_target"].mean())))
+        row_low = fast_low.filter((pl.col("layer") == layer) & (pl.col("head") == head)).row(0, named=True)
+        worst = max(worst, abs(row["mean_logp"] - float(reference["logp_target"].mean())))
+        worst_low = max(worst_low, abs(row_low["mean_logp"] - float(reference["logp_target"].mean())))
+        same_acc += row_low["acc"] == row["acc"]
 
     n_all = sum(per_layer.values())
     # naive cost is the same for every head; the fast cost of a head grows with the layers after it
@@ -59,11 +72,16 @@ def naive_part(model, tok, table, layer_stride: int) -> dict:
               "ratio": t_naive / t_fast, "max_abs_mean_logp_diff": worst,
               "extrapolated_all_heads": {"heads": n_all, "naive_s": per_head_naive * n_all, "fast_s": est_fast_all,
                                          "ratio": per_head_naive * n_all / est_fast_all},
-              "prefix_cache_bound": n_layers / frac_all}
+              "prefix_cache_bound": n_layers / frac_all,
+              "bf16_linears": {"fast_s": t_low, "ratio_vs_naive": t_naive / t_low, "ratio_vs_fast": t_fast / t_low,
+                               "max_abs_mean_logp_diff": worst_low, "heads_with_equal_acc": same_acc}}
     print(f"[naive] swept {len(heads)} heads in layers {layers}")
     print(f"naive (full forward per head): {t_naive:8.1f} s")
     print(f"fast  (prefix-cached, exact) : {t_fast:8.1f} s   ratio {t_naive / t_fast:4.2f}x   "
           f"max|Δ mean logp| {worst:.1e}")
+    print(f"fast, bf16 linears           : {t_low:8.1f} s   ratio {t_naive / t_low:4.2f}x vs naive, "
+          f"{t_fast / t_low:4.2f}x vs fast   max|Δ mean logp| vs naive {worst_low:.1e}, "
+          f"equal accuracy on {same_acc} of {len(heads)} heads")
     print(f"all {n_all} heads, extrapolated : naive {per_head_naive * n_all:7.0f} s, fast {est_fast_all:7.0f} s, "
           f"ratio {result['extrapolated_all_heads']['ratio']:.2f}x (prefix-skipping alone bounds it at "
           f"{result['prefix_cache_bound']:.2f}x)")

@@ -11,6 +11,7 @@ rule baseline:
     params:
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
+        compute_dtype=config["eval"]["compute_dtype"],
         code=code_of("baseline"),
     log:
         "data/logs/baseline/{model}/{task}.log",
@@ -34,6 +35,7 @@ rule lm_eval:
         include_path=(get_path(config["lm_eval"]["include_path"]) if config["lm_eval"]["include_path"] else None),
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
+        compute_dtype=config["eval"]["compute_dtype"],
         code=code_of("lm_eval"),
     log:
         "data/logs/lm_eval/{model}/{lmtask}.log",
@@ -71,6 +73,7 @@ rule lm_eval_crosscheck:
     params:
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
+        compute_dtype=config["eval"]["compute_dtype"],
         code=code_of("lm_eval_crosscheck"),
     log:
         "data/logs/lm_eval/{model}/crosscheck_mmlu_letter.log",

@@ -18,6 +18,7 @@ rule gna_roles:
         gna=config["gna"],
         template=config["tasks"]["kv_retrieval"]["template"],
         dtype=config["dtype"],
+        compute_dtype=config["eval"]["compute_dtype"],
         code=code_of("gna_roles"),
     log:
         "data/logs/gna_roles/{model}.log",
@@ -47,6 +48,7 @@ rule gna_masking:
         template=config["tasks"]["kv_retrieval"]["template"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
+        compute_dtype=config["eval"]["compute_dtype"],
         code=code_of("gna_masking"),
     log:
         "data/logs/gna_masking/{model}.log",

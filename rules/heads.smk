@@ -15,6 +15,7 @@ rule heads_sweep:
         template=config["tasks"]["kv_retrieval"]["template"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
+        compute_dtype=config["eval"]["compute_dtype"],
         code=code_of("heads_sweep"),
     log:
         "data/logs/heads_sweep/{model}.log",
@@ -41,6 +42,7 @@ rule heads_attribution:
         template=config["tasks"]["kv_retrieval"]["template"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
+        compute_dtype=config["eval"]["compute_dtype"],
         code=code_of("heads_attribution"),
     log:
         log="data/logs/heads_attribution/{model}.log",
@@ -73,6 +75,7 @@ rule heads_topk:
         seed=config["heads"]["seed"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
+        compute_dtype=config["eval"]["compute_dtype"],
         code=code_of("heads_topk"),
     log:
         "data/logs/heads_topk/{model}.log",
@@ -98,6 +101,7 @@ rule heads_kept:
         max_items=config["heads"]["table_max_items"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
+        compute_dtype=config["eval"]["compute_dtype"],
         code=code_of("heads_kept"),
     log:
         "data/logs/heads_kept/{model}.log",
@@ -124,6 +128,7 @@ rule heads_dictsize:
         template=config["tasks"]["kv_retrieval"]["template"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
+        compute_dtype=config["eval"]["compute_dtype"],
         code=code_of("heads_dictsize"),
     log:
         "data/logs/heads_dictsize/{model}.log",

@@ -192,6 +192,7 @@ rule hybrid_score:
         swap_items=HYBRID["degeneracy_items"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
+        compute_dtype=config["eval"]["compute_dtype"],
         code=code_of("hybrid_score"),
     log:
         "data/logs/hybrid_score/{model}-{variant}.log",
@@ -219,6 +220,7 @@ rule hybrid_budget:
         swap_items=HYBRID["degeneracy_items"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
+        compute_dtype=config["eval"]["compute_dtype"],
         code=code_of("hybrid_budget"),
     log:
         "data/logs/hybrid_budget/{model}-{variant}.log",
@@ -252,6 +254,7 @@ rule hybrid_ablation:
         swap_items=HYBRID["degeneracy_items"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
+        compute_dtype=config["eval"]["compute_dtype"],
         code=code_of("hybrid_ablation"),
     log:
         "data/logs/hybrid_ablation/{model}-{ablation}.log",
@@ -282,6 +285,7 @@ rule hybrid_swap:
         swap_items=HYBRID["degeneracy_items"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
+        compute_dtype=config["eval"]["compute_dtype"],
         code=code_of("hybrid_swap"),
     log:
         "data/logs/hybrid_swap/{model}.log",
@@ -328,6 +332,7 @@ rule hybrid_answer_rows:
         max_items=HYBRID["answer_rows_items"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
+        compute_dtype=config["eval"]["compute_dtype"],
         code=code_of("hybrid_answer_rows"),
     log:
         "data/logs/hybrid_answer_rows/{model}-{variant}.log",

@@ -11,6 +11,7 @@ rule prune_gradual:
         max_items=config["prune"]["max_items"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
+        compute_dtype=config["eval"]["compute_dtype"],
         code=code_of("prune_gradual"),
     log:
         "data/logs/prune_gradual/{model}.log",
@@ -51,6 +52,7 @@ rule prune_individual:
         max_items=config["prune"]["max_items"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
+        compute_dtype=config["eval"]["compute_dtype"],
         skip_at_chance=config["prune"]["skip_at_chance"],
         code=code_of("prune_individual"),
     log:

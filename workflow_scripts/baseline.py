@@ -5,4 +5,5 @@ from gna.core.runtime import setup
 setup(snakemake.log[0], snakemake.threads)
 run_baseline(snakemake.wildcards.model, snakemake.input.model, snakemake.input.task,
              snakemake.output.summary, snakemake.output.per_item,
-             batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype)
+             batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype,
+             compute_dtype=snakemake.params.compute_dtype)

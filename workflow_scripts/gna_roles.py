@@ -6,4 +6,4 @@ setup(snakemake.log[0], snakemake.threads)
 run_gna_roles(snakemake.wildcards.model, snakemake.input.model, snakemake.input.ranking,
               snakemake.input.teacher_roles, snakemake.input.mmlu_letter, snakemake.output.roles,
               snakemake.output.maps, gna=snakemake.params.gna, template=snakemake.params.template,
-              dtype=snakemake.params.dtype)
+              dtype=snakemake.params.dtype, compute_dtype=snakemake.params.compute_dtype)

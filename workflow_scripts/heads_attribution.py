@@ -6,4 +6,5 @@ setup(snakemake.log.log, snakemake.threads)
 run_heads_attribution(snakemake.wildcards.model, snakemake.input.model, snakemake.input.ranking,
                       snakemake.output[0], snakemake.log.timings, sweep=snakemake.params.sweep, template=snakemake.params.template,
                       top_n=snakemake.params.top_n, batch_size=snakemake.params.batch_size,
-                      dtype=snakemake.params.dtype, order=snakemake.params.order)
+                      dtype=snakemake.params.dtype,
+                      compute_dtype=snakemake.params.compute_dtype, order=snakemake.params.order)

@@ -5,4 +5,5 @@ from gna.core.runtime import setup
 setup(snakemake.log[0], snakemake.threads)
 p = snakemake.params
 run_heads_dictsize(snakemake.wildcards.model, snakemake.input.model, snakemake.input.ranking, snakemake.output[0],
-                   sizes=p.sizes, n=p.n, seed=p.seed, template=p.template, batch_size=p.batch_size, dtype=p.dtype)
+                   sizes=p.sizes, n=p.n, seed=p.seed, template=p.template, batch_size=p.batch_size, dtype=p.dtype,
+                   compute_dtype=p.compute_dtype)

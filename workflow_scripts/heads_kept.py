@@ -5,4 +5,5 @@ from gna.core.runtime import setup
 setup(snakemake.log[0], snakemake.threads)
 run_heads_kept(snakemake.wildcards.model, snakemake.input.model, snakemake.input.ranking, snakemake.input.minimal,
                snakemake.input.tasks, snakemake.output[0], max_items=snakemake.params.max_items,
-               batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype)
+               batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype,
+               compute_dtype=snakemake.params.compute_dtype)

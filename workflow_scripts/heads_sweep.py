@@ -5,4 +5,5 @@ from gna.core.runtime import setup
 setup(snakemake.log[0], snakemake.threads)
 run_heads_sweep(snakemake.wildcards.model, snakemake.input.model, snakemake.output.sweep, snakemake.output.ranking,
                 sweep=snakemake.params.sweep, template=snakemake.params.template,
-                batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype)
+                batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype,
+                compute_dtype=snakemake.params.compute_dtype)

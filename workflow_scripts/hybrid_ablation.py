@@ -7,4 +7,5 @@ p = snakemake.params
 i = snakemake.input
 run_hybrid_ablation(snakemake.wildcards.model, snakemake.wildcards.ablation, p.variant, i.model, i.teacher, i.aligned,
                     i.ranking, i.task, snakemake.output[0], align=p.align, kd=p.kd, align_windows=p.align_windows,
-                    seed=p.seed, dict_size=p.dict_size, swap_items=p.swap_items, batch_size=p.batch_size, dtype=p.dtype)
+                    seed=p.seed, dict_size=p.dict_size, swap_items=p.swap_items, batch_size=p.batch_size, dtype=p.dtype,
+                    compute_dtype=p.compute_dtype)

@@ -6,4 +6,5 @@ setup(snakemake.log[0], snakemake.threads)
 run_lm_eval_task(snakemake.wildcards.model, snakemake.input.model, snakemake.wildcards.lmtask, snakemake.output[0],
                  options=snakemake.params.options, include_path=snakemake.params.include_path,
                  batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype,
+                 compute_dtype=snakemake.params.compute_dtype,
                  memory_mb=snakemake.resources.mem_mb)

@@ -5,4 +5,5 @@ from gna.core.runtime import setup
 setup(snakemake.log[0], snakemake.threads)
 run_crosscheck(snakemake.wildcards.model, snakemake.input.model, snakemake.input.task_dir, snakemake.output[0],
                batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype,
+               compute_dtype=snakemake.params.compute_dtype,
                memory_mb=snakemake.resources.mem_mb)

@@ -5,4 +5,4 @@ from gna.core.runtime import setup
 setup(snakemake.log[0], snakemake.threads)
 run_prune_gradual(snakemake.wildcards.model, snakemake.input.model, snakemake.input.tasks, snakemake.output[0],
                   max_items=snakemake.params.max_items, batch_size=snakemake.params.batch_size,
-                  dtype=snakemake.params.dtype)
+                  dtype=snakemake.params.dtype, compute_dtype=snakemake.params.compute_dtype)

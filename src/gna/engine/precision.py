@@ -1,5 +1,7 @@
-"""Reduced-precision compute for a float32 model: bf16 autocast with the frozen weights held in
-bf16 for the duration (the float32 weights are the reference; tests keep the two close).
+"""Reduced-precision compute for a float32 model (the float32 weights are the reference; tests
+keep the two close). Training: bf16 autocast with the frozen weights held in bf16 for the
+duration. Evaluation: the linear layers' matmuls in bf16, everything else in float32
+(linears_computed_in).
 
 Autocast re-casts every weight that needs no gradient at every call — a copy of the model per
 forward — so `frozen_weights_in` converts them once and puts the float32 originals back after.
@@ -8,8 +10,13 @@ forward — so `frozen_weights_in` converts them once and puts the float32 origi
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
+from pathlib import Path
 
 import torch
+
+log = logging.getLogger("gna.engine.precision")
 
 COMPUTE_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
 
@@ -32,3 +39,42 @@ def frozen_weights_in(model, dtype: torch.dtype | None):
     finally:
         for module, data in kept.items():
             module.weight.data = data
+
+
+def _linear_in_low_precision(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    y = torch.nn.functional.linear(x.to(module.weight_low.dtype), module.weight_low)
+    return (y.to(x.dtype) if module.bias is None else y.to(x.dtype) + module.bias.to(x.dtype))
+
+
+def linears_computed_in(model, compute_dtype: str):
+    """Evaluate `model` with its linear layers' matmuls in `compute_dtype` (a COMPUTE_DTYPES
+    name; "float32": unchanged). Each linear layer except the output head (it may be tied to the
+    input embeddings; logits are taken at few positions) keeps its weight and multiplies with a
+    copy in that dtype, its input cast to it and its output cast back: the residual stream,
+    norms, attention softmax and SSM scans stay in the model's dtype. Unlike autocast, nothing
+    else drops precision (half the log-prob error on SmolLM2, tested against float32). For
+    evaluation only: the copies do not follow later changes to the weights, so those stop
+    taking gradients. Returns `model`."""
+    low = COMPUTE_DTYPES[compute_dtype]
+    if low is None:
+        return model
+    if model.device.type == "cpu" and cpu_lacks_bf16():
+        log.warning("this CPU has no bf16 instructions (AVX512-BF16 or AMX): its bf16 matmuls are emulated and "
+                    "may be slower than float32 (eval.compute_dtype: float32)")
+    head = model.get_output_embeddings()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and module is not head and module.weight.dtype != low:
+            module.weight.requires_grad_(False)
+            module.register_buffer("weight_low", module.weight.detach().to(low), persistent=False)
+            module.forward = functools.partial(_linear_in_low_precision, module)
+    return model
+
+
+def cpu_lacks_bf16() -> bool:
+    """True where /proc/cpuinfo (Linux) lists neither avx512_bf16 nor amx_bf16; False where it
+    cannot tell."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "flags" in flags and "avx512_bf16" not in flags and "amx_bf16" not in flags

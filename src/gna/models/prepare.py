@@ -17,6 +17,7 @@ import torch
 
 from gna.core.io import atomic_dir
 from gna.engine.device import compute_device
+from gna.engine.precision import linears_computed_in
 from gna.models.folders import STUDENT_SPEC_FILE, is_student
 from gna.models.sources import SourceError, resolve_local
 
@@ -116,9 +117,12 @@ def prepare_model(name: str, spec: dict, out_dir: str | Path, source_path: str |
     return provenance
 
 
-def load_model(model_dir: str | Path, dtype: str = "float32", device: str | None = "auto"):
+def load_model(model_dir: str | Path, dtype: str = "float32", device: str | None = "auto",
+               compute_dtype: str = "float32"):
     """Load a prepared folder as (model in eval mode on `device`, tokenizer); device 'auto' is
-    CUDA where torch sees a GPU (gna.engine.device.compute_device). A distilled student's folder
+    CUDA where torch sees a GPU (gna.engine.device.compute_device). `compute_dtype` other than
+    float32: an evaluation-only model, its linear layers computed in that dtype
+    (gna.engine.precision.linears_computed_in). A distilled student's folder
     is refused: gna.students.spec.load_any loads both (kept apart so that the rules that never
     load a student do not depend on the students' code)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -130,7 +134,7 @@ def load_model(model_dir: str | Path, dtype: str = "float32", device: str | None
         raise ValueError(f"{model_dir} is a distilled student ({STUDENT_SPEC_FILE}): load it with "
                          "gna.students.spec.load_any")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype]).to(compute_device(device))
-    model.eval()
+    linears_computed_in(model.eval(), compute_dtype)
     return model, AutoTokenizer.from_pretrained(model_dir)
 
 

@@ -47,13 +47,13 @@ def baseline_summary(model_name: str, table: pl.DataFrame, items: pl.DataFrame) 
 
 
 def run_baseline(model_name: str, model_dir: str, task_path: str, summary_path: str, items_path: str,
-                 batch_size: int = 8, dtype: str = "float32") -> pl.DataFrame:
+                 batch_size: int = 8, dtype: str = "float32", compute_dtype: str = "float32") -> pl.DataFrame:
     """Score the prepared model `model_dir` on the task table `task_path` with our engine; write
     its per-item scores to `items_path` and its baseline_summary to `summary_path`."""
     table = read_parquet(task_path)
     if table.is_empty():
         raise ValueError(f"task file has no items: {task_path}")
-    model, tok = load_model(model_dir, dtype)
+    model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
     start = time.perf_counter()
     items = score_table(model, tok, table, batch_size=batch_size, desc=f"{model_name} {table['task'][0]}")
     seconds = time.perf_counter() - start
@@ -67,14 +67,14 @@ def run_baseline(model_name: str, model_dir: str, task_path: str, summary_path: 
 
 
 def run_lm_eval_task(model_name: str, model_dir: str, task: str, out_path: str, options: dict,
-                     include_path: str | None, batch_size: int = 8, dtype: str = "float32",
+                     include_path: str | None, batch_size: int = 8, dtype: str = "float32", compute_dtype: str = "float32",
                      memory_mb: int | None = None, items_file: str | Path | None = None) -> pl.DataFrame:
     """Run the lm-eval task `task` on the prepared model `model_dir` and write its metrics to
     `out_path` (results_to_frame plus format/group 'lm-eval'/'all' and engine 'lm-eval').
     `options`: the `lm_eval` config keys include_defaults, limit, num_fewshot (absent: lm-eval's).
     `memory_mb`: the job's memory, which lm-eval's logits must fit in (a smaller batch where not;
     request lengths measured on `items_file` where the items are ours, else assumed)."""
-    model, tok = load_model(model_dir, dtype)
+    model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
     start = time.perf_counter()
     longest = longest_request(tok, items_file) if items_file is not None else ASSUMED_TOKENS
     results = run_tasks(model, tok, [task], include_path=include_path,
@@ -94,7 +94,7 @@ def run_lm_eval_task(model_name: str, model_dir: str, task: str, out_path: str, 
 
 
 def run_crosscheck(model_name: str, model_dir: str, task_dir: str, out_path: str, batch_size: int = 8,
-                   dtype: str = "float32", memory_mb: int | None = None) -> pl.DataFrame:
+                   dtype: str = "float32", compute_dtype: str = "float32", memory_mb: int | None = None) -> pl.DataFrame:
     """run_lm_eval_task on our own MMLU letter items: the task CROSSCHECK_TASK that
     lmeval_bridge.write_crosscheck_task wrote to `task_dir`, with lm-eval's built-in tasks off;
     its YAML is written again here (crosscheck_task_yaml), next to `out_path` and removed after,
@@ -104,7 +104,7 @@ def run_crosscheck(model_name: str, model_dir: str, task_dir: str, out_path: str
         crosscheck_task_yaml(task_dir, yaml_dir)
         return run_lm_eval_task(model_name, model_dir, CROSSCHECK_TASK, out_path,
                                 options={"include_defaults": False}, include_path=yaml_dir, batch_size=batch_size,
-                                dtype=dtype, memory_mb=memory_mb,
+                                dtype=dtype, compute_dtype=compute_dtype, memory_mb=memory_mb,
                                 items_file=Path(task_dir) / f"{CROSSCHECK_TASK}.jsonl")
 
 

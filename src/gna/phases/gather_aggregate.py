@@ -232,14 +232,14 @@ def shortest_item(table: pl.DataFrame) -> dict:
 
 def run_gna_roles(model_name: str, model_dir: str, ranking_path: str, teacher_roles_paths: list[str],
                   mmlu_letter_paths: list[str], roles_path: str, maps_path: str, gna: dict, template: str,
-                  dtype: str = "float32") -> pl.DataFrame:
+                  dtype: str = "float32", compute_dtype: str = "float32") -> pl.DataFrame:
     """Phase gna_roles: head_roles of every head on KV prompts (`gna` config keys dict_size, n, seed,
     gather_min, aggregate_min) joined with the ablation rank and acc_drop of `ranking_path`,
     written to `roles_path`; and the map_frame of the map_heads (its roles from the teacher's
     roles table when `teacher_roles_paths` names one, so teacher and students show the same heads)
     on one KV sample (gna.map_dict_size) and on the shortest MMLU letter item if
     `mmlu_letter_paths` names a table, written to `maps_path`. Both with a model column."""
-    model, tok = load_any(model_dir, dtype)
+    model, tok = load_any(model_dir, dtype, compute_dtype=compute_dtype)
     ranking = read_parquet(ranking_path)
     table = build_kv_retrieval([gna["dict_size"]], gna["n"], gna["seed"], template)
     try:

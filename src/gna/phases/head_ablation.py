@@ -267,12 +267,12 @@ SWEEP_MODES = ("exact", "verified")
 
 
 def run_heads_sweep(model_name: str, model_dir: str, sweep_path: str, ranking_path: str, sweep: dict,
-                    template: str, batch_size: int = 8, dtype: str = "float32") -> pl.DataFrame:
+                    template: str, batch_size: int = 8, dtype: str = "float32", compute_dtype: str = "float32") -> pl.DataFrame:
     """Phase heads_sweep on sweep_task: `sweep["mode"]` exact (sweep_heads over every head) or
     verified (sweep_heads_verified with `sweep["budget"]` and `sweep["order"]`), written to
     `sweep_path` with the mode and the model's number of heads, and its rank_heads to
     `ranking_path` (both with a model column)."""
-    model, tok = load_model(model_dir, dtype)
+    model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
     table = sweep_task(sweep, template)
     mode = sweep.get("mode", "exact")
     if mode == "exact":
@@ -292,13 +292,13 @@ def run_heads_sweep(model_name: str, model_dir: str, sweep_path: str, ranking_pa
 
 def run_heads_attribution(model_name: str, model_dir: str, ranking_path: str, out_path: str, timings_path: str,
                           sweep: dict, template: str, top_n: int, batch_size: int = 8,
-                          dtype: str = "float32", order: str = "magnitude") -> pl.DataFrame:
+                          dtype: str = "float32", compute_dtype: str = "float32", order: str = "magnitude") -> pl.DataFrame:
     """Phase heads_attribution: attribution_scores on sweep_task ranked by `order`
     (rank_attribution), the exact sweep of the estimate's top `top_n` heads (the cost of verifying
     a pre-ranking), and compare_attribution against the exact ranking in `ranking_path`; written
     to `out_path` with a model column. The two parts' wall times go to `timings_path` (JSON, a
     log: timings are not results)."""
-    model, tok = load_model(model_dir, dtype)
+    model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
     table = sweep_task(sweep, template)
     start = time.perf_counter()
     est = attribution_scores(model, tok, table, batch_size=batch_size, grad_drop=order == "graddrop")

@@ -124,11 +124,11 @@ def dict_size_curves(model, tok, ranking: pl.DataFrame, table: pl.DataFrame, bat
 
 def run_heads_topk(model_name: str, model_dir: str, ranking_path: str, task_paths: list[str], out_path: str,
                    top_k: list[int], random_draws: int, control_tasks: list[str], max_items: int | None, seed: int,
-                   batch_size: int = 8, dtype: str = "float32", baseline_paths: list[str] = ()) -> pl.DataFrame:
+                   batch_size: int = 8, dtype: str = "float32", compute_dtype: str = "float32", baseline_paths: list[str] = ()) -> pl.DataFrame:
     """Phase heads_topk: remove_top_k of the ranking in `ranking_path` on the task tables
     `task_paths` (each cut to `max_items`), written to `out_path` with a model column; k = 0 is
     read from the model's per-item baseline scores `baseline_paths` where given."""
-    model, tok = load_model(model_dir, dtype)
+    model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
     result = remove_top_k(model, tok, read_parquet(ranking_path), load_task_tables(task_paths, max_items), top_k,
                           random_draws, control_tasks, seed, batch_size=batch_size,
                           scored=load_item_scores(baseline_paths))
@@ -138,10 +138,10 @@ def run_heads_topk(model_name: str, model_dir: str, ranking_path: str, task_path
 
 
 def run_heads_kept(model_name: str, model_dir: str, ranking_path: str, minimal_path: str, task_paths: list[str],
-                   out_path: str, max_items: int | None, batch_size: int = 8, dtype: str = "float32") -> pl.DataFrame:
+                   out_path: str, max_items: int | None, batch_size: int = 8, dtype: str = "float32", compute_dtype: str = "float32") -> pl.DataFrame:
     """Phase heads_kept: heads_kept on the minimal model of `minimal_path` (gna.phases.pruning's
     minimal_model JSON) and the task tables `task_paths`; written to `out_path` with a model column."""
-    model, tok = load_model(model_dir, dtype)
+    model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
     result = heads_kept(model, tok, read_parquet(ranking_path), read_json(minimal_path)["kept_layers"],
                         load_task_tables(task_paths, max_items), batch_size=batch_size)
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
@@ -150,10 +150,10 @@ def run_heads_kept(model_name: str, model_dir: str, ranking_path: str, minimal_p
 
 
 def run_heads_dictsize(model_name: str, model_dir: str, ranking_path: str, out_path: str, sizes: list[int], n: int,
-                       seed: int, template: str, batch_size: int = 8, dtype: str = "float32") -> pl.DataFrame:
+                       seed: int, template: str, batch_size: int = 8, dtype: str = "float32", compute_dtype: str = "float32") -> pl.DataFrame:
     """Phase heads_dictsize: dict_size_curves on fresh KV-retrieval prompts (`n` per size in
     `sizes`, seeded); written to `out_path` with a model column."""
-    model, tok = load_model(model_dir, dtype)
+    model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
     table = build_kv_retrieval(sizes, n, seed, template)
     result = dict_size_curves(model, tok, read_parquet(ranking_path), table, batch_size=batch_size)
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)

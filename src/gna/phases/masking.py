@@ -187,7 +187,7 @@ def masking_heads(roles: pl.DataFrame) -> dict[str, tuple[int, int]]:
 
 def run_gna_masking(model_name: str, model_dir: str, roles_path: str, knowledge_paths: list[str],
                     mmlu_letter_paths: list[str], out_path: str, gna: dict, template: str, batch_size: int = 8,
-                    dtype: str = "float32") -> pl.DataFrame:
+                    dtype: str = "float32", compute_dtype: str = "float32") -> pl.DataFrame:
     """Phase gna_masking: masking_experiment with the masking_heads of `roles_path` on fresh
     KV-retrieval prompts (`gna` config keys dict_size, masking_n, seed + 1) and the knowledge task
     (`knowledge_paths`: none or one table, cut to gna.knowledge_items), then mmlu_letter_masking
@@ -200,7 +200,7 @@ def run_gna_masking(model_name: str, model_dir: str, roles_path: str, knowledge_
                     ", ".join(sorted(set(ROLES) - set(heads))))
         result = pl.DataFrame(schema=RESULT_SCHEMA)
     else:
-        model, tok = load_any(model_dir, dtype)
+        model, tok = load_any(model_dir, dtype, compute_dtype=compute_dtype)
         ssm_heads = ssm_heads_of(model) if mixers(model) else None
         table = build_kv_retrieval([gna["dict_size"]], gna["masking_n"], gna["seed"] + 1, template)
         knowledge = next(iter(load_task_tables(knowledge_paths, gna["knowledge_items"]).values()), None)

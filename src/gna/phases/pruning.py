@@ -93,10 +93,10 @@ def individual(model, tok, tables: dict[str, pl.DataFrame], kept_layers: list[in
 
 
 def run_prune_gradual(model_name: str, model_dir: str, task_paths: list[str], out_path: str,
-                      max_items: int | None, batch_size: int = 8, dtype: str = "float32") -> pl.DataFrame:
+                      max_items: int | None, batch_size: int = 8, dtype: str = "float32", compute_dtype: str = "float32") -> pl.DataFrame:
     """Phase prune_gradual: `gradual` on the task tables `task_paths` (each cut to `max_items`),
     written to `out_path` with a model column."""
-    model, tok = load_model(model_dir, dtype)
+    model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
     result = gradual(model, tok, load_task_tables(task_paths, max_items), batch_size=batch_size)
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
     log.info("gradual pruning: %d rows", len(result))
@@ -115,12 +115,12 @@ def run_minimal_model(model_name: str, gradual_path: str, out_path: str, task: s
 
 
 def run_prune_individual(model_name: str, model_dir: str, task_paths: list[str], minimal_path: str, out_path: str,
-                         max_items: int | None, batch_size: int = 8, dtype: str = "float32",
+                         max_items: int | None, batch_size: int = 8, dtype: str = "float32", compute_dtype: str = "float32",
                          skip_at_chance: bool = True) -> pl.DataFrame:
     """Phase prune_individual: `individual` removal on the minimal model of `minimal_path`
     (run_minimal_model's JSON), on the task tables `task_paths`; written to `out_path` with a
     model column. The minimal model's defining task (the JSON's `task`) is never skipped."""
-    model, tok = load_model(model_dir, dtype)
+    model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
     minimal = read_json(minimal_path)
     result = individual(model, tok, load_task_tables(task_paths, max_items), minimal["kept_layers"],
                         batch_size=batch_size, skip_at_chance=skip_at_chance, always_scored=(minimal["task"],))

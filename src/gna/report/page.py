@@ -48,10 +48,20 @@ def provenance_table(config: dict, workflow_dir: str | Path) -> str:
         "code hash": workflow_code_hash(workflow_dir),
         "config hash": config_hash(config),
         "python / torch": f"{mach['python']} / {mach['torch']}",
+        "precision": precision_text(config),
     }
     return (table(pl.DataFrame({"item": list(prov), "value": list(prov.values())}), left=("item", "value"))
             + f"<p>When and where the run ran, its git commit and the wall time and memory of every step: "
               f"<a href='{RUN_RECORD_LINK}'>the run record</a> (<code>{RUN_RECORD}</code>).</p>")
+
+
+def precision_text(config: dict) -> str:
+    """The dtypes the numbers were computed in, in words (keys dtype and eval.compute_dtype)."""
+    weights, matmuls = config["dtype"], config["eval"]["compute_dtype"]
+    if matmuls == "float32" or matmuls == weights:
+        return f"weights and evaluation in {weights}"
+    return (f"weights, residual stream, norms, attention and SSM scans in {weights}; the linear layers' matmuls "
+            f"in {matmuls} when models are evaluated (eval.compute_dtype; float32 is the reference)")
 
 
 def closing_sections(config: dict) -> str:

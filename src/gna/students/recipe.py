@@ -17,6 +17,7 @@ import polars as pl
 from gna.core.io import read_parquet, write_parquet
 from gna.core.tensor_files import read_tensors
 from gna.engine.device import device_of
+from gna.engine.precision import linears_computed_in
 from gna.models.prepare import load_model
 from gna.phases.evaluation import score_model
 from gna.students.distill import align_layers, answer_weights, distill_logits, load_aligned
@@ -55,9 +56,9 @@ def ablated_student(teacher, kept: list[tuple[int, int]], state_size: int, ablat
 def run_hybrid_ablation(model_name: str, ablation: str, variant: str, model_dir: str, teacher_path: str,
                         aligned_path: str, ranking_path: str, kv_path: str, out_path: str, align: dict, kd: dict,
                         align_windows: int, seed: int, dict_size: int, swap_items: int | None, batch_size: int,
-                        dtype: str = "float32") -> pl.DataFrame:
+                        dtype: str = "float32", compute_dtype: str = "float32") -> pl.DataFrame:
     """Train student `variant` by the recipe without `ablation` (ablated_student), score it on
-    the KV items of `dict_size` keys (`swap_items` degeneracy checks) and on the teacher file's
+    the KV items of `dict_size` keys (`swap_items` degeneracy checks; linear layers in `compute_dtype`) and on the teacher file's
     held-out windows; tidy rows with ablation and description columns to `out_path`."""
     teacher, tok = load_model(model_dir, dtype)
     heads_kept, state_size = parse_variant(variant)
@@ -67,6 +68,7 @@ def run_hybrid_ablation(model_name: str, ablation: str, variant: str, model_dir:
     data = read_tensors(teacher_path, needed + (["hidden"] if ablation == "no_first_token" else []), on)
     student = ablated_student(teacher, kept, state_size, ablation, read_tensors(aligned_path, None, on), data, align, kd,
                               align_windows, seed)
+    linears_computed_in(student.eval(), compute_dtype)
     frame, _ = score_model(student, tok, kv_items(kv_path, dict_size), data["heldout_ids"], batch_size, swap_items)
     frame = frame.with_columns(pl.lit(model_name).alias("model"), pl.lit(variant).alias("variant"),
                                pl.lit(heads_kept).alias("heads_kept"), pl.lit(state_size).alias("state_size"),

@@ -187,13 +187,17 @@ def read_spec(model_dir: Path) -> dict:
     return json.loads((Path(model_dir) / SPEC_FILE).read_text())
 
 
-def load_any(model_dir: str | Path, dtype: str = "float32", device: str | None = "auto"):
-    """(model in eval mode on `device`, tokenizer) of a prepared folder or a student's (load_student)."""
+def load_any(model_dir: str | Path, dtype: str = "float32", device: str | None = "auto",
+             compute_dtype: str = "float32"):
+    """(model in eval mode on `device`, tokenizer) of a prepared folder or a student's
+    (load_student); `compute_dtype` as in gna.models.prepare.load_model."""
+    from gna.engine.precision import linears_computed_in
     from gna.models.prepare import DTYPES, load_model
 
     if is_student(model_dir):
-        return load_student(model_dir, DTYPES[dtype], device)
-    return load_model(model_dir, dtype, device)
+        model, tok = load_student(model_dir, DTYPES[dtype], device)
+        return linears_computed_in(model, compute_dtype), tok
+    return load_model(model_dir, dtype, device, compute_dtype)
 
 
 def load_student(model_dir: Path, dtype=None, device: str | None = "auto"):

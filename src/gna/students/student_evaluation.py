@@ -89,7 +89,7 @@ def _with_reasons(frame: pl.DataFrame, reasons: pl.DataFrame | None) -> pl.DataF
 
 def run_hybrid_score(model_name: str, variant: str, model_dir: str, teacher_path: str, task_paths: list[str],
                      summary_path: str, answers_path: str, max_items: int | None, swap_items: int | None,
-                     batch_size: int, dtype: str = "float32", baseline_paths: list[str] = (),
+                     batch_size: int, dtype: str = "float32", compute_dtype: str = "float32", baseline_paths: list[str] = (),
                      teacher_summary_path: str | None = None, kv_dict_size: int | None = None) -> pl.DataFrame:
     """score_model of the teacher or one student (`variant`) on the task tables (each cut to
     `max_items`; None: all, the teacher's baseline items) with `swap_items` per task checked
@@ -99,7 +99,7 @@ def run_hybrid_score(model_name: str, variant: str, model_dir: str, teacher_path
     `teacher_summary_path` (a student's): tasks on which the teacher is degenerate are not
     scored (skip_where_teacher_degenerate). `kv_dict_size`: KV retrieval on the items of that
     dictionary size only (kv_items; the state-size sweep's students)."""
-    model, tok = load_any(model_dir, dtype)
+    model, tok = load_any(model_dir, dtype, compute_dtype=compute_dtype)
     tables = load_task_tables(task_paths, max_items)
     if kv_dict_size is not None and "kv_retrieval" in tables:
         tables["kv_retrieval"] = at_dict_size(tables["kv_retrieval"], kv_dict_size, "kv_retrieval")
@@ -114,12 +114,12 @@ def run_hybrid_score(model_name: str, variant: str, model_dir: str, teacher_path
 
 def run_hybrid_swap(model_name: str, variant: str, model_dir: str, ranking_path: str, teacher_path: str,
                     task_paths: list[str], summary_path: str, answers_path: str, max_items: int | None,
-                    swap_items: int | None, batch_size: int, dtype: str = "float32",
+                    swap_items: int | None, batch_size: int, dtype: str = "float32", compute_dtype: str = "float32",
                     teacher_summary_path: str | None = None) -> pl.DataFrame:
     """The layer swap: score_model of student `variant` with every head of the top-ranked
     head's layer run as the teacher's attention; variant swap_label and swapped_layer columns;
     summary and answers written as by run_hybrid_score (tasks skipped as there)."""
-    model, tok = load_any(model_dir, dtype)
+    model, tok = load_any(model_dir, dtype, compute_dtype=compute_dtype)
     tables, reasons = skip_where_teacher_degenerate(load_task_tables(task_paths, max_items), teacher_summary_path)
     heldout = read_tensors(teacher_path, ["heldout_ids"], device_of(model))["heldout_ids"]
     critical = ranked_heads(read_parquet(ranking_path), 1, model_name)[0][0]
@@ -158,12 +158,12 @@ def kv_items(kv_path: str, dict_size: int) -> dict[str, pl.DataFrame]:
 
 def run_hybrid_budget(model_name: str, variant: str, model_dir: str, checkpoints_path: str, teacher_path: str,
                       kv_path: str, out_path: str, dict_size: int, swap_items: int | None, batch_size: int,
-                      dtype: str = "float32") -> pl.DataFrame:
+                      dtype: str = "float32", compute_dtype: str = "float32") -> pl.DataFrame:
     """The distillation budget curve of student `variant`: score_model on the KV items of
     `dict_size` keys (kv_items; `swap_items` degeneracy checks) and held-out perplexity after each KD step count saved in
     `checkpoints_path` and after the full budget (the student itself). Tidy rows with kd_steps
     and kd_tokens (tokens seen by distillation) to `out_path`."""
-    model, tok = load_any(model_dir, dtype)
+    model, tok = load_any(model_dir, dtype, compute_dtype=compute_dtype)
     spec = read_spec(model_dir)
     tokens_per_step = spec["kd_tokens"] / max(1, spec["kd_steps"])
     states = checkpoint_states(read_tensors(checkpoints_path, None, device_of(model)))

@@ -17,13 +17,13 @@ log = logging.getLogger("gna.students.student_masking")
 
 
 def run_hybrid_answer_rows(model_name: str, variant: str, model_dir: str, task_paths: list[str], out_path: str,
-                           max_items: int | None, batch_size: int, dtype: str = "float32",
+                           max_items: int | None, batch_size: int, dtype: str = "float32", compute_dtype: str = "float32",
                            teacher_summary_path: str | None = None) -> pl.DataFrame:
     """gna.phases.masking.answer_rows_experiment on student `variant` over the task tables (each cut
     to `max_items`), with model and variant columns, written to `out_path`. With the teacher's
     summary, a task on which the teacher is degenerate is not run; its row carries the reason
     (skipped_reason) instead of accuracies."""
-    model, tok = load_any(model_dir, dtype)
+    model, tok = load_any(model_dir, dtype, compute_dtype=compute_dtype)
     tables, reasons = skip_where_teacher_degenerate(load_task_tables(task_paths, max_items), teacher_summary_path)
     frame = answer_rows_experiment(model, tables, tok, batch_size) if tables else pl.DataFrame()
     for row in frame.iter_rows(named=True):

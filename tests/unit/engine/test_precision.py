@@ -1,0 +1,81 @@
+"""Evaluation in bf16 linears (gna.engine.precision.linears_computed_in) against the float32
+reference on tiny random models: a teacher, a hybrid student, head ablation and scoring."""
+
+import copy
+
+import polars as pl
+import torch
+
+from gna.engine.hooks import ablate_heads
+from gna.engine.precision import linears_computed_in
+from gna.engine.scoring import score_table
+from gna.students.mixer import mixers
+from gna.students.spec import make_hybrid
+from gna.tasks.tables import build_kv_retrieval
+
+
+def _logp(model, ids):
+    with torch.inference_mode():
+        return torch.log_softmax(model(input_ids=ids).logits.float(), -1)
+
+
+def _ids(model, seed=0):
+    return torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(seed))
+
+
+def test_bf16_linears_agree_with_float32_and_leave_the_weights(tiny_llama):
+    model = tiny_llama[0]
+    ids = _ids(model)
+    reference = _logp(model, ids)
+    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    fast = linears_computed_in(copy.deepcopy(model), "bfloat16")
+    got = _logp(fast, ids)
+    err = (got - reference).abs().max().item()
+    assert 0 < err < 0.05, err  # bf16 rounding of the matmuls' inputs, nothing else
+    for name, p in fast.named_parameters():
+        assert p.dtype == torch.float32 and torch.equal(p, weights[name]), name
+    assert fast.base_model.layers[0].mlp.up_proj.weight_low.dtype == torch.bfloat16
+    assert not hasattr(fast.get_output_embeddings(), "weight_low")  # logits stay float32
+    assert linears_computed_in(copy.deepcopy(model), "float32") is not None
+    assert torch.equal(_logp(linears_computed_in(model, "float32"), ids), reference)
+
+
+def test_bf16_linears_keep_head_ablation_and_activation_gradients(tiny_llama):
+    """Head ablation hooks on o_proj's input still act (they see the float32 input), and
+    gradients still reach activations (attribution patching) though the weights take none."""
+    model = tiny_llama[0]
+    fast = linears_computed_in(copy.deepcopy(model), "bfloat16")
+    ids = _ids(model, 1)
+    with ablate_heads(model, [(1, 2)]):
+        reference = _logp(model, ids)
+    with ablate_heads(fast, [(1, 2)]):
+        ablated = _logp(fast, ids)
+    assert (ablated - reference).abs().max() < 0.05
+    assert (ablated - _logp(fast, ids)).abs().max() > 0.01  # the hook changed the output
+    embeds = fast.get_input_embeddings()(ids).detach().requires_grad_(True)
+    fast(inputs_embeds=embeds).logits.sum().backward()
+    assert embeds.grad is not None and embeds.grad.abs().sum() > 0
+    assert all(not m.weight.requires_grad for m in fast.modules() if hasattr(m, "weight_low"))
+
+
+def test_bf16_linears_on_a_student_keep_its_scan_in_float32(tiny_llama):
+    student = make_hybrid(copy.deepcopy(tiny_llama[0]), [(1, 0)], 4)
+    ids = _ids(student, 2)
+    reference = _logp(student, ids)
+    fast = linears_computed_in(copy.deepcopy(student), "bfloat16")
+    m = mixers(fast)[1]
+    assert m.x_proj.weight.dtype == torch.float32 and m.ssm_dtype(torch.zeros(1)).dtype == torch.float32
+    assert hasattr(m.x_proj, "weight_low") and hasattr(m.q_proj, "weight_low")
+    err = (_logp(fast, ids) - reference).abs().max().item()
+    assert 0 < err < 0.05, err
+
+
+def test_bf16_scoring_agrees_with_float32(tiny_llama):
+    model, tok = tiny_llama
+    table = build_kv_retrieval([3], 6, 1, "lookup")
+    reference = score_table(model, tok, table, batch_size=4, progress=False)
+    fast = score_table(linears_computed_in(copy.deepcopy(model), "bfloat16"), tok, table, batch_size=4, progress=False)
+    assert reference["item_id"].to_list() == fast["item_id"].to_list()
+    diff = (reference["logp_target"] - fast["logp_target"]).abs().max()
+    assert 0 < diff < 0.05, diff
+    assert pl.Series(reference["pred"] == fast["pred"]).mean() >= 5 / 6
