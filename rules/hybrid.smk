@@ -189,6 +189,7 @@ rule hybrid_score:
     params:
         max_items=HYBRID["eval_items"],
         kv_dict_size=lambda wc: scored_dict_size(HYBRID, wc.variant),
+        swap_dict_size=HYBRID["budget_curve"]["dict_size"],
         swap_items=HYBRID["degeneracy_items"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
@@ -213,6 +214,9 @@ rule hybrid_budget:
         teacher="data/distill/{model}/teacher.safetensors",
         task="data/tasks/kv_retrieval.parquet",
         corpus_check=CORPUS_CHECK,
+        # the full budget's point is the student's own scores (their degeneracy check is at dict_size)
+        summary="data/results/hybrid/{model}/{variant}.parquet",
+        answers="data/results/hybrid/{model}/answers/{variant}.parquet",
     output:
         "data/results/hybrid/{model}/budget-{variant}.parquet",
     params:
@@ -280,6 +284,7 @@ rule hybrid_swap:
         summary="data/results/hybrid/{model}/swap.parquet",
         answers="data/results/hybrid/{model}/answers/swap.parquet",
     params:
+        swap_dict_size=HYBRID["budget_curve"]["dict_size"],
         variant=pure_ssm_variant(),
         max_items=HYBRID["eval_items"],
         swap_items=HYBRID["degeneracy_items"],

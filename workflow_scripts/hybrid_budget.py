@@ -7,4 +7,5 @@ p = snakemake.params
 run_hybrid_budget(snakemake.wildcards.model, snakemake.wildcards.variant, snakemake.input.model,
                   snakemake.input.checkpoints, snakemake.input.teacher, snakemake.input.task, snakemake.output[0],
                   dict_size=p.dict_size, swap_items=p.swap_items, batch_size=p.batch_size, dtype=p.dtype,
-                  compute_dtype=p.compute_dtype)
+                  compute_dtype=p.compute_dtype, summary_path=snakemake.input.summary,
+                  answers_path=snakemake.input.answers)

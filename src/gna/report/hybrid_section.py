@@ -205,7 +205,8 @@ def budget_note(hy: dict) -> str:
             f"(on the first {align_windows}), distillation {hy['kd']['steps']} steps × {hy['kd']['batch']} windows "
             f"({hy['kd']['steps'] * hy['kd']['batch'] * corpus['seq_len']:,} tokens; answer positions weighted "
             f"{hy['kd']['answer_weight']:g}×). Scored on {items}; "
-            f"{hy['degeneracy_items']} items per task scored again with another item's context (a model "
+            f"{hy['degeneracy_items']} items per task (KV retrieval: of {hy['budget_curve']['dict_size']} keys) "
+            "scored again with another item's context (a model "
             "that keeps its answer on most of them does not read the context and is flagged "
             f"<i>degenerate</i> instead of scored); perplexity on {corpus['heldout_windows']} held-out windows. "
             "Accuracies carry their 95% Wilson interval in brackets; the column header gives n.</p>")

@@ -7,6 +7,7 @@ import logging
 
 import polars as pl
 
+from gna.engine.scoring import summarize_task
 from gna.phases.evaluation import score_model
 from gna.students.mixer import swapped_to_attention
 from gna.core.io import read_parquet, write_parquet
@@ -90,7 +91,8 @@ def _with_reasons(frame: pl.DataFrame, reasons: pl.DataFrame | None) -> pl.DataF
 def run_hybrid_score(model_name: str, variant: str, model_dir: str, teacher_path: str, task_paths: list[str],
                      summary_path: str, answers_path: str, max_items: int | None, swap_items: int | None,
                      batch_size: int, dtype: str = "float32", compute_dtype: str = "float32", baseline_paths: list[str] = (),
-                     teacher_summary_path: str | None = None, kv_dict_size: int | None = None) -> pl.DataFrame:
+                     teacher_summary_path: str | None = None, kv_dict_size: int | None = None,
+                     swap_dict_size: int | None = None) -> pl.DataFrame:
     """score_model of the teacher or one student (`variant`) on the task tables (each cut to
     `max_items`; None: all, the teacher's baseline items) with `swap_items` per task checked
     for degeneracy, and on the teacher file's held-out windows. The label_variant'ed summary
@@ -98,7 +100,9 @@ def run_hybrid_score(model_name: str, variant: str, model_dir: str, teacher_path
     model's per-item baseline scores (the teacher's), read instead of scoring its items again.
     `teacher_summary_path` (a student's): tasks on which the teacher is degenerate are not
     scored (skip_where_teacher_degenerate). `kv_dict_size`: KV retrieval on the items of that
-    dictionary size only (kv_items; the state-size sweep's students)."""
+    dictionary size only (kv_items; the state-size sweep's students). `swap_dict_size`: KV
+    retrieval's degeneracy check on the items of that dictionary size (the budget curve's, which
+    then reads its last point from these results: budget_point_from_scores)."""
     model, tok = load_any(model_dir, dtype, compute_dtype=compute_dtype)
     tables = load_task_tables(task_paths, max_items)
     if kv_dict_size is not None and "kv_retrieval" in tables:
@@ -106,7 +110,7 @@ def run_hybrid_score(model_name: str, variant: str, model_dir: str, teacher_path
     tables, reasons = skip_where_teacher_degenerate(tables, teacher_summary_path)
     heldout = read_tensors(teacher_path, ["heldout_ids"], device_of(model))["heldout_ids"]
     frame, items = score_model(model, tok, tables, heldout, batch_size, swap_items,
-                               scored=load_item_scores(baseline_paths))
+                               scored=load_item_scores(baseline_paths), swap_from=kv_swap_pool(tables, swap_dict_size))
     frame = label_variant(_with_reasons(frame, reasons), variant)
     write_scores(frame, items, model_name, summary_path, answers_path)
     return frame
@@ -115,16 +119,18 @@ def run_hybrid_score(model_name: str, variant: str, model_dir: str, teacher_path
 def run_hybrid_swap(model_name: str, variant: str, model_dir: str, ranking_path: str, teacher_path: str,
                     task_paths: list[str], summary_path: str, answers_path: str, max_items: int | None,
                     swap_items: int | None, batch_size: int, dtype: str = "float32", compute_dtype: str = "float32",
-                    teacher_summary_path: str | None = None) -> pl.DataFrame:
+                    teacher_summary_path: str | None = None, swap_dict_size: int | None = None) -> pl.DataFrame:
     """The layer swap: score_model of student `variant` with every head of the top-ranked
     head's layer run as the teacher's attention; variant swap_label and swapped_layer columns;
-    summary and answers written as by run_hybrid_score (tasks skipped as there)."""
+    summary and answers written as by run_hybrid_score (tasks skipped and KV's degeneracy check
+    drawn as there)."""
     model, tok = load_any(model_dir, dtype, compute_dtype=compute_dtype)
     tables, reasons = skip_where_teacher_degenerate(load_task_tables(task_paths, max_items), teacher_summary_path)
     heldout = read_tensors(teacher_path, ["heldout_ids"], device_of(model))["heldout_ids"]
     critical = ranked_heads(read_parquet(ranking_path), 1, model_name)[0][0]
     with swapped_to_attention(model, [critical]):
-        frame, items = score_model(model, tok, tables, heldout, batch_size, swap_items)
+        frame, items = score_model(model, tok, tables, heldout, batch_size, swap_items,
+                                   swap_from=kv_swap_pool(tables, swap_dict_size))
     frame = _with_reasons(frame, reasons).with_columns(pl.lit(swap_label(variant, critical)).alias("variant"),
                                pl.lit(critical).alias("swapped_layer"))
     write_scores(frame, items, model_name, summary_path, answers_path)
@@ -150,19 +156,46 @@ def at_dict_size(table: pl.DataFrame, dict_size: int, source: str) -> pl.DataFra
     return picked
 
 
+def kv_swap_pool(tables: dict[str, pl.DataFrame], dict_size: int | None) -> dict[str, pl.DataFrame] | None:
+    """score_model's swap_from: KV retrieval's degeneracy check drawn from its items of
+    `dict_size` keys (None, or no KV table: from every item)."""
+    if dict_size is None or "kv_retrieval" not in tables:
+        return None
+    return {"kv_retrieval": at_dict_size(tables["kv_retrieval"], dict_size, "kv_retrieval")}
+
+
 def kv_items(kv_path: str, dict_size: int) -> dict[str, pl.DataFrame]:
     """{"kv_retrieval": the KV-retrieval items of one dictionary size} (the budget curve's, the
     ablations' and the state-size sweep's evaluation set)."""
     return {"kv_retrieval": at_dict_size(read_parquet(kv_path), dict_size, kv_path)}
 
 
+def budget_point_from_scores(summary_path: str, answers_path: str, dict_size: int) -> pl.DataFrame | None:
+    """The budget curve's last point (the student itself) from its hybrid_score results: the
+    summary of its KV answers at `dict_size` keys with their context-swapped predictions, and
+    its held-out perplexity. None where they do not have it (KV not scored, or its degeneracy
+    check drawn from other items): the point is then scored."""
+    answers = read_parquet(answers_path)
+    if "pred_swapped" not in answers.columns:
+        return None
+    items = answers.filter((pl.col("task") == "kv_retrieval") & (pl.col("group") == str(dict_size)))
+    checked = items.filter(pl.col("pred_swapped").is_not_null())
+    if items.is_empty() or len(checked) != len(items):
+        return None
+    summary = read_parquet(summary_path)
+    heldout = summary.filter(pl.col("task") == "heldout").select("task", "group", "n", "metric", "value")
+    return pl.concat([summarize_task(items.drop("variant", "heads_kept", "state_size", "model", strict=False)), heldout], how="diagonal_relaxed")
+
+
 def run_hybrid_budget(model_name: str, variant: str, model_dir: str, checkpoints_path: str, teacher_path: str,
                       kv_path: str, out_path: str, dict_size: int, swap_items: int | None, batch_size: int,
-                      dtype: str = "float32", compute_dtype: str = "float32") -> pl.DataFrame:
+                      dtype: str = "float32", compute_dtype: str = "float32", summary_path: str | None = None,
+                      answers_path: str | None = None) -> pl.DataFrame:
     """The distillation budget curve of student `variant`: score_model on the KV items of
     `dict_size` keys (kv_items; `swap_items` degeneracy checks) and held-out perplexity after each KD step count saved in
-    `checkpoints_path` and after the full budget (the student itself). Tidy rows with kd_steps
-    and kd_tokens (tokens seen by distillation) to `out_path`."""
+    `checkpoints_path` and after the full budget (the student itself: read from its hybrid_score
+    results `summary_path`, `answers_path` where they hold it, budget_point_from_scores). Tidy
+    rows with kd_steps and kd_tokens (tokens seen by distillation) to `out_path`."""
     model, tok = load_any(model_dir, dtype, compute_dtype=compute_dtype)
     spec = read_spec(model_dir)
     tokens_per_step = spec["kd_tokens"] / max(1, spec["kd_steps"])
@@ -170,10 +203,16 @@ def run_hybrid_budget(model_name: str, variant: str, model_dir: str, checkpoints
     states[spec["kd_steps"]] = snapshot(model)
     tables = kv_items(kv_path, dict_size)
     heldout = read_tensors(teacher_path, ["heldout_ids"], device_of(model))["heldout_ids"]
+    last = (budget_point_from_scores(summary_path, answers_path, dict_size)
+            if summary_path is not None and answers_path is not None else None)
     frames = []
     for step in sorted(states):
-        restore(model, states[step])
-        frame, _ = score_model(model, tok, tables, heldout, batch_size, swap_items)
+        if step == spec["kd_steps"] and last is not None:
+            frame = last
+            log.info("%s after %d KD steps: read from its scores (%s)", variant, step, summary_path)
+        else:
+            restore(model, states[step])
+            frame, _ = score_model(model, tok, tables, heldout, batch_size, swap_items)
         frames.append(frame.with_columns(pl.lit(step).alias("kd_steps"),
                                          pl.lit(round(step * tokens_per_step)).alias("kd_tokens")))
         acc = frame.filter((pl.col("metric") == "acc") & (pl.col("group") == "all"))["value"]

@@ -2,6 +2,7 @@
 student, and the hybrid phase's rule functions chained on a tiny teacher."""
 
 import copy
+import logging
 import json
 
 import polars as pl
@@ -20,7 +21,7 @@ from gna.students.mixer import captured_maps, mixers
 from gna.core.io import write_parquet
 from gna.models.prepare import load_model
 from gna.students.recipe import ablated_student, run_hybrid_ablation
-from gna.students.student_evaluation import (checkpoint_states, label_variant, run_hybrid_budget, run_hybrid_score,
+from gna.students.student_evaluation import (budget_point_from_scores, checkpoint_states, label_variant, run_hybrid_budget, run_hybrid_score,
                                              run_hybrid_swap, swap_label)
 from gna.students.student_masking import run_hybrid_answer_rows
 from gna.students.spec import (NOT_SCORED, ablation_kd, checkpoint_steps, load_any, make_hybrid, read_spec,
@@ -283,7 +284,7 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
     assert ran["condition"].to_list() == ["unmodified", "attention answer rows masked"]
 
 
-def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase):
+def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, caplog):
     root, p = phase
     curve = run_hybrid_budget("tiny", "k2-n4", str(root / "k2"), str(root / "kd2-checkpoints.safetensors"),
                               str(root / "teacher.safetensors"), p["kv_retrieval.parquet"],
@@ -301,6 +302,26 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase):
                          max_items=None, swap_items=2, batch_size=2, kv_dict_size=4)
     last = curve.filter(pl.col("kd_steps") == 2).drop("kd_steps", "kd_tokens", "model")
     assert last.sort("task", "group", "metric").equals(full.select(last.columns).sort("task", "group", "metric"))
+    # scored on every size with its degeneracy check at the curve's size, the student's own
+    # results give the last point: read, not scored again, and equal to scoring it
+    run_hybrid_score("tiny", "k2-n4", str(root / "k2"), str(root / "teacher.safetensors"), [p["kv_retrieval.parquet"]],
+                     str(root / "s5.parquet"), str(root / "a5.parquet"), max_items=None, swap_items=2, batch_size=2,
+                     swap_dict_size=5)
+    answers = pl.read_parquet(root / "a5.parquet")
+    assert answers.filter(pl.col("pred_swapped").is_not_null())["group"].to_list() == ["5", "5"]
+    with caplog.at_level(logging.INFO, logger="gna.students.student_evaluation"):
+        read = run_hybrid_budget("tiny", "k2-n4", str(root / "k2"), str(root / "kd2-checkpoints.safetensors"),
+                                 str(root / "teacher.safetensors"), p["kv_retrieval.parquet"],
+                                 str(root / "budget-read.parquet"), dict_size=5, swap_items=2, batch_size=2,
+                                 summary_path=str(root / "s5.parquet"), answers_path=str(root / "a5.parquet"))
+    assert "after 2 KD steps: read from its scores" in caplog.text
+    order = ["kd_steps", "task", "group", "metric"]
+    assert read.select(sorted(curve.columns)).sort(order).equals(curve.select(sorted(curve.columns)).sort(order))
+    # answers without the check on every item of that size are not read: the point is scored
+    run_hybrid_score("tiny", "k2-n4", str(root / "k2"), str(root / "teacher.safetensors"), [p["kv_retrieval.parquet"]],
+                     str(root / "s0.parquet"), str(root / "a0.parquet"), max_items=None, swap_items=0, batch_size=2)
+    assert budget_point_from_scores(str(root / "s0.parquet"), str(root / "a0.parquet"), 5) is None
+    assert budget_point_from_scores(str(root / "s5.parquet"), str(root / "a5.parquet"), 3) is None
     # step 0 is the aligned student: the same scores as a student built from the aligned file
     aligned = load_aligned(make_hybrid(copy.deepcopy(load_model(p["teacher"])[0]), [(2, 1), (0, 3)], 4),
                            read_tensors(str(root / "align.safetensors")))
