@@ -401,10 +401,12 @@ def run_distill_kd(model_name: str, model_dir: str, teacher_path: str, aligned_p
     answer_weight, compute_dtype}, and write the student folder `student_dir` (gna.students.spec), the KD
     curve `curve_path` and the SSM parameters after each step count of `checkpoints` below
     kd["steps"] to `checkpoints_path` (keys "<step>/<layer>.<param>"; empty without any)."""
-    teacher, tok = load_model(model_dir, dtype)
+    model, tok = load_model(model_dir, dtype)
     kept = ranked_heads(read_parquet(ranking_path), heads_kept, model_name)
-    on = device_of(teacher)
-    student = load_aligned(make_hybrid(copy.deepcopy(teacher), kept, state_size), read_tensors(aligned_path, None, on))
+    on = device_of(model)
+    # the teacher's own forward is in the teacher file: the loaded model becomes the student (no copy held)
+    student = load_aligned(make_hybrid(model, kept, state_size), read_tensors(aligned_path, None, on))
+    del model
     data = read_tensors(teacher_path, ["train_ids", "train_answers", "top_logp", "top_idx"], on)
     weights = answer_weights(data["train_answers"], kd["answer_weight"])
     curve, saved = distill_logits(student, data["train_ids"], data["top_logp"], data["top_idx"], kd["steps"],

@@ -170,17 +170,17 @@ def kv_items(kv_path: str, dict_size: int) -> dict[str, pl.DataFrame]:
     return {"kv_retrieval": at_dict_size(read_parquet(kv_path), dict_size, kv_path)}
 
 
-def budget_point_from_scores(summary_path: str, answers_path: str, dict_size: int) -> pl.DataFrame | None:
+def budget_point_from_scores(summary_path: str, answers_path: str, table: pl.DataFrame) -> pl.DataFrame | None:
     """The budget curve's last point (the student itself) from its hybrid_score results: the
-    summary of its KV answers at `dict_size` keys with their context-swapped predictions, and
-    its held-out perplexity. None where they do not have it (KV not scored, or its degeneracy
-    check drawn from other items): the point is then scored."""
+    summary of its KV answers on the items of `table` (the curve's, one dictionary size) with
+    their context-swapped predictions, and its held-out perplexity. None where they do not have
+    it (KV not scored or cut to fewer items, or its degeneracy check drawn from other items):
+    the point is then scored."""
     answers = read_parquet(answers_path)
     if "pred_swapped" not in answers.columns:
         return None
-    items = answers.filter((pl.col("task") == "kv_retrieval") & (pl.col("group") == str(dict_size)))
-    checked = items.filter(pl.col("pred_swapped").is_not_null())
-    if items.is_empty() or len(checked) != len(items):
+    items = answers.filter((pl.col("task") == "kv_retrieval") & pl.col("item_id").is_in(table["item_id"].implode()))
+    if len(items) != len(table) or items["pred_swapped"].null_count():
         return None
     summary = read_parquet(summary_path)
     heldout = summary.filter(pl.col("task") == "heldout").select("task", "group", "n", "metric", "value")
@@ -203,7 +203,7 @@ def run_hybrid_budget(model_name: str, variant: str, model_dir: str, checkpoints
     states[spec["kd_steps"]] = snapshot(model)
     tables = kv_items(kv_path, dict_size)
     heldout = read_tensors(teacher_path, ["heldout_ids"], device_of(model))["heldout_ids"]
-    last = (budget_point_from_scores(summary_path, answers_path, dict_size)
+    last = (budget_point_from_scores(summary_path, answers_path, tables["kv_retrieval"])
             if summary_path is not None and answers_path is not None else None)
     frames = []
     for step in sorted(states):

@@ -320,8 +320,17 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
     # answers without the check on every item of that size are not read: the point is scored
     run_hybrid_score("tiny", "k2-n4", str(root / "k2"), str(root / "teacher.safetensors"), [p["kv_retrieval.parquet"]],
                      str(root / "s0.parquet"), str(root / "a0.parquet"), max_items=None, swap_items=0, batch_size=2)
-    assert budget_point_from_scores(str(root / "s0.parquet"), str(root / "a0.parquet"), 5) is None
-    assert budget_point_from_scores(str(root / "s5.parquet"), str(root / "a5.parquet"), 3) is None
+    kv = pl.read_parquet(p["kv_retrieval.parquet"])
+    at = {size: kv.filter(pl.col("dict_size") == size) for size in (3, 5)}
+    assert budget_point_from_scores(str(root / "s0.parquet"), str(root / "a0.parquet"), at[5]) is None
+    assert budget_point_from_scores(str(root / "s5.parquet"), str(root / "a5.parquet"), at[3]) is None
+    # nor answers on fewer items than the curve's (hybrid.eval_items cuts the tables)
+    run_hybrid_score("tiny", "k2-n4", str(root / "k2"), str(root / "teacher.safetensors"), [p["kv_retrieval.parquet"]],
+                     str(root / "s1.parquet"), str(root / "a1.parquet"), max_items=3, swap_items=2, batch_size=2,
+                     swap_dict_size=5)
+    assert len(pl.read_parquet(root / "a1.parquet").filter(pl.col("group") == "5")) == 1
+    assert budget_point_from_scores(str(root / "s1.parquet"), str(root / "a1.parquet"), at[5]) is None
+    assert budget_point_from_scores(str(root / "s5.parquet"), str(root / "a5.parquet"), at[5]) is not None
     # step 0 is the aligned student: the same scores as a student built from the aligned file
     aligned = load_aligned(make_hybrid(copy.deepcopy(load_model(p["teacher"])[0]), [(2, 1), (0, 3)], 4),
                            read_tensors(str(root / "align.safetensors")))
