@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gna.engine.packing import PackedBatch, collate, pack
+from gna.engine.precision import linears_in_full_precision
 
 # decoder-layer containers and final norms across families (Llama/Gemma/Qwen/Phi/OLMo: layers,
 # norm; GPT-2: h, ln_f; GPT-NeoX: final_layer_norm; Mamba: norm_f; Zamba2: final_layernorm)
@@ -329,11 +330,12 @@ def check_engine(model) -> DecoderStack:
     items = [pack(context, choices)] if stack.packs_choices else [pack(context, [c]) for c in choices]
     batch = collate(items, dtype, device)
     layers = list(range(stack.n_layers))
-    run = stack.record(batch, keep={0})
-    engine = [t for totals, _ in stack.readout(run.final, batch) for t in totals]
-    # the variants call the layers again with the recorded arguments: that path must agree too
-    replayed = [t for totals, _ in stack.readout(stack.run(run.entering[0], run, layers), batch) for t in totals]
-    reference = reference_scores(model, context, choices)[0]
+    with linears_in_full_precision(model):  # a structural check: both paths in the weights' dtype
+        run = stack.record(batch, keep={0})
+        engine = [t for totals, _ in stack.readout(run.final, batch) for t in totals]
+        # the variants call the layers again with the recorded arguments: that path must agree too
+        replayed = [t for totals, _ in stack.readout(stack.run(run.entering[0], run, layers), batch) for t in totals]
+        reference = reference_scores(model, context, choices)[0]
     worst = max(abs(a - b) for a, b in zip(engine + replayed, reference + reference))
     scale = 1e-2 if dtype != torch.float32 else CHECK_TOLERANCE
     if not worst <= scale * max(1.0, max(abs(r) for r in reference)):

@@ -79,3 +79,25 @@ def test_bf16_scoring_agrees_with_float32(tiny_llama):
     diff = (reference["logp_target"] - fast["logp_target"]).abs().max()
     assert 0 < diff < 0.05, diff
     assert pl.Series(reference["pred"] == fast["pred"]).mean() >= 5 / 6
+
+
+def test_the_engine_probe_runs_bf16_linears_in_full_precision(tiny_llama):
+    """check_engine compares the engine with the model's own forward: a structural check, made
+    with the weights themselves, so a badly conditioned model in bf16 is not refused for
+    rounding (seen on an unaligned student); afterwards the bf16 copies are used again."""
+    from gna.engine.precision import linears_in_full_precision
+    from gna.engine.stack import check_engine
+
+    model = tiny_llama[0]
+    fast = linears_computed_in(copy.deepcopy(model), "bfloat16")
+    ids = _ids(model, 3)
+    with linears_in_full_precision(fast):
+        assert torch.equal(_logp(fast, ids), _logp(model, ids))
+    assert (_logp(fast, ids) - _logp(model, ids)).abs().max() > 0
+    calls = []
+    up = fast.base_model.layers[0].mlp.up_proj
+    handle = up.register_forward_pre_hook(lambda m, args: calls.append("forward" in vars(m)))
+    check_engine(fast)
+    handle.remove()
+    assert calls and not any(calls)  # the probe ran with the class's own forward
+    assert "forward" in vars(up)  # and the bf16 path is back
