@@ -41,7 +41,14 @@ def frozen_weights_in(model, dtype: torch.dtype | None):
             module.weight.data = data
 
 
+def _weight_state(weight: torch.Tensor) -> tuple[int, int]:
+    return weight._version, weight.data_ptr()
+
+
 def _linear_in_low_precision(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if module.weight_low_of != _weight_state(module.weight):  # changed in place since copied (a restored checkpoint)
+        module.weight_low = module.weight.detach().to(module.weight_low.dtype)
+        module.weight_low_of = _weight_state(module.weight)
     y = torch.nn.functional.linear(x.to(module.weight_low.dtype), module.weight_low)
     return (y.to(x.dtype) if module.bias is None else y.to(x.dtype) + module.bias.to(x.dtype))
 
@@ -52,9 +59,9 @@ def linears_computed_in(model, compute_dtype: str):
     input embeddings; logits are taken at few positions) keeps its weight and multiplies with a
     copy in that dtype, its input cast to it and its output cast back: the residual stream,
     norms, attention softmax and SSM scans stay in the model's dtype. Unlike autocast, nothing
-    else drops precision (half the log-prob error on SmolLM2, tested against float32). For
-    evaluation only: the copies do not follow later changes to the weights, so those stop
-    taking gradients. Returns `model`."""
+    else drops precision (half the log-prob error on SmolLM2, tested against float32). A copy is
+    made again when its weight changed in place (a checkpoint restored: the budget curve). For
+    evaluation only: the weights stop taking gradients (none would reach them). Returns `model`."""
     low = COMPUTE_DTYPES[compute_dtype]
     if low is None:
         return model
@@ -66,6 +73,7 @@ def linears_computed_in(model, compute_dtype: str):
         if isinstance(module, torch.nn.Linear) and module is not head and module.weight.dtype != low:
             module.weight.requires_grad_(False)
             module.register_buffer("weight_low", module.weight.detach().to(low), persistent=False)
+            module.weight_low_of = _weight_state(module.weight)
             module.forward = functools.partial(_linear_in_low_precision, module)
     return model
 

@@ -101,3 +101,19 @@ def test_the_engine_probe_runs_bf16_linears_in_full_precision(tiny_llama):
     handle.remove()
     assert calls and not any(calls)  # the probe ran with the class's own forward
     assert "forward" in vars(up)  # and the bf16 path is back
+
+
+def test_bf16_linears_follow_weights_changed_in_place(tiny_llama):
+    """A checkpoint restored into an evaluated student (the budget curve) changes its weights
+    in place: the bf16 copies must follow, or every point would score the last weights."""
+    model = tiny_llama[0]
+    fast = linears_computed_in(copy.deepcopy(model), "bfloat16")
+    ids = _ids(model, 4)
+    before = _logp(fast, ids)
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        for m in (fast, changed):
+            m.base_model.layers[1].mlp.down_proj.weight.mul_(0.5)
+    after = _logp(fast, ids)
+    assert (after - before).abs().max() > 0.01
+    assert torch.equal(after, _logp(linears_computed_in(changed, "bfloat16"), ids))
