@@ -80,6 +80,7 @@ rule distill_teacher:
         mmlu=MMLU_SELECTION,
         template=config["tasks"]["kv_retrieval"]["template"],
         dtype=config["dtype"],
+        compute_dtype=config["eval"]["compute_dtype"],
         code=code_of("distill_teacher"),
     log:
         "data/logs/distill_teacher/{model}.log",

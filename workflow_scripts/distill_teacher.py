@@ -5,4 +5,5 @@ from gna.core.runtime import setup
 setup(snakemake.log[0], snakemake.threads)
 p = snakemake.params
 run_distill_teacher(snakemake.input.model, snakemake.input.mmlu, snakemake.output[0], corpus=p.corpus,
-                    top_k=p.top_k, seed=p.seed, mmlu=p.mmlu, template=p.template, dtype=p.dtype)
+                    top_k=p.top_k, seed=p.seed, mmlu=p.mmlu, template=p.template, dtype=p.dtype,
+                    compute_dtype=p.compute_dtype)

@@ -14,7 +14,6 @@ import time
 import numpy as np
 import polars as pl
 import torch
-from scipy.stats import spearmanr
 from tqdm.auto import tqdm
 
 from gna.engine.device import device_of
@@ -33,22 +32,46 @@ def _summary(frame: pl.DataFrame) -> dict:
             "n": len(frame)}
 
 
+def score_ablations(model, tok, table: pl.DataFrame, ablations: dict, layers: list[int] | None = None,
+                    batch_size: int = 8, progress: bool = True, desc: str = "ablations") -> dict:
+    """{key: per-item frame} of `table` scored by the model made of `layers` (default all) with the
+    heads of each entry of `ablations` {key: [(layer, head), …]} ablated together; an empty list
+    is the model itself. Exact prefix reuse (gna.engine.scoring.score_variants): per batch one
+    pass records the hidden state entering each layer, and each ablation reruns only the layers
+    from its first ablated head's on — the same scores as a full forward per ablation (tested),
+    with the model itself read from that pass."""
+    if not ablations:
+        return {}
+    sites = head_sites(model)
+    layers = list(range(len(decoder_layers(model)))) if layers is None else list(layers)
+    plain = [key for key, heads in ablations.items() if not heads]
+    variants = []
+    for key, heads in ablations.items():
+        if not heads:
+            continue
+        outside = sorted({layer for layer, _ in heads} - set(layers))
+        if outside:
+            raise ValueError(f"cannot ablate heads of layers {outside}: not among the layers run {layers}")
+        start = min(layers.index(layer) for layer, _ in heads)
+        variants.append(Variant(key, layers[start], layers[start:],
+                                context=lambda heads=heads: ablate_heads(model, heads, sites)))
+    frames = score_variants(model, tok, table, layers, variants, batch_size, progress, desc,
+                            base_key=plain[0] if plain else None)
+    return {key: frames[plain[0] if key in plain else key] for key in ablations}
+
+
 def sweep_heads(model, tok, table: pl.DataFrame, heads: list[tuple[int, int]] | None = None, batch_size: int = 8,
                 progress: bool = True) -> pl.DataFrame:
     """Ablate each head alone; accuracy and mean log-prob of the correct choice per head.
 
     Exact for every family the engine runs: the hidden state entering layer L is computed once
-    per batch and only layers L..end rerun for that layer's heads (gna.engine.scoring.score_variants).
+    per batch and only layers L..end rerun for that layer's heads (score_ablations).
     Returns one row per head plus a row with layer = head = -1 for the unablated model, scored
     from the same recorded pass."""
     sites = head_sites(model)
     heads = heads if heads is not None else all_heads(model)
-    layers = list(range(len(decoder_layers(model))))
-    variants = [Variant((layer, head), layer, layers[layer:],
-                        context=lambda layer=layer, head=head: ablate_heads(model, [(layer, head)], sites))
-                for layer, head in heads]
-    frames = score_variants(model, tok, table, layers, variants, batch_size, progress, desc="head sweep",
-                            base_key="base")
+    frames = score_ablations(model, tok, table, {"base": [], **{head: [head] for head in heads}},
+                             batch_size=batch_size, progress=progress, desc="head sweep")
     rows = [{"layer": -1, "head": -1, "kind": "none", **_summary(frames["base"])}]
     rows += [{"layer": layer, "head": head, "kind": site_of(sites, layer, head)[0].kind,
               **_summary(frames[(layer, head)])} for layer, head in heads]
@@ -168,6 +191,8 @@ def attribution_scores(model, tok, table: pl.DataFrame, batch_size: int = 8, pro
 
 def spearman(a: list[float], b: list[float]) -> float:
     """Spearman rank correlation of two equally long lists."""
+    from scipy.stats import spearmanr  # scipy.stats takes 0.6 s to import: only the attribution check needs it
+
     return float(spearmanr(np.asarray(a), np.asarray(b)).statistic)
 
 

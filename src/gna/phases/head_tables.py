@@ -13,23 +13,25 @@ import logging
 import random
 
 import polars as pl
-from tqdm.auto import tqdm
 
-from gna.engine.hooks import ablate_heads, all_heads, head_sites, heads_per_layer
+from gna.engine.hooks import all_heads, head_sites, heads_per_layer
 from gna.core.io import read_json, read_parquet, write_parquet
 from gna.models.prepare import load_model
-from gna.engine.scoring import known_items, score_table, summarize_task
+from gna.engine.scoring import known_items, summarize_task
+from gna.phases.head_ablation import score_ablations
 from gna.tasks.tables import build_kv_retrieval, load_item_scores, load_task_tables
 
 log = logging.getLogger("gna.phases.head_tables")
 
 
-def _score(model, tok, tables: dict[str, pl.DataFrame], heads, layers=None, batch_size=8) -> pl.DataFrame:
-    """summarize_task of every task with `heads` ablated (and only `layers` run, if given)."""
-    with ablate_heads(model, heads):
-        return pl.concat([summarize_task(score_table(model, tok, table, batch_size=batch_size, progress=False,
-                                                     layers=layers))
-                          for table in tables.values()])
+def _score(model, tok, tables: dict[str, pl.DataFrame], ablations: dict, layers=None, batch_size=8,
+           progress: bool = False, desc: str = "ablations") -> dict[object, pl.DataFrame]:
+    """{key: summarize_task of every task, concatenated in table order} with the heads of each
+    entry of `ablations` {key: heads} ablated (and only `layers` run, if given), all conditions
+    of a task sharing one pass (score_ablations)."""
+    per_task = [score_ablations(model, tok, table, ablations, layers, batch_size, progress, f"{desc}: {task}")
+                for task, table in tables.items()]
+    return {key: pl.concat([summarize_task(frames[key]) for frames in per_task]) for key in ablations}
 
 
 def _top(ranking: pl.DataFrame, k: int) -> list[tuple[int, int]]:
@@ -56,17 +58,26 @@ def remove_top_k(model, tok, ranking: pl.DataFrame, tables: dict[str, pl.DataFra
         for draw in range(random_draws):
             rng = random.Random(f"random-heads-{seed}-{k}-{draw}")
             jobs.append(("random", k, draw, sorted(rng.sample(population, min(k, len(population))))))
-    frames = []
-    for condition, k, draw, heads in tqdm(jobs, desc="remove top-k", disable=not progress, mininterval=2.0):
-        use = tables if condition == "top" else {t: tables[t] for t in control_tasks if t in tables}
-        if k == 0 and scored and set(use) <= set(scored):
-            summary = pl.concat([summarize_task(known_items(table, scored[t])) for t, table in use.items()])
-        else:
-            summary = _score(model, tok, use, heads, batch_size=batch_size)
-        frames.append(summary.with_columns(
+
+    def used_by(condition: str) -> list[str]:
+        return list(tables) if condition == "top" else [t for t in control_tasks if t in tables]
+
+    # per task, every condition scoring it in one pass (k = 0 read from the baseline where given)
+    summaries = {}
+    for task, table in tables.items():
+        wanted = {i: heads for i, (condition, k, _, heads) in enumerate(jobs) if task in used_by(condition)}
+        if scored and task in scored:
+            for i in [i for i in wanted if jobs[i][1] == 0]:
+                summaries[i, task] = summarize_task(known_items(table, scored[task]))
+                del wanted[i]
+        summaries.update({(i, task): summary
+                          for i, summary in _score(model, tok, {task: table}, wanted, batch_size=batch_size,
+                                                   progress=progress, desc="remove top-k").items()})
+    return pl.concat([
+        pl.concat([summaries[i, task] for task in used_by(condition)]).with_columns(
             pl.lit(condition).alias("condition"), pl.lit(k).alias("k"), pl.lit(draw).alias("draw"),
-            pl.lit(" ".join(f"L{l}H{h}" for l, h in heads)).alias("heads")))
-    return pl.concat(frames)
+            pl.lit(" ".join(f"L{l}H{h}" for l, h in heads)).alias("heads"))
+        for i, (condition, k, draw, heads) in enumerate(jobs)])
 
 
 def critical_heads(ranking: pl.DataFrame, kept_layers: list[int]) -> list[tuple[int, int]]:
@@ -99,10 +110,11 @@ def heads_kept(model, tok, ranking: pl.DataFrame, kept_layers: list[int], tables
         (f"only H{head_a} / ∅", str(head_a), "∅", others_a + others_b + [(layer_b, head_b)]),
         ("∅ / ∅", "∅", "∅", others_a + others_b + [(layer_a, head_a), (layer_b, head_b)]),
     ]
+    summaries = _score(model, tok, tables, {label: ablated for label, _, _, ablated in variants}, layers=kept_layers,
+                       batch_size=batch_size, progress=progress, desc="heads kept")
     frames = []
-    for label, kept_a, kept_b, ablated in tqdm(variants, desc="heads kept", disable=not progress):
-        summary = _score(model, tok, tables, ablated, layers=kept_layers, batch_size=batch_size)
-        frames.append(summary.with_columns(
+    for label, kept_a, kept_b, _ in variants:
+        frames.append(summaries[label].with_columns(
             pl.lit(label).alias("variant"), pl.lit(layer_a).alias("layer_a"), pl.lit(kept_a).alias("kept_a"),
             pl.lit(layer_b).alias("layer_b"), pl.lit(kept_b).alias("kept_b"),
             pl.lit(len(kept_layers)).alias("layers_kept")))
@@ -113,11 +125,13 @@ def dict_size_curves(model, tok, ranking: pl.DataFrame, table: pl.DataFrame, bat
                      progress: bool = True) -> pl.DataFrame:
     """KV accuracy per dictionary size with nothing, the #1 head, or the #2 head removed."""
     first, second = _top(ranking, 2)
+    conditions = {"none removed": [], f"#1 L{first[0]}H{first[1]} removed": [first],
+                  f"#2 L{second[0]}H{second[1]} removed": [second]}
+    summaries = _score(model, tok, {"kv_retrieval": table}, conditions, batch_size=batch_size, progress=progress,
+                       desc="dictionary sizes")
     frames = []
-    for label, heads in [("none removed", []), (f"#1 L{first[0]}H{first[1]} removed", [first]),
-                         (f"#2 L{second[0]}H{second[1]} removed", [second])]:
-        summary = _score(model, tok, {"kv_retrieval": table}, heads, batch_size=batch_size)
-        frames.append(summary.filter(pl.col("group") != "all").with_columns(
+    for label in conditions:
+        frames.append(summaries[label].filter(pl.col("group") != "all").with_columns(
             pl.lit(label).alias("condition"), pl.col("group").cast(pl.Int64).alias("dict_size")))
     return pl.concat(frames)
 

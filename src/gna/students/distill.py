@@ -18,6 +18,7 @@ Only SSM parameters (HybridMixer.ssm_state) are trained; every teacher weight st
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import math
 from pathlib import Path
@@ -75,12 +76,13 @@ def teacher_activations(model, ids: torch.Tensor, top_k: int, hidden_windows: in
 
 
 def run_distill_teacher(model_dir: str, mmlu_path: str, out_path: str, corpus: dict, top_k: int, seed: int,
-                        mmlu: dict, template: str, dtype: str = "float32") -> None:
+                        mmlu: dict, template: str, dtype: str = "float32", compute_dtype: str = "float32") -> None:
     """Build the corpus (gna.students.corpus.build_corpus, from the MMLU questions outside the evaluation
     subset `mmlu` {n, seed, topics}) and write the teacher file `out_path`: teacher_activations
     on the train windows (hidden of the first corpus["align_windows"], top_logp, top_idx) plus
-    the windows (train_ids, train_answers, heldout_ids)."""
-    model, tok = load_model(model_dir, dtype)
+    the windows (train_ids, train_answers, heldout_ids). `compute_dtype`: the teacher's linear
+    layers computed in it, as in every evaluation (gna.engine.precision.linears_computed_in)."""
+    model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
     try:
         check_student_family(model)
     except UnsupportedModel as err:
@@ -329,15 +331,50 @@ def restore(student, state: dict[str, torch.Tensor]):
     return student
 
 
+def _cross_entropy_per_position(logits: torch.Tensor, target: torch.Tensor, top_idx: torch.Tensor) -> torch.Tensor:
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(target * logp.gather(-1, top_idx.long())).sum(-1)
+
+
 def kd_loss(logits: torch.Tensor, target: torch.Tensor, top_idx: torch.Tensor,
             weights: torch.Tensor | None = None) -> torch.Tensor:
     """Cross-entropy of the student's next-token distribution (`logits` [B, T, V]) to the
     teacher's renormalised top-k (`target` probabilities at `top_idx`, [B, T, k]), averaged over
-    positions with `weights` [B, T] (default 1)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    per_position = -(target * logp.gather(-1, top_idx.long())).sum(-1)
+    positions with `weights` [B, T] (default 1). The reference of kd_backward."""
+    per_position = _cross_entropy_per_position(logits, target, top_idx)
     weights = torch.ones_like(per_position) if weights is None else weights
     return (weights * per_position).sum() / weights.sum()
+
+
+# positions whose vocabulary projection kd_backward holds at once: the whole batch's logits in
+# float32, their log-softmax and its gradient were the largest tensors of a training step
+KD_HEAD_ROWS = 256
+
+
+def kd_backward(student, ids: torch.Tensor, target: torch.Tensor, top_idx: torch.Tensor, weights: torch.Tensor,
+                low: torch.dtype | None = None, head_rows: int = KD_HEAD_ROWS) -> float:
+    """Forward and backward of kd_loss(student(ids).logits, target, top_idx, weights), the
+    output head and loss taken `head_rows` positions at a time: the decoder runs once, each
+    slice's head, log-softmax and gradient are freed before the next, and the gradient reaching
+    the decoder's output is passed back through it once. Same gradients as kd_loss's backward
+    (tested). `low`: bf16 autocast for the forward, as in distill_logits. Returns the loss."""
+    autocast = functools.partial(torch.autocast, ids.device.type, dtype=torch.bfloat16, enabled=low is not None)
+    with autocast():
+        hidden = student.base_model(input_ids=ids, use_cache=False).last_hidden_state
+    flat = hidden.detach().reshape(-1, hidden.shape[-1]).requires_grad_(True)
+    head = student.get_output_embeddings()
+    target, top_idx = target.reshape(-1, target.shape[-1]), top_idx.reshape(-1, top_idx.shape[-1])
+    weights = weights.reshape(-1).float()
+    total, loss = weights.sum(), 0.0
+    for start in range(0, len(flat), head_rows):
+        rows = slice(start, start + head_rows)
+        with autocast():
+            logits = head(flat[rows])
+        part = (weights[rows] * _cross_entropy_per_position(logits, target[rows], top_idx[rows])).sum() / total
+        part.backward()
+        loss += part.item()
+    hidden.backward(flat.grad.view_as(hidden))
+    return loss
 
 
 def distill_logits(student, ids: torch.Tensor, top_logp: torch.Tensor, top_idx: torch.Tensor, steps: int,
@@ -375,15 +412,12 @@ def distill_logits(student, ids: torch.Tensor, top_logp: torch.Tensor, top_idx: 
                 for g in opt.param_groups:
                     g["lr"] = lr * _schedule(step, steps, warmup)
                 pick = torch.randperm(len(ids), generator=rng, device="cpu")[:batch].to(ids.device)
-                with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=low is not None):
-                    logits = student(input_ids=ids[pick], use_cache=False).logits
-                loss = kd_loss(logits, target[pick], top_idx[pick], weights[pick])
                 opt.zero_grad(set_to_none=True)
-                loss.backward()
+                loss = kd_backward(student, ids[pick], target[pick], top_idx[pick], weights[pick], low)
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
                 opt.step()
-                bar.set_postfix(loss=f"{loss.item():.3f}")
-                curve.append({"stage": "kd", "step": step, "loss": loss.item()})
+                bar.set_postfix(loss=f"{loss:.3f}")
+                curve.append({"stage": "kd", "step": step, "loss": loss})
                 if step + 1 in checkpoints:
                     saved[step + 1] = snapshot(student)
     finally:

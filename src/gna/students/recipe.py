@@ -9,7 +9,6 @@ full recipe and "alignment only" come from the student itself and its budget cur
 
 from __future__ import annotations
 
-import copy
 import logging
 
 import polars as pl
@@ -30,16 +29,19 @@ log = logging.getLogger("gna.students.recipe")
 
 def ablated_student(teacher, kept: list[tuple[int, int]], state_size: int, ablation: str, aligned: dict,
                     data: dict, align: dict, kd: dict, align_windows: int, seed: int):
-    """A student trained by the recipe with `ablation` (a key of ABLATIONS) removed. aligned:
-    the recipe's aligned SSM heads at `state_size`; data: the teacher file's tensors."""
+    """A student trained by the recipe with `ablation` (a key of ABLATIONS) removed, made from
+    `teacher` in place (the teacher's forward is in the teacher file; no copy is held beside the
+    student). aligned: the recipe's aligned SSM heads at `state_size`; data: the teacher file's
+    tensors."""
     if ablation not in ABLATIONS:
         raise ValueError(f"unknown distillation ablation {ablation!r}; allowed: {', '.join(ABLATIONS)}")
-    student = make_hybrid(copy.deepcopy(teacher), kept, state_size)
+    if ablation == "no_first_token":  # aligned again, from the teacher before it becomes the student
+        aligned, _ = align_layers(teacher, data["hidden"], state_size, align["steps"], align["batch"], align["lr"],
+                                  seed, first_token=False, compute_dtype=align.get("compute_dtype", "float32"))
+    student = make_hybrid(teacher, kept, state_size)
     if ablation == "init_only":
         return student
     if ablation == "no_first_token":
-        aligned, _ = align_layers(teacher, data["hidden"], state_size, align["steps"], align["batch"], align["lr"],
-                                  seed, first_token=False, compute_dtype=align.get("compute_dtype", "float32"))
         for m in mixers(student):
             m.first_token_share = False
     if ablation != "no_align":

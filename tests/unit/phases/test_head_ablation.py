@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from gna.phases.head_tables import critical_heads, dict_size_curves, heads_kept, remove_top_k
-from gna.phases.head_ablation import (attribution_scores, compare_attribution, rank_attribution, rank_heads, spearman,
+from gna.phases.head_ablation import (attribution_scores, compare_attribution, rank_attribution, rank_heads, score_ablations,
+                                      spearman,
                                       sweep_cost, sweep_heads, sweep_heads_naive, sweep_heads_verified, top_heads,
                                       within_budget, attribution_cost)
 from gna.engine.hooks import ablate_heads, active_hooks, all_heads, head_sites
@@ -73,6 +74,25 @@ def test_fast_sweep_equals_full_forward_per_head(tiny_llama):
         hf = score_table_ref(model, tok, KV)
     np.testing.assert_allclose(np.concatenate(naive[(1, 2)]["logprobs"].to_list()),
                                np.concatenate(hf["logprobs"].to_list()), atol=1e-4)
+
+
+@pytest.mark.parametrize("layers", [None, [0, 2]])
+def test_ablations_sharing_one_pass_equal_a_full_forward_each(tiny_llama, layers):
+    """The head tables' fast path (one recorded pass, each ablation rerun from its first ablated
+    layer) against its reference: score_table with the heads ablated, once per condition."""
+    model, tok = tiny_llama
+    ablations = {"none": [], "one late": [(2, 1)], "two": [(2, 0), (2, 3)], "early and late": [(0, 2), (2, 0)]}
+    fast = score_ablations(model, tok, KV, ablations, layers, progress=False)
+    assert list(fast) == list(ablations) and active_hooks(model) == 0
+    for key, heads in ablations.items():
+        with ablate_heads(model, heads):
+            ref = score_table(model, tok, KV, progress=False, layers=layers)
+        assert fast[key]["pred"].to_list() == ref["pred"].to_list()
+        np.testing.assert_allclose(np.concatenate(fast[key]["logprobs"].to_list()),
+                                   np.concatenate(ref["logprobs"].to_list()), atol=1e-5)
+    assert not np.allclose(fast["two"]["logp_target"], fast["none"]["logp_target"])
+    with pytest.raises(ValueError, match=r"cannot ablate heads of layers \[1\]: not among the layers run"):
+        score_ablations(model, tok, KV, {"x": [(1, 0)]}, [0, 2], progress=False)
 
 
 def test_ranking_and_attribution(tiny_llama):

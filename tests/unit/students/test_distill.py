@@ -13,7 +13,7 @@ from conftest import MINI_MMLU
 from gna.engine.precision import frozen_weights_in
 from gna.students.corpus import (answer_tokens, answered_kv, check_no_evaluation_items, corpus_kv_seed, run_corpus_check,
                                  split_pool, token_windows)
-from gna.students.distill import (align_layers, answer_weights, distill_logits, kd_loss, first_token_attention, head_errors,
+from gna.students.distill import (align_layers, answer_weights, distill_logits, kd_backward, kd_loss, first_token_attention, head_errors,
                                   init_from_teacher_maps, load_aligned,
                                   restore, run_distill_align, run_distill_kd, run_distill_teacher, snapshot,
                                   teacher_activations)
@@ -402,7 +402,7 @@ def test_each_ablation_removes_its_ingredient(phase, ablation):
     aligned = read_tensors(str(root / "align.safetensors"))
     kept = [(2, 1), (0, 3)]
     args = dict(align={"steps": 2, "batch": 2, "lr": 1e-3}, kd={**KD, "steps": 1}, align_windows=4, seed=1)
-    student = ablated_student(teacher, kept, 4, ablation, aligned, data, **args)
+    student = ablated_student(copy.deepcopy(teacher), kept, 4, ablation, aligned, data, **args)
     state = snapshot(student)
     init = snapshot(make_hybrid(copy.deepcopy(teacher), kept, 4))
     from_aligned = snapshot(load_aligned(make_hybrid(copy.deepcopy(teacher), kept, 4), aligned))
@@ -416,7 +416,7 @@ def test_each_ablation_removes_its_ingredient(phase, ablation):
     if ablation == "no_first_token":  # the share's parameters are not trained
         assert all(torch.equal(init[k], state[k]) for k in state if ".sink_proj." in k)
     with pytest.raises(ValueError, match="unknown distillation ablation 'nope'"):
-        ablated_student(teacher, kept, 4, "nope", aligned, data, **args)
+        ablated_student(copy.deepcopy(teacher), kept, 4, "nope", aligned, data, **args)
 
 
 def test_ablation_rule_writes_scored_rows(phase):
@@ -484,6 +484,34 @@ def test_head_errors_are_zero_where_an_ssm_head_reproduces_its_teacher(tiny_llam
     # at the first position an SSM head outputs the first token's value, exactly what attention
     # over one token gives
     assert head_errors(student, hidden[:, :, :1])["rel_error"].max() < 1e-10
+
+
+@pytest.mark.parametrize("low", [None, torch.bfloat16])
+def test_kd_backward_by_slices_gives_the_gradients_of_the_whole_loss(tiny_llama, low):
+    """The fast path (output head and loss a few positions at a time, slices that do not divide
+    the batch) against its reference: kd_loss on the whole batch's logits, then backward."""
+    model, _ = tiny_llama
+    ids = torch.randint(0, model.config.vocab_size, (3, 10), generator=torch.Generator().manual_seed(5))
+    acts = teacher_activations(model, ids, top_k=6, progress=False)
+    target = torch.softmax(acts["top_logp"].float(), -1)
+    marked = torch.zeros(3, 10, dtype=torch.bool)
+    marked[:, 4] = True
+    weights = answer_weights(marked, 5.0)
+    student = make_hybrid(copy.deepcopy(model), [(1, 0)], 4)
+    student.requires_grad_(False)
+    params = [p for m in mixers(student) for p in m.ssm_params()]
+    for p in params:
+        p.requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=low is not None):
+        logits = student(input_ids=ids, use_cache=False).logits
+    reference = kd_loss(logits, target, acts["top_idx"], weights)
+    expected = torch.autograd.grad(reference, params)
+    loss = kd_backward(student, ids, target, acts["top_idx"], weights, low, head_rows=7)
+    got = [p.grad for p in params]
+    assert loss == pytest.approx(reference.item(), rel=1e-5)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)
+    assert any(e.abs().max() > 0 for e in expected)
 
 
 def test_bf16_distillation_step_agrees_with_the_float32_reference(tiny_llama):
