@@ -22,12 +22,12 @@ import torch
 
 from gna.students.spec import load_any
 from gna.phases.gather_aggregate import ROLES, Segments, best_role_head, kv_row_segments, mmlu_row_segments
-from gna.engine.hooks import ablate_heads
 from gna.students.mixer import mixers, ssm_heads_of
 from gna.core.io import read_parquet, write_parquet
 from gna.core.stats import wilson_interval
 from gna.engine.packing import PackedBatch
 from gna.engine.scoring import score_table
+from gna.phases.head_ablation import score_ablations
 from gna.tasks.tables import build_kv_retrieval, load_task_tables
 
 log = logging.getLogger("gna.phases.masking")
@@ -150,10 +150,10 @@ def masking_experiment(model, tok, table: pl.DataFrame, segment_fn, heads: dict[
     retrieval `table`; on `knowledge` (e.g. MMLU cloze, which has no segments) (a) and (b) only.
     The heads column is heads_label(heads, ssm_heads)."""
     def plain_and_ablated(items: pl.DataFrame) -> list[tuple[str, pl.DataFrame]]:
-        plain = score_table(model, tok, items, batch_size=batch_size, progress=False)
-        with ablate_heads(model, list(heads.values())):
-            ablated = score_table(model, tok, items, batch_size=batch_size, progress=False)
-        return [(CONDITIONS[0], plain), (CONDITIONS[1], ablated)]
+        # one pass: (b) reruns only the layers from its first head's on (exact prefix reuse)
+        frames = score_ablations(model, tok, items, {CONDITIONS[0]: [], CONDITIONS[1]: list(heads.values())},
+                                 batch_size=batch_size, progress=False)
+        return list(frames.items())
 
     results = plain_and_ablated(table)
     results.append((CONDITIONS[2], score_masked(model, tok, table, segment_fn, heads, True, batch_size)))
