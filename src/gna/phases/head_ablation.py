@@ -3,7 +3,7 @@ and how well it agrees with the exact sweep, and the workflow phases heads_sweep
 heads_attribution that run them on KV-retrieval prompts.
 
 Heads and their ablation hooks are gna.engine.hooks; the sweep scores every head through the engine's
-prefix reuse (gna.engine.scoring.score_variants), with one full forward per head as the reference.
+prefix reuse (gna.engine.ablation.score_ablations), with one full forward per head as the reference.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from gna.engine.device import device_of
 from gna.engine.hooks import HeadSite, ablate_heads, all_heads, head_sites, site_of
 from gna.core.io import read_parquet, write_json, write_parquet
 from gna.models.prepare import load_model
-from gna.engine.scoring import Variant, run_batches, score_table, score_variants
+from gna.engine.ablation import score_ablations
+from gna.engine.scoring import run_batches, score_table
 from gna.engine.stack import check_engine, decoder_layers
 from gna.tasks.tables import build_kv_retrieval
 
@@ -30,34 +31,6 @@ log = logging.getLogger("gna.phases.head_ablation")
 def _summary(frame: pl.DataFrame) -> dict:
     return {"acc": float(frame["correct"].mean()), "mean_logp": float(frame["logp_target"].mean()),
             "n": len(frame)}
-
-
-def score_ablations(model, tok, table: pl.DataFrame, ablations: dict, layers: list[int] | None = None,
-                    batch_size: int = 8, progress: bool = True, desc: str = "ablations") -> dict:
-    """{key: per-item frame} of `table` scored by the model made of `layers` (default all) with the
-    heads of each entry of `ablations` {key: [(layer, head), …]} ablated together; an empty list
-    is the model itself. Exact prefix reuse (gna.engine.scoring.score_variants): per batch one
-    pass records the hidden state entering each layer, and each ablation reruns only the layers
-    from its first ablated head's on — the same scores as a full forward per ablation (tested),
-    with the model itself read from that pass."""
-    if not ablations:
-        return {}
-    sites = head_sites(model)
-    layers = list(range(len(decoder_layers(model)))) if layers is None else list(layers)
-    plain = [key for key, heads in ablations.items() if not heads]
-    variants = []
-    for key, heads in ablations.items():
-        if not heads:
-            continue
-        outside = sorted({layer for layer, _ in heads} - set(layers))
-        if outside:
-            raise ValueError(f"cannot ablate heads of layers {outside}: not among the layers run {layers}")
-        start = min(layers.index(layer) for layer, _ in heads)
-        variants.append(Variant(key, layers[start], layers[start:],
-                                context=lambda heads=heads: ablate_heads(model, heads, sites)))
-    frames = score_variants(model, tok, table, layers, variants, batch_size, progress, desc,
-                            base_key=plain[0] if plain else None)
-    return {key: frames[plain[0] if key in plain else key] for key in ablations}
 
 
 def sweep_heads(model, tok, table: pl.DataFrame, heads: list[tuple[int, int]] | None = None, batch_size: int = 8,

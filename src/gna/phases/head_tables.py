@@ -18,7 +18,7 @@ from gna.engine.hooks import all_heads, head_sites, heads_per_layer
 from gna.core.io import read_json, read_parquet, write_parquet
 from gna.models.prepare import load_model
 from gna.engine.scoring import known_items, summarize_task
-from gna.phases.head_ablation import score_ablations
+from gna.engine.ablation import score_ablations
 from gna.tasks.tables import build_kv_retrieval, load_item_scores, load_task_tables
 
 log = logging.getLogger("gna.phases.head_tables")

@@ -27,7 +27,7 @@ from gna.core.io import read_parquet, write_parquet
 from gna.core.stats import wilson_interval
 from gna.engine.packing import PackedBatch
 from gna.engine.scoring import score_table
-from gna.phases.head_ablation import score_ablations
+from gna.engine.ablation import score_ablations
 from gna.tasks.tables import build_kv_retrieval, load_task_tables
 
 log = logging.getLogger("gna.phases.masking")

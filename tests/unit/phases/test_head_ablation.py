@@ -4,10 +4,11 @@ import pytest
 import torch
 
 from gna.phases.head_tables import critical_heads, dict_size_curves, heads_kept, remove_top_k
-from gna.phases.head_ablation import (attribution_scores, compare_attribution, rank_attribution, rank_heads, score_ablations,
+from gna.phases.head_ablation import (attribution_scores, compare_attribution, rank_attribution, rank_heads,
                                       spearman,
                                       sweep_cost, sweep_heads, sweep_heads_naive, sweep_heads_verified, top_heads,
                                       within_budget, attribution_cost)
+from gna.engine.ablation import score_ablations
 from gna.engine.hooks import ablate_heads, active_hooks, all_heads, head_sites
 from gna.engine.scoring import score_table
 from gna.tasks.tables import build_kv_retrieval
