@@ -46,10 +46,15 @@ def get_checkpoint_steps(wildcards):
     return checkpoint_steps(HYBRID["kd"]["steps"], curve["points"])
 
 
+def teacher_checks():
+    """The checks of the teacher's scores that keep a student off a task (hybrid.skip_where_teacher_*)."""
+    return [c for c in ("degenerate", "at_chance") if HYBRID[f"skip_where_teacher_{c}"]]
+
+
 def get_teacher_summary(wildcards):
-    """A student is not scored where its teacher is degenerate (hybrid.skip_where_teacher_degenerate),
-    so its scoring reads the teacher's."""
-    if wildcards.get("variant") == TEACHER_VARIANT or not HYBRID["skip_where_teacher_degenerate"]:
+    """A student is not scored where its teacher is degenerate or at chance (teacher_checks), so
+    its scoring reads the teacher's."""
+    if wildcards.get("variant") == TEACHER_VARIANT or not teacher_checks():
         return []
     return f"data/results/hybrid/{wildcards.model}/{TEACHER_VARIANT}.parquet"
 
@@ -192,6 +197,7 @@ rule hybrid_score:
         kv_dict_size=lambda wc: scored_dict_size(HYBRID, wc.variant),
         swap_dict_size=HYBRID["budget_curve"]["dict_size"],
         swap_items=HYBRID["degeneracy_items"],
+        teacher_checks=teacher_checks(),
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
         compute_dtype=config["eval"]["compute_dtype"],
@@ -289,6 +295,7 @@ rule hybrid_swap:
         variant=pure_ssm_variant(),
         max_items=HYBRID["eval_items"],
         swap_items=HYBRID["degeneracy_items"],
+        teacher_checks=teacher_checks(),
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
         compute_dtype=config["eval"]["compute_dtype"],
@@ -329,6 +336,8 @@ rule hybrid_memory:
 rule hybrid_answer_rows:
     input:
         model="data/models/" + student_name("{model}", "{variant}"),
+        # the unmodified condition is the student's own scores, read rather than computed again
+        answers="data/results/hybrid/{model}/answers/{variant}.parquet",
         tasks=list(TASK_FILES.values()),
         teacher_summary=get_teacher_summary,
         corpus_check=CORPUS_CHECK,
@@ -336,6 +345,7 @@ rule hybrid_answer_rows:
         "data/results/hybrid/{model}/answer-rows-{variant}.parquet",
     params:
         max_items=HYBRID["answer_rows_items"],
+        teacher_checks=teacher_checks(),
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
         compute_dtype=config["eval"]["compute_dtype"],

@@ -5,10 +5,14 @@ rule prune_gradual:
     input:
         model="data/models/{model}",
         tasks=expand("data/tasks/{task}.parquet", task=config["prune"]["tasks"]),
+        # the full model's scores, which say whether a task is at chance (then no depth is scored)
+        baseline=expand("data/results/baseline/{{model}}/{task}.items.parquet", task=config["prune"]["tasks"]),
     output:
         "data/results/prune/{model}/gradual.parquet",
     params:
         max_items=config["prune"]["max_items"],
+        skip_at_chance=config["prune"]["skip_at_chance"],
+        retrieval_task=config["prune"]["retrieval_task"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
         compute_dtype=config["eval"]["compute_dtype"],

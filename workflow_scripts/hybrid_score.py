@@ -9,5 +9,5 @@ run_hybrid_score(snakemake.wildcards.model, snakemake.wildcards.variant, snakema
                  snakemake.output.answers, max_items=p.max_items, swap_items=p.swap_items,
                  batch_size=p.batch_size, dtype=p.dtype,
                  compute_dtype=p.compute_dtype, baseline_paths=list(snakemake.input.baseline),
-                 teacher_summary_path=snakemake.input.teacher_summary or None, kv_dict_size=p.kv_dict_size,
-                 swap_dict_size=p.swap_dict_size)
+                 teacher_summary_path=snakemake.input.teacher_summary or None, teacher_checks=p.teacher_checks,
+                 kv_dict_size=p.kv_dict_size, swap_dict_size=p.swap_dict_size)

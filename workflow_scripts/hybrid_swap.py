@@ -8,4 +8,5 @@ run_hybrid_swap(snakemake.wildcards.model, p.variant, snakemake.input.model, sna
                 snakemake.input.teacher, list(snakemake.input.tasks), snakemake.output.summary,
                 snakemake.output.answers, max_items=p.max_items, swap_items=p.swap_items,
                 batch_size=p.batch_size, dtype=p.dtype, compute_dtype=p.compute_dtype,
-                teacher_summary_path=snakemake.input.teacher_summary or None, swap_dict_size=p.swap_dict_size)
+                teacher_summary_path=snakemake.input.teacher_summary or None, teacher_checks=p.teacher_checks,
+                swap_dict_size=p.swap_dict_size)

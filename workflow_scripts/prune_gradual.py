@@ -5,4 +5,6 @@ from gna.core.runtime import setup
 setup(snakemake.log[0], snakemake.threads)
 run_prune_gradual(snakemake.wildcards.model, snakemake.input.model, snakemake.input.tasks, snakemake.output[0],
                   max_items=snakemake.params.max_items, batch_size=snakemake.params.batch_size,
-                  dtype=snakemake.params.dtype, compute_dtype=snakemake.params.compute_dtype)
+                  dtype=snakemake.params.dtype, compute_dtype=snakemake.params.compute_dtype,
+                  skip_at_chance=snakemake.params.skip_at_chance, retrieval_task=snakemake.params.retrieval_task,
+                  baseline_paths=list(snakemake.input.baseline))

@@ -26,7 +26,7 @@ from gna.students.mixer import mixers, ssm_heads_of
 from gna.core.io import read_parquet, write_parquet
 from gna.core.stats import wilson_interval
 from gna.engine.packing import PackedBatch
-from gna.engine.scoring import score_table
+from gna.engine.scoring import known_or_scored, score_table
 from gna.engine.ablation import score_ablations
 from gna.tasks.tables import build_kv_retrieval, load_task_tables
 
@@ -109,9 +109,13 @@ def answer_rows_mask(batch: PackedBatch, n_heads: int, heads: list[int]) -> torc
     return mask
 
 
-def answer_rows_experiment(model, tables: dict[str, pl.DataFrame], tok, batch_size: int = 8) -> pl.DataFrame:
+def answer_rows_experiment(model, tables: dict[str, pl.DataFrame], tok, batch_size: int = 8,
+                           scored: dict[str, pl.DataFrame] | None = None) -> pl.DataFrame:
     """Hybrid students: every attention head's answer rows masked (SSM heads untouched), against
-    the unmodified student, on each task (the study's Zamba2 table)."""
+    the unmodified student, on each task (the study's Zamba2 table). `scored`: {task: per-item
+    scores of the unmodified student on its items (its hybrid_score answers)}, read for the
+    unmodified condition where they hold every item of the task's table, instead of scoring
+    those items again."""
     n_heads = model.config.num_attention_heads
     attention = {m.layer_idx: m.attention_heads for m in mixers(model) if m.attention_heads}
     if not attention:
@@ -122,7 +126,8 @@ def answer_rows_experiment(model, tables: dict[str, pl.DataFrame], tok, batch_si
 
     rows = []
     for task, table in tables.items():
-        for condition, frame in (("unmodified", score_table(model, tok, table, batch_size=batch_size, progress=False)),
+        plain = known_or_scored(model, tok, table, (scored or {}).get(task), batch_size)
+        for condition, frame in (("unmodified", plain),
                                  ("attention answer rows masked",
                                   score_table(model, tok, table, batch_size=batch_size, progress=False,
                                               layer_masks=layer_masks))):

@@ -16,8 +16,8 @@ import polars as pl
 from gna.core.io import read_json, read_parquet, write_json, write_parquet
 from gna.core.stats import wilson_interval
 from gna.models.prepare import load_model
-from gna.engine.scoring import chance_accuracy, score_removals, score_table, summarize_task
-from gna.tasks.tables import load_task_tables
+from gna.engine.scoring import chance_accuracy, known_or_scored, score_removals, score_table, summarize_task
+from gna.tasks.tables import load_item_scores, load_task_tables
 
 log = logging.getLogger("gna.phases.pruning")
 
@@ -28,16 +28,32 @@ def _tidy(per_item: pl.DataFrame, key: str) -> pl.DataFrame:
                       for value in per_item[key].unique().sort()])
 
 
-def gradual(model, tok, tables: dict[str, pl.DataFrame], batch_size: int = 8, progress: bool = True) -> pl.DataFrame:
+def gradual(model, tok, tables: dict[str, pl.DataFrame], batch_size: int = 8, progress: bool = True,
+            skip_at_chance: bool = False, always_scored: tuple[str, ...] = (),
+            scored: dict[str, pl.DataFrame] | None = None) -> pl.DataFrame:
     """Accuracy of every prefix model (k = 1..n layers) on each task, tidy:
-    task, group, n, metric, value, layers_kept."""
+    task, group, n, metric, value, layers_kept, skipped_reason.
+    skip_at_chance: a task on which the full model is at chance (`at_chance`) is scored on the
+    full model only (layers_kept = n), with the reason in skipped_reason (null where every depth
+    ran): no prefix can show a loss there. The tasks in `always_scored` (the retrieval task that
+    defines the minimal model) never are. `scored`: {task: the full model's per-item scores on
+    a superset of the table's items (its baseline)}, read for that decision instead of scoring
+    the full model first; a task without them is scored."""
     n = model.config.num_hidden_layers
     frames = []
     for task, table in tables.items():
-        items = score_table(model, tok, table, batch_size=batch_size, progress=progress,
-                            desc=f"gradual {task}", depths=list(range(1, n + 1)))
-        frames.append(_tidy(items.rename({"depth": "layers_kept"}), "layers_kept"))
-    return pl.concat(frames).with_columns(pl.lit("gradual").alias("experiment"))
+        reason = None
+        if skip_at_chance and task not in always_scored:
+            full = known_or_scored(model, tok, table, (scored or {}).get(task), batch_size)
+            reason = at_chance(full, table)
+        if reason is None:
+            items = score_table(model, tok, table, batch_size=batch_size, progress=progress,
+                                desc=f"gradual {task}", depths=list(range(1, n + 1))).rename({"depth": "layers_kept"})
+        else:
+            items = full.with_columns(pl.lit(n).alias("layers_kept"))
+            log.info("gradual pruning: %s on the full model only, %s", task, reason)
+        frames.append(_tidy(items, "layers_kept").with_columns(pl.lit(reason, dtype=pl.String).alias("skipped_reason")))
+    return pl.concat(frames, how="diagonal_relaxed").with_columns(pl.lit("gradual").alias("experiment"))
 
 
 def minimal_prefix(gradual_summary: pl.DataFrame, task: str, metric: str, fraction: float) -> dict:
@@ -66,7 +82,7 @@ def at_chance(per_item: pl.DataFrame, table: pl.DataFrame) -> str | None:
     if not low <= chance <= high:
         return None
     return (f"not distinguishable from chance at n={n}: accuracy {correct / n:.1%} [{low:.1%}, {high:.1%}] "
-            f"contains chance {chance:.1%}, so removing a layer cannot show a loss")
+            f"contains chance {chance:.1%}, so removing layers cannot show a loss")
 
 
 def individual(model, tok, tables: dict[str, pl.DataFrame], kept_layers: list[int], batch_size: int = 8,
@@ -93,11 +109,17 @@ def individual(model, tok, tables: dict[str, pl.DataFrame], kept_layers: list[in
 
 
 def run_prune_gradual(model_name: str, model_dir: str, task_paths: list[str], out_path: str,
-                      max_items: int | None, batch_size: int = 8, dtype: str = "float32", compute_dtype: str = "float32") -> pl.DataFrame:
+                      max_items: int | None, batch_size: int = 8, dtype: str = "float32", compute_dtype: str = "float32",
+                      skip_at_chance: bool = False, retrieval_task: str | None = None,
+                      baseline_paths: list[str] = ()) -> pl.DataFrame:
     """Phase prune_gradual: `gradual` on the task tables `task_paths` (each cut to `max_items`),
-    written to `out_path` with a model column."""
+    written to `out_path` with a model column. skip_at_chance: tasks on which the full model is
+    at chance (judged on its baseline's per-item scores, `baseline_paths`) are scored on the
+    full model only; never `retrieval_task`, which defines the minimal model."""
     model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
-    result = gradual(model, tok, load_task_tables(task_paths, max_items), batch_size=batch_size)
+    result = gradual(model, tok, load_task_tables(task_paths, max_items), batch_size=batch_size,
+                     skip_at_chance=skip_at_chance, always_scored=(retrieval_task,) if retrieval_task else (),
+                     scored=load_item_scores(list(baseline_paths)))
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
     log.info("gradual pruning: %d rows", len(result))
     return result

@@ -233,7 +233,7 @@ def not_scored_note(scores: pl.DataFrame) -> str:
     listed = "".join(f"<li>{html.escape(TASK_COLUMNS.get(r['task'], r['task']))}: {html.escape(r['skipped_reason'])}"
                      "</li>" for r in rows.iter_rows(named=True))
     return ("<p class='note'>Not scored for the students (blank above; "
-            f"<code>hybrid.skip_where_teacher_degenerate</code>):</p><ul class='note'>{listed}</ul>")
+            f"<code>hybrid.skip_where_teacher_degenerate</code>, <code>hybrid.skip_where_teacher_at_chance</code>):</p><ul class='note'>{listed}</ul>")
 
 
 def _apart(a: dict, b: dict) -> bool:

@@ -17,8 +17,13 @@ def _overall(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.filter((pl.col("metric") == METRIC) & (pl.col("group") == "all"))
 
 
+def _every_depth(gradual: pl.DataFrame) -> pl.DataFrame:
+    """The gradual rows of tasks scored at every depth (not those scored on the full model only)."""
+    return gradual.filter(pl.col("skipped_reason").is_null()) if "skipped_reason" in gradual.columns else gradual
+
+
 def plot_gradual(gradual: pl.DataFrame, minimal: dict[str, dict], path) -> None:
-    data = _overall(gradual)
+    data = _overall(_every_depth(gradual))
     models = sorted(data["model"].unique()) or ["(none)"]
     fig, axes = plt.subplots(1, len(models), figsize=(6.2 * len(models), 3.8), squeeze=False)
     for ax, model in zip(axes[0], models):
@@ -67,13 +72,15 @@ def _collapse_sentence(model: str, sub: pl.DataFrame, task: str) -> str:
 
 
 def gradual_part(gradual: pl.DataFrame, ctx: SectionContext) -> str:
-    """The largest step per model and task, the figure, and the accuracy per number of layers kept."""
-    g = _overall(gradual)
+    """The largest step per model and task, the figure, the tasks scored on the full model only,
+    and the accuracy per number of layers kept."""
+    g = _overall(_every_depth(gradual))
     sentences = [_collapse_sentence(model, g.filter(pl.col("model") == model), task)
                  for model in sorted(g["model"].unique()) for task in sorted(g["task"].unique())]
     wide = (g.select("model", "task", "layers_kept", "value", "n")
             .pivot(on="task", index=["model", "layers_kept"], values="value").sort(["model", "layers_kept"]))
     return ("<ul>" + "".join(f"<li>{s}</li>" for s in sentences if s) + "</ul>" + ctx.figure("prune_gradual")
+            + _skipped_tasks(_overall(gradual), "the full model", "no shorter prefix")
             + "<details><summary>table: accuracy per number of layers kept</summary>"
             + table(wide, left=("model",), fmt={c: pct for c in wide.columns if c not in ("model", "layers_kept")})
             + "</details>")
@@ -105,14 +112,15 @@ def _critical_layers(ind: pl.DataFrame, minimal: list[dict]) -> str:
     return "<ul>" + "".join(crit) + "</ul>" if crit else ""
 
 
-def _skipped_tasks(ind: pl.DataFrame) -> str:
-    """The tasks scored on the minimal model only, with the recorded reason."""
-    if "skipped_reason" not in ind.columns:
+def _skipped_tasks(frame: pl.DataFrame, scored_on: str, left_out: str) -> str:
+    """The tasks scored on `scored_on` only (the full model, the minimal model; `left_out` says
+    what was not scored), with the recorded reason."""
+    if "skipped_reason" not in frame.columns:
         return ""
-    skipped = ind.filter(pl.col("skipped_reason").is_not_null()).unique(["model", "task"]).sort(["model", "task"])
+    skipped = frame.filter(pl.col("skipped_reason").is_not_null()).unique(["model", "task"]).sort(["model", "task"])
     if skipped.is_empty():
         return ""
-    return ("<p>Scored on the minimal model only (no per-layer removals; <code>prune.skip_at_chance</code>):</p><ul>"
+    return (f"<p>Scored on {scored_on} only ({left_out}; <code>prune.skip_at_chance</code>):</p><ul>"
             + "".join(f"<li><b>{html.escape(r['model'])}</b>, {r['task']}: {html.escape(r['skipped_reason'])}</li>"
                       for r in skipped.iter_rows(named=True)) + "</ul>")
 
@@ -125,7 +133,7 @@ def individual_part(individual: pl.DataFrame, minimal: list[dict], ctx: SectionC
     wide = (ind.select("model", "task", "removed_layer", "value")
             .pivot(on="task", index=["model", "removed_layer"], values="value").sort(["model", "removed_layer"]))
     return ("<h3>Individual layer removal on the minimal model</h3>" + ctx.figure("prune_individual")
-            + _critical_layers(ind, minimal) + _skipped_tasks(ind)
+            + _critical_layers(ind, minimal) + _skipped_tasks(ind, "the minimal model", "no single-layer removals")
             + "<details><summary>table: accuracy with one layer removed (−1 = none removed)</summary>"
             + table(wide, left=("model",), fmt={c: pct for c in wide.columns if c not in ("model", "removed_layer")})
             + "</details>")

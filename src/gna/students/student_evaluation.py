@@ -7,7 +7,7 @@ import logging
 
 import polars as pl
 
-from gna.engine.scoring import summarize_task
+from gna.engine.scoring import chance_accuracy, summarize_task
 from gna.phases.evaluation import score_model
 from gna.students.mixer import swapped_to_attention
 from gna.core.io import read_parquet, write_parquet
@@ -51,34 +51,69 @@ def write_scores(frame: pl.DataFrame, items: pl.DataFrame, model_name: str, summ
     log_scores(frame)
 
 
+TEACHER_CHECKS = ("degenerate", "at_chance")
+
+
 def teacher_degenerate_tasks(teacher_summary: pl.DataFrame) -> pl.DataFrame:
     """The tasks on which the teacher is degenerate (summarize_task's flag: it keeps its answer
-    when another item's context is swapped in), one row each: task, n and value (its
-    context-swap agreement)."""
+    when another item's context is swapped in), one row each: task, n, value (its context-swap
+    agreement) and skipped_reason."""
+    schema = {"task": pl.String, "n": pl.Int64, "value": pl.Float64, "skipped_reason": pl.String}
     if "degenerate" not in teacher_summary.columns:
-        return pl.DataFrame(schema={"task": pl.String, "n": pl.Int64, "value": pl.Float64})
+        return pl.DataFrame(schema=schema)
     return (teacher_summary.filter((pl.col("group") == "all") & (pl.col("metric") == "context_swap_agreement")
                                    & pl.col("degenerate").fill_null(False))
-            .select("task", "n", "value").sort("task"))
+            .select("task", "n", "value").sort("task")
+            .with_columns(pl.format("the teacher keeps its answer on {}% of {} items when another item's context is "
+                                    "swapped in (degenerate), so no student can be compared with it on this task",
+                                    (pl.col("value") * 100).round(0).cast(pl.Int64), pl.col("n"))
+                          .alias("skipped_reason")))
 
 
-def skip_where_teacher_degenerate(tables: dict[str, pl.DataFrame], teacher_summary_path: str | None
-                                  ) -> tuple[dict[str, pl.DataFrame], pl.DataFrame | None]:
+def teacher_at_chance_tasks(teacher_summary: pl.DataFrame, tables: dict[str, pl.DataFrame]) -> pl.DataFrame:
+    """The tasks of `tables` on which the teacher's accuracy is not distinguishable from chance
+    (chance_accuracy of the task's table inside the teacher's 95% interval), one row each: task,
+    n, value (its accuracy) and skipped_reason. A student's accuracy there can show neither a
+    loss nor a recovery, whatever it is."""
+    rows = []
+    accuracies = teacher_summary.filter((pl.col("group") == "all") & (pl.col("metric") == "acc"))
+    for row in accuracies.sort("task").iter_rows(named=True):
+        if row["task"] not in tables or row["ci_low"] is None:
+            continue
+        chance = chance_accuracy(tables[row["task"]])
+        if row["ci_low"] <= chance <= row["ci_high"]:
+            rows.append({"task": row["task"], "n": row["n"], "value": row["value"], "skipped_reason":
+                         f"the teacher's accuracy {row['value']:.1%} [{row['ci_low']:.1%}, {row['ci_high']:.1%}] "
+                         f"(n = {row['n']}) contains chance {chance:.1%}, so no student can be compared with it "
+                         "on this task"})
+    return pl.DataFrame(rows, schema={"task": pl.String, "n": pl.Int64, "value": pl.Float64,
+                                      "skipped_reason": pl.String})
+
+
+def skip_where_teacher_cannot_compare(tables: dict[str, pl.DataFrame], teacher_summary_path: str | None,
+                                      checks: tuple[str, ...] = TEACHER_CHECKS
+                                      ) -> tuple[dict[str, pl.DataFrame], pl.DataFrame | None]:
     """(the tables a student is scored on, rows recording the others): with the teacher's
     summary (`teacher_summary_path`, its hybrid_score), a task on which the teacher is
-    degenerate is not scored, since no student could be compared with it there; each skipped
-    task gets a row with metric NOT_SCORED, the teacher's agreement as value and skipped_reason.
-    Without it (None), every table is scored."""
-    if teacher_summary_path is None:
+    degenerate (check "degenerate": teacher_degenerate_tasks) or at chance ("at_chance":
+    teacher_at_chance_tasks) is not scored, since no student could be compared with it there;
+    each skipped task gets a row with metric NOT_SCORED, the teacher's agreement or accuracy as
+    value and skipped_reason (the first check that applies). Without a summary (None) or
+    checks, every table is scored."""
+    unknown = sorted(set(checks) - set(TEACHER_CHECKS))
+    if unknown:
+        raise ValueError(f"unknown teacher checks {unknown}; known: {list(TEACHER_CHECKS)}")
+    if teacher_summary_path is None or not checks:
         return tables, None
-    flagged = teacher_degenerate_tasks(read_parquet(teacher_summary_path)).filter(pl.col("task").is_in(list(tables)))
+    summary = read_parquet(teacher_summary_path)
+    found = {"degenerate": lambda: teacher_degenerate_tasks(summary),
+             "at_chance": lambda: teacher_at_chance_tasks(summary, tables)}
+    flagged = (pl.concat([found[c]() for c in TEACHER_CHECKS if c in checks])
+               .filter(pl.col("task").is_in(list(tables))).unique("task", keep="first", maintain_order=True)
+               .sort("task"))
     if flagged.is_empty():
         return tables, None
-    reasons = flagged.with_columns(
-        pl.lit("all").alias("group"), pl.lit(NOT_SCORED).alias("metric"),
-        pl.format("the teacher keeps its answer on {}% of {} items when another item's context is swapped in "
-                  "(degenerate), so no student can be compared with it on this task",
-                  (pl.col("value") * 100).round(0).cast(pl.Int64), pl.col("n")).alias("skipped_reason"))
+    reasons = flagged.with_columns(pl.lit("all").alias("group"), pl.lit(NOT_SCORED).alias("metric"))
     for row in reasons.iter_rows(named=True):
         log.info("%s not scored: %s", row["task"], row["skipped_reason"])
     return {t: table for t, table in tables.items() if t not in set(flagged["task"])}, reasons
@@ -91,15 +126,15 @@ def _with_reasons(frame: pl.DataFrame, reasons: pl.DataFrame | None) -> pl.DataF
 def run_hybrid_score(model_name: str, variant: str, model_dir: str, teacher_path: str, task_paths: list[str],
                      summary_path: str, answers_path: str, max_items: int | None, swap_items: int | None,
                      batch_size: int, dtype: str = "float32", compute_dtype: str = "float32", baseline_paths: list[str] = (),
-                     teacher_summary_path: str | None = None, kv_dict_size: int | None = None,
-                     swap_dict_size: int | None = None) -> pl.DataFrame:
+                     teacher_summary_path: str | None = None, teacher_checks: tuple[str, ...] = TEACHER_CHECKS,
+                     kv_dict_size: int | None = None, swap_dict_size: int | None = None) -> pl.DataFrame:
     """score_model of the teacher or one student (`variant`) on the task tables (each cut to
     `max_items`; None: all, the teacher's baseline items) with `swap_items` per task checked
     for degeneracy, and on the teacher file's held-out windows. The label_variant'ed summary
     goes to `summary_path`, the per-item answers to `answers_path`. `baseline_paths`: the
     model's per-item baseline scores (the teacher's), read instead of scoring its items again.
-    `teacher_summary_path` (a student's): tasks on which the teacher is degenerate are not
-    scored (skip_where_teacher_degenerate). `kv_dict_size`: KV retrieval on the items of that
+    `teacher_summary_path` (a student's): tasks on which the teacher fails `teacher_checks`
+    (degenerate, at chance) are not scored (skip_where_teacher_cannot_compare). `kv_dict_size`: KV retrieval on the items of that
     dictionary size only (kv_items; the state-size sweep's students). `swap_dict_size`: KV
     retrieval's degeneracy check on the items of that dictionary size (the budget curve's, which
     then reads its last point from these results: budget_point_from_scores)."""
@@ -107,7 +142,7 @@ def run_hybrid_score(model_name: str, variant: str, model_dir: str, teacher_path
     tables = load_task_tables(task_paths, max_items)
     if kv_dict_size is not None and "kv_retrieval" in tables:
         tables["kv_retrieval"] = at_dict_size(tables["kv_retrieval"], kv_dict_size, "kv_retrieval")
-    tables, reasons = skip_where_teacher_degenerate(tables, teacher_summary_path)
+    tables, reasons = skip_where_teacher_cannot_compare(tables, teacher_summary_path, teacher_checks)
     heldout = read_tensors(teacher_path, ["heldout_ids"], device_of(model))["heldout_ids"]
     frame, items = score_model(model, tok, tables, heldout, batch_size, swap_items,
                                scored=load_item_scores(baseline_paths), swap_from=kv_swap_pool(tables, swap_dict_size))
@@ -119,13 +154,15 @@ def run_hybrid_score(model_name: str, variant: str, model_dir: str, teacher_path
 def run_hybrid_swap(model_name: str, variant: str, model_dir: str, ranking_path: str, teacher_path: str,
                     task_paths: list[str], summary_path: str, answers_path: str, max_items: int | None,
                     swap_items: int | None, batch_size: int, dtype: str = "float32", compute_dtype: str = "float32",
-                    teacher_summary_path: str | None = None, swap_dict_size: int | None = None) -> pl.DataFrame:
+                    teacher_summary_path: str | None = None, teacher_checks: tuple[str, ...] = TEACHER_CHECKS,
+                    swap_dict_size: int | None = None) -> pl.DataFrame:
     """The layer swap: score_model of student `variant` with every head of the top-ranked
     head's layer run as the teacher's attention; variant swap_label and swapped_layer columns;
     summary and answers written as by run_hybrid_score (tasks skipped and KV's degeneracy check
     drawn as there)."""
     model, tok = load_any(model_dir, dtype, compute_dtype=compute_dtype)
-    tables, reasons = skip_where_teacher_degenerate(load_task_tables(task_paths, max_items), teacher_summary_path)
+    tables, reasons = skip_where_teacher_cannot_compare(load_task_tables(task_paths, max_items), teacher_summary_path,
+                                                        teacher_checks)
     heldout = read_tensors(teacher_path, ["heldout_ids"], device_of(model))["heldout_ids"]
     critical = ranked_heads(read_parquet(ranking_path), 1, model_name)[0][0]
     with swapped_to_attention(model, [critical]):

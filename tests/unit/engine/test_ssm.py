@@ -3,6 +3,7 @@ hybrid students built from it."""
 
 import copy
 
+import polars as pl
 import pytest
 import torch
 
@@ -303,3 +304,27 @@ def test_answer_rows_masking_on_a_hybrid(hybrid, tiny_llama):
     pure = make_hybrid(copy.deepcopy(tiny_llama[0]), [], state_size=4)
     with pytest.raises(ValueError, match="no attention heads"):
         answer_rows_experiment(pure, {"kv_retrieval": kv}, tok)
+
+
+def test_answer_rows_read_the_unmodified_scores_they_are_given(hybrid):
+    from gna.engine.scoring import score_table
+    from gna.phases.masking import answer_rows_experiment
+    from gna.tasks.tables import build_kv_retrieval
+
+    student, tok = hybrid
+    kv = build_kv_retrieval([3], 5, 0, "lookup")
+    part = {"kv_retrieval": kv[1:4]}
+    plain = answer_rows_experiment(student, part, tok, batch_size=2)
+    # the student's own scores of a superset of the items, batched differently
+    answers = score_table(student, tok, kv, batch_size=3, progress=False)
+    read = answer_rows_experiment(student, part, tok, batch_size=2, scored={"kv_retrieval": answers})
+    assert read.drop("mean_logp").equals(plain.drop("mean_logp"))
+    assert read["mean_logp"].to_list() == pytest.approx(plain["mean_logp"].to_list(), abs=1e-5)
+    # they are read, not recomputed: shifted scores shift the unmodified row only
+    shifted = answer_rows_experiment(student, part, tok, batch_size=2,
+                                     scored={"kv_retrieval": answers.with_columns(pl.col("logp_target") - 1)})
+    assert shifted["mean_logp"][0] == pytest.approx(plain["mean_logp"][0] - 1, abs=1e-5)
+    assert shifted["mean_logp"][1] == plain["mean_logp"][1]
+    # scores that lack an item of the table: the unmodified student is scored
+    lacking = answer_rows_experiment(student, part, tok, batch_size=2, scored={"kv_retrieval": answers.head(2)})
+    assert lacking.equals(plain)

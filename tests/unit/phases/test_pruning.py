@@ -117,6 +117,27 @@ def test_a_task_at_chance_is_scored_on_the_minimal_model_only_with_the_reason(ti
     assert kept.equals(full)
 
 
+def test_gradual_pruning_scores_a_task_at_chance_on_the_full_model_only(tiny_llama):
+    model, tok = tiny_llama
+    n = model.config.num_hidden_layers
+    tables = {"kv_retrieval": KV}
+    every = gradual(model, tok, tables, progress=False)
+    assert every["skipped_reason"].is_null().all() and set(every["layers_kept"]) == set(range(1, n + 1))
+    g = gradual(model, tok, tables, progress=False, skip_at_chance=True)  # a random model is at chance
+    assert set(g["layers_kept"]) == {n}
+    assert g["skipped_reason"].str.starts_with(f"not distinguishable from chance at n={len(KV)}").all()
+    # the full model's row is the same as with every depth scored
+    assert g.drop("skipped_reason").equals(every.filter(pl.col("layers_kept") == n).drop("skipped_reason"))
+    # the retrieval task that defines the minimal model is scored at every depth
+    assert gradual(model, tok, tables, progress=False, skip_at_chance=True, always_scored=("kv_retrieval",)).equals(every)
+    # the decision reads the full model's given scores (its baseline): scores above chance keep every depth
+    full = score_table(model, tok, KV, progress=False)
+    right = full.with_columns(pl.lit(True).alias("correct"))
+    assert gradual(model, tok, tables, progress=False, skip_at_chance=True, scored={"kv_retrieval": right}).equals(every)
+    read = gradual(model, tok, tables, progress=False, skip_at_chance=True, scored={"kv_retrieval": full})
+    assert read.equals(g)
+
+
 def test_at_chance_is_the_interval_containing_one_over_the_choices():
     table = pl.DataFrame({"choices": [["a", "b", "c", "d"]] * 40})
     scored = lambda k: pl.DataFrame({"correct": [True] * k + [False] * (40 - k)})  # noqa: E731

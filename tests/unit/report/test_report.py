@@ -211,10 +211,28 @@ def test_tasks_scored_on_the_minimal_model_only_are_listed_with_their_reason():
     rows = {"model": ["m", "m", "m"], "task": ["kv_retrieval", "mmlu_letter", "mmlu_letter"],
             "removed_layer": [-1, -1, -1], "metric": ["acc"] * 3,
             "skipped_reason": [None] + ["not distinguishable from chance at n=100: accuracy 26.0%"] * 2}
-    listed = _skipped_tasks(pl.DataFrame(rows))
+    listed = _skipped_tasks(pl.DataFrame(rows), "the minimal model", "no removals")
     assert listed.count("<li>") == 1 and "<b>m</b>, mmlu_letter: not distinguishable from chance at n=100" in listed
-    assert _skipped_tasks(pl.DataFrame(rows).drop("skipped_reason")) == ""
-    assert _skipped_tasks(pl.DataFrame(rows).with_columns(pl.lit(None, pl.String).alias("skipped_reason"))) == ""
+    assert "Scored on the minimal model only (no removals;" in listed
+    assert _skipped_tasks(pl.DataFrame(rows).drop("skipped_reason"), "the minimal model", "no removals") == ""
+    none_skipped = pl.DataFrame(rows).with_columns(pl.lit(None, pl.String).alias("skipped_reason"))
+    assert _skipped_tasks(none_skipped, "the minimal model", "no removals") == ""
+
+
+def test_gradual_pruning_draws_only_the_tasks_scored_at_every_depth_and_names_the_others(tmp_path):
+    from gna.report.htmlkit import SectionContext
+    from gna.report.prune_section import gradual_part, plot_gradual
+
+    kv = [{"model": "m", "task": "kv_retrieval", "group": "all", "metric": "acc", "n": 80, "layers_kept": k,
+           "value": k / 3, "skipped_reason": None} for k in (1, 2, 3)]
+    cloze = [{"model": "m", "task": "mmlu_cloze", "group": "all", "metric": "acc", "n": 80, "layers_kept": 3,
+              "value": 0.26, "skipped_reason": "not distinguishable from chance at n=80: accuracy 26.0%"}]
+    plot_gradual(pl.DataFrame(kv + cloze), {}, tmp_path / "g.png")
+    ctx = SectionContext(inputs={}, figures={"prune_gradual": str(tmp_path / "g.png")},
+                         captions={"prune_gradual": "caption"}, options={}, config={})
+    part = gradual_part(pl.DataFrame(kv + cloze), ctx)
+    assert "Scored on the full model only" in part and "<b>m</b>, mmlu_cloze: not distinguishable" in part
+    assert "kv_retrieval</th>" in part and "mmlu_cloze</th>" not in part  # no column of the depth table: it was not scored per depth
 
 
 def test_tasks_the_students_were_not_scored_on_are_named_with_the_reason():

@@ -26,7 +26,8 @@ from gna.students.student_evaluation import (budget_point_from_scores, checkpoin
 from gna.students.student_masking import run_hybrid_answer_rows
 from gna.students.spec import (NOT_SCORED, ablation_kd, checkpoint_steps, load_any, make_hybrid, read_spec,
                                scored_dict_size, scored_tasks)
-from gna.tasks.tables import build_kv_retrieval
+from gna.engine.scoring import chance_accuracy
+from gna.tasks.tables import build_kv_retrieval, load_task_tables
 from gna.core.tensor_files import read_tensors, write_tensors
 
 CORPUS = {"seq_len": 32, "train_windows": 6, "align_windows": 4, "heldout_windows": 2, "kv_sizes": [3, 5],
@@ -247,6 +248,7 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
     root, p = phase
     tasks, args = [p["kv_retrieval.parquet"]], dict(max_items=4, swap_items=None, batch_size=2)
     student = (str(root / "k2"), str(root / "teacher.safetensors"))
+    degenerate_only = {"teacher_checks": ("degenerate",)}  # the tiny teacher is at chance too
     # 2 of 4 items, of 3 and 5 keys: no item has a partner to swap contexts with, so no check (not a crash)
     unchecked = run_hybrid_score("tiny", "teacher", p["teacher"], student[1], tasks, str(root / "u.parquet"),
                                  str(root / "ua.parquet"), **(args | {"swap_items": 2}))
@@ -256,7 +258,7 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
     for flag in (True, False):
         write_parquet(teacher.with_columns(pl.lit(flag).alias("degenerate")), root / f"teacher-{flag}.parquet")
     skipped = run_hybrid_score("tiny", "k2-n4", *student, tasks, str(root / "s1.parquet"), str(root / "a1.parquet"),
-                               teacher_summary_path=str(root / "teacher-True.parquet"), **args)
+                               teacher_summary_path=str(root / "teacher-True.parquet"), **args, **degenerate_only)
     assert set(skipped["metric"]) == {"perplexity", NOT_SCORED}
     row = skipped.filter(pl.col("metric") == NOT_SCORED).row(0, named=True)
     agreement = teacher.filter((pl.col("metric") == "context_swap_agreement") & (pl.col("group") == "all"))
@@ -265,7 +267,7 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
     assert pl.read_parquet(root / "a1.parquet").is_empty()
     # a teacher that reads the context leaves the student's scoring as it is without the check
     kept = run_hybrid_score("tiny", "k2-n4", *student, tasks, str(root / "s2.parquet"), str(root / "a2.parquet"),
-                            teacher_summary_path=str(root / "teacher-False.parquet"), **args)
+                            teacher_summary_path=str(root / "teacher-False.parquet"), **args, **degenerate_only)
     plain = run_hybrid_score("tiny", "k2-n4", *student, tasks, str(root / "s3.parquet"), str(root / "a3.parquet"),
                              **args)
     assert kept.equals(plain) and NOT_SCORED not in plain["metric"].to_list()
@@ -273,15 +275,51 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
         plain.filter(pl.col("metric") == "perplexity")["value"][0])
     swap = run_hybrid_swap("tiny", "k0-n4", str(root / "k0"), p["ranking.parquet"], student[1], tasks,
                            str(root / "sw.parquet"), str(root / "swa.parquet"),
-                           teacher_summary_path=str(root / "teacher-True.parquet"), **args)
+                           teacher_summary_path=str(root / "teacher-True.parquet"), **args, **degenerate_only)
     assert set(swap["metric"]) == {"perplexity", NOT_SCORED} and set(swap["swapped_layer"]) == {2}
     rows = run_hybrid_answer_rows("tiny", "k2-n4", student[0], tasks, str(root / "rows.parquet"), max_items=4,
-                                  batch_size=2, teacher_summary_path=str(root / "teacher-True.parquet"))
+                                  batch_size=2, teacher_summary_path=str(root / "teacher-True.parquet"), **degenerate_only)
     assert rows["task"].to_list() == ["kv_retrieval"] and rows["condition"].null_count() == 1
     assert rows["skipped_reason"][0].startswith("the teacher keeps its answer on")
     ran = run_hybrid_answer_rows("tiny", "k2-n4", student[0], tasks, str(root / "rows.parquet"), max_items=4,
-                                 batch_size=2, teacher_summary_path=str(root / "teacher-False.parquet"))
+                                 batch_size=2, teacher_summary_path=str(root / "teacher-False.parquet"), **degenerate_only)
     assert ran["condition"].to_list() == ["unmodified", "attention answer rows masked"]
+
+
+def test_a_student_is_not_scored_where_its_teacher_is_at_chance(phase):
+    root, p = phase
+    tasks, args = [p["kv_retrieval.parquet"]], dict(max_items=4, swap_items=None, batch_size=2)
+    student = (str(root / "k2"), str(root / "teacher.safetensors"))
+    teacher = run_hybrid_score("tiny", "teacher", p["teacher"], student[1], tasks, str(root / "t.parquet"),
+                               str(root / "ta.parquet"), **args)
+    chance = chance_accuracy(load_task_tables(tasks, 4)["kv_retrieval"])
+    accuracy = (pl.col("metric") == "acc") & (pl.col("group") == "all")
+    for name, (low, high) in {"at": (chance - 0.1, chance + 0.1), "above": (chance + 0.05, 1.0)}.items():
+        write_parquet(teacher.with_columns(pl.when(accuracy).then(low).otherwise(pl.col("ci_low")).alias("ci_low"),
+                                           pl.when(accuracy).then(high).otherwise(pl.col("ci_high")).alias("ci_high"),
+                                           pl.lit(False).alias("degenerate")), root / f"teacher-{name}.parquet")
+    skipped = run_hybrid_score("tiny", "k2-n4", *student, tasks, str(root / "c1.parquet"), str(root / "c1a.parquet"),
+                               teacher_summary_path=str(root / "teacher-at.parquet"), **args)
+    row = skipped.filter(pl.col("metric") == NOT_SCORED).row(0, named=True)
+    assert row["task"] == "kv_retrieval" and row["n"] == 4
+    assert f"contains chance {chance:.1%}" in row["skipped_reason"]
+    # only the checks asked for apply; a teacher above chance leaves the scoring as it is
+    plain = run_hybrid_score("tiny", "k2-n4", *student, tasks, str(root / "c2.parquet"), str(root / "c2a.parquet"),
+                             **args)
+    for summary, checks in (("at", ("degenerate",)), ("above", ("degenerate", "at_chance"))):
+        kept = run_hybrid_score("tiny", "k2-n4", *student, tasks, str(root / "c3.parquet"), str(root / "c3a.parquet"),
+                                teacher_summary_path=str(root / f"teacher-{summary}.parquet"), teacher_checks=checks,
+                                **args)
+        assert kept.equals(plain)
+    # degenerate and at chance: one row, the degeneracy's reason
+    write_parquet(pl.read_parquet(root / "teacher-at.parquet").with_columns(pl.lit(True).alias("degenerate")),
+                  root / "teacher-both.parquet")
+    both = run_hybrid_answer_rows("tiny", "k2-n4", student[0], tasks, str(root / "rows.parquet"), max_items=4,
+                                  batch_size=2, teacher_summary_path=str(root / "teacher-both.parquet"))
+    assert len(both) == 1 and both["skipped_reason"][0].startswith("the teacher keeps its answer on")
+    with pytest.raises(ValueError, match="unknown teacher checks"):
+        run_hybrid_score("tiny", "k2-n4", *student, tasks, str(root / "c4.parquet"), str(root / "c4a.parquet"),
+                         teacher_summary_path=str(root / "teacher-at.parquet"), teacher_checks=("chance",), **args)
 
 
 def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, caplog):
