@@ -73,6 +73,7 @@ rule heads_topk:
         control_tasks=config["heads"]["control_tasks"],
         max_items=config["heads"]["table_max_items"],
         seed=config["heads"]["seed"],
+        skip_at_chance=config["heads"]["skip_at_chance"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
         compute_dtype=config["eval"]["compute_dtype"],
@@ -99,6 +100,7 @@ rule heads_kept:
         "data/results/heads/{model}/kept.parquet",
     params:
         max_items=config["heads"]["table_max_items"],
+        skip_at_chance=config["heads"]["skip_at_chance"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
         compute_dtype=config["eval"]["compute_dtype"],

@@ -6,4 +6,4 @@ setup(snakemake.log[0], snakemake.threads)
 run_heads_kept(snakemake.wildcards.model, snakemake.input.model, snakemake.input.ranking, snakemake.input.minimal,
                snakemake.input.tasks, snakemake.output[0], max_items=snakemake.params.max_items,
                batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype,
-               compute_dtype=snakemake.params.compute_dtype)
+               compute_dtype=snakemake.params.compute_dtype, skip_at_chance=snakemake.params.skip_at_chance)

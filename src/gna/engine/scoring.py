@@ -25,7 +25,7 @@ import polars as pl
 import torch
 from tqdm.auto import tqdm
 
-from gna.core.stats import wilson_exprs
+from gna.core.stats import wilson_exprs, wilson_interval
 from gna.engine.device import device_of
 from gna.engine.packing import PackedBatch, PackedItem, collate, pack
 from gna.engine.stack import (DecoderStack, UnsupportedModel, check_engine, decoder_layers, family_of,
@@ -307,3 +307,15 @@ def summarize_task(per_item: pl.DataFrame) -> pl.DataFrame:
 def chance_accuracy(table: pl.DataFrame) -> float:
     """Expected accuracy of a uniform guess over each item's choices."""
     return float(sum(1 / len(c) for c in table["choices"]) / max(len(table), 1))
+
+
+def at_chance(per_item: pl.DataFrame, table: pl.DataFrame, change: str = "removing layers") -> str | None:
+    """Why a model's accuracy on `table` cannot show a loss under `change`, or None: its Wilson
+    95% interval (per_item: score_table's frame) contains chance (chance_accuracy)."""
+    n, correct = len(per_item), int(per_item["correct"].sum())
+    chance = chance_accuracy(table)
+    low, high = wilson_interval(correct, n)
+    if not low <= chance <= high:
+        return None
+    return (f"not distinguishable from chance at n={n}: accuracy {correct / n:.1%} [{low:.1%}, {high:.1%}] "
+            f"contains chance {chance:.1%}, so {change} cannot show a loss")

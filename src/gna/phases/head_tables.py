@@ -17,11 +17,13 @@ import polars as pl
 from gna.engine.hooks import all_heads, head_sites, heads_per_layer
 from gna.core.io import read_json, read_parquet, write_parquet
 from gna.models.prepare import load_model
-from gna.engine.scoring import known_items, summarize_task
+from gna.engine.scoring import at_chance, known_items, known_or_scored, score_table, summarize_task
 from gna.engine.ablation import score_ablations
 from gna.tasks.tables import build_kv_retrieval, load_item_scores, load_task_tables
 
 log = logging.getLogger("gna.phases.head_tables")
+
+SWEEP_TASK = "kv_retrieval"  # the task the ranking was measured on (the per-head sweep's prompts)
 
 
 def _score(model, tok, tables: dict[str, pl.DataFrame], ablations: dict, layers=None, batch_size=8,
@@ -41,10 +43,13 @@ def _top(ranking: pl.DataFrame, k: int) -> list[tuple[int, int]]:
 
 def remove_top_k(model, tok, ranking: pl.DataFrame, tables: dict[str, pl.DataFrame], ks: list[int],
                  random_draws: int, control_tasks: list[str], seed: int, batch_size: int = 8,
-                 progress: bool = True, scored: dict[str, pl.DataFrame] | None = None) -> pl.DataFrame:
-    """Tidy: condition (top | random), k, draw, heads, task, group, n, metric, value.
-    `scored`: {task: per-item scores of the unmodified model} (its baseline), read for k = 0
-    instead of scoring the same items again."""
+                 progress: bool = True, scored: dict[str, pl.DataFrame] | None = None,
+                 skip_at_chance: bool = False, always_scored: tuple[str, ...] = (SWEEP_TASK,)) -> pl.DataFrame:
+    """Tidy: condition (top | random), k, draw, heads, task, group, n, metric, value,
+    skipped_reason. `scored`: {task: per-item scores of the unmodified model} (its baseline),
+    read for k = 0 instead of scoring the same items again. skip_at_chance: a task on which the
+    unmodified model is at chance (`at_chance`) is scored at k = 0 only, with the reason in
+    skipped_reason (null elsewhere); never the tasks of `always_scored` (the sweep's own)."""
     short = [k for k in ks if k > len(ranking)]
     if short:
         raise ValueError(f"heads.top_k: removing the top {max(short)} heads needs {max(short)} ranked heads; the "
@@ -63,21 +68,35 @@ def remove_top_k(model, tok, ranking: pl.DataFrame, tables: dict[str, pl.DataFra
         return list(tables) if condition == "top" else [t for t in control_tasks if t in tables]
 
     # per task, every condition scoring it in one pass (k = 0 read from the baseline where given)
-    summaries = {}
+    summaries, reasons = {}, {}
     for task, table in tables.items():
         wanted = {i: heads for i, (condition, k, _, heads) in enumerate(jobs) if task in used_by(condition)}
+        unablated = [i for i in wanted if jobs[i][1] == 0]
+        if skip_at_chance and task not in always_scored:
+            base = known_or_scored(model, tok, table, (scored or {}).get(task), batch_size)
+            reasons[task] = at_chance(base, table, "removing heads")
+            if reasons[task] is not None:
+                log.info("remove top-k: %s at k = 0 only, %s", task, reasons[task])
+                summaries.update({(i, task): summarize_task(base) for i in unablated})
+                continue
         if scored and task in scored:
-            for i in [i for i in wanted if jobs[i][1] == 0]:
+            for i in unablated:
                 summaries[i, task] = summarize_task(known_items(table, scored[task]))
                 del wanted[i]
         summaries.update({(i, task): summary
                           for i, summary in _score(model, tok, {task: table}, wanted, batch_size=batch_size,
                                                    progress=progress, desc="remove top-k").items()})
     return pl.concat([
-        pl.concat([summaries[i, task] for task in used_by(condition)]).with_columns(
+        pl.concat([summaries[i, task] for task in used_by(condition) if (i, task) in summaries]).with_columns(
             pl.lit(condition).alias("condition"), pl.lit(k).alias("k"), pl.lit(draw).alias("draw"),
             pl.lit(" ".join(f"L{l}H{h}" for l, h in heads)).alias("heads"))
-        for i, (condition, k, draw, heads) in enumerate(jobs)])
+        for i, (condition, k, draw, heads) in enumerate(jobs)
+        if any((i, task) in summaries for task in used_by(condition))]).with_columns(_reason_column(reasons))
+
+
+def _reason_column(reasons: dict[str, str | None]) -> pl.Expr:
+    """skipped_reason per row: the reason recorded for the row's task (null: every condition ran)."""
+    return pl.col("task").replace_strict(reasons, default=None, return_dtype=pl.String).alias("skipped_reason")
 
 
 def critical_heads(ranking: pl.DataFrame, kept_layers: list[int]) -> list[tuple[int, int]]:
@@ -94,9 +113,12 @@ def critical_heads(ranking: pl.DataFrame, kept_layers: list[int]) -> list[tuple[
 
 
 def heads_kept(model, tok, ranking: pl.DataFrame, kept_layers: list[int], tables: dict[str, pl.DataFrame],
-               batch_size: int = 8, progress: bool = True) -> pl.DataFrame:
+               batch_size: int = 8, progress: bool = True, skip_at_chance: bool = False,
+               always_scored: tuple[str, ...] = (SWEEP_TASK,)) -> pl.DataFrame:
     """Minimal model; in critical layers A and B keep only head a / b, or none.
-    Rows: variant label, kept_a, kept_b, task, group, n, metric, value."""
+    Rows: variant label, kept_a, kept_b, task, group, n, metric, value, skipped_reason.
+    skip_at_chance: a task on which the minimal model is at chance (`at_chance`) is scored with
+    all heads only, the reason in skipped_reason; never the tasks of `always_scored`."""
     if len(kept_layers) < 2:  # a one-layer "minimal model" has no pair of critical layers
         kept_layers = list(range(model.config.num_hidden_layers))
     (layer_a, head_a), (layer_b, head_b) = critical_heads(ranking, kept_layers)
@@ -110,11 +132,25 @@ def heads_kept(model, tok, ranking: pl.DataFrame, kept_layers: list[int], tables
         (f"only H{head_a} / ∅", str(head_a), "∅", others_a + others_b + [(layer_b, head_b)]),
         ("∅ / ∅", "∅", "∅", others_a + others_b + [(layer_a, head_a), (layer_b, head_b)]),
     ]
-    summaries = _score(model, tok, tables, {label: ablated for label, _, _, ablated in variants}, layers=kept_layers,
-                       batch_size=batch_size, progress=progress, desc="heads kept")
+    reasons, unablated = {}, {}
+    for task, table in tables.items():
+        if skip_at_chance and task not in always_scored:
+            base = score_table(model, tok, table, batch_size=batch_size, progress=False, layers=kept_layers)
+            reasons[task] = at_chance(base, table, "removing heads")
+            if reasons[task] is not None:
+                log.info("heads kept: %s with all heads only, %s", task, reasons[task])
+                unablated[task] = summarize_task(base)
+    ablated_tables = {t: table for t, table in tables.items() if t not in unablated}
+    summaries = (_score(model, tok, ablated_tables, {label: ablated for label, _, _, ablated in variants},
+                        layers=kept_layers, batch_size=batch_size, progress=progress, desc="heads kept")
+                 if ablated_tables else {})
     frames = []
     for label, kept_a, kept_b, _ in variants:
-        frames.append(summaries[label].with_columns(
+        parts = ([summaries[label]] if label in summaries else []) + (
+            list(unablated.values()) if label == variants[0][0] else [])
+        if not parts:
+            continue
+        frames.append(pl.concat(parts).with_columns(_reason_column(reasons),
             pl.lit(label).alias("variant"), pl.lit(layer_a).alias("layer_a"), pl.lit(kept_a).alias("kept_a"),
             pl.lit(layer_b).alias("layer_b"), pl.lit(kept_b).alias("kept_b"),
             pl.lit(len(kept_layers)).alias("layers_kept")))
@@ -138,26 +174,29 @@ def dict_size_curves(model, tok, ranking: pl.DataFrame, table: pl.DataFrame, bat
 
 def run_heads_topk(model_name: str, model_dir: str, ranking_path: str, task_paths: list[str], out_path: str,
                    top_k: list[int], random_draws: int, control_tasks: list[str], max_items: int | None, seed: int,
-                   batch_size: int = 8, dtype: str = "float32", compute_dtype: str = "float32", baseline_paths: list[str] = ()) -> pl.DataFrame:
+                   batch_size: int = 8, dtype: str = "float32", compute_dtype: str = "float32",
+                   baseline_paths: list[str] = (), skip_at_chance: bool = False) -> pl.DataFrame:
     """Phase heads_topk: remove_top_k of the ranking in `ranking_path` on the task tables
     `task_paths` (each cut to `max_items`), written to `out_path` with a model column; k = 0 is
-    read from the model's per-item baseline scores `baseline_paths` where given."""
+    read from the model's per-item baseline scores `baseline_paths` where given (and with
+    skip_at_chance, whether a task is at chance)."""
     model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
     result = remove_top_k(model, tok, read_parquet(ranking_path), load_task_tables(task_paths, max_items), top_k,
                           random_draws, control_tasks, seed, batch_size=batch_size,
-                          scored=load_item_scores(baseline_paths))
+                          scored=load_item_scores(baseline_paths), skip_at_chance=skip_at_chance)
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
     log.info("remove top-k: %d rows", len(result))
     return result
 
 
 def run_heads_kept(model_name: str, model_dir: str, ranking_path: str, minimal_path: str, task_paths: list[str],
-                   out_path: str, max_items: int | None, batch_size: int = 8, dtype: str = "float32", compute_dtype: str = "float32") -> pl.DataFrame:
+                   out_path: str, max_items: int | None, batch_size: int = 8, dtype: str = "float32",
+                   compute_dtype: str = "float32", skip_at_chance: bool = False) -> pl.DataFrame:
     """Phase heads_kept: heads_kept on the minimal model of `minimal_path` (gna.phases.pruning's
     minimal_model JSON) and the task tables `task_paths`; written to `out_path` with a model column."""
     model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
     result = heads_kept(model, tok, read_parquet(ranking_path), read_json(minimal_path)["kept_layers"],
-                        load_task_tables(task_paths, max_items), batch_size=batch_size)
+                        load_task_tables(task_paths, max_items), batch_size=batch_size, skip_at_chance=skip_at_chance)
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
     log.info("heads kept: %d rows", len(result))
     return result

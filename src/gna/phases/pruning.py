@@ -14,9 +14,8 @@ import logging
 import polars as pl
 
 from gna.core.io import read_json, read_parquet, write_json, write_parquet
-from gna.core.stats import wilson_interval
 from gna.models.prepare import load_model
-from gna.engine.scoring import chance_accuracy, known_or_scored, score_removals, score_table, summarize_task
+from gna.engine.scoring import at_chance, known_or_scored, score_removals, score_table, summarize_task
 from gna.tasks.tables import load_item_scores, load_task_tables
 
 log = logging.getLogger("gna.phases.pruning")
@@ -71,18 +70,6 @@ def minimal_prefix(gradual_summary: pl.DataFrame, task: str, metric: str, fracti
         k -= 1
     return {"n_layers": n, "layers_kept": k, "kept_layers": list(range(k)), "task": task, "metric": metric,
             "fraction": fraction, "full_value": full, "value": by_k[k], "threshold": bar}
-
-
-def at_chance(per_item: pl.DataFrame, table: pl.DataFrame) -> str | None:
-    """Why a model's accuracy on `table` cannot show a loss, or None: its Wilson 95% interval
-    (per_item: score_table's frame) contains chance (chance_accuracy)."""
-    n, correct = len(per_item), int(per_item["correct"].sum())
-    chance = chance_accuracy(table)
-    low, high = wilson_interval(correct, n)
-    if not low <= chance <= high:
-        return None
-    return (f"not distinguishable from chance at n={n}: accuracy {correct / n:.1%} [{low:.1%}, {high:.1%}] "
-            f"contains chance {chance:.1%}, so removing layers cannot show a loss")
 
 
 def individual(model, tok, tables: dict[str, pl.DataFrame], kept_layers: list[int], batch_size: int = 8,

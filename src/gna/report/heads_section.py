@@ -11,7 +11,7 @@ import polars as pl
 import seaborn as sns
 
 from gna.report.htmlkit import (SectionContext, accuracy_axis, accuracy_columns, accuracy_pivot, dict_size_axis,
-                                errorbar, pct, save_figure, table)
+                                errorbar, pct, save_figure, skipped_tasks_note, table)
 
 
 def _models(frame: pl.DataFrame) -> list[str]:
@@ -133,6 +133,7 @@ def topk_part(topk: pl.DataFrame, ctx: SectionContext) -> str:
     wide = topk_table(topk)
     return ("<h3>Removing the top-k heads together</h3>"
             + table(wide, left=("model",), fmt={"random-k KV (mean)": pct, "random-k KV (sd)": pct})
+            + skipped_tasks_note(topk, "the unablated model (k = 0)", "no heads removed", "heads.skip_at_chance")
             + ctx.figure("heads_topk"))
 
 
@@ -152,6 +153,8 @@ def kept_part(kept: pl.DataFrame, reference: str) -> str:
                      f"layers holding the best-ranked heads, keep only that head (or none). All other layers "
                      f"keep all their heads. Accuracy with its 95% interval.</p>")
         parts.append(table(wide.drop("variant"), left=tuple(c for c in wide.columns if c.startswith("heads kept"))))
+    parts.append(skipped_tasks_note(kept, "the minimal model with all its heads", "no heads removed",
+                                    "heads.skip_at_chance"))
     parts.append(reference)
     return "\n".join(parts)
 

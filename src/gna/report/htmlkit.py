@@ -201,3 +201,17 @@ class SectionContext:
     @property
     def show_reference(self) -> bool:
         return self.options.get("show_reference", True)
+
+
+def skipped_tasks_note(frame: pl.DataFrame, scored_on: str, left_out: str, key: str) -> str:
+    """The tasks of `frame` (rows with model, task, skipped_reason) scored on `scored_on` only
+    (`left_out` says what was not scored; `key`, the config key that chose it), each with its
+    recorded reason; empty where none was skipped."""
+    if "skipped_reason" not in frame.columns:
+        return ""
+    skipped = frame.filter(pl.col("skipped_reason").is_not_null()).unique(["model", "task"]).sort(["model", "task"])
+    if skipped.is_empty():
+        return ""
+    return (f"<p>Scored on {scored_on} only ({left_out}; <code>{key}</code>):</p><ul>"
+            + "".join(f"<li><b>{html.escape(r['model'])}</b>, {r['task']}: {html.escape(r['skipped_reason'])}</li>"
+                      for r in skipped.iter_rows(named=True)) + "</ul>")

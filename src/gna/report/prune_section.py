@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import polars as pl
 import seaborn as sns
 
-from gna.report.htmlkit import SectionContext, accuracy_axis, pct, save_figure, table
+from gna.report.htmlkit import SectionContext, accuracy_axis, pct, save_figure, skipped_tasks_note, table
 
 METRIC = "acc"
 
@@ -80,7 +80,7 @@ def gradual_part(gradual: pl.DataFrame, ctx: SectionContext) -> str:
     wide = (g.select("model", "task", "layers_kept", "value", "n")
             .pivot(on="task", index=["model", "layers_kept"], values="value").sort(["model", "layers_kept"]))
     return ("<ul>" + "".join(f"<li>{s}</li>" for s in sentences if s) + "</ul>" + ctx.figure("prune_gradual")
-            + _skipped_tasks(_overall(gradual), "the full model", "no shorter prefix")
+            + skipped_tasks_note(_overall(gradual), "the full model", "no shorter prefix", "prune.skip_at_chance")
             + "<details><summary>table: accuracy per number of layers kept</summary>"
             + table(wide, left=("model",), fmt={c: pct for c in wide.columns if c not in ("model", "layers_kept")})
             + "</details>")
@@ -112,19 +112,6 @@ def _critical_layers(ind: pl.DataFrame, minimal: list[dict]) -> str:
     return "<ul>" + "".join(crit) + "</ul>" if crit else ""
 
 
-def _skipped_tasks(frame: pl.DataFrame, scored_on: str, left_out: str) -> str:
-    """The tasks scored on `scored_on` only (the full model, the minimal model; `left_out` says
-    what was not scored), with the recorded reason."""
-    if "skipped_reason" not in frame.columns:
-        return ""
-    skipped = frame.filter(pl.col("skipped_reason").is_not_null()).unique(["model", "task"]).sort(["model", "task"])
-    if skipped.is_empty():
-        return ""
-    return (f"<p>Scored on {scored_on} only ({left_out}; <code>prune.skip_at_chance</code>):</p><ul>"
-            + "".join(f"<li><b>{html.escape(r['model'])}</b>, {r['task']}: {html.escape(r['skipped_reason'])}</li>"
-                      for r in skipped.iter_rows(named=True)) + "</ul>")
-
-
 def individual_part(individual: pl.DataFrame, minimal: list[dict], ctx: SectionContext) -> str:
     """Single-layer removal on the minimal model: figure, critical layers, tasks skipped at chance, table."""
     ind = _overall(individual)
@@ -133,7 +120,8 @@ def individual_part(individual: pl.DataFrame, minimal: list[dict], ctx: SectionC
     wide = (ind.select("model", "task", "removed_layer", "value")
             .pivot(on="task", index=["model", "removed_layer"], values="value").sort(["model", "removed_layer"]))
     return ("<h3>Individual layer removal on the minimal model</h3>" + ctx.figure("prune_individual")
-            + _critical_layers(ind, minimal) + _skipped_tasks(ind, "the minimal model", "no single-layer removals")
+            + _critical_layers(ind, minimal) + skipped_tasks_note(ind, "the minimal model", "no single-layer removals",
+                                                               "prune.skip_at_chance")
             + "<details><summary>table: accuracy with one layer removed (−1 = none removed)</summary>"
             + table(wide, left=("model",), fmt={c: pct for c in wide.columns if c not in ("model", "removed_layer")})
             + "</details>")

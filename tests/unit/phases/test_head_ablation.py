@@ -131,6 +131,32 @@ def test_head_tables(tiny_llama):
     assert active_hooks(model) == 0
 
 
+def test_head_tables_score_a_task_at_chance_unablated_only(tiny_llama):
+    model, tok = tiny_llama
+    ranking = rank_heads(sweep_heads(model, tok, KV, progress=False))
+    tables = {"kv_retrieval": KV}  # a random model is at chance on these lookups
+    args = dict(random_draws=1, control_tasks=["kv_retrieval"], seed=1, progress=False)
+    every = remove_top_k(model, tok, ranking, tables, [0, 1, 2], **args)
+    assert every["skipped_reason"].is_null().all()
+    # the sweep's own task is always scored; another at chance only at k = 0, with the reason
+    assert remove_top_k(model, tok, ranking, tables, [0, 1, 2], skip_at_chance=True, **args).equals(every)
+    skipped = remove_top_k(model, tok, ranking, tables, [0, 1, 2], skip_at_chance=True, always_scored=(), **args)
+    assert set(skipped["k"]) == {0} and set(skipped["condition"]) == {"top"}
+    assert skipped["skipped_reason"].str.contains("so removing heads cannot show a loss").all()
+    assert skipped.drop("skipped_reason").equals(every.filter(pl.col("k") == 0).drop("skipped_reason"))
+    # judged on the given baseline scores: all correct is above chance, so every condition runs
+    right = score_table(model, tok, KV, progress=False).with_columns(pl.lit(True).alias("correct"))
+    ran = remove_top_k(model, tok, ranking, tables, [0, 1, 2], scored={"kv_retrieval": right}, skip_at_chance=True,
+                       always_scored=(), **args)
+    assert set(ran["k"]) == {0, 1, 2} and ran["skipped_reason"].is_null().all()
+    kept_layers = [0, 1, 2]
+    all_kept = heads_kept(model, tok, ranking, kept_layers, tables, progress=False)
+    assert heads_kept(model, tok, ranking, kept_layers, tables, progress=False, skip_at_chance=True).equals(all_kept)
+    only = heads_kept(model, tok, ranking, kept_layers, tables, progress=False, skip_at_chance=True, always_scored=())
+    assert set(only["variant"]) == {"all heads"} and only["skipped_reason"].is_not_null().all()
+    assert only.drop("skipped_reason").equals(all_kept.filter(pl.col("variant") == "all heads").drop("skipped_reason"))
+
+
 @pytest.mark.parametrize("family", ["mamba2", "mamba"])
 def test_ssm_heads(family):
     from transformers import Mamba2Config, Mamba2ForCausalLM, MambaConfig, MambaForCausalLM

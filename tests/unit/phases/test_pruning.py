@@ -5,9 +5,9 @@ import torch
 from transformers import LlamaForCausalLM
 
 from gna.engine.stack import pruned_layers
-from gna.phases.pruning import at_chance, gradual, individual, minimal_prefix
+from gna.phases.pruning import gradual, individual, minimal_prefix
 from gna.tasks.tables import subset_evenly
-from gna.engine.scoring import score_removals, score_table, score_table_ref
+from gna.engine.scoring import at_chance, score_removals, score_table, score_table_ref
 from gna.tasks.tables import build_kv_retrieval
 
 KV = build_kv_retrieval([3, 5], 3, 0, "lookup")

@@ -206,17 +206,17 @@ def test_phase_timings_sum_each_phase_and_the_total():
 
 
 def test_tasks_scored_on_the_minimal_model_only_are_listed_with_their_reason():
-    from gna.report.prune_section import _skipped_tasks
+    from gna.report.htmlkit import skipped_tasks_note
 
     rows = {"model": ["m", "m", "m"], "task": ["kv_retrieval", "mmlu_letter", "mmlu_letter"],
             "removed_layer": [-1, -1, -1], "metric": ["acc"] * 3,
             "skipped_reason": [None] + ["not distinguishable from chance at n=100: accuracy 26.0%"] * 2}
-    listed = _skipped_tasks(pl.DataFrame(rows), "the minimal model", "no removals")
+    listed = skipped_tasks_note(pl.DataFrame(rows), "the minimal model", "no removals", "prune.skip_at_chance")
     assert listed.count("<li>") == 1 and "<b>m</b>, mmlu_letter: not distinguishable from chance at n=100" in listed
-    assert "Scored on the minimal model only (no removals;" in listed
-    assert _skipped_tasks(pl.DataFrame(rows).drop("skipped_reason"), "the minimal model", "no removals") == ""
+    assert "Scored on the minimal model only (no removals; <code>prune.skip_at_chance</code>)" in listed
+    assert skipped_tasks_note(pl.DataFrame(rows).drop("skipped_reason"), "the minimal model", "no removals", "k") == ""
     none_skipped = pl.DataFrame(rows).with_columns(pl.lit(None, pl.String).alias("skipped_reason"))
-    assert _skipped_tasks(none_skipped, "the minimal model", "no removals") == ""
+    assert skipped_tasks_note(none_skipped, "the minimal model", "no removals", "k") == ""
 
 
 def test_gradual_pruning_draws_only_the_tasks_scored_at_every_depth_and_names_the_others(tmp_path):
