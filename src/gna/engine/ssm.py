@@ -25,7 +25,8 @@ short recurrence for the rows after it, from the trunk's state; padding rows see
 The local skip generalises D to the last few tokens: y_l += sum_j w_j x_{l-j} for j = 1..W (a
 short causal convolution beside the scan, as Mamba's conv1d gives an SSM layer direct access to
 the last tokens). `local_mix` computes it by gathering each position's predecessors on its own
-path (`causal_predecessors`, `TreeLayout.predecessors`; packed choices never read each other); `local_matrix` is the same
+path (`causal_predecessors`, `TreeLayout.predecessors`; packed choices never read each other;
+`local_mix_causal` is its fast path in plain causal order); `local_matrix` is the same
 term as a matrix, added to T wherever T itself is needed (maps, masking). Tests keep them equal.
 
 Shapes: x [B, L, H, P], log_a [B, L, H] (≤ 0), Bm / Cm [B, L, H, N], D [H].
@@ -225,6 +226,19 @@ def local_mix(x, weights, index, exists):
     for j in range(weights.shape[1]):
         picked = torch.gather(x, 1, index[:, :, j, None, None].expand(b, length, h, p))
         out = out + picked * (weights[:, j][None, None, :, None] * exists[:, :, j, None, None].to(x.dtype))
+    return out
+
+
+def local_mix_causal(x, weights):
+    """local_mix with causal_predecessors, its fast path for plain causal order (training, decoding's
+    prefill): the j-th predecessor of every position is the sequence shifted by j, zeros before
+    the first token — no gather forward and no scatter backward; the same sums (tested)."""
+    length = x.shape[1]
+    out = torch.zeros_like(x)
+    for j in range(1, weights.shape[1] + 1):
+        shift = min(j, length)
+        shifted = torch.nn.functional.pad(x[:, :length - shift], (0, 0, 0, 0, shift, 0))
+        out = out + shifted * weights[:, j - 1][None, None, :, None]
     return out
 
 

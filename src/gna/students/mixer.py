@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gna.engine.ssm import (TreeLayout, causal_predecessors, local_matrix, local_mix, materialize, ssd_chunked,
+from gna.engine.ssm import (TreeLayout, local_matrix, local_mix, local_mix_causal, materialize, ssd_chunked,
                             ssd_recurrent, ssd_tree, tree_layout)
 
 C_INIT_SCALE = 0.03
@@ -250,7 +250,7 @@ class HybridMixer(nn.Module):
             y = torch.einsum("bhls,bshp->blhp", T, x) + torch.einsum("bhls,bshp->blhp", T_local, x)
         elif allowed is None:
             y = ssd_chunked(x, log_a, Bm, Cm, D, chunk)[0]
-            y = y + local_mix(x, local, *causal_predecessors(u.shape[1], local.shape[1], u.device))
+            y = y + local_mix_causal(x, local)
         else:  # the fast path of the materialised one
             y = ssd_tree(x, log_a, Bm, Cm, D, layout, chunk)
             y = y + local_mix(x, local, *layout.predecessors(local.shape[1]))
@@ -369,7 +369,7 @@ class HybridMixer(nn.Module):
             x, log_a, Bm, Cm = self.ssm_inputs(u, active)
             y, state = ssd_chunked(x, log_a, Bm, Cm, self.D[active])
             local = self.local[active]
-            y = y + local_mix(x, local, *causal_predecessors(length, local.shape[1], u.device))
+            y = y + local_mix_causal(x, local)
             first = self.first_value(u, active)
             heads[:, :, [self.ssm_heads[j] for j in active]] = self.with_first_token(
                 self.normalize(y, active), self.sink_share(u, active), first, first_position=True).to(heads.dtype)

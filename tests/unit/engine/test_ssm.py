@@ -11,7 +11,7 @@ from gna.students.decoding import cache_nbytes, inference_memory, prefill, step
 from gna.students.mixer import mixers, swapped_to_attention
 from gna.students.spec import load_any, load_student, make_hybrid, save_student
 from gna.engine.packing import collate, pack
-from gna.engine.ssm import (causal_predecessors, local_matrix, local_mix, materialize, ssd_chunked, ssd_masked,
+from gna.engine.ssm import (causal_predecessors, local_matrix, local_mix, local_mix_causal, materialize, ssd_chunked, ssd_masked,
                             ssd_recurrent, ssd_tree, tree_layout)
 
 
@@ -131,6 +131,25 @@ def test_local_skip_gather_equals_its_matrix_and_the_definition():
     assert not torch.allclose(packed[:, ctx + c1], local_mix(x, weights, *causal)[:, ctx + c1])  # it bites
 
 
+def test_causal_local_skip_by_shifts_equals_the_gathered_one():
+    """local_mix_causal (shifts) against local_mix with causal_predecessors (gathers): the same
+    values bit for bit, and the same gradients up to the order of their sums, in float32 and
+    with a bf16 input as under autocast; also for a width past the sequence's length."""
+    g = torch.Generator().manual_seed(5)
+    for length, width, dtype in ((13, 3, torch.float32), (9, 4, torch.bfloat16), (2, 4, torch.float32)):
+        x = torch.randn(2, length, 3, 5, generator=g).to(dtype).requires_grad_(True)
+        weights = torch.randn(3, width, generator=g).requires_grad_(True)
+        fast = local_mix_causal(x, weights)
+        grads_fast = torch.autograd.grad(fast.float().square().sum(), [x, weights])
+        slow = local_mix(x, weights, *causal_predecessors(length, width))
+        grads_slow = torch.autograd.grad(slow.float().square().sum(), [x, weights])
+        assert torch.equal(fast, slow) and fast.dtype == slow.dtype
+        for fast_grad, slow_grad in zip(grads_fast, grads_slow):
+            torch.testing.assert_close(fast_grad, slow_grad, rtol=1e-6 if fast_grad.dtype == torch.float32 else 1e-2,
+                                       atol=1e-6)
+    assert not torch.equal(local_mix_causal(x, weights), torch.zeros_like(x))  # it bites
+
+
 # -- hybrids -------------------------------------------------------------------------------
 
 KEPT = [(0, 1), (2, 0), (2, 3)]
@@ -212,18 +231,21 @@ def test_measured_cache_matches_the_memory_formula(tiny_llama, hybrid):
 
 
 def test_student_round_trip_through_load_any(tmp_path, hybrid):
-    """A saved student reloads (load_any) to the same logits; the plain loader refuses it by
-    name; a spec that does not fit the weights is refused."""
+    """A saved student reloads (load_any) to the same logits, bit for bit (its weights are read,
+    not initialised: whatever the random state); the plain loader refuses it by name; a spec that
+    does not fit the weights is refused."""
     from gna.models.prepare import load_model
 
     student, tok = hybrid
     save_student(student, tok, tmp_path, {"state_size": 8, "kept_heads": [list(k) for k in KEPT]})
+    torch.manual_seed(12345)
     loaded, _ = load_any(tmp_path)
     with pytest.raises(ValueError, match="is a distilled student.*load_any"):
         load_model(tmp_path)
     ids = _ids(tok)
     with torch.no_grad():
-        torch.testing.assert_close(loaded(input_ids=ids).logits, student(input_ids=ids).logits)
+        assert torch.equal(loaded(input_ids=ids).logits, student(input_ids=ids).logits)
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), student.state_dict().values()))
     (tmp_path / "gna_hybrid.json").write_text('{"state_size": 4, "kept_heads": []}')
     with pytest.raises((ValueError, RuntimeError)):
         load_student(tmp_path)
