@@ -26,7 +26,7 @@ from gna.students.mixer import mixers, ssm_heads_of
 from gna.core.io import read_parquet, write_parquet
 from gna.core.stats import wilson_interval
 from gna.engine.packing import PackedBatch
-from gna.engine.scoring import known_or_scored, score_table
+from gna.engine.scoring import at_chance, known_or_scored, score_table
 from gna.engine.ablation import score_ablations
 from gna.tasks.tables import build_kv_retrieval, load_task_tables
 
@@ -150,26 +150,49 @@ def _condition_row(condition: str, label: str, items: pl.DataFrame, note: str | 
 
 def masking_experiment(model, tok, table: pl.DataFrame, segment_fn, heads: dict[str, tuple[int, int]],
                        batch_size: int = 8, knowledge: pl.DataFrame | None = None,
-                       ssm_heads: set[tuple[int, int]] | None = None) -> pl.DataFrame:
+                       ssm_heads: set[tuple[int, int]] | None = None, skip_at_chance: bool = False) -> pl.DataFrame:
     """acc and mean log-prob of the target under (a) unmodified, (b) ablated, (c) G&A-only, on the
     retrieval `table`; on `knowledge` (e.g. MMLU cloze, which has no segments) (a) and (b) only.
-    The heads column is heads_label(heads, ssm_heads)."""
-    def plain_and_ablated(items: pl.DataFrame) -> list[tuple[str, pl.DataFrame]]:
+    The heads column is heads_label(heads, ssm_heads). skip_at_chance: where (a) cannot be told
+    from chance (gna.engine.scoring.at_chance) no condition can show a loss, so the retrieval
+    table's (c) and the knowledge table's (b) are not run; (a)'s note says why. (a) and (b) of
+    the retrieval table come from one pass either way; the knowledge table's (a) is then scored
+    first (one more pass where it is above chance)."""
+    def plain_and_ablated(items: pl.DataFrame, plain: bool = True) -> list[tuple[str, pl.DataFrame, None]]:
         # one pass: (b) reruns only the layers from its first head's on (exact prefix reuse)
-        frames = score_ablations(model, tok, items, {CONDITIONS[0]: [], CONDITIONS[1]: list(heads.values())},
-                                 batch_size=batch_size, progress=False)
-        return list(frames.items())
+        wanted = {CONDITIONS[0]: [], CONDITIONS[1]: list(heads.values())} if plain else {CONDITIONS[1]: list(heads.values())}
+        frames = score_ablations(model, tok, items, wanted, batch_size=batch_size, progress=False)
+        return [(condition, frame, None) for condition, frame in frames.items()]
+
+    def chance_note(plain: pl.DataFrame, items: pl.DataFrame, left_out: str) -> str | None:
+        reason = at_chance(plain, items, "masking heads") if skip_at_chance else None
+        if reason is not None:
+            log.info("%s: %s not run, (a) %s", items["task"][0], left_out, reason)
+            return f"{reason}: {left_out} not run"
+        return None
 
     results = plain_and_ablated(table)
-    results.append((CONDITIONS[2], score_masked(model, tok, table, segment_fn, heads, True, batch_size)))
-    if knowledge is not None and len(knowledge):
+    note = chance_note(results[0][1], table, "(c)")
+    if note is None:
+        results.append((CONDITIONS[2], score_masked(model, tok, table, segment_fn, heads, True, batch_size), None))
+    else:
+        results[0] = (*results[0][:2], note)
+    if knowledge is not None and len(knowledge) and skip_at_chance:
+        plain = score_table(model, tok, knowledge, batch_size=batch_size, progress=False)
+        note = chance_note(plain, knowledge, "(b)")
+        results.append((CONDITIONS[0], plain, note))
+        if note is None:
+            results += plain_and_ablated(knowledge, plain=False)
+    elif knowledge is not None and len(knowledge):
         results += plain_and_ablated(knowledge)
     label = heads_label(heads, ssm_heads)
-    return pl.DataFrame([_condition_row(condition, label, items) for condition, items in results], schema=RESULT_SCHEMA)
+    return pl.DataFrame([_condition_row(condition, label, items, note) for condition, items, note in results],
+                        schema=RESULT_SCHEMA)
 
 
 def mmlu_letter_masking(model, tok, letter: pl.DataFrame, heads: dict[str, tuple[int, int]], min_acc: float,
-                        batch_size: int = 8, ssm_heads: set[tuple[int, int]] | None = None) -> pl.DataFrame:
+                        batch_size: int = 8, ssm_heads: set[tuple[int, int]] | None = None,
+                        skip_at_chance: bool = False) -> pl.DataFrame:
     """masking_experiment on MMLU letter (option lines as segments) for a model above chance
     there; below `min_acc` only the unmodified row, with a note that (b) and (c) were not run."""
     plain = score_table(model, tok, letter, batch_size=batch_size, progress=False)
@@ -180,7 +203,7 @@ def mmlu_letter_masking(model, tok, letter: pl.DataFrame, heads: dict[str, tuple
                              note=f"at chance (< {min_acc:.0%}): (b), (c) not run")
         return pl.DataFrame([row], schema=RESULT_SCHEMA)
     return masking_experiment(model, tok, letter, mmlu_row_segments, heads, batch_size=batch_size,
-                              ssm_heads=ssm_heads)
+                              ssm_heads=ssm_heads, skip_at_chance=skip_at_chance)
 
 
 def masking_heads(roles: pl.DataFrame) -> dict[str, tuple[int, int]]:
@@ -196,7 +219,8 @@ def run_gna_masking(model_name: str, model_dir: str, roles_path: str, knowledge_
     """Phase gna_masking: masking_experiment with the masking_heads of `roles_path` on fresh
     KV-retrieval prompts (`gna` config keys dict_size, masking_n, seed + 1) and the knowledge task
     (`knowledge_paths`: none or one table, cut to gna.knowledge_items), then mmlu_letter_masking
-    (gated by gna.mmlu_min_acc) if a letter table is given. A student (gna.students.mixer) labels its heads
+    (gated by gna.mmlu_min_acc) if a letter table is given; gna.skip_at_chance leaves out the
+    conditions that cannot show a loss where (a) is at chance. A student (gna.students.mixer) labels its heads
     SSM or attention. Skipped (an empty table) unless both roles have a head. Written to
     `out_path` with a model column."""
     heads = masking_heads(read_parquet(roles_path))
@@ -210,9 +234,10 @@ def run_gna_masking(model_name: str, model_dir: str, roles_path: str, knowledge_
         table = build_kv_retrieval([gna["dict_size"]], gna["masking_n"], gna["seed"] + 1, template)
         knowledge = next(iter(load_task_tables(knowledge_paths, gna["knowledge_items"]).values()), None)
         result = masking_experiment(model, tok, table, kv_row_segments, heads, batch_size=batch_size,
-                                    knowledge=knowledge, ssm_heads=ssm_heads)
+                                    knowledge=knowledge, ssm_heads=ssm_heads, skip_at_chance=gna["skip_at_chance"])
         for letter in load_task_tables(mmlu_letter_paths, gna["knowledge_items"]).values():
-            letter_result = mmlu_letter_masking(model, tok, letter, heads, gna["mmlu_min_acc"], batch_size, ssm_heads)
+            letter_result = mmlu_letter_masking(model, tok, letter, heads, gna["mmlu_min_acc"], batch_size, ssm_heads,
+                                                skip_at_chance=gna["skip_at_chance"])
             result = pl.concat([result, letter_result])
         for row in result.iter_rows(named=True):
             log.info("%s %s: acc %.3f, mean logp %.3f", row["task"], row["condition"], row["acc"], row["mean_logp"])

@@ -91,7 +91,10 @@ MASKING_INTRO = (
     "their G&A pattern — the Gather head's rows inside a line see only that line, the Aggregate "
     "head's answer rows see only the lines, every other row of the two heads only itself. If (c) "
     "stays near (a) while (b) falls, the G&A pattern alone carries the retrieval.</p>"
-    "<p>The knowledge task (MMLU cloze, no option lines to restrict to) is scored under (a) and (b) only.</p>")
+    "<p>The knowledge task (MMLU cloze, no option lines to restrict to) is scored under (a) and (b) only. "
+    "Where (a) cannot be told from chance on a task (its 95% interval contains chance), no condition could "
+    "show a loss there: (c) on KV retrieval and (b) on the knowledge task are left out, and (a)'s note says "
+    "why (<code>gna.skip_at_chance: false</code> runs them anyway).</p>")
 
 
 def model_roles(sub: pl.DataFrame, model: str) -> str:

@@ -42,3 +42,42 @@ def test_masking_experiment_equals_recorded_results(tiny_llama):
     for row in actual.iter_rows(named=True):
         assert (row["ci_low"], row["ci_high"]) == wilson_interval(round(row["acc"] * row["n"]), row["n"])
     assert_frame_equal(actual.drop("note", "ci_low", "ci_high"), pl.read_parquet(GOLDEN), check_exact=True)
+
+
+def _relabelled_to_own_picks(model, tok, table: pl.DataFrame) -> pl.DataFrame:
+    """`table` with each item's target set to the choice the model itself ranks first: the model
+    is then right on every item, far above chance."""
+    import numpy as np
+
+    from gna.engine.scoring import score_table
+
+    scores = score_table(model, tok, table, progress=False)
+    return table.with_columns(pl.Series("target", [int(np.argmax(s)) for s in scores["logprobs"].to_list()]))
+
+
+def test_masking_leaves_out_what_cannot_show_a_loss_where_the_model_is_at_chance(tiny_llama):
+    """skip_at_chance: the tiny random model is at chance on both tasks, so KV keeps (a) and (b)
+    (one pass) without (c), and the knowledge task keeps (a) alone; (a)'s note says why and every
+    row that ran equals the full experiment's. Where the model is right on every item, every
+    condition runs and the result equals the experiment without the skip."""
+    model, tok = tiny_llama
+    kv = build_kv_retrieval([4], 6, 11, "lookup")
+    subset, pool = select_mmlu(load_mmlu_jsonl(MINI_MMLU), 6, 7, None)
+    cloze = build_mmlu(subset, pool, "cloze", 0, 7)
+    full = masking_experiment(model, tok, kv, kv_row_segments, HEADS, batch_size=4, knowledge=cloze)
+    skipped = masking_experiment(model, tok, kv, kv_row_segments, HEADS, batch_size=4, knowledge=cloze,
+                                 skip_at_chance=True)
+    assert list(zip(skipped["task"], skipped["condition"])) == [
+        ("kv_retrieval", "(a) unmodified"), ("kv_retrieval", "(b) G&A heads ablated"), ("mmlu_cloze", "(a) unmodified")]
+    notes = skipped["note"].to_list()
+    assert "contains chance 25.0%" in notes[0] and notes[0].endswith("(c) not run")
+    assert notes[1] is None and notes[2].endswith("(b) not run")
+    kept = full.join(skipped.select("task", "condition"), on=["task", "condition"], how="semi")
+    assert_frame_equal(skipped.drop("note"), kept.drop("note"), check_exact=False, rel_tol=1e-6)
+
+    kv_right, cloze_right = _relabelled_to_own_picks(model, tok, kv), _relabelled_to_own_picks(model, tok, cloze)
+    above = masking_experiment(model, tok, kv_right, kv_row_segments, HEADS, batch_size=4, knowledge=cloze_right,
+                               skip_at_chance=True)
+    assert above.filter(pl.col("condition") == "(a) unmodified")["acc"].to_list() == [1.0, 1.0]
+    assert_frame_equal(above, masking_experiment(model, tok, kv_right, kv_row_segments, HEADS, batch_size=4,
+                                                 knowledge=cloze_right), check_exact=False, rel_tol=1e-6)
