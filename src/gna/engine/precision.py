@@ -55,22 +55,23 @@ def _linear_in_low_precision(module: torch.nn.Linear, x: torch.Tensor) -> torch.
 
 def linears_computed_in(model, compute_dtype: str):
     """Evaluate `model` with its linear layers' matmuls in `compute_dtype` (a COMPUTE_DTYPES
-    name; "float32": unchanged). Each linear layer except the output head (it may be tied to the
-    input embeddings; logits are taken at few positions) keeps its weight and multiplies with a
-    copy in that dtype, its input cast to it and its output cast back: the residual stream,
-    norms, attention softmax and SSM scans stay in the model's dtype. Unlike autocast, nothing
-    else drops precision (half the log-prob error on SmolLM2, tested against float32). A copy is
-    made again when its weight changed in place (a checkpoint restored: the budget curve). For
-    evaluation only: the weights stop taking gradients (none would reach them). Returns `model`."""
+    name; "float32": unchanged). Each linear layer, the output head included, keeps its weight
+    and multiplies with a copy in that dtype, its input cast to it and its output cast back: the
+    residual stream, norms, attention softmax, SSM scans and the log-softmax over the vocabulary
+    stay in the model's dtype. The head's copy is its own, so an input embedding tied to it is
+    read in full precision; the head is a sixth of a scoring pass on a 49k vocabulary (logits at
+    ~11 positions per KV item), which is why it is not left in float32. Unlike autocast, nothing
+    else drops precision (tested against float32). A copy is made again when its weight changed
+    in place (a checkpoint restored: the budget curve). For evaluation only: the weights stop
+    taking gradients (none would reach them). Returns `model`."""
     low = COMPUTE_DTYPES[compute_dtype]
     if low is None:
         return model
     if model.device.type == "cpu" and cpu_lacks_bf16():
         log.warning("this CPU has no bf16 instructions (AVX512-BF16 or AMX): its bf16 matmuls are emulated and "
                     "may be slower than float32 (eval.compute_dtype: float32)")
-    head = model.get_output_embeddings()
     for module in model.modules():
-        if isinstance(module, torch.nn.Linear) and module is not head and module.weight.dtype != low:
+        if isinstance(module, torch.nn.Linear) and module.weight.dtype != low:
             module.weight.requires_grad_(False)
             module.register_buffer("weight_low", module.weight.detach().to(low), persistent=False)
             module.weight_low_of = _weight_state(module.weight)

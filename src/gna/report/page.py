@@ -60,8 +60,9 @@ def precision_text(config: dict) -> str:
     weights, matmuls = config["dtype"], config["eval"]["compute_dtype"]
     if matmuls == "float32" or matmuls == weights:
         return f"weights and evaluation in {weights}"
-    return (f"weights, residual stream, norms, attention and SSM scans in {weights}; the linear layers' matmuls "
-            f"in {matmuls} when models are evaluated (eval.compute_dtype; float32 is the reference)")
+    return (f"weights, residual stream, norms, attention, SSM scans and log-softmax in {weights}; the linear layers' "
+            f"matmuls, the output head's included, in {matmuls} when models are evaluated (eval.compute_dtype; "
+            "float32 is the reference)")
 
 
 def closing_sections(config: dict) -> str:

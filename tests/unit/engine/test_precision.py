@@ -35,7 +35,16 @@ def test_bf16_linears_agree_with_float32_and_leave_the_weights(tiny_llama):
     for name, p in fast.named_parameters():
         assert p.dtype == torch.float32 and torch.equal(p, weights[name]), name
     assert fast.base_model.layers[0].mlp.up_proj.weight_low.dtype == torch.bfloat16
-    assert not hasattr(fast.get_output_embeddings(), "weight_low")  # logits stay float32
+    # the output head multiplies with its own bf16 copy; an input embedding tied to it still
+    # looks up the float32 weight
+    assert fast.get_output_embeddings().weight_low.dtype == torch.bfloat16
+    tied = copy.deepcopy(model)
+    tied.get_output_embeddings().weight = tied.get_input_embeddings().weight  # as SmolLM2's
+    embedded = tied.get_input_embeddings()(ids).detach()
+    linears_computed_in(tied, "bfloat16")
+    assert tied.get_output_embeddings().weight is tied.get_input_embeddings().weight
+    assert tied.get_input_embeddings().weight.dtype == torch.float32
+    assert torch.equal(tied.get_input_embeddings()(ids), embedded)
     assert linears_computed_in(copy.deepcopy(model), "float32") is not None
     assert torch.equal(_logp(linears_computed_in(model, "float32"), ids), reference)
 
