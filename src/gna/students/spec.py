@@ -211,10 +211,12 @@ def load_student(model_dir: Path, dtype=None, device: str | None = "auto"):
     model_dir = Path(model_dir)
     spec = read_spec(model_dir)
     # every weight is read from the file below (checked), so random initialisation (~1 s for
-    # 135M parameters) would only be overwritten
+    # 135M parameters) would only be overwritten; skipping it also skips the tying of a tied
+    # output head to the input embedding, so that is done here (the file holds the pair once)
     with no_init_weights():
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype or torch.float32)
         make_hybrid(model, [tuple(x) for x in spec["kept_heads"]], spec["state_size"])
+    model.tie_weights()
     missing, unexpected = load_weights(model, str(model_dir / "model.safetensors"), strict=False)
     # a tied embedding is stored once under one of its two names
     tied = {"lm_head.weight", "model.embed_tokens.weight"} if model.config.tie_word_embeddings else set()

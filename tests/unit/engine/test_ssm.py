@@ -251,6 +251,25 @@ def test_student_round_trip_through_load_any(tmp_path, hybrid):
         load_student(tmp_path)
 
 
+def test_a_student_with_a_tied_output_head_round_trips(tmp_path, tiny_llama):
+    """A teacher whose output head is its input embedding (SmolLM2's) gives a student that reloads
+    tied, to the same logits: the file holds the pair once and loading ties it again."""
+    from transformers import AutoModelForCausalLM
+
+    model, tok = tiny_llama
+    cfg = copy.deepcopy(model.config)
+    cfg.tie_word_embeddings = True
+    torch.manual_seed(4)
+    student = make_hybrid(AutoModelForCausalLM.from_config(cfg).eval(), KEPT, 8)
+    assert student.get_output_embeddings().weight is student.get_input_embeddings().weight
+    save_student(student, tok, tmp_path, {"state_size": 8, "kept_heads": [list(k) for k in KEPT]})
+    loaded, _ = load_any(tmp_path)
+    assert loaded.get_output_embeddings().weight is loaded.get_input_embeddings().weight
+    ids = _ids(tok)
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids).logits, student(input_ids=ids).logits)
+
+
 def test_ablating_an_ssm_head_equals_zeroing_its_output_columns(hybrid):
     from gna.engine.hooks import ablate_heads
 
