@@ -45,12 +45,41 @@ def _weight_state(weight: torch.Tensor) -> tuple[int, int]:
     return weight._version, weight.data_ptr()
 
 
-def _linear_in_low_precision(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if module.weight_low_of != _weight_state(module.weight):  # changed in place since copied (a restored checkpoint)
+def _low_weight(module: torch.nn.Linear) -> torch.Tensor:
+    """The low-precision copy of linears_computed_in, made again where the weight changed in
+    place since it was copied (a restored checkpoint)."""
+    if module.weight_low_of != _weight_state(module.weight):
         module.weight_low = module.weight.detach().to(module.weight_low.dtype)
         module.weight_low_of = _weight_state(module.weight)
-    y = torch.nn.functional.linear(x.to(module.weight_low.dtype), module.weight_low)
+    return module.weight_low
+
+
+def _linear_in_low_precision(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    weight = _low_weight(module)
+    y = torch.nn.functional.linear(x.to(weight.dtype), weight)
     return (y.to(x.dtype) if module.bias is None else y.to(x.dtype) + module.bias.to(x.dtype))
+
+
+def linear_group(modules: list[torch.nn.Linear], x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The outputs of several linear layers that read the same input `x`, from one matmul with
+    their weights side by side: one pass over x (and under autocast one cast of it) instead of
+    one per layer; a student's SSM projections are five small ones per layer. Each output is
+    what the layer's own call gives (under linears_computed_in with its low-precision copy, its
+    bias added in x's dtype), up to the rounding of a differently blocked matmul (tested); the
+    layer's own call is the reference. Gradients reach every layer's weight and bias."""
+    sizes = [m.out_features for m in modules]
+    if all(hasattr(m, "weight_low") for m in modules):  # as _linear_in_low_precision
+        weight = torch.cat([_low_weight(m) for m in modules])
+        y = torch.nn.functional.linear(x.to(weight.dtype), weight).to(x.dtype)
+        if any(m.bias is not None for m in modules):
+            y = y + torch.cat([m.bias.to(x.dtype) if m.bias is not None else x.new_zeros(m.out_features)
+                               for m in modules])
+    else:
+        bias = None
+        if any(m.bias is not None for m in modules):
+            bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules])
+        y = torch.nn.functional.linear(x, torch.cat([m.weight for m in modules]), bias)
+    return y.split(sizes, dim=-1)
 
 
 def linears_computed_in(model, compute_dtype: str):

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gna.engine.precision import linear_group
 from gna.engine.ssm import (TreeLayout, local_matrix, local_mix, local_mix_causal, materialize, ssd_chunked,
                             ssd_recurrent, ssd_tree, tree_layout)
 
@@ -218,17 +219,20 @@ class HybridMixer(nn.Module):
         return u.to(self.x_proj.weight.dtype)
 
     def ssm_inputs(self, u, which: list[int] | None = None):
-        """(x [B, L, S, P], log_a [B, L, S], B [B, L, S, N], C [B, L, S, N]) for SSM heads `which`."""
+        """(x [B, L, S, P], log_a [B, L, S], B [B, L, S, N], C [B, L, S, N], share [B, L, S]) for
+        SSM heads `which`; share: the first token's share of each head's output (with_first_token;
+        zero where first_token_share is off). The five projections of u are one matmul
+        (linear_group)."""
         b, length, _ = u.shape
         s, n, p = len(self.ssm_heads), self.state_size, self.head_dim
-        u = self.ssm_dtype(u)
-        x = self.x_proj(u).view(b, length, s, p)
-        Bm = self.B_proj(u).view(b, length, s, n)
-        Cm = self.C_proj(u).view(b, length, s, n)
-        log_a = -F.softplus(self.decay_proj(u))
+        x, Bm, Cm, decay, sink = linear_group([self.x_proj, self.B_proj, self.C_proj, self.decay_proj, self.sink_proj],
+                                              self.ssm_dtype(u))
+        x, Bm, Cm = x.reshape(b, length, s, p), Bm.reshape(b, length, s, n), Cm.reshape(b, length, s, n)
+        log_a = -F.softplus(decay)
+        share = torch.sigmoid(sink) if self.first_token_share else torch.zeros_like(sink)
         if which is not None and len(which) != s:
-            x, Bm, Cm, log_a = x[:, :, which], Bm[:, :, which], Cm[:, :, which], log_a[:, :, which]
-        return x, log_a, Bm, Cm
+            x, Bm, Cm, log_a, share = x[:, :, which], Bm[:, :, which], Cm[:, :, which], log_a[:, :, which], share[..., which]
+        return x, log_a, Bm, Cm, share
 
     def ssm_output(self, u, allowed, which: list[int] | None = None, chunk: int = 128, restrict=None,
                    layout: TreeLayout | None = None):
@@ -237,7 +241,7 @@ class HybridMixer(nn.Module):
         masked matrix; the decays still follow the sequence layout `allowed`). layout: `allowed`'s
         tree_layout (forward finds it once per batch, layout_of) for the fast path; None where it
         has none: the materialised matrix."""
-        x, log_a, Bm, Cm = self.ssm_inputs(u, which)
+        x, log_a, Bm, Cm, share = self.ssm_inputs(u, which)
         D = self.D if which is None else self.D[which]
         local = self.local if which is None else self.local[which]
         # where T is materialised anyway, the local skip is too (the same operations whether or
@@ -254,7 +258,6 @@ class HybridMixer(nn.Module):
         else:  # the fast path of the materialised one
             y = ssd_tree(x, log_a, Bm, Cm, D, layout, chunk)
             y = y + local_mix(x, local, *layout.predecessors(local.shape[1]))
-        share = self.sink_share(u, which)
         if restrict is not None:  # a row that may not read the first token gets nothing from it
             share = share * restrict[..., 0].transpose(1, 2)
         first = self.first_value(u, which)
@@ -276,13 +279,6 @@ class HybridMixer(nn.Module):
         b, p = u.shape[0], self.head_dim
         v = self.v_proj(u[:, :1].to(self.v_proj.weight.dtype)).view(b, 1, self.num_kv_heads, p)
         return v[:, :, [h // self.group for h in heads]]
-
-    def sink_share(self, u, which: list[int] | None = None):
-        """[B, L, len(which)]: the share of each SSM head's output taken by the first token."""
-        share = torch.sigmoid(self.sink_proj(self.ssm_dtype(u)))
-        if not self.first_token_share:
-            share = torch.zeros_like(share)
-        return share if which is None else share[..., which]
 
     @staticmethod
     def with_first_token(y, share, first, first_position: bool):
@@ -310,10 +306,10 @@ class HybridMixer(nn.Module):
         active = self.active_ssm
         if active:
             heads = [self.ssm_heads[j] for j in active]
-            x, log_a, Bm, Cm = self.ssm_inputs(u, active)
+            x, log_a, Bm, Cm, share = self.ssm_inputs(u, active)
             T = (materialize(log_a, Bm, Cm, self.D[active], structure)
                  + local_matrix(self.local[active], structure, length)).abs()  # the local skip is part of the mix
-            share = self.sink_share(u, active).transpose(1, 2)  # [B, S, L]
+            share = share.transpose(1, 2)  # [B, S, L]
             if per_head is not None:
                 T = T * per_head[:, heads]
                 share = share * per_head[:, heads, :, 0]
@@ -366,13 +362,13 @@ class HybridMixer(nn.Module):
             cache["k"], cache["v"], cache["groups"] = k[:, groups], v[:, groups], groups
         active = self.active_ssm
         if active:
-            x, log_a, Bm, Cm = self.ssm_inputs(u, active)
+            x, log_a, Bm, Cm, share = self.ssm_inputs(u, active)
             y, state = ssd_chunked(x, log_a, Bm, Cm, self.D[active])
             local = self.local[active]
             y = y + local_mix_causal(x, local)
             first = self.first_value(u, active)
             heads[:, :, [self.ssm_heads[j] for j in active]] = self.with_first_token(
-                self.normalize(y, active), self.sink_share(u, active), first, first_position=True).to(heads.dtype)
+                self.normalize(y, active), share, first, first_position=True).to(heads.dtype)
             # the last LOCAL_WIDTH values, oldest first (zeros before the first token)
             recent = torch.cat([x.new_zeros(b, local.shape[1], *x.shape[2:]), x], dim=1)[:, -local.shape[1]:]
             cache["state"], cache["first"], cache["recent"] = state, first, recent
@@ -397,14 +393,14 @@ class HybridMixer(nn.Module):
             heads[:, :, attn] = out.transpose(1, 2)
         active = self.active_ssm
         if active:
-            x, log_a, Bm, Cm = self.ssm_inputs(u, active)
+            x, log_a, Bm, Cm, share = self.ssm_inputs(u, active)
             y, cache["state"] = ssd_recurrent(x, log_a, Bm, Cm, self.D[active], cache["state"])
             recent, local = cache["recent"], self.local[active]
             y = y + sum(local[:, j - 1][None, None, :, None] * recent[:, -j:recent.shape[1] - j + 1]
                         for j in range(1, local.shape[1] + 1))
             cache["recent"] = torch.cat([recent[:, 1:], x], dim=1)
             heads[:, :, [self.ssm_heads[j] for j in active]] = self.with_first_token(
-                self.normalize(y, active), self.sink_share(u, active), cache["first"], first_position=False
+                self.normalize(y, active), share, cache["first"], first_position=False
             ).to(heads.dtype)
         return self.o_proj(heads.reshape(b, 1, -1))
 

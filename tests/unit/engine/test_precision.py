@@ -7,7 +7,7 @@ import polars as pl
 import torch
 
 from gna.engine.hooks import ablate_heads
-from gna.engine.precision import linears_computed_in
+from gna.engine.precision import linear_group, linears_computed_in
 from gna.engine.scoring import score_table
 from gna.students.mixer import mixers
 from gna.students.spec import make_hybrid
@@ -126,3 +126,49 @@ def test_bf16_linears_follow_weights_changed_in_place(tiny_llama):
     after = _logp(fast, ids)
     assert (after - before).abs().max() > 0.01
     assert torch.equal(after, _logp(linears_computed_in(changed, "bfloat16"), ids))
+
+
+def _projections(m):
+    return [m.x_proj, m.B_proj, m.C_proj, m.decay_proj, m.sink_proj]
+
+
+def test_linear_group_gives_each_layers_own_output_and_gradients(tiny_llama):
+    """One matmul for a student's five SSM projections (mixed biases) against each layer's own
+    call: float32, under bf16 linears (with a weight changed in place since), and the gradients
+    under bf16 autocast."""
+    student = make_hybrid(copy.deepcopy(tiny_llama[0]), [(1, 0), (1, 2)], 4)
+    m = mixers(student)[1]
+    with torch.no_grad():  # nonzero decay and sink weights, so every block's output differs
+        m.decay_proj.weight.normal_(std=0.1)
+        m.sink_proj.weight.normal_(std=0.1)
+    u = torch.randn(2, 7, m.x_proj.in_features, generator=torch.Generator().manual_seed(5))
+    got, reference = linear_group(_projections(m), u), [layer(u) for layer in _projections(m)]
+    assert [g.shape for g in got] == [r.shape for r in reference]
+    for g, r in zip(got, reference):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
+    biased = [torch.nn.Linear(8, 3), torch.nn.Linear(8, 5, bias=False), torch.nn.Linear(8, 2)]
+    x = torch.randn(4, 8)
+    for g, layer in zip(linear_group(biased, x), biased):
+        torch.testing.assert_close(g, layer(x), rtol=1e-5, atol=1e-6)
+
+    fast = linears_computed_in(copy.deepcopy(student), "bfloat16")
+    f = mixers(fast)[1]
+    with torch.no_grad():
+        f.B_proj.weight.mul_(0.5)
+    for g, r in zip(linear_group(_projections(f), u), [layer(u) for layer in _projections(f)]):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+        assert g.dtype == torch.float32
+
+    def grads(group: bool):
+        for layer in _projections(m):
+            layer.weight.grad = None
+            if layer.bias is not None:
+                layer.bias.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            outs = linear_group(_projections(m), u) if group else [layer(u) for layer in _projections(m)]
+        sum((o.float() * (k + 1)).sum() for k, o in enumerate(outs)).backward()
+        return [p.grad.clone() for layer in _projections(m) for p in layer.parameters()]
+
+    for g, r in zip(grads(True), grads(False)):
+        assert r.abs().sum() > 0
+        torch.testing.assert_close(g, r, rtol=1e-2, atol=1e-2)
