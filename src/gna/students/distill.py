@@ -347,29 +347,24 @@ def kd_loss(logits: torch.Tensor, target: torch.Tensor, top_idx: torch.Tensor,
 
 
 class _TopKCrossEntropy(torch.autograd.Function):
-    """_cross_entropy_per_position by the vocabulary's log-sum-exp: the forward keeps one float32
-    copy of the logits, never their log-softmax; the backward turns that copy into the softmax
-    in place and subtracts the target at its top-k indices (grad = softmax · Σ target − target),
-    instead of a log-softmax backward over a zero-filled gather gradient (a slice of 256
-    positions × 49k vocabulary: 60 → 43 ms forward and backward here). kd_loss's log-softmax is
-    the reference (tested)."""
+    """_cross_entropy_per_position with a lighter backward: the log-softmax it keeps becomes the
+    softmax in place, and the target is subtracted at its top-k indices (grad = softmax ·
+    Σ target − target), instead of autograd's gather backward (a zero-filled vocabulary-wide
+    gradient) and log-softmax backward. A slice of 256 positions × 49k vocabulary: ~57 → ~37 ms
+    forward and backward here. _cross_entropy_per_position is the reference (tested)."""
 
     @staticmethod
     def forward(ctx, logits, target, top_idx):
-        z = logits.float()
-        owned = z is not logits  # the backward may overwrite its own copy, never the caller's logits
-        lse = torch.logsumexp(z, dim=-1, keepdim=True)
-        per_position = -(target * (z.gather(-1, top_idx) - lse)).sum(-1)
-        ctx.save_for_backward(z, lse, target, top_idx)
-        ctx.logits_dtype, ctx.owned = logits.dtype, owned
-        return per_position
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        ctx.save_for_backward(logp, target, top_idx)
+        ctx.logits_dtype = logits.dtype
+        return -(target * logp.gather(-1, top_idx)).sum(-1)
 
     @staticmethod
     def backward(ctx, grad):
-        z, lse, target, top_idx = ctx.saved_tensors
+        logp, target, top_idx = ctx.saved_tensors  # logp is this function's own: overwritten
         g = grad[:, None]
-        softmax = z.sub_(lse).exp_() if ctx.owned else torch.exp(z - lse)
-        d = softmax.mul_(g * target.sum(-1, keepdim=True)).scatter_add_(-1, top_idx, -(g * target))
+        d = logp.exp_().mul_(g * target.sum(-1, keepdim=True)).scatter_add_(-1, top_idx, -(g * target))
         return d.to(ctx.logits_dtype), None, None
 
 
