@@ -158,14 +158,16 @@ def masking_experiment(model, tok, table: pl.DataFrame, segment_fn, heads: dict[
     table's (c) and the knowledge table's (b) are not run; (a)'s note says why. (a) and (b) of
     the retrieval table come from one pass either way; the knowledge table's (a) is then scored
     first (one more pass where it is above chance)."""
-    def plain_and_ablated(items: pl.DataFrame, plain: bool = True) -> list[tuple[str, pl.DataFrame, None]]:
+    def plain_and_ablated(items: pl.DataFrame, with_plain: bool = True) -> list[tuple[str, pl.DataFrame, None]]:
         # one pass: (b) reruns only the layers from its first head's on (exact prefix reuse)
-        wanted = {CONDITIONS[0]: [], CONDITIONS[1]: list(heads.values())} if plain else {CONDITIONS[1]: list(heads.values())}
+        wanted = {CONDITIONS[1]: list(heads.values())}
+        if with_plain:
+            wanted = {CONDITIONS[0]: [], **wanted}
         frames = score_ablations(model, tok, items, wanted, batch_size=batch_size, progress=False)
         return [(condition, frame, None) for condition, frame in frames.items()]
 
-    def chance_note(plain: pl.DataFrame, items: pl.DataFrame, left_out: str) -> str | None:
-        reason = at_chance(plain, items, "masking heads") if skip_at_chance else None
+    def chance_note(unmodified: pl.DataFrame, items: pl.DataFrame, left_out: str) -> str | None:
+        reason = at_chance(unmodified, items, "masking heads") if skip_at_chance else None
         if reason is not None:
             log.info("%s: %s not run, (a) %s", items["task"][0], left_out, reason)
             return f"{reason}: {left_out} not run"
@@ -177,14 +179,15 @@ def masking_experiment(model, tok, table: pl.DataFrame, segment_fn, heads: dict[
         results.append((CONDITIONS[2], score_masked(model, tok, table, segment_fn, heads, True, batch_size), None))
     else:
         results[0] = (*results[0][:2], note)
-    if knowledge is not None and len(knowledge) and skip_at_chance:
-        plain = score_table(model, tok, knowledge, batch_size=batch_size, progress=False)
-        note = chance_note(plain, knowledge, "(b)")
-        results.append((CONDITIONS[0], plain, note))
-        if note is None:
-            results += plain_and_ablated(knowledge, plain=False)
-    elif knowledge is not None and len(knowledge):
-        results += plain_and_ablated(knowledge)
+    if knowledge is not None and len(knowledge):
+        if skip_at_chance:  # (a) first, then (b) only where it can show a loss
+            unmodified = score_table(model, tok, knowledge, batch_size=batch_size, progress=False)
+            note = chance_note(unmodified, knowledge, "(b)")
+            results.append((CONDITIONS[0], unmodified, note))
+            if note is None:
+                results += plain_and_ablated(knowledge, with_plain=False)
+        else:
+            results += plain_and_ablated(knowledge)
     label = heads_label(heads, ssm_heads)
     return pl.DataFrame([_condition_row(condition, label, items, note) for condition, items, note in results],
                         schema=RESULT_SCHEMA)
