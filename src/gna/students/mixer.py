@@ -79,6 +79,15 @@ def layout_of(attention_mask, allowed) -> TreeLayout | None:
     return layout
 
 
+def _matmul_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype o_proj will multiply `x`'s heads in: autocast's where it is on (the heads are
+    then gathered in it directly: the same values o_proj's own cast would give, without a float32
+    copy of every layer's heads and the casts back and forth in the backward), else x's."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
+
+
 class HybridMixer(nn.Module):
     """Drop-in replacement for a Llama-family attention module (same call signature)."""
 
@@ -330,7 +339,7 @@ class HybridMixer(nn.Module):
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
         b, length, _ = hidden_states.shape
         allowed, per_head = _visibility(attention_mask, b, length)
-        heads = hidden_states.new_zeros(b, length, self.num_heads, self.head_dim)
+        heads = hidden_states.new_zeros(b, length, self.num_heads, self.head_dim, dtype=_matmul_dtype(hidden_states))
         attn = self.attention_heads
         if attn:
             heads[:, :, attn] = self.attention_output(hidden_states, position_embeddings, allowed, attn,

@@ -552,6 +552,36 @@ def test_kd_backward_by_slices_gives_the_gradients_of_the_whole_loss(tiny_llama,
     assert any(e.abs().max() > 0 for e in expected)
 
 
+def test_heads_gathered_in_the_autocast_dtype_give_the_float32_buffers_gradients(tiny_llama, monkeypatch):
+    """Under bf16 autocast a mixer gathers its heads in bf16 (what o_proj multiplies in); its
+    reference, a float32 buffer that o_proj casts, gives the same loss and gradients bit for bit."""
+    from gna.students import mixer as mixer_module
+
+    model, _ = tiny_llama
+    ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(8))
+    student = make_hybrid(copy.deepcopy(model), [(1, 0), (2, 1)], 4)
+    student.requires_grad_(False)
+    params = [p for m in mixers(student) for p in m.ssm_params()]
+    for p in params:
+        p.requires_grad_(True)
+
+    seen = []
+    mixers(student)[1].o_proj.register_forward_pre_hook(lambda module, args: seen.append(args[0].dtype))
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = student(input_ids=ids, use_cache=False).logits.float().square().mean()
+        return [loss.detach()] + list(torch.autograd.grad(loss, params))
+
+    with frozen_weights_in(student, torch.bfloat16):
+        fast = step()
+        monkeypatch.setattr(mixer_module, "_matmul_dtype", lambda x: x.dtype)
+        reference = step()
+    assert seen == [torch.bfloat16, torch.float32]  # the two paths differ
+    assert all(torch.equal(f, r) for f, r in zip(fast, reference))
+    assert any(g.abs().max() > 0 for g in reference[1:])
+
+
 def test_bf16_distillation_step_agrees_with_the_float32_reference(tiny_llama):
     """The fast path (bf16 autocast) against its reference (float32): same loss to bf16
     precision and gradients pointing the same way, on the first step from the same student."""
