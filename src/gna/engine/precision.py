@@ -60,15 +60,22 @@ def _linear_in_low_precision(module: torch.nn.Linear, x: torch.Tensor) -> torch.
     return (y.to(x.dtype) if module.bias is None else y.to(x.dtype) + module.bias.to(x.dtype))
 
 
+def _computes_in_low_precision(module: torch.nn.Linear) -> bool:
+    """Whether linears_computed_in set `module` up and linears_in_full_precision has not switched
+    it back for now."""
+    forward = vars(module).get("forward")
+    return isinstance(forward, functools.partial) and forward.func is _linear_in_low_precision
+
+
 def linear_group(modules: list[torch.nn.Linear], x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The outputs of several linear layers that read the same input `x`, from one matmul with
     their weights side by side: one pass over x (and under autocast one cast of it) instead of
     one per layer; a student's SSM projections are five small ones per layer. Each output is
     what the layer's own call gives (under linears_computed_in with its low-precision copy, its
-    bias added in x's dtype), up to the rounding of a differently blocked matmul (tested); the
+    bias added in x's dtype; under linears_in_full_precision with its weight), up to the rounding of a differently blocked matmul (tested); the
     layer's own call is the reference. Gradients reach every layer's weight and bias."""
     sizes = [m.out_features for m in modules]
-    if all(hasattr(m, "weight_low") for m in modules):  # as _linear_in_low_precision
+    if all(_computes_in_low_precision(m) for m in modules):  # as _linear_in_low_precision
         weight = torch.cat([_low_weight(m) for m in modules])
         y = torch.nn.functional.linear(x.to(weight.dtype), weight).to(x.dtype)
         if any(m.bias is not None for m in modules):

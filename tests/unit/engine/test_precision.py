@@ -110,6 +110,15 @@ def test_the_engine_probe_runs_bf16_linears_in_full_precision(tiny_llama):
     handle.remove()
     assert calls and not any(calls)  # the probe ran with the class's own forward
     assert "forward" in vars(up)  # and the bf16 path is back
+    # a student's SSM projections, multiplied together (linear_group), follow the switch too
+    student = make_hybrid(copy.deepcopy(model), [(1, 0)], 4)
+    fast = linears_computed_in(copy.deepcopy(student), "bfloat16")
+    for layer in student.modules():  # as linears_computed_in leaves them (a student's float32 forward
+        if isinstance(layer, torch.nn.Linear):  # rounds differently with weights that take gradients)
+            layer.weight.requires_grad_(False)
+    with linears_in_full_precision(fast):
+        assert torch.equal(_logp(fast, ids), _logp(student, ids))
+    assert (_logp(fast, ids) - _logp(student, ids)).abs().max() > 0
 
 
 def test_bf16_linears_follow_weights_changed_in_place(tiny_llama):
