@@ -256,8 +256,9 @@ def write_local_mmlu_task(items: pl.DataFrame, task_dir: Path, task_name: str,
     with a per-item topic in the description, so its 0-shot context equals
     build_mmlu(items, pool, "letter", 0, seed). Docs keep the input order (sort by
     question_id beforehand if needed); doc i of lm-eval's samples is row i of `items`.
-    `final_dir`: where the folder will live when it is written to a temporary folder first
-    (the YAML names its data file by absolute path).
+    `final_dir`: where the folder will live when it is written to a temporary folder first; the
+    YAML names its data file under it as given (a relative `final_dir` gives a relative path, which
+    lm-eval reads from the working directory), else by absolute path.
     Few-shot (num_fewshot > 0) is lm-eval's own sampling from this same split, not build_mmlu's
     pool, so only 0-shot is comparable."""
     _check_mmlu_items(items, task_name)
@@ -269,7 +270,8 @@ def write_local_mmlu_task(items: pl.DataFrame, task_dir: Path, task_name: str,
             row["answer"] = LETTERS.index(row["correct_answer"])  # gold index, as cais/mmlu's
             handle.write(json.dumps(row, ensure_ascii=False) + "\n")
 
-    return _write_mmlu_task_yaml(task_name, Path(final_dir or task_dir).resolve() / data_path.name, task_dir)
+    named_dir = Path(final_dir) if final_dir is not None else task_dir
+    return _write_mmlu_task_yaml(task_name, named_dir / data_path.name, task_dir)
 
 
 def crosscheck_task_yaml(task_dir: str | Path, yaml_dir: str | Path) -> Path:
@@ -287,7 +289,11 @@ def crosscheck_task_yaml(task_dir: str | Path, yaml_dir: str | Path) -> Path:
 def write_crosscheck_task(mmlu_path: str | Path, sha256: str | None, mmlu: dict, out_dir: str | Path) -> Path:
     """Write the lm-eval task CROSSCHECK_TASK into the folder `out_dir` (atomically): the same
     MMLU subset as the study's own MMLU tasks (file `mmlu_path` checked against `sha256`,
-    `tasks.mmlu` config keys n, seed, topics). Returns the task YAML's final path."""
+    `tasks.mmlu` config keys n, seed, topics). Returns the task YAML's final path. Its data file
+    is named by `out_dir` as given: the workflow's relative data/tasks/… path keeps the folder's
+    bytes (and DVC's hash of data/tasks) the same in every checkout, and lm-eval run by hand from
+    the project folder finds the items; the cross-check job writes its own YAML with the absolute
+    path (crosscheck_task_yaml)."""
     subset, _ = select_mmlu_file(mmlu_path, sha256, mmlu)
     with atomic_dir(out_dir) as tmp:
         yaml_name = write_local_mmlu_task(subset, tmp, CROSSCHECK_TASK, final_dir=out_dir).name

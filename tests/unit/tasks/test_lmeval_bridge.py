@@ -156,6 +156,25 @@ def test_crosscheck_task_holds_the_study_subset(setup, tmp_path):
         subset["question_id"].to_list()
 
 
+def test_crosscheck_task_is_the_same_bytes_in_every_checkout(setup, tmp_path, monkeypatch):
+    """Written to the workflow's relative path from two checkouts, the task folder's files are
+    identical (no checkout's absolute path in its YAML, so DVC hashes data/tasks the same), and
+    the YAML names the items by the path lm-eval reads from the project folder."""
+    import yaml
+
+    mmlu_file = setup["task_dir"].parent / "mmlu.jsonl"
+    folders = []
+    for checkout in ("one", "two"):
+        (tmp_path / checkout).mkdir()
+        monkeypatch.chdir(tmp_path / checkout)
+        bridge.write_crosscheck_task(mmlu_file, None, {"n": 4, "seed": 0, "topics": []}, "data/tasks/crosscheck")
+        folders.append(tmp_path / checkout / "data" / "tasks" / "crosscheck")
+    files = [{p.name: p.read_bytes() for p in folder.iterdir()} for folder in folders]
+    assert files[0] == files[1] and len(files[0]) == 2
+    data = yaml.safe_load((folders[1] / f"{bridge.CROSSCHECK_TASK}.yaml").read_text())["dataset_kwargs"]["data_files"]
+    assert data["test"] == f"data/tasks/crosscheck/{bridge.CROSSCHECK_TASK}.jsonl" and Path(data["test"]).is_file()
+
+
 def test_run_crosscheck_scores_the_crosscheck_task(setup, tmp_path):
     from gna.phases.evaluation import run_crosscheck
 
