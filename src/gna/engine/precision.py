@@ -72,8 +72,9 @@ def linear_group(modules: list[torch.nn.Linear], x: torch.Tensor) -> tuple[torch
     their weights side by side: one pass over x (and under autocast one cast of it) instead of
     one per layer; a student's SSM projections are five small ones per layer. Each output is
     what the layer's own call gives (under linears_computed_in with its low-precision copy, its
-    bias added in x's dtype; under linears_in_full_precision with its weight), up to the rounding of a differently blocked matmul (tested); the
-    layer's own call is the reference. Gradients reach every layer's weight and bias."""
+    bias added in x's dtype; under linears_in_full_precision with its weight), up to the rounding
+    of a differently blocked matmul (tested); the layer's own call is the reference. Gradients
+    reach every layer's weight and bias."""
     sizes = [m.out_features for m in modules]
     if all(_computes_in_low_precision(m) for m in modules):  # as _linear_in_low_precision
         weight = torch.cat([_low_weight(m) for m in modules])

@@ -240,7 +240,8 @@ class HybridMixer(nn.Module):
         log_a = -F.softplus(decay)
         share = torch.sigmoid(sink) if self.first_token_share else torch.zeros_like(sink)
         if which is not None and len(which) != s:
-            x, Bm, Cm, log_a, share = x[:, :, which], Bm[:, :, which], Cm[:, :, which], log_a[:, :, which], share[..., which]
+            x, Bm, Cm = x[:, :, which], Bm[:, :, which], Cm[:, :, which]
+            log_a, share = log_a[:, :, which], share[:, :, which]
         return x, log_a, Bm, Cm, share
 
     def ssm_output(self, u, allowed, which: list[int] | None = None, chunk: int = 128, restrict=None,
