@@ -5,10 +5,13 @@
 
 Part `naive`: the exact fast sweep vs the naive full forward per head, same prompts. Naive: for
 every head, a full forward of the whole model with that head zeroed (the same packed engine,
-logits only at scored positions). Fast: per batch the hidden state entering layer L is computed
-once and only layers L..end rerun for that layer's heads; then the same fast sweep with the linear
-layers' matmuls in bf16 (eval.compute_dtype: bfloat16), its error against the float32 naive
-loop and on how many heads its accuracy equals the float32 sweep's. `--layer-stride 3` sweeps every third
+logits only at scored positions), PyTorch's default float32 matmul (F.linear). Exact fast, as the
+pipeline sweeps at eval.compute_dtype: float32: per batch the hidden state entering layer L is
+computed once and only layers L..end rerun for that layer's heads, the linear layers through
+oneDNN's float32 kernel (gna.engine.precision.float32_linear). Printed apart: prefix reuse alone
+(F.linear), the kernel alone (the naive loop through it), and the fast sweep with the linear
+layers' matmuls in bf16 (eval.compute_dtype: bfloat16), its error against the float32 naive loop
+and on how many heads its accuracy equals the exact sweep's. `--layer-stride 3` sweeps every third
 layer (all of its heads) to keep the naive side short; the full-sweep times are extrapolated
 from the per-layer averages and printed as such.
 
@@ -29,7 +32,7 @@ from pathlib import Path
 import polars as pl
 
 from gna.engine.hooks import all_heads, head_sites, heads_per_layer
-from gna.engine.precision import linears_computed_in
+from gna.engine.precision import linears_computed_in, linears_in_full_precision
 from gna.engine.stack import decoder_layers
 from gna.phases.head_ablation import rank_heads, sweep_heads, sweep_heads_naive, sweep_heads_verified, top_heads
 from gna.tasks.tables import build_kv_retrieval
@@ -43,47 +46,63 @@ def naive_part(model, tok, table, layer_stride: int) -> dict:
     layers = list(range(0, n_layers, layer_stride))
     heads = [(layer, h) for layer, h in all_heads(model) if layer in layers]
 
-    start = time.perf_counter()
-    naive = sweep_heads_naive(model, tok, table, heads, progress=False)
-    t_naive = time.perf_counter() - start
-    start = time.perf_counter()
-    fast = sweep_heads(model, tok, table, heads=heads, progress=False)
-    t_fast = time.perf_counter() - start
-    # the same fast sweep with the linear layers' matmuls in bf16 (eval.compute_dtype: bfloat16)
-    low = linears_computed_in(copy.deepcopy(model), "bfloat16")
-    start = time.perf_counter()
-    fast_low = sweep_heads(low, tok, table, heads=heads, progress=False)
-    t_low = time.perf_counter() - start
-    worst, worst_low, same_acc = 0.0, 0.0, 0
-    for layer, head in heads:
-        reference = naive[(layer, head)]
-        row = fast.filter((pl.col("layer") == layer) & (pl.col("head") == head)).row(0, named=True)
-        row_low = fast_low.filter((pl.col("layer") == layer) & (pl.col("head") == head)).row(0, named=True)
-        worst = max(worst, abs(row["mean_logp"] - float(reference["logp_target"].mean())))
-        worst_low = max(worst_low, abs(row_low["mean_logp"] - float(reference["logp_target"].mean())))
-        same_acc += row_low["acc"] == row["acc"]
+    def timed(sweep):
+        start = time.perf_counter()
+        out = sweep()
+        return out, time.perf_counter() - start
 
+    # `model` is set up as heads_sweep loads it at eval.compute_dtype: float32, its linear layers
+    # through oneDNN's float32 kernel on a CPU; linears_in_full_precision gives PyTorch's default
+    # float32 matmul (F.linear), the way a researcher's loop runs
+    with linears_in_full_precision(model):
+        naive, t_naive = timed(lambda: sweep_heads_naive(model, tok, table, heads, progress=False))
+        prefix, t_prefix = timed(lambda: sweep_heads(model, tok, table, heads=heads, progress=False))
+    fast, t_fast = timed(lambda: sweep_heads(model, tok, table, heads=heads, progress=False))
+    _, t_naive_kernel = timed(lambda: sweep_heads_naive(model, tok, table, heads, progress=False))
+    # the same fast sweep with the linear layers' matmuls in bf16 (eval.compute_dtype: bfloat16)
+    with linears_in_full_precision(model):
+        low = linears_computed_in(copy.deepcopy(model), "bfloat16")
+    fast_low, t_low = timed(lambda: sweep_heads(low, tok, table, heads=heads, progress=False))
+
+    def worst(frame: pl.DataFrame) -> float:
+        return max(abs(frame.filter((pl.col("layer") == layer) & (pl.col("head") == head))["mean_logp"][0]
+                       - float(naive[(layer, head)]["logp_target"].mean())) for layer, head in heads)
+
+    def accs(frame: pl.DataFrame) -> list[float]:
+        return frame.filter(pl.col("layer") >= 0).sort("layer", "head")["acc"].to_list()
+
+    same_acc = sum(a == b for a, b in zip(accs(fast_low), accs(fast)))
     n_all = sum(per_layer.values())
     # naive cost is the same for every head; the fast cost of a head grows with the layers after it
     per_head_naive = t_naive / len(heads)
     frac_all = sum((n_layers - layer) * n for layer, n in per_layer.items()) / n_all
     est_fast_all = extrapolated_fast_sweep_s(t_fast, heads, per_layer)
+    est_prefix_all = extrapolated_fast_sweep_s(t_prefix, heads, per_layer)
     result = {"heads_swept": len(heads), "layers": layers, "naive_s": t_naive, "fast_s": t_fast,
-              "ratio": t_naive / t_fast, "max_abs_mean_logp_diff": worst,
+              "ratio": t_naive / t_fast, "max_abs_mean_logp_diff": worst(fast),
+              "prefix_reuse_only": {"fast_s": t_prefix, "ratio": t_naive / t_prefix,
+                                    "max_abs_mean_logp_diff": worst(prefix)},
+              "float32_kernel_alone": {"naive_s": t_naive_kernel, "ratio": t_naive / t_naive_kernel},
               "extrapolated_all_heads": {"heads": n_all, "naive_s": per_head_naive * n_all, "fast_s": est_fast_all,
-                                         "ratio": per_head_naive * n_all / est_fast_all},
+                                         "ratio": per_head_naive * n_all / est_fast_all,
+                                         "prefix_reuse_only_ratio": per_head_naive * n_all / est_prefix_all},
               "prefix_cache_bound": n_layers / frac_all,
               "bf16_linears": {"fast_s": t_low, "ratio_vs_naive": t_naive / t_low, "ratio_vs_fast": t_fast / t_low,
-                               "max_abs_mean_logp_diff": worst_low, "heads_with_equal_acc": same_acc}}
+                               "max_abs_mean_logp_diff": worst(fast_low), "heads_with_equal_acc": same_acc}}
     print(f"[naive] swept {len(heads)} heads in layers {layers}")
-    print(f"naive (full forward per head): {t_naive:8.1f} s")
-    print(f"fast  (prefix-cached, exact) : {t_fast:8.1f} s   ratio {t_naive / t_fast:4.2f}x   "
-          f"max|Δ mean logp| {worst:.1e}")
-    print(f"fast, bf16 linears           : {t_low:8.1f} s   ratio {t_naive / t_low:4.2f}x vs naive, "
-          f"{t_fast / t_low:4.2f}x vs fast   max|Δ mean logp| vs naive {worst_low:.1e}, "
+    print(f"naive (full forward per head, F.linear)     : {t_naive:7.1f} s")
+    print(f"prefix reuse alone (F.linear)               : {t_prefix:7.1f} s   ratio {t_naive / t_prefix:4.2f}x   "
+          f"max|Δ mean logp| {worst(prefix):.1e}")
+    print(f"exact fast (prefix reuse + oneDNN float32)  : {t_fast:7.1f} s   ratio {t_naive / t_fast:4.2f}x   "
+          f"max|Δ mean logp| {worst(fast):.1e}   (the pipeline's sweep at eval.compute_dtype: float32)")
+    print(f"naive with the oneDNN float32 kernel        : {t_naive_kernel:7.1f} s   ratio {t_naive / t_naive_kernel:4.2f}x "
+          f"(the kernel alone; prefix reuse on top: {t_naive_kernel / t_fast:4.2f}x)")
+    print(f"fast, bf16 linears                          : {t_low:7.1f} s   ratio {t_naive / t_low:4.2f}x vs naive, "
+          f"{t_fast / t_low:4.2f}x vs exact fast   max|Δ mean logp| vs naive {worst(fast_low):.1e}, "
           f"equal accuracy on {same_acc} of {len(heads)} heads")
-    print(f"all {n_all} heads, extrapolated : naive {per_head_naive * n_all:7.0f} s, fast {est_fast_all:7.0f} s, "
-          f"ratio {result['extrapolated_all_heads']['ratio']:.2f}x (prefix-skipping alone bounds it at "
+    print(f"all {n_all} heads, extrapolated : naive {per_head_naive * n_all:7.0f} s, exact fast {est_fast_all:7.0f} s, "
+          f"ratio {result['extrapolated_all_heads']['ratio']:.2f}x (prefix reuse alone "
+          f"{result['extrapolated_all_heads']['prefix_reuse_only_ratio']:.2f}x, bounded by skipping the prefix at "
           f"{result['prefix_cache_bound']:.2f}x)")
     return result
 
@@ -133,6 +152,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/out/heads.json")
     args = parser.parse_args()
     model, tok, name = model_or_tiny(args.model_dir, args.threads)
+    linears_computed_in(model, "float32")  # as heads_sweep loads it at eval.compute_dtype: float32
     table = build_kv_retrieval([args.dict_size], args.prompts, seed=4321, template="lookup")
     parts = args.parts.split(",")
     print(f"model {name}: {len(decoder_layers(model))} layers, {len(all_heads(model))} heads; {len(table)} KV "

@@ -118,11 +118,12 @@ def prepare_model(name: str, spec: dict, out_dir: str | Path, source_path: str |
 
 
 def load_model(model_dir: str | Path, dtype: str = "float32", device: str | None = "auto",
-               compute_dtype: str = "float32"):
+               compute_dtype: str | None = None):
     """Load a prepared folder as (model in eval mode on `device`, tokenizer); device 'auto' is
-    CUDA where torch sees a GPU (gna.engine.device.compute_device). `compute_dtype` other than
-    float32: an evaluation-only model, its linear layers computed in that dtype
-    (gna.engine.precision.linears_computed_in). A distilled student's folder
+    CUDA where torch sees a GPU (gna.engine.device.compute_device). `compute_dtype` (a
+    COMPUTE_DTYPES name, eval.compute_dtype): an evaluation-only model, its linear layers
+    computed in that dtype (gna.engine.precision.linears_computed_in); None: the model as
+    stored, F.linear everywhere (training starts from it). A distilled student's folder
     is refused: gna.students.spec.load_any loads both (kept apart so that the rules that never
     load a student do not depend on the students' code)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -134,8 +135,9 @@ def load_model(model_dir: str | Path, dtype: str = "float32", device: str | None
         raise ValueError(f"{model_dir} is a distilled student ({STUDENT_SPEC_FILE}): load it with "
                          "gna.students.spec.load_any")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype]).to(compute_device(device))
-    linears_computed_in(model.eval(), compute_dtype)
-    return model, AutoTokenizer.from_pretrained(model_dir)
+    if compute_dtype is not None:
+        linears_computed_in(model.eval(), compute_dtype)
+    return model.eval(), AutoTokenizer.from_pretrained(model_dir)
 
 
 def read_provenance(model_dir: str | Path) -> dict:

@@ -188,7 +188,7 @@ def read_spec(model_dir: Path) -> dict:
 
 
 def load_any(model_dir: str | Path, dtype: str = "float32", device: str | None = "auto",
-             compute_dtype: str = "float32"):
+             compute_dtype: str | None = None):
     """(model in eval mode on `device`, tokenizer) of a prepared folder or a student's
     (load_student); `compute_dtype` as in gna.models.prepare.load_model."""
     from gna.engine.precision import linears_computed_in
@@ -196,7 +196,7 @@ def load_any(model_dir: str | Path, dtype: str = "float32", device: str | None =
 
     if is_student(model_dir):
         model, tok = load_student(model_dir, DTYPES[dtype], device)
-        return linears_computed_in(model, compute_dtype), tok
+        return (model if compute_dtype is None else linears_computed_in(model, compute_dtype)), tok
     return load_model(model_dir, dtype, device, compute_dtype)
 
 

@@ -4,10 +4,11 @@ reference on tiny random models: a teacher, a hybrid student, head ablation and 
 import copy
 
 import polars as pl
+import pytest
 import torch
 
 from gna.engine.hooks import ablate_heads
-from gna.engine.precision import linear_group, linears_computed_in
+from gna.engine.precision import float32_kernel_available, float32_linear, linear_group, linears_computed_in
 from gna.engine.scoring import score_table
 from gna.students.mixer import mixers
 from gna.students.spec import make_hybrid
@@ -46,7 +47,6 @@ def test_bf16_linears_agree_with_float32_and_leave_the_weights(tiny_llama):
     assert tied.get_input_embeddings().weight.dtype == torch.float32
     assert torch.equal(tied.get_input_embeddings()(ids), embedded)
     assert linears_computed_in(copy.deepcopy(model), "float32") is not None
-    assert torch.equal(_logp(linears_computed_in(model, "float32"), ids), reference)
 
 
 def test_bf16_linears_keep_head_ablation_and_activation_gradients(tiny_llama):
@@ -167,6 +167,10 @@ def test_linear_group_gives_each_layers_own_output_and_gradients(tiny_llama):
     for g, r in zip(linear_group(_projections(f), u), [layer(u) for layer in _projections(f)]):
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
         assert g.dtype == torch.float32
+    exact = linears_computed_in(copy.deepcopy(student), "float32")  # oneDNN's float32 kernel
+    e = mixers(exact)[1]
+    for g, r in zip(linear_group(_projections(e), u), reference):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
 
     def grads(group: bool):
         for layer in _projections(m):
@@ -181,3 +185,59 @@ def test_linear_group_gives_each_layers_own_output_and_gradients(tiny_llama):
     for g, r in zip(grads(True), grads(False)):
         assert r.abs().sum() > 0
         torch.testing.assert_close(g, r, rtol=1e-2, atol=1e-2)
+
+
+def _ops_run(fn) -> set[str]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return {event.key for event in prof.key_averages()}
+
+
+needs_onednn = pytest.mark.skipif(not float32_kernel_available(torch.device("cpu")),
+                                  reason="PyTorch built without oneDNN")
+
+
+@needs_onednn
+def test_float32_linear_agrees_with_f_linear_and_passes_input_gradients():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 37, 300, generator=gen)
+    weight = torch.randn(200, 300, generator=gen) / 300 ** 0.5
+    torch.testing.assert_close(float32_linear(x, weight), torch.nn.functional.linear(x, weight), rtol=1e-5, atol=1e-5)
+    assert "mkldnn::_linear_pointwise" in _ops_run(lambda: float32_linear(x, weight))
+    assert "mkldnn::_linear_pointwise" not in _ops_run(lambda: torch.nn.functional.linear(x, weight))
+    assert float32_linear(x[:0], weight).shape == (0, 37, 200)
+    grads = []
+    for linear in (float32_linear, torch.nn.functional.linear):
+        leaf, w = x.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+        (linear(leaf, w) * x[..., :200]).sum().backward()
+        grads.append((leaf.grad, w.grad))
+    for got, reference in zip(*grads):
+        assert reference.abs().sum() > 0
+        torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_float32_kernel_evaluates_like_the_reference(tiny_llama):
+    """eval.compute_dtype float32 on a CPU: every linear layer (the head included) multiplies
+    through oneDNN's float32 kernel, within float32 rounding of F.linear, head ablation and
+    activation gradients included; the probe's full-precision switch restores F.linear."""
+    from gna.engine.precision import linears_in_full_precision
+
+    model = tiny_llama[0]
+    exact = linears_computed_in(copy.deepcopy(model), "float32")
+    ids = _ids(model, 6)
+    assert "mkldnn::_linear_pointwise" in _ops_run(lambda: _logp(exact, ids))
+    with linears_in_full_precision(exact):
+        assert "mkldnn::_linear_pointwise" not in _ops_run(lambda: _logp(exact, ids))
+        assert torch.equal(_logp(exact, ids), _logp(model, ids))
+    assert "forward" in vars(exact.get_output_embeddings())
+    torch.testing.assert_close(_logp(exact, ids), _logp(model, ids), rtol=0, atol=1e-5)
+    with ablate_heads(model, [(1, 2)]), ablate_heads(exact, [(1, 2)]):
+        torch.testing.assert_close(_logp(exact, ids), _logp(model, ids), rtol=0, atol=1e-5)
+    grads = []
+    for m in (exact, copy.deepcopy(model)):
+        embeds = m.get_input_embeddings()(ids).detach().requires_grad_(True)
+        m(inputs_embeds=embeds).logits.sum().backward()
+        grads.append(embeds.grad)
+    assert grads[1].abs().sum() > 0
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-5)
