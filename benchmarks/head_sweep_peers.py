@@ -15,8 +15,9 @@ log-softmax read at the choice positions:
 - nnsight (LanguageModel over the same HF checkpoint): `o_proj.input[..., H*d:(H+1)*d] = 0`
   inside a trace.
 
-gna sweeps every head of `--layers` (the exact prefix-reusing sweep: choices packed into one
-sequence, layers before L run once per batch); each peer ablates one head per layer in
+gna sweeps every head of `--layers` (the exact prefix-reusing sweep as heads_sweep runs it at
+eval.compute_dtype: float32: choices packed into one sequence, layers before L run once per
+batch, the linear layers through oneDNN's float32 kernel on a CPU); each peer ablates one head per layer in
 `--layers`. Printed: seconds per head, the time extrapolated to every head of the model (a
 peer's cost is the same for every head; gna's grows with the layers after the head, so its
 extrapolation weights each layer by the layers it reruns), the ratio peer/gna, and the largest
@@ -138,7 +139,7 @@ def main() -> None:
     if not Path(args.model_dir, "config.json").exists():
         raise SystemExit(f"{args.model_dir}: no prepared model (run `snakemake --cores 2 {args.model_dir}` first)")
     torch.set_num_threads(args.threads)
-    model, tok = load_model(args.model_dir)
+    model, tok = load_model(args.model_dir, compute_dtype="float32")  # as heads_sweep at eval.compute_dtype: float32
     per_layer = heads_per_layer(head_sites(model))
     n_layers, n_heads = len(decoder_layers(model)), len(all_heads(model))
     layers = [int(x) for x in args.layers.split(",")]
