@@ -73,6 +73,8 @@ def naive_part(model, tok, table, layer_stride: int) -> dict:
         return frame.filter(pl.col("layer") >= 0).sort("layer", "head")["acc"].to_list()
 
     same_acc = sum(a == b for a, b in zip(accs(fast_low), accs(fast)))
+    naive_acc = [float(naive[h]["correct"].mean()) for h in sorted(heads)]
+    exact_same_acc = sum(a == b for a, b in zip(accs(fast), naive_acc))
     # the sweep's score is a head's mean log-prob; per item (untimed, the same exact fast path):
     per_item = score_ablations(model, tok, table, {head: [head] for head in heads}, progress=False)
     worst_item = max(float((per_item[h]["logp_target"] - naive[h]["logp_target"]).abs().max()) for h in heads)
@@ -84,6 +86,7 @@ def naive_part(model, tok, table, layer_stride: int) -> dict:
     est_prefix_all = extrapolated_fast_sweep_s(t_prefix, heads, per_layer)
     result = {"heads_swept": len(heads), "layers": layers, "naive_s": t_naive, "fast_s": t_fast,
               "ratio": t_naive / t_fast, "max_abs_mean_logp_diff": worst(fast), "max_abs_item_logp_diff": worst_item,
+              "heads_with_equal_acc": exact_same_acc,
               "prefix_reuse_only": {"fast_s": t_prefix, "ratio": t_naive / t_prefix,
                                     "max_abs_mean_logp_diff": worst(prefix)},
               "float32_kernel_alone": {"naive_s": t_naive_kernel, "ratio": t_naive / t_naive_kernel},
@@ -98,8 +101,8 @@ def naive_part(model, tok, table, layer_stride: int) -> dict:
     print(f"prefix reuse alone (F.linear)               : {t_prefix:7.1f} s   ratio {t_naive / t_prefix:4.2f}x   "
           f"max|Δ mean logp| {worst(prefix):.1e}")
     print(f"exact fast (prefix reuse + oneDNN float32)  : {t_fast:7.1f} s   ratio {t_naive / t_fast:4.2f}x   "
-          f"max|Δ mean logp| {worst(fast):.1e} (per item {worst_item:.1e})   (the pipeline's sweep at "
-          "eval.compute_dtype: float32)")
+          f"max|Δ mean logp| {worst(fast):.1e} (per item {worst_item:.1e}), equal accuracy on {exact_same_acc} of "
+          f"{len(heads)} heads   (the pipeline's sweep at eval.compute_dtype: float32)")
     print(f"naive with the oneDNN float32 kernel        : {t_naive_kernel:7.1f} s   ratio {t_naive / t_naive_kernel:4.2f}x "
           f"(the kernel alone; prefix reuse on top: {t_naive_kernel / t_fast:4.2f}x)")
     print(f"fast, bf16 linears                          : {t_low:7.1f} s   ratio {t_naive / t_low:4.2f}x vs naive, "
