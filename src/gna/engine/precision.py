@@ -88,14 +88,14 @@ class _Float32Linear(torch.autograd.Function):
 
 def float32_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """F.linear(x, weight) for float32 CPU tensors through oneDNN's float32 matmul: the same
-    precision, rounded in another summation order (reference: F.linear, tested to ~1e-6
-    relative). About 2.2× PyTorch's default on this project's AMD CPU (MKL runs its AVX2 code
+    precision, rounded in another summation order (reference: F.linear; ~1e-6 relative here,
+    tested to 1e-5). About 2.2× PyTorch's default on this project's AMD CPU (MKL runs its AVX2 code
     there; oneDNN its AVX-512 code); about equal where MKL has AVX-512 (Intel)."""
     return _Float32Linear.apply(x, weight)
 
 
 def _matmul_in_float32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    if x.dtype != torch.float32 or weight.dtype != torch.float32:  # e.g. a bf16 input: not this kernel's
+    if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu":  # not this kernel's
         return torch.nn.functional.linear(x, weight)
     return float32_linear(x, weight)
 
