@@ -4,7 +4,7 @@
 rule baseline:
     input:
         model="data/models/{model}",
-        task="data/tasks/{task}.parquet",
+        task=lambda wc: task_file(wc.task, wc.model),
     output:
         summary="data/results/baseline/{model}/{task}.parquet",
         per_item="data/results/baseline/{model}/{task}.items.parquet",
@@ -98,3 +98,27 @@ rule collect_baseline:
         "data/logs/collect_baseline.log",
     script:
         "../workflow_scripts/collect_baseline.py"
+
+
+rule facts_formats:
+    input:
+        model="data/models/{model}",
+        facts="data/downloads/facts.parquet",
+    output:
+        "data/results/facts/{model}/formats.parquet",
+    params:
+        facts={k: v for k, v in config["tasks"]["facts"].items() if k not in ("formats", "data", "known_margin")},
+        batch_size=config["eval"]["batch_size"],
+        dtype=config["dtype"],
+        compute_dtype=config["eval"]["compute_dtype"],
+        code=code_of("facts_formats"),
+    log:
+        "data/logs/facts_formats/{model}.log",
+    benchmark:
+        "data/benchmarks/facts_formats/{model}.tsv"
+    threads: 2
+    resources:
+        mem_mb=job_mem_mb("facts_formats"),
+        runtime=60,
+    script:
+        "../workflow_scripts/facts_formats.py"

@@ -3,7 +3,7 @@ import os
 import re
 from pathlib import Path
 
-from gna.core.config import load_schema, validate_config
+from gna.core.config import built_tasks, load_schema, validate_config
 from gna.core.provenance import script_fingerprint
 from gna.core.resources import mem_mb, model_params_b
 from gna.models.families import check_config_families
@@ -20,7 +20,7 @@ check_config_families(config)
 
 MODELS = list(config["models"])
 HYBRID_MODELS = [m for m in MODELS if "hybrid" not in config["models"][m].get("skip", [])]  # teachers of students
-TASKS = ["kv_retrieval"] + [f"mmlu_{fmt}" for fmt in config["tasks"]["mmlu"]["formats"]]
+TASKS = built_tasks(config)
 LM_EVAL_TASKS = config["lm_eval"]["tasks"]
 
 
@@ -33,6 +33,7 @@ wildcard_constraints:
     task=_alternation(TASKS),
     lmtask=_alternation(LM_EVAL_TASKS),
     fmt="letter|cloze",
+    facts_fmt="cloze|choice",
 
 
 def code_of(rule_name):
@@ -75,6 +76,19 @@ def get_model_raw(wildcards):
     if spec["source"] == "local":
         return get_path(spec["path"])
     return []
+
+
+def task_file(task, model):
+    """The task table `model` is scored on: data/tasks/<task>.parquet, except the multiple-choice
+    facts, whose table splits known from unknown items by the model's (a student's: its
+    teacher's) cloze scores (rule facts_known)."""
+    if task == "facts_choice":
+        return f"data/tasks/known/{teacher_of(model)}/facts_choice.parquet"
+    return f"data/tasks/{task}.parquet"
+
+
+def task_files(tasks, model):
+    return [task_file(task, model) for task in tasks]
 
 
 def get_mmlu_file(wildcards):
@@ -146,5 +160,7 @@ def get_all_results():
         "data/results/heads/{model}/dictsize.parquet",
     ]
     gna = expand("data/results/gna/{model}/{kind}.parquet", model=GNA_MODELS, kind=["roles", "masking"])
+    if "choice" in config["tasks"]["facts"]["formats"]:
+        per_model.append("data/results/facts/{model}/formats.parquet")
     return (["data/results/baseline.parquet"] + [p for t in per_model for p in expand(t, model=MODELS)] + gna
             + get_hybrid_results())

@@ -39,8 +39,9 @@ rule gna_masking:
         model="data/models/{model}",
         # students mask their teacher's Gather and Aggregate heads: the same heads, now SSM or kept attention
         roles=lambda wc: f"data/results/gna/{teacher_of(wc.model)}/roles.parquet",
-        knowledge=["data/tasks/mmlu_cloze.parquet"] if "cloze" in config["tasks"]["mmlu"]["formats"] else [],
-        mmlu_letter=["data/tasks/mmlu_letter.parquet"] if "letter" in config["tasks"]["mmlu"]["formats"] else [],
+        # knowledge (cloze) tables get (a) and (b); multiple-choice ones all three, option lines as segments
+        knowledge=lambda wc: task_files([t for t in ("mmlu_cloze", "facts_cloze") if t in TASKS], wc.model),
+        choice=lambda wc: task_files([t for t in ("mmlu_letter", "facts_choice") if t in TASKS], wc.model),
     output:
         "data/results/gna/{model}/masking.parquet",
     params:

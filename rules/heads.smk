@@ -62,7 +62,7 @@ rule heads_topk:
     input:
         model="data/models/{model}",
         ranking="data/results/heads/{model}/ranking.parquet",
-        tasks=expand("data/tasks/{task}.parquet", task=TASKS),
+        tasks=lambda wc: task_files(TASKS, wc.model),
         # k = 0 is the unmodified model: its baseline's per-item scores, read instead of scored again
         baseline=expand("data/results/baseline/{{model}}/{task}.items.parquet", task=TASKS),
     output:
@@ -95,7 +95,7 @@ rule heads_kept:
         model="data/models/{model}",
         ranking="data/results/heads/{model}/ranking.parquet",
         minimal="data/results/prune/{model}/minimal_model.json",
-        tasks=expand("data/tasks/{task}.parquet", task=TASKS),
+        tasks=lambda wc: task_files(TASKS, wc.model),
     output:
         "data/results/heads/{model}/kept.parquet",
     params:

@@ -5,7 +5,6 @@
 from gna.students.spec import (ABLATIONS, TEACHER_VARIANT, VARIANT_PATTERN, ablation_kd, checkpoint_steps,
                                parse_variant, scored_dict_size, scored_tasks, student_name, variant_name)
 
-TASK_FILES = {task: f"data/tasks/{task}.parquet" for task in TASKS}
 # the students are scored only once the corpus they were distilled on is known to hold no evaluation item
 CORPUS_CHECK = "data/distill/corpus-check.json"
 # the tasks.mmlu keys that choose the evaluation subset, which the corpus stays out of
@@ -104,7 +103,7 @@ rule distill_teacher:
 rule distill_corpus_check:
     input:
         mmlu=get_mmlu_file,
-        kv=TASK_FILES["kv_retrieval"],
+        kv="data/tasks/kv_retrieval.parquet",
     output:
         CORPUS_CHECK,
     params:
@@ -182,7 +181,7 @@ rule hybrid_score:
     input:
         model=get_scored_model,
         teacher="data/distill/{model}/teacher.safetensors",
-        tasks=lambda wc: [TASK_FILES[t] for t in scored_tasks(HYBRID, wc.variant, TASKS)],
+        tasks=lambda wc: task_files(scored_tasks(HYBRID, wc.variant, TASKS), wc.model),
         # the teacher's per-item scores are its baseline's: read, not scored again
         baseline=lambda wc: (expand("data/results/baseline/{model}/{task}.items.parquet", model=wc.model,
                                     task=scored_tasks(HYBRID, wc.variant, TASKS))
@@ -284,7 +283,7 @@ rule hybrid_swap:
         model=lambda wc: f"data/models/{student_name(wc.model, pure_ssm_variant())}",
         ranking="data/results/heads/{model}/ranking.parquet",
         teacher="data/distill/{model}/teacher.safetensors",
-        tasks=list(TASK_FILES.values()),
+        tasks=lambda wc: task_files(TASKS, wc.model),
         teacher_summary=get_teacher_summary,
         corpus_check=CORPUS_CHECK,
     output:
@@ -338,7 +337,7 @@ rule hybrid_answer_rows:
         model="data/models/" + student_name("{model}", "{variant}"),
         # the unmodified condition is the student's own scores, read rather than computed again
         answers="data/results/hybrid/{model}/answers/{variant}.parquet",
-        tasks=list(TASK_FILES.values()),
+        tasks=lambda wc: task_files(TASKS, wc.model),
         teacher_summary=get_teacher_summary,
         corpus_check=CORPUS_CHECK,
     output:

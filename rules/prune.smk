@@ -4,7 +4,7 @@
 rule prune_gradual:
     input:
         model="data/models/{model}",
-        tasks=expand("data/tasks/{task}.parquet", task=config["prune"]["tasks"]),
+        tasks=lambda wc: task_files(config["prune"]["tasks"], wc.model),
         # the full model's scores, which say whether a task is at chance (then no depth is scored)
         baseline=expand("data/results/baseline/{{model}}/{task}.items.parquet", task=config["prune"]["tasks"]),
     output:
@@ -48,7 +48,7 @@ rule minimal_model:
 rule prune_individual:
     input:
         model="data/models/{model}",
-        tasks=expand("data/tasks/{task}.parquet", task=config["prune"]["tasks"]),
+        tasks=lambda wc: task_files(config["prune"]["tasks"], wc.model),
         minimal="data/results/prune/{model}/minimal_model.json",
     output:
         "data/results/prune/{model}/individual.parquet",

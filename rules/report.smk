@@ -18,7 +18,8 @@ def get_report_inputs():
         "state_size": sorted({HYBRID["state_size"], *HYBRID["state_sizes"]}),
     }
     return report_inputs(values, {"hybrid": hybrid, "hybrid_swap": hybrid and HYBRID["swap"],
-                                  "attribution": ATTRIBUTION_CHECK})
+                                  "attribution": ATTRIBUTION_CHECK,
+                                  "facts_choice": "choice" in config["tasks"]["facts"]["formats"]})
 
 
 rule report:

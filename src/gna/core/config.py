@@ -70,17 +70,28 @@ def validate_config(config: dict, schema: dict) -> dict:
     return config
 
 
+def built_tasks(config: dict) -> list[str]:
+    """The evaluation tasks a validated config builds: KV retrieval, then each MMLU and facts format."""
+    return (["kv_retrieval"] + [f"mmlu_{f}" for f in config["tasks"]["mmlu"]["formats"]]
+            + [f"facts_{f}" for f in config["tasks"]["facts"]["formats"]])
+
+
 def _check_semantics(config: dict) -> None:
     """Rules the schema cannot express."""
     kv = config["tasks"]["kv_retrieval"]
     if kv["sizes"] and len(set(kv["sizes"])) != len(kv["sizes"]):
         raise ConfigError(f"config key 'tasks.kv_retrieval.sizes': duplicate sizes in {kv['sizes']}")
-    formats = {f"mmlu_{f}" for f in config["tasks"]["mmlu"]["formats"]} | {"kv_retrieval"}
+    facts = config["tasks"]["facts"]
+    if "choice" in facts["formats"] and "cloze" not in facts["formats"]:
+        raise ConfigError("config key 'tasks.facts.formats': choice needs cloze (its known items are read from the "
+                          "cloze scores); add cloze or remove choice")
+    formats = set(built_tasks(config))
     prune = config["prune"]
     for task in prune["tasks"]:
         if task not in formats:
             raise ConfigError(f"config key 'prune.tasks': {task!r} is not built; add its format to "
-                              f"tasks.mmlu.formats or remove it (built: {', '.join(sorted(formats))})")
+                              f"tasks.mmlu.formats or tasks.facts.formats, or remove it "
+                              f"(built: {', '.join(sorted(formats))})")
     if prune["retrieval_task"] not in prune["tasks"]:
         raise ConfigError(f"config key 'prune.retrieval_task': {prune['retrieval_task']!r} must be one of "
                           f"prune.tasks ({', '.join(prune['tasks'])})")

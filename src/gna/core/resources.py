@@ -20,6 +20,7 @@ OVERHEAD_MB = 1500
 RULE_MEMORY = {
     "prepare_model": (4000, 3.0),  # the source, its dequantised copy and the converted model
     "baseline": (4000, 1.5),  # weights + activations of a batch
+    "facts_formats": (4000, 1.5),
     "lm_eval": (4000, 2.0),  # lm-eval keeps logits over the whole vocabulary
     "lm_eval_crosscheck": (4000, 2.0),
     "prune_gradual": (4000, 1.5),

@@ -291,12 +291,13 @@ def summarize(per_item: pl.DataFrame, by_group: bool) -> pl.DataFrame:
 
 
 def summarize_task(per_item: pl.DataFrame) -> pl.DataFrame:
-    """The tidy summary of one task's per-item scores: rows per group (dictionary size) and then
-    'all' for KV-retrieval, 'all' only for other tasks. With context-swapped predictions, every
+    """The tidy summary of one task's per-item scores: rows per group (KV: dictionary size; facts:
+    the relation, or known/unknown for the multiple-choice form) and then 'all' for KV-retrieval
+    and the facts, 'all' only for other tasks (MMLU's topics are too many for its n). With context-swapped predictions, every
     row carries `degenerate`: the task's overall context_swap_agreement >= DEGENERATE_AGREEMENT."""
     overall = summarize(per_item, by_group=False)
     summary = overall
-    if not per_item.is_empty() and per_item["task"][0] == "kv_retrieval":
+    if not per_item.is_empty() and (per_item["task"][0] == "kv_retrieval" or per_item["task"][0].startswith("facts_")):
         summary = pl.concat([summarize(per_item, by_group=True), overall])
     agreement = overall.filter(pl.col("metric") == "context_swap_agreement")["value"]
     if len(agreement) and agreement[0] is not None:

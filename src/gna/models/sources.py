@@ -123,6 +123,9 @@ def local_source_paths(config: dict) -> dict[str, str]:
     data = config["tasks"]["mmlu"]["data"]
     if data["source"] == "local":
         paths["tasks.mmlu.data.path"] = data["path"]
+    facts = config["tasks"]["facts"]["data"]
+    if facts["source"] == "local":
+        paths["tasks.facts.data.path"] = facts["path"]
     return paths
 
 

@@ -25,10 +25,13 @@ log = logging.getLogger("gna.phases.evaluation")
 
 
 def task_format(table: pl.DataFrame) -> str:
-    """The prompt format of a task table: the KV template, or 'letter' / 'cloze' for MMLU."""
+    """The prompt format of a task table: the KV template, 'letter' / 'cloze' for MMLU, the facts
+    table's own format column ('cloze', 'choice (text)', …)."""
     task = table["task"][0]
     if task == "kv_retrieval":
         return str(table["template"][0])
+    if "format" in table.columns:
+        return str(table["format"][0])
     return task.removeprefix("mmlu_")
 
 

@@ -149,10 +149,11 @@ def _condition_row(condition: str, label: str, items: pl.DataFrame, note: str | 
 
 
 def masking_experiment(model, tok, table: pl.DataFrame, segment_fn, heads: dict[str, tuple[int, int]],
-                       batch_size: int = 8, knowledge: pl.DataFrame | None = None,
+                       batch_size: int = 8, knowledge: pl.DataFrame | list[pl.DataFrame] | None = None,
                        ssm_heads: set[tuple[int, int]] | None = None, skip_at_chance: bool = False) -> pl.DataFrame:
     """acc and mean log-prob of the target under (a) unmodified, (b) ablated, (c) G&A-only, on the
-    retrieval `table`; on `knowledge` (e.g. MMLU cloze, which has no segments) (a) and (b) only.
+    retrieval `table`; on `knowledge` (a table or several, e.g. MMLU and facts cloze, which have no
+    segments) (a) and (b) only.
     The heads column is heads_label(heads, ssm_heads). skip_at_chance: where (a) cannot be told
     from chance (gna.engine.scoring.at_chance) no condition can show a loss, so the retrieval
     table's (c) and the knowledge table's (b) are not run; (a)'s note says why. (a) and (b) of
@@ -179,29 +180,32 @@ def masking_experiment(model, tok, table: pl.DataFrame, segment_fn, heads: dict[
         results.append((CONDITIONS[2], score_masked(model, tok, table, segment_fn, heads, True, batch_size), None))
     else:
         results[0] = (*results[0][:2], note)
-    if knowledge is not None and len(knowledge):
+    for items in [knowledge] if isinstance(knowledge, pl.DataFrame) else knowledge or []:
+        if not len(items):
+            continue
         if skip_at_chance:  # (a) first, then (b) only where it can show a loss
-            unmodified = score_table(model, tok, knowledge, batch_size=batch_size, progress=False)
-            note = chance_note(unmodified, knowledge, "(b)")
+            unmodified = score_table(model, tok, items, batch_size=batch_size, progress=False)
+            note = chance_note(unmodified, items, "(b)")
             results.append((CONDITIONS[0], unmodified, note))
             if note is None:
-                results += plain_and_ablated(knowledge, with_plain=False)
+                results += plain_and_ablated(items, with_plain=False)
         else:
-            results += plain_and_ablated(knowledge)
+            results += plain_and_ablated(items)
     label = heads_label(heads, ssm_heads)
     return pl.DataFrame([_condition_row(condition, label, items, note) for condition, items, note in results],
                         schema=RESULT_SCHEMA)
 
 
-def mmlu_letter_masking(model, tok, letter: pl.DataFrame, heads: dict[str, tuple[int, int]], min_acc: float,
-                        batch_size: int = 8, ssm_heads: set[tuple[int, int]] | None = None,
-                        skip_at_chance: bool = False) -> pl.DataFrame:
-    """masking_experiment on MMLU letter (option lines as segments) for a model above chance
-    there; below `min_acc` only the unmodified row, with a note that (b) and (c) were not run."""
+def choice_masking(model, tok, letter: pl.DataFrame, heads: dict[str, tuple[int, int]], min_acc: float,
+                   batch_size: int = 8, ssm_heads: set[tuple[int, int]] | None = None,
+                   skip_at_chance: bool = False) -> pl.DataFrame:
+    """masking_experiment on a multiple-choice table (MMLU letter, the facts' choice form; option
+    lines as segments) for a model above `min_acc` there; below it only the unmodified row, with
+    a note that (b) and (c) were not run."""
     plain = score_table(model, tok, letter, batch_size=batch_size, progress=False)
     acc = float(plain["correct"].mean())
     if acc < min_acc:
-        log.info("MMLU letter accuracy %.3f < gna.mmlu_min_acc %.2f: (b) and (c) not run on MMLU", acc, min_acc)
+        log.info("%s accuracy %.3f < gna.mmlu_min_acc %.2f: (b) and (c) not run", letter["task"][0], acc, min_acc)
         row = _condition_row(CONDITIONS[0], heads_label(heads, ssm_heads), plain,
                              note=f"at chance (< {min_acc:.0%}): (b), (c) not run")
         return pl.DataFrame([row], schema=RESULT_SCHEMA)
@@ -217,12 +221,12 @@ def masking_heads(roles: pl.DataFrame) -> dict[str, tuple[int, int]]:
 
 
 def run_gna_masking(model_name: str, model_dir: str, roles_path: str, knowledge_paths: list[str],
-                    mmlu_letter_paths: list[str], out_path: str, gna: dict, template: str, batch_size: int = 8,
+                    choice_paths: list[str], out_path: str, gna: dict, template: str, batch_size: int = 8,
                     dtype: str = "float32", compute_dtype: str = "float32") -> pl.DataFrame:
     """Phase gna_masking: masking_experiment with the masking_heads of `roles_path` on fresh
-    KV-retrieval prompts (`gna` config keys dict_size, masking_n, seed + 1) and the knowledge task
-    (`knowledge_paths`: none or one table, cut to gna.knowledge_items), then mmlu_letter_masking
-    (gated by gna.mmlu_min_acc) if a letter table is given; gna.skip_at_chance leaves out the
+    KV-retrieval prompts (`gna` config keys dict_size, masking_n, seed + 1) and the knowledge tasks
+    (`knowledge_paths`: cloze tables, each cut to gna.knowledge_items), then choice_masking
+    (gated by gna.mmlu_min_acc) on each multiple-choice table of `choice_paths`; gna.skip_at_chance leaves out the
     conditions that cannot show a loss where (a) is at chance. A student (gna.students.mixer) labels its heads
     SSM or attention. Skipped (an empty table) unless both roles have a head. Written to
     `out_path` with a model column."""
@@ -235,12 +239,12 @@ def run_gna_masking(model_name: str, model_dir: str, roles_path: str, knowledge_
         model, tok = load_any(model_dir, dtype, compute_dtype=compute_dtype)
         ssm_heads = ssm_heads_of(model) if mixers(model) else None
         table = build_kv_retrieval([gna["dict_size"]], gna["masking_n"], gna["seed"] + 1, template)
-        knowledge = next(iter(load_task_tables(knowledge_paths, gna["knowledge_items"]).values()), None)
+        knowledge = list(load_task_tables(knowledge_paths, gna["knowledge_items"]).values())
         result = masking_experiment(model, tok, table, kv_row_segments, heads, batch_size=batch_size,
                                     knowledge=knowledge, ssm_heads=ssm_heads, skip_at_chance=gna["skip_at_chance"])
-        for letter in load_task_tables(mmlu_letter_paths, gna["knowledge_items"]).values():
-            letter_result = mmlu_letter_masking(model, tok, letter, heads, gna["mmlu_min_acc"], batch_size, ssm_heads,
-                                                skip_at_chance=gna["skip_at_chance"])
+        for letter in load_task_tables(choice_paths, gna["knowledge_items"]).values():
+            letter_result = choice_masking(model, tok, letter, heads, gna["mmlu_min_acc"], batch_size, ssm_heads,
+                                           skip_at_chance=gna["skip_at_chance"])
             result = pl.concat([result, letter_result])
         for row in result.iter_rows(named=True):
             log.info("%s %s: acc %.3f, mean logp %.3f", row["task"], row["condition"], row["acc"], row["mean_logp"])

@@ -85,10 +85,14 @@ def accuracy_pivot(frame: pl.DataFrame, on: str, index: list[str]) -> pl.DataFra
 def accuracy_columns(rows: pl.DataFrame, kv_label: str = "KV {}", task_names: dict | None = None) -> pl.DataFrame:
     """Tidy accuracy rows, each named by its table `column` and ordered for a table: KV-retrieval
     per dictionary size (`kv_label` formatted with the size), 'KV all', then the other tasks by
-    name (`task_names` maps task → name; with it, tasks it does not name are dropped)."""
+    name (`task_names` maps task → name; with it, tasks it does not name are dropped) over all
+    their items, and over the known items where a task has them ('<name>, known'); a task's other
+    groups (the facts' relations) are left to the tables that show them."""
     group = pl.col("group")
+    rows = rows.filter((pl.col("task") == "kv_retrieval") | group.is_in(["all", "known"]))
     kv_name = pl.when(group == "all").then(pl.lit("KV all")).otherwise(pl.format(kv_label, group))
     other = pl.col("task") if task_names is None else pl.col("task").replace_strict(task_names, default=None)
+    other = pl.when(group == "known").then(pl.format("{}, known", other)).otherwise(other)
     rank = (pl.when(pl.col("task") != "kv_retrieval").then(10**7)
             .when(group == "all").then(10**6).otherwise(group.cast(pl.Int64, strict=False)))
     named = rows.with_columns(pl.when(pl.col("task") == "kv_retrieval").then(kv_name).otherwise(other).alias("column"),

@@ -40,7 +40,8 @@ Its layer swap: replacing layer 17 of the aligned Llamba by attention raised MML
 """
 
 
-TASK_COLUMNS = {"mmlu_letter": "MMLU letter (retrieval-heavy)", "mmlu_cloze": "MMLU cloze (knowledge)"}
+TASK_COLUMNS = {"mmlu_letter": "MMLU letter (retrieval-heavy)", "mmlu_cloze": "MMLU cloze (knowledge)",
+                "facts_cloze": "facts cloze (knowledge)", "facts_choice": "facts choice (knowledge + options)"}
 PERPLEXITY = "held-out perplexity"
 AGREEMENT = "KV answer kept when contexts are swapped"
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import polars as pl
 import yaml
 
-from gna.report import baseline_section, gna_section, heads_section, hybrid_section, prune_section
+from gna.report import (baseline_section, gna_section, heads_section, hybrid_section, knowledge_section,
+                        prune_section)
 from gna.report.htmlkit import CSS, SectionContext, read_caption, table
 from gna.core.io import write_text
 from gna.core.provenance import config_hash, machine, workflow_code_hash
@@ -25,7 +26,7 @@ RUN_RECORD_LINK = "../" + Path(RUN_RECORD).relative_to("data").as_posix()
 # the sections' render modules, imported (not looked up by name) so that the report rule's code
 # fingerprint covers them: a section whose module is missing here fails instead of going unhashed
 RENDER_MODULES = {module.__name__: module for module in (baseline_section, gna_section, heads_section, hybrid_section,
-                                                         prune_section)}
+                                                         knowledge_section, prune_section)}
 
 
 def render_function(section: Section):

@@ -111,6 +111,8 @@ SECTIONS: tuple[Section, ...] = (
             _figures("SSM and hybrid students", "hybrid_heads", "hybrid_budget", "hybrid_training",
                      "hybrid_align_heads"),
             "gna.report.hybrid_section:render_hybrid"),
+    Section("knowledge", (Input("facts_formats", "data/results/facts/{model}/formats.parquet", "facts_choice"),),
+            _figures("Knowledge vs retrieval", "knowledge_view"), "gna.report.knowledge_section:render_knowledge"),
 )
 
 FIGURES: tuple[Figure, ...] = tuple(figure for section in SECTIONS for figure in section.figures)
@@ -120,7 +122,7 @@ def report_inputs(values: dict[str, list], switches: dict[str, bool]) -> dict[st
     """Every section's inputs, {key: path or paths}: `values` gives each wildcard's list (model,
     hybrid_model, gna_model, scored_variant, student_variant, answer_row_variant, budget_variant, ablation,
     state_size), `switches` the
-    config switches (hybrid, hybrid_swap, attribution)."""
+    config switches (hybrid, hybrid_swap, attribution, facts_choice)."""
     return {put.key: put.paths(values, switches) for section in SECTIONS for put in section.inputs}
 
 

@@ -23,7 +23,8 @@ RUN_RECORD = "data/run/index.html"
 # the study's phases, by the rules that make them (a rule's benchmark records are under its name)
 PHASE_OF_RULE_PREFIX = {"fetch_": "models and tasks", "prepare_model": "models and tasks", "kv_task": "models and tasks",
                         "mmlu_task": "models and tasks", "lmeval_crosscheck_task": "models and tasks",
-                        "baseline": "baseline", "collect_baseline": "baseline", "lm_eval": "baseline",
+                        "facts_task": "models and tasks", "facts_known": "models and tasks",
+                        "facts_formats": "baseline", "baseline": "baseline", "collect_baseline": "baseline", "lm_eval": "baseline",
                         "prune_": "pruning", "minimal_model": "pruning", "heads_": "heads",
                         "gna_": "gather & aggregate", "distill_": "students", "hybrid_": "students"}
 STEP_SCHEMA = {"step": pl.String, "seconds": pl.Float64, "peak RSS (MB)": pl.Float64}

@@ -122,8 +122,8 @@ def test_heads_label_says_ssm_or_attention_only_for_students():
     assert heads_label(heads, set()) == "gather L1H2 (attention), aggregate L2H0 (attention)"
 
 
-def test_mmlu_letter_masking_is_gated_by_accuracy(tiny_llama):
-    from gna.phases.masking import mmlu_letter_masking
+def test_choice_masking_is_gated_by_accuracy(tiny_llama):
+    from gna.phases.masking import choice_masking
     from gna.engine.scoring import score_table
 
     model, tok = tiny_llama
@@ -131,9 +131,9 @@ def test_mmlu_letter_masking_is_gated_by_accuracy(tiny_llama):
     letter = build_mmlu(subset, pool, "letter", 1, 0)
     heads = {"gather": (1, 2), "aggregate": (2, 0)}
     acc = score_table(model, tok, letter, progress=False)["correct"].mean()
-    gated = mmlu_letter_masking(model, tok, letter, heads, min_acc=acc + 0.01, ssm_heads={(1, 2)})
+    gated = choice_masking(model, tok, letter, heads, min_acc=acc + 0.01, ssm_heads={(1, 2)})
     assert gated["condition"].to_list() == ["(a) unmodified"] and gated["acc"][0] == acc
     assert gated["note"][0].startswith("at chance") and gated["heads"][0].endswith("L2H0 (attention)")
-    run = mmlu_letter_masking(model, tok, letter, heads, min_acc=acc)
+    run = choice_masking(model, tok, letter, heads, min_acc=acc)
     assert run["condition"].to_list() == ["(a) unmodified", "(b) G&A heads ablated", "(c) G&A pattern only"]
     assert run["note"].null_count() == len(run) and set(run["task"]) == {"mmlu_letter"}

@@ -1,0 +1,196 @@
+"""Report section: knowledge vs retrieval, on the facts (cloze and multiple choice) beside KV.
+
+Every sentence is computed from the 95% intervals: a change is called a finding only where the
+two intervals do not overlap.
+"""
+
+from __future__ import annotations
+
+import html
+
+import matplotlib.pyplot as plt
+import polars as pl
+
+from gna.report.htmlkit import SectionContext, acc_text, errorbar, pct, save_figure, table
+from gna.students.spec import TEACHER_VARIANT, variant_name
+
+# (task, group) of each column of the view, and its name
+COLUMNS = {("kv_retrieval", "all"): "KV retrieval", ("facts_cloze", "all"): "facts cloze (knowledge)",
+           ("facts_choice", "all"): "facts choice", ("facts_choice", "known"): "facts choice, known items"}
+
+
+def _acc(frame: pl.DataFrame, task: str, group: str) -> dict | None:
+    """The acc row (value, ci_low, ci_high, n) of `task` and `group` in a tidy results frame."""
+    if frame.is_empty():
+        return None
+    rows = frame.filter((pl.col("task") == task) & (pl.col("group") == group) & (pl.col("metric") == "acc"))
+    return rows.row(0, named=True) if len(rows) else None
+
+
+def conditions(model: str, ctx: SectionContext) -> list[tuple[str, pl.DataFrame]]:
+    """(label, tidy results) of each condition the view compares, for `model`: the unmodified
+    model, the top-k heads removed (k = 5, or the largest k of heads.top_k below it) and its
+    first random-k control, the pure SSM and the k = 10 (or largest) hybrid student, and the
+    pure SSM with its critical layer swapped back to attention."""
+    out = []
+    baseline = ctx.frame("baseline")
+    if not baseline.is_empty():
+        out.append(("unmodified", baseline.filter((pl.col("model") == model) & (pl.col("engine") == "gna"))))
+    topk = ctx.frame("heads_topk")
+    if not topk.is_empty():
+        topk = topk.filter(pl.col("model") == model)
+        ks = sorted(k for k in topk["k"].unique().to_list() if 0 < k <= 5)
+        if ks:
+            k = ks[-1]
+            out.append((f"top {k} heads removed", topk.filter((pl.col("condition") == "top") & (pl.col("k") == k))))
+            random = topk.filter((pl.col("condition") == "random") & (pl.col("k") == k) & (pl.col("draw") == 0))
+            if len(random):
+                out.append((f"{k} random heads removed", random))
+    hybrid = ctx.config.get("hybrid", {})
+    scores = ctx.frame("hybrid_scores")
+    if hybrid.get("enabled") and not scores.is_empty():
+        scores = scores.filter(pl.col("model") == model)
+        kept = sorted(hybrid["heads_kept"])
+        for k in dict.fromkeys([0, 10 if 10 in kept else kept[-1]]):
+            variant = variant_name(k, hybrid["state_size"])
+            rows = scores.filter(pl.col("variant") == variant)
+            if len(rows):
+                out.append((f"student {variant}" + (" (pure SSM)" if k == 0 else ""), rows))
+        swap = ctx.frame("hybrid_swap")
+        if not swap.is_empty():
+            swap = swap.filter(pl.col("model") == model)
+            out.append((str(swap["variant"][0]), swap))
+    return out
+
+
+def view_table(conds: list[tuple[str, pl.DataFrame]]) -> pl.DataFrame:
+    """One row per condition, one acc_text cell (with its 95% interval) per COLUMNS entry."""
+    rows = []
+    for label, frame in conds:
+        row = {"condition": label}
+        for (task, group), name in COLUMNS.items():
+            acc = _acc(frame, task, group)
+            row[name] = (acc_text(acc["value"], acc["ci_low"], acc["ci_high"]) + f" n={acc['n']}") if acc else "–"
+        rows.append(row)
+    return pl.DataFrame(rows)
+
+
+def change_sentence(name: str, before: dict | None, after: dict | None, what: str) -> str | None:
+    """'<name>: a → b under <what>' with the verdict the two 95% intervals allow."""
+    if before is None or after is None:
+        return None
+    cells = (f"{html.escape(name)}: {acc_text(before['value'], before['ci_low'], before['ci_high'])} → "
+             f"{acc_text(after['value'], after['ci_low'], after['ci_high'])}")
+    if after["ci_high"] < before["ci_low"]:
+        verdict = f"<b>falls</b> with {what} (the intervals separate: a finding)"
+    elif after["ci_low"] > before["ci_high"]:
+        verdict = f"<b>rises</b> with {what} (the intervals separate: a finding)"
+    else:
+        verdict = f"no change the intervals can show with {what} ({100 * (after['value'] - before['value']):+.0f} points)"
+    return f"{cells}: {verdict}"
+
+
+def findings(conds: list[tuple[str, pl.DataFrame]]) -> list[str]:
+    """Sentences comparing the top-k removal with the unmodified model, the hybrid with the pure
+    SSM, and the layer swap with the pure SSM, task by task."""
+    by_label = dict(conds)
+    pairs = []
+    base = by_label.get("unmodified")
+    for label, frame in conds:
+        if label.startswith("top ") and base is not None:
+            pairs.append((base, frame, f"the {label.removesuffix(' removed')} of the ranking removed"))
+    ssm = next((f for label, f in conds if label.endswith("(pure SSM)")), None)
+    for label, frame in conds:
+        if ssm is not None and label.startswith("student ") and not label.endswith("(pure SSM)"):
+            pairs.append((ssm, frame, f"the pure SSM replaced by {label.removeprefix('student ')}"))
+        if ssm is not None and "attention layer" in label:
+            pairs.append((ssm, frame, f"the pure SSM's layer {label.rsplit(' ', 1)[-1]} back to attention"))
+    out = []
+    for before, after, what in pairs:
+        for (task, group), name in COLUMNS.items():
+            sentence = change_sentence(name, _acc(before, task, group), _acc(after, task, group), what)
+            if sentence:
+                out.append(sentence)
+    return out
+
+
+def plot_view(per_model: dict[str, list[tuple[str, pl.DataFrame]]], path) -> None:
+    """Accuracy (95% interval) per condition, one line per column of the view, per model."""
+    models = list(per_model) or ["–"]
+    fig, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 4.2), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        conds = per_model.get(model, [])
+        for i, ((task, group), name) in enumerate(COLUMNS.items()):
+            xs, vals, lows, highs = [], [], [], []
+            for x, (_, frame) in enumerate(conds):
+                acc = _acc(frame, task, group)
+                if acc:
+                    xs.append(x + (i - 1.5) * 0.08)
+                    vals.append(acc["value"]), lows.append(acc["ci_low"]), highs.append(acc["ci_high"])
+            if xs:
+                errorbar(ax, xs, vals, lows, highs, label=name, ls="none" if len(xs) < 2 else ":", marker="o")
+        ax.set_xticks(range(len(conds)), [label for label, _ in conds], rotation=25, ha="right", fontsize=8)
+        ax.axhline(0.25, color="gray", lw=0.8, ls="--")
+        ax.set(ylim=(-0.02, 1.02), ylabel="accuracy (95% interval)", title=f"{model}: knowledge vs retrieval")
+        ax.legend(fontsize=7)
+    save_figure(fig, path)
+
+
+def formats_part(formats: pl.DataFrame) -> str:
+    if formats.is_empty():
+        return ""
+    shown = formats.with_columns(
+        pl.struct("acc", "ci_low", "ci_high").map_elements(lambda r: acc_text(r["acc"], r["ci_low"], r["ci_high"]),
+                                                           return_dtype=pl.String).alias("accuracy"),
+        pl.when(pl.col("distinct_predictions") == 1).then(pl.lit("yes: one answer for every item"))
+        .otherwise(pl.lit("no")).alias("degenerate"),
+        pl.when(pl.col("chosen")).then(pl.lit("✓")).otherwise(pl.lit("")).alias("in the study"),
+    ).select("model", "format", "shots", "n", "accuracy", "chance", "degenerate", "prompt_tokens", "in the study")
+    sentences = []
+    for model in formats["model"].unique(maintain_order=True):
+        rows = formats.filter((pl.col("model") == model) & pl.col("answer").is_not_null())
+        above = rows.filter(pl.col("ci_low") > pl.col("chance"))
+        best = rows.sort("acc", descending=True).row(0, named=True)
+        sentences.append(
+            f"{html.escape(model)}: {len(above)} of {len(rows)} multiple-choice formats are above chance (interval "
+            f"clear of {pct(best['chance'])}); the most accurate is {html.escape(best['format'])} with "
+            f"{best['shots']} shots, {acc_text(best['acc'], best['ci_low'], best['ci_high'])}.")
+    return ("<h3>Which multiple-choice format the model can answer</h3>"
+            "<p>The same facts in every multiple-choice format of <code>tasks.facts.compare</code>, beside the cloze form; "
+            "the format marked ✓ (<code>tasks.facts.choice</code>) is the one every experiment runs.</p>"
+            + table(shown, left=("model", "format", "degenerate"), fmt={"chance": pct, "prompt_tokens": lambda v: f"{v:.0f}"})
+            + "<ul>" + "".join(f"<li>{s}</li>" for s in sentences) + "</ul>")
+
+
+def render_knowledge(ctx: SectionContext) -> str:
+    """Knowledge vs retrieval: the format comparison, then per model the facts (cloze, multiple
+    choice on all and on known items) beside KV under each condition, with computed findings."""
+    formats = ctx.frame("facts_formats")
+    facts = ctx.config["tasks"]["facts"]
+    if not facts["formats"]:
+        return ""
+    per_model = {}
+    baseline = ctx.frame("baseline")
+    models = baseline["model"].unique(maintain_order=True).to_list() if not baseline.is_empty() else []
+    parts = ["<h2>Knowledge vs retrieval</h2>",
+             "<p>The study's contrast on facts the model can know: the same fact asked in <b>cloze</b> form "
+             f"(knowledge only) and as <b>multiple choice</b> with its four options listed (knowledge plus picking "
+             f"the option in context; answer as the option's {html.escape(facts['choice']['answer'])}, "
+             f"{facts['choice']['shots']} shots). <b>Known items</b>: those whose cloze answer the model gets right by "
+             f"at least {facts['known_margin']:g} nats over the best wrong option (a student: its teacher's), so the "
+             "multiple-choice score there measures the in-context step on knowledge the model has.</p>",
+             formats_part(formats)]
+    for model in models:
+        if model.endswith(f"-{TEACHER_VARIANT}"):
+            continue
+        conds = conditions(model, ctx)
+        if not conds:
+            continue
+        per_model[model] = conds
+        parts.append(f"<h3>{html.escape(model)}</h3>" + table(view_table(conds), left=("condition",)))
+        sentences = findings(conds)
+        if sentences:
+            parts.append("<ul>" + "".join(f"<li>{s}</li>" for s in sentences) + "</ul>")
+    plot_view(per_model, ctx.figures["knowledge_view"])
+    parts.append(ctx.figure("knowledge_view"))
+    return "\n".join(parts)

@@ -1,0 +1,8 @@
+"""Rule facts_formats: the facts' multiple-choice formats scored side by side with the cloze form."""
+from gna.core.runtime import setup
+from gna.phases.knowledge import run_facts_formats
+
+setup(snakemake.log[0], snakemake.threads)
+run_facts_formats(snakemake.wildcards.model, snakemake.input.model, snakemake.input.facts, snakemake.params.facts,
+                  snakemake.output[0], batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype,
+                  compute_dtype=snakemake.params.compute_dtype)
