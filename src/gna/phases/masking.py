@@ -200,14 +200,17 @@ def choice_masking(model, tok, letter: pl.DataFrame, heads: dict[str, tuple[int,
                    batch_size: int = 8, ssm_heads: set[tuple[int, int]] | None = None,
                    skip_at_chance: bool = False) -> pl.DataFrame:
     """masking_experiment on a multiple-choice table (MMLU letter, the facts' choice form; option
-    lines as segments) for a model above `min_acc` there; below it only the unmodified row, with
-    a note that (b) and (c) were not run."""
+    lines as segments) for a model above `min_acc` there (and, with skip_at_chance, whose accuracy
+    is distinguishable from chance); otherwise only the unmodified row, with a note that (b) and
+    (c) were not run."""
     plain = score_table(model, tok, letter, batch_size=batch_size, progress=False)
     acc = float(plain["correct"].mean())
-    if acc < min_acc:
-        log.info("%s accuracy %.3f < gna.mmlu_min_acc %.2f: (b) and (c) not run", letter["task"][0], acc, min_acc)
-        row = _condition_row(CONDITIONS[0], heads_label(heads, ssm_heads), plain,
-                             note=f"at chance (< {min_acc:.0%}): (b), (c) not run")
+    reason = f"at chance (< {min_acc:.0%})" if acc < min_acc else None
+    if reason is None and skip_at_chance:
+        reason = at_chance(plain, letter, "masking heads")
+    if reason is not None:
+        log.info("%s accuracy %.3f: (b) and (c) not run, %s", letter["task"][0], acc, reason)
+        row = _condition_row(CONDITIONS[0], heads_label(heads, ssm_heads), plain, note=f"{reason}: (b), (c) not run")
         return pl.DataFrame([row], schema=RESULT_SCHEMA)
     return masking_experiment(model, tok, letter, mmlu_row_segments, heads, batch_size=batch_size,
                               ssm_heads=ssm_heads, skip_at_chance=skip_at_chance)

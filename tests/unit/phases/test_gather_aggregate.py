@@ -137,3 +137,22 @@ def test_choice_masking_is_gated_by_accuracy(tiny_llama):
     run = choice_masking(model, tok, letter, heads, min_acc=acc)
     assert run["condition"].to_list() == ["(a) unmodified", "(b) G&A heads ablated", "(c) G&A pattern only"]
     assert run["note"].null_count() == len(run) and set(run["task"]) == {"mmlu_letter"}
+
+
+def test_choice_masking_skips_a_table_at_chance_by_its_interval(tiny_llama):
+    """The facts' choice form, option lines as segments: with skip_at_chance an accuracy whose
+    interval contains chance runs (a) only, whatever min_acc allows; without it all three run."""
+    from gna.phases.masking import choice_masking
+    from gna.engine.scoring import at_chance, score_table
+    from gna.tasks.facts import build_facts, read_local_facts
+
+    model, tok = tiny_llama
+    facts = read_local_facts(MINI_MMLU.parent / "mini_facts.csv")
+    choice = build_facts(facts, ["capital", "demonym"], 6, seed=2, fmt="choice", shots=1)
+    assert at_chance(score_table(model, tok, choice, progress=False), choice) is not None  # 6 items: any accuracy
+    heads = {"gather": (1, 2), "aggregate": (2, 0)}
+    skipped = choice_masking(model, tok, choice, heads, min_acc=0.0, skip_at_chance=True)
+    assert skipped["condition"].to_list() == ["(a) unmodified"]
+    assert "not distinguishable from chance" in skipped["note"][0] and skipped["task"][0] == "facts_choice"
+    run = choice_masking(model, tok, choice, heads, min_acc=0.0)
+    assert run["condition"].to_list() == ["(a) unmodified", "(b) G&A heads ablated", "(c) G&A pattern only"]
