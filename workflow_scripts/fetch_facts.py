@@ -3,4 +3,4 @@ from gna.core.runtime import setup
 from gna.tasks.facts import fetch_facts
 
 setup(snakemake.log[0])
-fetch_facts(snakemake.params.data, snakemake.output[0])
+fetch_facts(snakemake.params.data, snakemake.output[0], local_path=snakemake.input[0] if snakemake.input else None)

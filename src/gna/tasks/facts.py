@@ -119,12 +119,12 @@ def read_local_facts(path: str | Path, sha256: str | None = None) -> pl.DataFram
     return facts_frame(rows)
 
 
-def fetch_facts(data: dict, out_path: str | Path) -> pl.DataFrame:
+def fetch_facts(data: dict, out_path: str | Path, local_path: str | Path | None = None) -> pl.DataFrame:
     """The facts of the `tasks.facts.data` config block as one Parquet table (relation, subject,
     object, source) at `out_path`: each pinned wheel downloaded and checked against its sha256,
-    or the local CSV."""
+    or the local CSV (at `local_path`, default the block's path, as the workflow resolved it)."""
     if data["source"] == "local":
-        facts = read_local_facts(data["path"], data.get("sha256"))
+        facts = read_local_facts(local_path or data["path"], data.get("sha256"))
     else:
         frames = []
         for wheel_spec in data["wheels"]:
@@ -187,6 +187,7 @@ def build_facts(facts: pl.DataFrame, relations: list[str], n: int, seed: int, fm
     chosen = {(it["relation"], it["subject"]) for it in items}
     pool = {r: [row for row in facts.filter(pl.col("relation") == r).sort("subject").rows(named=True)
                 if (r, row["subject"]) not in chosen] for r in relations}
+    answers = {r: sorted(set(facts.filter(pl.col("relation") == r)["object"])) for r in relations}
     rows = []
     for item_id, it in enumerate(items):
         relation = it["relation"]
@@ -197,8 +198,9 @@ def build_facts(facts: pl.DataFrame, relations: list[str], n: int, seed: int, fm
             rng = random.Random(f"facts-shots-{seed}-{relation}-{it['subject']}")
             shot_text = ""
             for shot in rng.sample(pool[relation], min(shots, len(pool[relation]))):
-                objects = sorted({r["object"] for r in pool[relation]} | {shot["object"]})
-                options = rng.sample([o for o in objects if o != shot["object"]], len(LETTERS) - 1) + [shot["object"]]
+                # the example's wrong options never include the asked question's answer
+                wrong = [o for o in answers[relation] if o not in (shot["object"], it["object"])]
+                options = rng.sample(wrong, min(len(wrong), len(LETTERS) - 1)) + [shot["object"]]
                 rng.shuffle(options)
                 solved = LETTERS[options.index(shot["object"])] if answer == "letter" else shot["object"]
                 shot_text += f"{_choice_block(relation, shot['subject'], options)} {solved}\n\n"

@@ -7,7 +7,10 @@ exactly. Recorded with the inputs below (the teacher's rows before the refactor;
 again when SSM heads gained the first-token term, and when unrestricted SSM heads beside masked
 heads took the tree scan instead of the materialised matrix: student log-probs moved by < 2e-7, no
 accuracy changed; and when the SSM projections became one matmul: < 1.6e-7, no accuracy
-changed); refresh only for an intended change of results."""
+changed); refresh only for an intended change of results. Recorded on an AMD CPU (RECORDED_ON):
+bit for bit there; on another kind of CPU (tests/golden.py cpu_kind) float rounding differs, so
+log-probs are compared to a relative 1e-5 (measured on an Intel CPU with AMX: 1.8e-8) and every
+accuracy exactly."""
 
 import copy
 
@@ -15,6 +18,7 @@ import polars as pl
 from polars.testing import assert_frame_equal
 
 from conftest import MINI_MMLU, REPO
+from golden import cpu_kind
 from gna.core.stats import wilson_interval
 from gna.phases.gather_aggregate import kv_row_segments, mmlu_row_segments
 from gna.students.spec import make_hybrid
@@ -22,6 +26,7 @@ from gna.phases.masking import masking_experiment
 from gna.tasks.tables import build_kv_retrieval, build_mmlu, load_mmlu_jsonl, select_mmlu
 
 GOLDEN = REPO / "tests" / "data" / "golden_masking.parquet"
+RECORDED_ON = "AuthenticAMD avx2 avx512f avx512_bf16"
 HEADS = {"gather": (1, 0), "aggregate": (2, 3)}
 
 
@@ -42,7 +47,13 @@ def test_masking_experiment_equals_recorded_results(tiny_llama):
     assert actual["note"].null_count() == len(actual)
     for row in actual.iter_rows(named=True):
         assert (row["ci_low"], row["ci_high"]) == wilson_interval(round(row["acc"] * row["n"]), row["n"])
-    assert_frame_equal(actual.drop("note", "ci_low", "ci_high"), pl.read_parquet(GOLDEN), check_exact=True)
+    golden = pl.read_parquet(GOLDEN)
+    if cpu_kind() == RECORDED_ON:
+        assert_frame_equal(actual.drop("note", "ci_low", "ci_high"), golden, check_exact=True)
+    else:
+        assert_frame_equal(actual.drop("note", "ci_low", "ci_high", "mean_logp"), golden.drop("mean_logp"),
+                           check_exact=True)
+        assert_frame_equal(actual.select("mean_logp"), golden.select("mean_logp"), check_exact=False, rtol=1e-5)
 
 
 def _relabelled_to_own_picks(model, tok, table: pl.DataFrame) -> pl.DataFrame:

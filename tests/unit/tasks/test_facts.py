@@ -89,6 +89,7 @@ def test_items_are_seeded_paired_across_formats_and_mix_relations(facts):
 
 def test_shots_are_solved_examples_of_facts_outside_the_evaluation_set(facts):
     table = build_facts(facts, ["capital"], 4, seed=5, fmt="choice", answer="text", shots=2)
+    assert build_facts(facts, ["demonym"], 3, seed=5, fmt="choice", shots=1).height == 3  # 3 facts left for shots
     asked = set(table["subject"])
     for row in table.iter_rows(named=True):
         blocks = row["context"].split("\n\n")
@@ -96,6 +97,8 @@ def test_shots_are_solved_examples_of_facts_outside_the_evaluation_set(facts):
         shot_subjects = {b.split("capital of ")[1].split("?")[0] for b in blocks[:2]}
         assert not shot_subjects & asked
         assert all(b.rsplit("Answer: ", 1)[1] for b in blocks[:2])
+        answer = row["choices"][row["target"]].strip()
+        assert all(f". {answer}\n" not in b for b in blocks[:2])  # never shown as a wrong option before
 
 
 def test_unknown_relation_and_too_few_answers_are_named(facts):
