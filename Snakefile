@@ -26,6 +26,8 @@ localrules:
     fetch_mmlu,
     kv_task,
     mmlu_task,
+    fetch_facts,
+    facts_task,
     lmeval_crosscheck_task,
     collect_baseline,
     minimal_model,

@@ -89,5 +89,8 @@ rule facts_known:
         code=code_of("facts_known"),
     log:
         "data/logs/facts_known/{model}.log",
+    resources:
+        mem_mb=1000,
+        runtime=10,
     script:
         "../workflow_scripts/facts_known.py"

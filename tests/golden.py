@@ -112,7 +112,7 @@ def compare(actual_dir: str | Path, golden_dir: str | Path = GOLDEN_DIR, kind: s
             elif trained(name):
                 assert actual[name].schema == golden[name].schema and actual[name].height == golden[name].height
             else:
-                assert_frame_equal(actual[name], golden[name], check_exact=False, rtol=TEACHER_RTOL, atol=0)
+                assert_frame_equal(actual[name], golden[name], check_exact=False, rel_tol=TEACHER_RTOL, abs_tol=0)
         except AssertionError as error:
             raise AssertionError(f"{name}: {first_difference(actual[name], golden[name])}\n{error}") from None
 

@@ -41,8 +41,15 @@ def fails_before_any_job(workdir: Path, config: dict, *args: str) -> str:
 def test_smoke_run_writes_results_and_report(smoke):
     baseline = pl.read_parquet(smoke / "data/results/baseline.parquet")
     ours = baseline.filter(pl.col("engine") == "gna")
-    assert set(ours["task"]) == {"kv_retrieval", "mmlu_letter", "mmlu_cloze"}
+    assert set(ours["task"]) == {"kv_retrieval", "mmlu_letter", "mmlu_cloze", "facts_cloze", "facts_choice"}
     assert set(ours.filter(pl.col("task") == "kv_retrieval")["group"]) == {"3", "6", "all"}
+    # the facts: cloze per relation, multiple choice split into the model's known and unknown items
+    assert set(ours.filter(pl.col("task") == "facts_cloze")["group"]) == {"capital", "continent", "demonym",
+                                                                           "symbol", "all"}
+    choice = ours.filter((pl.col("task") == "facts_choice") & (pl.col("metric") == "acc"))
+    n = dict(zip(choice["group"], choice["n"]))
+    assert set(n) <= {"known", "unknown", "all"} and n["all"] == 8 and n.get("known", 0) + n.get("unknown", 0) == 8
+    assert pl.read_parquet(smoke / "data/results/facts/tiny-llama/formats.parquet").height == 3
     acc = ours.filter(pl.col("metric") == "acc")["value"]
     assert ((acc >= 0) & (acc <= 1)).all()
     # the lm-eval cross-check scores the same letter items as our engine, so accuracies agree
@@ -55,7 +62,8 @@ def test_smoke_run_writes_results_and_report(smoke):
                    "Layer pruning", "Minimal model", "Individual layer removal", "Per-head ablation",
                    "Removing the top-k heads together", "Heads kept in the critical layers",
                    "Attribution pre-ranking vs the exact sweep", "Gather-and-Aggregate roles",
-                   "SSM and hybrid students", "attention heads kept vs knowledge", "layer swap", "inference memory"):
+                   "SSM and hybrid students", "attention heads kept vs knowledge", "layer swap", "inference memory",
+                   "Knowledge vs retrieval", "Which multiple-choice format the model can answer"):
         assert needle in html, needle
     model_dir = smoke / "data/models/tiny-llama"
     assert {"model.safetensors", "config.json", "tokenizer.json", "gna_source.json"} <= {p.name for p in model_dir.iterdir()}
@@ -229,7 +237,7 @@ def test_slurm_profile_dry_run_without_slurm(tmp_path):
                                        "--configfile", str(cfg_path), "--profile", str(REPO / "profiles/slurm"), "-n"],
                           cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert planned_jobs_of(proc)["baseline"] == 3
+    assert planned_jobs_of(proc)["baseline"] == 5  # KV, MMLU letter and cloze, facts cloze and choice
 
 
 @pytest.mark.parametrize("key, value, message", [

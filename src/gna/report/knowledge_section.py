@@ -127,10 +127,13 @@ def plot_view(per_model: dict[str, list[tuple[str, pl.DataFrame]]], path) -> Non
                 if acc:
                     xs.append(x + (i - 1.5) * 0.08)
                     vals.append(acc["value"]), lows.append(acc["ci_low"]), highs.append(acc["ci_high"])
-            if xs:
-                errorbar(ax, xs, vals, lows, highs, label=name, ls="none" if len(xs) < 2 else ":", marker="o")
+            if xs:  # conditions are categories: markers, no connecting lines
+                errorbar(ax, xs, vals, lows, highs, label=name, ls="none", marker="o")
+        students = [x for x, (label, _) in enumerate(conds) if label.startswith("student ")]
+        if students and students[0] > 0:
+            ax.axvline(students[0] - 0.5, color="gray", lw=0.8)  # the teacher's conditions | the students'
         ax.set_xticks(range(len(conds)), [label for label, _ in conds], rotation=25, ha="right", fontsize=8)
-        ax.axhline(0.25, color="gray", lw=0.8, ls="--")
+        ax.axhline(0.25, color="gray", lw=0.8, ls="--", label="chance of the facts (4 options)")
         ax.set(ylim=(-0.02, 1.02), ylabel="accuracy (95% interval)", title=f"{model}: knowledge vs retrieval")
         ax.legend(fontsize=7)
     save_figure(fig, path)

@@ -53,7 +53,7 @@ def test_masking_experiment_equals_recorded_results(tiny_llama):
     else:
         assert_frame_equal(actual.drop("note", "ci_low", "ci_high", "mean_logp"), golden.drop("mean_logp"),
                            check_exact=True)
-        assert_frame_equal(actual.select("mean_logp"), golden.select("mean_logp"), check_exact=False, rtol=1e-5)
+        assert_frame_equal(actual.select("mean_logp"), golden.select("mean_logp"), check_exact=False, rel_tol=1e-5)
 
 
 def _relabelled_to_own_picks(model, tok, table: pl.DataFrame) -> pl.DataFrame:

@@ -65,8 +65,9 @@ def test_inputs_expand_like_snakemake_expand():
 
 
 def test_switched_off_hybrid_has_no_hybrid_inputs():
-    inputs = report_inputs(SMOKE_VALUES, {"hybrid": False, "hybrid_swap": False, "attribution": False})
+    inputs = report_inputs(SMOKE_VALUES, {"hybrid": False, "hybrid_swap": False, "attribution": False, "facts_choice": False})
     assert all(inputs[key] == [] for key in inputs if key.startswith("hybrid_"))
+    assert inputs["facts_formats"] == []  # no multiple-choice facts: no format comparison
     assert inputs["heads_attribution"] == []  # a verified sweep: nothing exact to check attribution against
     assert inputs["gna_roles"] == [f"data/results/gna/{m}/roles.parquet" for m in SMOKE_VALUES["gna_model"]]
     assert inputs["baseline"] == "data/results/baseline.parquet"
@@ -121,7 +122,7 @@ def render(root: Path, switches: dict, reorder: bool = False, skip: list[str] = 
 @pytest.fixture(scope="module")
 def smoke_report(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
-    return root, render(root, {"hybrid": True, "hybrid_swap": True, "attribution": True}).read_text()
+    return root, render(root, {"hybrid": True, "hybrid_swap": True, "attribution": True, "facts_choice": True}).read_text()
 
 
 @pytest.mark.slow
@@ -156,7 +157,7 @@ def test_the_report_is_the_same_bytes_for_the_same_results(smoke_report, tmp_pat
     """Nothing of the run (time, machine, folder, timings, the config file's key order) is in the
     report, so DVC hashes it the same whenever the results are the same."""
     _, page = smoke_report
-    assert render(tmp_path, {"hybrid": True, "hybrid_swap": True, "attribution": True}, reorder=True).read_text() == page
+    assert render(tmp_path, {"hybrid": True, "hybrid_swap": True, "attribution": True, "facts_choice": True}, reorder=True).read_text() == page
 
 
 def test_run_record_gathers_benchmark_records_and_timed_parts(tmp_path):
@@ -179,7 +180,7 @@ def test_run_record_gathers_benchmark_records_and_timed_parts(tmp_path):
 
 @pytest.mark.slow
 def test_report_without_the_hybrid_phase_draws_placeholders(tmp_path):
-    page = render(tmp_path, {"hybrid": False, "hybrid_swap": False, "attribution": True}).read_text()
+    page = render(tmp_path, {"hybrid": False, "hybrid_swap": False, "attribution": True, "facts_choice": True}).read_text()
     assert "<h2>SSM and hybrid students</h2>" not in page
     assert page.count("<figure>") == len(FIGURES) - 4
     for name in ("hybrid_heads", "hybrid_budget", "hybrid_training", "hybrid_align_heads"):
@@ -188,7 +189,7 @@ def test_report_without_the_hybrid_phase_draws_placeholders(tmp_path):
 
 @pytest.mark.slow
 def test_a_model_skipped_by_the_hybrid_phase_is_named_under_the_students_heading(tmp_path):
-    page = render(tmp_path, {"hybrid": False, "hybrid_swap": False, "attribution": True}, skip=["hybrid"]).read_text()
+    page = render(tmp_path, {"hybrid": False, "hybrid_swap": False, "attribution": True, "facts_choice": True}, skip=["hybrid"]).read_text()
     heading = page.index("<h2>SSM and hybrid students</h2>")
     assert page.index("No students of <code>tiny-llama</code>: <code>skip: [hybrid]</code>") > heading
 
