@@ -75,40 +75,76 @@ def view_table(conds: list[tuple[str, pl.DataFrame]]) -> pl.DataFrame:
     return pl.DataFrame(rows)
 
 
-def change_sentence(name: str, before: dict | None, after: dict | None, what: str) -> str | None:
-    """'<name>: a → b under <what>' with the verdict the two 95% intervals allow."""
+# what the study reports for each comparison, per column kind ("kv", "cloze", "choice"):
+# falls, rises or holds (Bick et al.: one head's removal takes MMLU letter to chance while cloze
+# knowledge stays; SSMs keep knowledge but fail the letter format; hybrids and the critical
+# layer's attention bring it back)
+STUDY = {"topk": {"kv": "falls", "cloze": "holds", "choice": "falls"},
+         "ssm": {"kv": "falls", "cloze": "holds", "choice": "falls"},
+         "hybrid": {"kv": "rises", "cloze": "holds", "choice": "rises"},
+         "swap": {"kv": "rises", "cloze": "holds", "choice": "rises"}}
+KIND = {"kv_retrieval": "kv", "facts_cloze": "cloze", "facts_choice": "choice"}
+
+
+def verdict(before: dict, after: dict) -> str:
+    """'falls' / 'rises' where the two 95% intervals separate, else 'holds'."""
+    if after["ci_high"] < before["ci_low"]:
+        return "falls"
+    if after["ci_low"] > before["ci_high"]:
+        return "rises"
+    return "holds"
+
+
+def against_study(measured: str, reported: str | None) -> str:
+    """How a measured verdict stands to the study's."""
+    if reported is None:
+        return ""
+    if measured == reported:
+        return " — as the study reports"
+    if measured == "holds":
+        return f" — the study reports that it {reported}; not shown at this n"
+    return f" — <b>contradicts the study</b>, which reports that it {'stays' if reported == 'holds' else reported}"
+
+
+def change_sentence(name: str, before: dict | None, after: dict | None, what: str,
+                    reported: str | None = None) -> str | None:
+    """'<name>: a → b' under <what> with the verdict the two 95% intervals allow, and how it
+    stands to what the study reports (`reported`: falls, rises or holds)."""
     if before is None or after is None:
         return None
     cells = (f"{html.escape(name)}: {acc_text(before['value'], before['ci_low'], before['ci_high'])} → "
              f"{acc_text(after['value'], after['ci_low'], after['ci_high'])}")
-    if after["ci_high"] < before["ci_low"]:
-        verdict = f"<b>falls</b> with {what} (the intervals separate: a finding)"
-    elif after["ci_low"] > before["ci_high"]:
-        verdict = f"<b>rises</b> with {what} (the intervals separate: a finding)"
+    measured = verdict(before, after)
+    if measured == "holds":
+        text = f"no change the intervals can show with {what} ({100 * (after['value'] - before['value']):+.0f} points)"
     else:
-        verdict = f"no change the intervals can show with {what} ({100 * (after['value'] - before['value']):+.0f} points)"
-    return f"{cells}: {verdict}"
+        text = f"<b>{measured}</b> with {what} (the intervals separate: a finding)"
+    return f"{cells}: {text}{against_study(measured, reported)}"
 
 
 def findings(conds: list[tuple[str, pl.DataFrame]]) -> list[str]:
-    """Sentences comparing the top-k removal with the unmodified model, the hybrid with the pure
-    SSM, and the layer swap with the pure SSM, task by task."""
+    """Sentences comparing the top-k removal with the unmodified model, the pure SSM student with
+    its teacher (the unmodified model), the hybrid with the pure SSM, and the layer swap with the
+    pure SSM, task by task, each beside what the study reports."""
     by_label = dict(conds)
     pairs = []
     base = by_label.get("unmodified")
     for label, frame in conds:
         if label.startswith("top ") and base is not None:
-            pairs.append((base, frame, f"the {label.removesuffix(' removed')} of the ranking removed"))
+            pairs.append((base, frame, f"the {label.removesuffix(' removed')} of the ranking removed", "topk"))
     ssm = next((f for label, f in conds if label.endswith("(pure SSM)")), None)
+    if ssm is not None and base is not None:
+        pairs.append((base, ssm, "the teacher distilled into its pure SSM student", "ssm"))
     for label, frame in conds:
         if ssm is not None and label.startswith("student ") and not label.endswith("(pure SSM)"):
-            pairs.append((ssm, frame, f"the pure SSM replaced by {label.removeprefix('student ')}"))
+            pairs.append((ssm, frame, f"the pure SSM replaced by {label.removeprefix('student ')}", "hybrid"))
         if ssm is not None and "attention layer" in label:
-            pairs.append((ssm, frame, f"the pure SSM's layer {label.rsplit(' ', 1)[-1]} back to attention"))
+            pairs.append((ssm, frame, f"the pure SSM's layer {label.rsplit(' ', 1)[-1]} back to attention", "swap"))
     out = []
-    for before, after, what in pairs:
+    for before, after, what, kind in pairs:
         for (task, group), name in COLUMNS.items():
-            sentence = change_sentence(name, _acc(before, task, group), _acc(after, task, group), what)
+            sentence = change_sentence(name, _acc(before, task, group), _acc(after, task, group), what,
+                                       STUDY[kind][KIND[task]])
             if sentence:
                 out.append(sentence)
     return out

@@ -52,3 +52,21 @@ def test_view_and_findings_compare_each_condition_with_its_reference():
     assert "no change" in next(s for s in overlapping if s.startswith("facts choice:"))  # 34.6% [29–41] -> 25.8% [21–32]
     kv_students = next(s for s in sentences if s.startswith("KV retrieval") and "k10-n16" in s)
     assert "rises" in kv_students
+
+
+def test_the_pure_ssm_is_compared_with_its_teacher():
+    conds = [("unmodified", condition(198, 200, 83, 73)), ("student k0-n16 (pure SSM)", condition(12, 110, 66, 60))]
+    sentences = [s for s in findings(conds) if "pure SSM student" in s]
+    assert len(sentences) == 4
+    assert "falls" in next(s for s in sentences if s.startswith("facts cloze"))  # 83% -> 46%: knowledge lost
+
+
+def test_each_sentence_says_how_it_stands_to_the_study():
+    conds = [("unmodified", condition(198, 200, 83, 73)), ("top 5 heads removed", condition(50, 150, 80, 70))]
+    sentences = findings(conds)
+    assert "as the study reports" in next(s for s in sentences if s.startswith("KV retrieval"))
+    # cloze 83% -> 62%: the study reports that knowledge stays
+    assert "contradicts the study</b>, which reports that it stays" in next(s for s in sentences
+                                                                           if s.startswith("facts cloze"))
+    assert "the study reports that it falls; not shown at this n" in next(s for s in sentences
+                                                                         if s.startswith("facts choice:"))
