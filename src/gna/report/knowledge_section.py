@@ -190,10 +190,18 @@ def formats_part(formats: pl.DataFrame) -> str:
         rows = formats.filter((pl.col("model") == model) & pl.col("answer").is_not_null())
         above = rows.filter(pl.col("ci_low") > pl.col("chance"))
         best = rows.sort("acc", descending=True).row(0, named=True)
-        sentences.append(
-            f"{html.escape(model)}: {len(above)} of {len(rows)} multiple-choice formats are above chance (interval "
-            f"clear of {pct(best['chance'])}); the most accurate is {html.escape(best['format'])} with "
-            f"{best['shots']} shots, {acc_text(best['acc'], best['ci_low'], best['ci_high'])}.")
+        text = (f"{html.escape(model)}: {len(above)} of {len(rows)} multiple-choice formats are above chance "
+                f"(interval clear of {pct(best['chance'])}); the most accurate is {html.escape(best['format'])} with "
+                f"{best['shots']} shots, {acc_text(best['acc'], best['ci_low'], best['ci_high'])}")
+        chosen = rows.filter(pl.col("chosen"))
+        if len(chosen) and not chosen["chosen"].is_null().any() and chosen.row(0, named=True) != best:
+            run = chosen.row(0, named=True)
+            text += (f"; the format the study runs ({run['shots']} shots, "
+                     f"{acc_text(run['acc'], run['ci_low'], run['ci_high'])}) "
+                     + ("lies within its interval: the two cannot be told apart at this n"
+                        if run["ci_high"] >= best["ci_low"] else
+                        "is <b>less accurate by the intervals</b>: choose the other in <code>tasks.facts.choice</code>"))
+        sentences.append(text + ".")
     return ("<h3>Which multiple-choice format the model can answer</h3>"
             "<p>The same facts in every multiple-choice format of <code>tasks.facts.compare</code>, beside the cloze form; "
             "the format marked ✓ (<code>tasks.facts.choice</code>) is the one every experiment runs.</p>"

@@ -70,3 +70,19 @@ def test_each_sentence_says_how_it_stands_to_the_study():
                                                                            if s.startswith("facts cloze"))
     assert "the study reports that it falls; not shown at this n" in next(s for s in sentences
                                                                          if s.startswith("facts choice:"))
+
+
+def test_the_format_comparison_says_whether_the_chosen_format_trails_the_best():
+    from gna.report.knowledge_section import formats_part
+
+    def formats(chosen_correct: int) -> pl.DataFrame:
+        rows = []
+        for shots, correct, chosen in ((0, 66, False), (1, chosen_correct, True), (3, 85, False)):
+            low, high = wilson_interval(correct, 240)
+            rows.append({"model": "m", "format": "choice (text)", "answer": "text", "shots": shots, "n": 240,
+                         "acc": correct / 240, "ci_low": low, "ci_high": high, "chance": 0.25,
+                         "distinct_predictions": 4, "prompt_tokens": 30.0 + shots, "chosen": chosen})
+        return pl.DataFrame(rows)
+
+    assert "cannot be told apart at this n" in formats_part(formats(81))   # 33.8% vs 35.4%
+    assert "less accurate by the intervals" in formats_part(formats(50))   # 20.8% vs 35.4%
