@@ -86,3 +86,16 @@ def test_the_format_comparison_says_whether_the_chosen_format_trails_the_best():
 
     assert "cannot be told apart at this n" in formats_part(formats(81))   # 33.8% vs 35.4%
     assert "less accurate by the intervals" in formats_part(formats(50))   # 20.8% vs 35.4%
+
+
+def test_a_config_without_facts_still_writes_the_figure(tmp_path):
+    """The figure is an output of the report rule whatever the config (a run without the facts
+    failed on it as a missing output)."""
+    from gna.report.htmlkit import SectionContext
+    from gna.report.knowledge_section import render_knowledge
+
+    figure = tmp_path / "knowledge_view.png"
+    ctx = SectionContext(inputs={}, figures={"knowledge_view": str(figure)}, captions={"knowledge_view": ""},
+                         options={}, config={"tasks": {"facts": {"formats": []}}})
+    assert render_knowledge(ctx) == ""
+    assert figure.read_bytes().startswith(b"\x89PNG")
