@@ -104,6 +104,9 @@ rule facts_formats:
     input:
         model="data/models/{model}",
         facts="data/downloads/facts.parquet",
+        # the task's own formats are read from the baseline, not scored again
+        tasks=lambda wc: task_files(FACTS_TASKS, wc.model),
+        baseline=expand("data/results/baseline/{{model}}/{task}.items.parquet", task=FACTS_TASKS),
     output:
         "data/results/facts/{model}/formats.parquet",
     params:

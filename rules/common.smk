@@ -21,6 +21,7 @@ check_config_families(config)
 MODELS = list(config["models"])
 HYBRID_MODELS = [m for m in MODELS if "hybrid" not in config["models"][m].get("skip", [])]  # teachers of students
 TASKS = built_tasks(config)
+FACTS_TASKS = [t for t in TASKS if t.startswith("facts_")]
 LM_EVAL_TASKS = config["lm_eval"]["tasks"]
 
 

@@ -32,6 +32,15 @@ rule gna_roles:
         "../workflow_scripts/gna_roles.py"
 
 
+def get_masking_scores(wildcards):
+    """A teacher's per-item baseline scores on the masking's knowledge and choice tables (a student
+    scores its own: its answers file also holds the KV rows, whose edits would rerun it)."""
+    if wildcards.model in GNA_STUDENTS:
+        return []
+    tasks = [t for t in ("mmlu_cloze", "facts_cloze", "mmlu_letter", "facts_choice") if t in TASKS]
+    return expand("data/results/baseline/{model}/{task}.items.parquet", model=wildcards.model, task=tasks)
+
+
 rule gna_masking:
     wildcard_constraints:
         model=_alternation(GNA_MODELS),
@@ -42,6 +51,8 @@ rule gna_masking:
         # knowledge (cloze) tables get (a) and (b); multiple-choice ones all three, option lines as segments
         knowledge=lambda wc: task_files([t for t in ("mmlu_cloze", "facts_cloze") if t in TASKS], wc.model),
         choice=lambda wc: task_files([t for t in ("mmlu_letter", "facts_choice") if t in TASKS], wc.model),
+        # condition (a) on those tables is a teacher's baseline: read, not scored again
+        scores=get_masking_scores,
     output:
         "data/results/gna/{model}/masking.parquet",
     params:

@@ -71,6 +71,7 @@ rule heads_topk:
         top_k=config["heads"]["top_k"],
         random_draws=config["heads"]["random_draws"],
         control_tasks=config["heads"]["control_tasks"],
+        control_k=config["heads"]["control_k"],
         max_items=config["heads"]["table_max_items"],
         seed=config["heads"]["seed"],
         skip_at_chance=config["heads"]["skip_at_chance"],

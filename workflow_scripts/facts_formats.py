@@ -4,5 +4,6 @@ from gna.phases.knowledge import run_facts_formats
 
 setup(snakemake.log[0], snakemake.threads)
 run_facts_formats(snakemake.wildcards.model, snakemake.input.model, snakemake.input.facts, snakemake.params.facts,
-                  snakemake.output[0], batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype,
+                  snakemake.output[0], task_paths=snakemake.input.tasks, baseline_paths=snakemake.input.baseline,
+                  batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype,
                   compute_dtype=snakemake.params.compute_dtype)

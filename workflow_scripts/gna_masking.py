@@ -6,4 +6,5 @@ setup(snakemake.log[0], snakemake.threads)
 run_gna_masking(snakemake.wildcards.model, snakemake.input.model, snakemake.input.roles, snakemake.input.knowledge,
                 snakemake.input.choice, snakemake.output[0], gna=snakemake.params.gna,
                 template=snakemake.params.template, batch_size=snakemake.params.batch_size,
-                dtype=snakemake.params.dtype, compute_dtype=snakemake.params.compute_dtype)
+                dtype=snakemake.params.dtype, compute_dtype=snakemake.params.compute_dtype,
+                scores_paths=snakemake.input.scores)

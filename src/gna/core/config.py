@@ -85,6 +85,11 @@ def _check_semantics(config: dict) -> None:
     if "choice" in facts["formats"] and "cloze" not in facts["formats"]:
         raise ConfigError("config key 'tasks.facts.formats': choice needs cloze (its known items are read from the "
                           "cloze scores); add cloze or remove choice")
+    heads = config["heads"]
+    outside = sorted(set(heads["control_k"] or []) - set(heads["top_k"]))
+    if outside:
+        raise ConfigError(f"config key 'heads.control_k': {outside} not in heads.top_k ({heads['top_k']}); the "
+                          "random-k controls run at k that the table removes")
     formats = set(built_tasks(config))
     prune = config["prune"]
     for task in prune["tasks"]:

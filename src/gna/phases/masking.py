@@ -28,7 +28,7 @@ from gna.core.stats import wilson_interval
 from gna.engine.packing import PackedBatch
 from gna.engine.scoring import at_chance, known_or_scored, score_table
 from gna.engine.ablation import score_ablations
-from gna.tasks.tables import build_kv_retrieval, load_task_tables
+from gna.tasks.tables import build_kv_retrieval, load_item_scores, load_task_tables
 
 log = logging.getLogger("gna.phases.masking")
 CONDITIONS = ("(a) unmodified", "(b) G&A heads ablated", "(c) G&A pattern only")
@@ -150,7 +150,8 @@ def _condition_row(condition: str, label: str, items: pl.DataFrame, note: str | 
 
 def masking_experiment(model, tok, table: pl.DataFrame, segment_fn, heads: dict[str, tuple[int, int]],
                        batch_size: int = 8, knowledge: pl.DataFrame | list[pl.DataFrame] | None = None,
-                       ssm_heads: set[tuple[int, int]] | None = None, skip_at_chance: bool = False) -> pl.DataFrame:
+                       ssm_heads: set[tuple[int, int]] | None = None, skip_at_chance: bool = False,
+                       scored: dict[str, pl.DataFrame] | None = None) -> pl.DataFrame:
     """acc and mean log-prob of the target under (a) unmodified, (b) ablated, (c) G&A-only, on the
     retrieval `table`; on `knowledge` (a table or several, e.g. MMLU and facts cloze, which have no
     segments) (a) and (b) only.
@@ -158,7 +159,8 @@ def masking_experiment(model, tok, table: pl.DataFrame, segment_fn, heads: dict[
     from chance (gna.engine.scoring.at_chance) no condition can show a loss, so the retrieval
     table's (c) and the knowledge table's (b) are not run; (a)'s note says why. (a) and (b) of
     the retrieval table come from one pass either way; the knowledge table's (a) is then scored
-    first (one more pass where it is above chance)."""
+    first (one more pass where it is above chance), or read from `scored` {task: the model's
+    per-item scores} where that holds its items."""
     def plain_and_ablated(items: pl.DataFrame, with_plain: bool = True) -> list[tuple[str, pl.DataFrame, None]]:
         # one pass: (b) reruns only the layers from its first head's on (exact prefix reuse)
         wanted = {CONDITIONS[1]: list(heads.values())}
@@ -184,7 +186,7 @@ def masking_experiment(model, tok, table: pl.DataFrame, segment_fn, heads: dict[
         if not len(items):
             continue
         if skip_at_chance:  # (a) first, then (b) only where it can show a loss
-            unmodified = score_table(model, tok, items, batch_size=batch_size, progress=False)
+            unmodified = known_or_scored(model, tok, items, (scored or {}).get(items["task"][0]), batch_size)
             note = chance_note(unmodified, items, "(b)")
             results.append((CONDITIONS[0], unmodified, note))
             if note is None:
@@ -198,12 +200,13 @@ def masking_experiment(model, tok, table: pl.DataFrame, segment_fn, heads: dict[
 
 def choice_masking(model, tok, letter: pl.DataFrame, heads: dict[str, tuple[int, int]], min_acc: float,
                    batch_size: int = 8, ssm_heads: set[tuple[int, int]] | None = None,
-                   skip_at_chance: bool = False) -> pl.DataFrame:
+                   skip_at_chance: bool = False, scored: dict[str, pl.DataFrame] | None = None) -> pl.DataFrame:
     """masking_experiment on a multiple-choice table (MMLU letter, the facts' choice form; option
     lines as segments) for a model above `min_acc` there (and, with skip_at_chance, whose accuracy
     is distinguishable from chance); otherwise only the unmodified row, with a note that (b) and
-    (c) were not run."""
-    plain = score_table(model, tok, letter, batch_size=batch_size, progress=False)
+    (c) were not run. The gate reads the model's per-item scores from `scored` where they hold
+    the table's items."""
+    plain = known_or_scored(model, tok, letter, (scored or {}).get(letter["task"][0]), batch_size)
     acc = float(plain["correct"].mean())
     reason = f"at chance (< {min_acc:.0%})" if acc < min_acc else None
     if reason is None and skip_at_chance:
@@ -225,13 +228,15 @@ def masking_heads(roles: pl.DataFrame) -> dict[str, tuple[int, int]]:
 
 def run_gna_masking(model_name: str, model_dir: str, roles_path: str, knowledge_paths: list[str],
                     choice_paths: list[str], out_path: str, gna: dict, template: str, batch_size: int = 8,
-                    dtype: str = "float32", compute_dtype: str = "float32") -> pl.DataFrame:
+                    dtype: str = "float32", compute_dtype: str = "float32",
+                    scores_paths: list[str] = ()) -> pl.DataFrame:
     """Phase gna_masking: masking_experiment with the masking_heads of `roles_path` on fresh
     KV-retrieval prompts (`gna` config keys dict_size, masking_n, seed + 1) and the knowledge tasks
     (`knowledge_paths`: cloze tables, each cut to gna.knowledge_items), then choice_masking
     (gated by gna.mmlu_min_acc) on each multiple-choice table of `choice_paths`; gna.skip_at_chance leaves out the
-    conditions that cannot show a loss where (a) is at chance. A student (gna.students.mixer) labels its heads
-    SSM or attention. Skipped (an empty table) unless both roles have a head. Written to
+    conditions that cannot show a loss where (a) is at chance; (a) of the knowledge and choice tables is read from the
+    model's per-item scores `scores_paths` (its baseline's; a student's answers) where they hold the items. A student
+    (gna.students.mixer) labels its heads SSM or attention. Skipped (an empty table) unless both roles have a head. Written to
     `out_path` with a model column."""
     heads = masking_heads(read_parquet(roles_path))
     if len(heads) < 2:
@@ -243,11 +248,13 @@ def run_gna_masking(model_name: str, model_dir: str, roles_path: str, knowledge_
         ssm_heads = ssm_heads_of(model) if mixers(model) else None
         table = build_kv_retrieval([gna["dict_size"]], gna["masking_n"], gna["seed"] + 1, template)
         knowledge = list(load_task_tables(knowledge_paths, gna["knowledge_items"]).values())
+        scored = load_item_scores(list(scores_paths))
         result = masking_experiment(model, tok, table, kv_row_segments, heads, batch_size=batch_size,
-                                    knowledge=knowledge, ssm_heads=ssm_heads, skip_at_chance=gna["skip_at_chance"])
+                                    knowledge=knowledge, ssm_heads=ssm_heads, skip_at_chance=gna["skip_at_chance"],
+                                    scored=scored)
         for letter in load_task_tables(choice_paths, gna["knowledge_items"]).values():
             letter_result = choice_masking(model, tok, letter, heads, gna["mmlu_min_acc"], batch_size, ssm_heads,
-                                           skip_at_chance=gna["skip_at_chance"])
+                                           skip_at_chance=gna["skip_at_chance"], scored=scored)
             result = pl.concat([result, letter_result])
         for row in result.iter_rows(named=True):
             log.info("%s %s: acc %.3f, mean logp %.3f", row["task"], row["condition"], row["acc"], row["mean_logp"])

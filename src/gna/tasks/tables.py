@@ -197,13 +197,14 @@ def load_task_tables(paths: list[str], max_items: int | None = None) -> dict[str
 
 
 def load_item_scores(paths: list[str]) -> dict[str, pl.DataFrame]:
-    """{task name: per-item scores} from per-item score files (a baseline's `*.items.parquet`),
-    their model column dropped: scores to reuse instead of scoring the same items again
-    (gna.engine.scoring.known_items)."""
+    """{task name: per-item scores} from per-item score files (a baseline's `*.items.parquet`,
+    one task each; a student's answers, several), their model column dropped: scores to reuse
+    instead of scoring the same items again (gna.engine.scoring.known_items)."""
     scores = {}
     for path in paths:
-        items = read_parquet(path)
-        scores[items["task"][0]] = items.drop("model", strict=False)
+        items = read_parquet(path).drop("model", strict=False)
+        scores.update({task: part for (task,), part in items.partition_by("task", as_dict=True,
+                                                                          maintain_order=True).items()})
     return scores
 
 

@@ -62,6 +62,8 @@ def test_defaults_are_filled():
         (lambda c: c.setdefault("heads", {}).update(sweep_mode="fast"), "config key 'heads.sweep_mode'"),
         (lambda c: c.setdefault("heads", {}).update(verify_budget=0), "config key 'heads.verify_budget'"),
         (lambda c: c.setdefault("heads", {}).update(verify_order="abs"), "allowed values: signed, magnitude, graddrop"),
+        (lambda c: c.setdefault("heads", {}).update(top_k=[0, 1, 2], control_k=[5]),
+         "config key 'heads.control_k': [5] not in heads.top_k"),
     ],
 )
 def test_bad_config_names_the_key(mutate, expected):

@@ -156,3 +156,31 @@ def test_choice_masking_skips_a_table_at_chance_by_its_interval(tiny_llama):
     assert "not distinguishable from chance" in skipped["note"][0] and skipped["task"][0] == "facts_choice"
     run = choice_masking(model, tok, choice, heads, min_acc=0.0)
     assert run["condition"].to_list() == ["(a) unmodified", "(b) G&A heads ablated", "(c) G&A pattern only"]
+
+
+def test_masking_reads_condition_a_from_the_models_own_scores(tiny_llama):
+    """(a) of a knowledge table and the choice table's gate are the model's per-item scores: given
+    them (a baseline's, a student's answers), the result is the one scored here; and they are
+    read, not recomputed (doctored scores show through)."""
+    from gna.phases.masking import choice_masking, masking_experiment
+    from gna.engine.scoring import score_table
+    from gna.phases.gather_aggregate import kv_row_segments
+    from gna.tasks.facts import build_facts, read_local_facts
+
+    model, tok = tiny_llama
+    facts = read_local_facts(MINI_MMLU.parent / "mini_facts.csv")
+    cloze = build_facts(facts, ["capital", "demonym"], 6, seed=2, fmt="cloze")
+    choice = build_facts(facts, ["capital", "demonym"], 6, seed=2, fmt="choice", shots=1)
+    kv = build_kv_retrieval([3], 3, 0, "lookup")
+    heads = {"gather": (1, 2), "aggregate": (2, 0)}
+    scored = {t["task"][0]: score_table(model, tok, t, progress=False) for t in (cloze, choice)}
+    args = dict(batch_size=4, knowledge=[cloze], skip_at_chance=True)
+    plain = masking_experiment(model, tok, kv, kv_row_segments, heads, **args)
+    assert masking_experiment(model, tok, kv, kv_row_segments, heads, scored=scored, **args).equals(plain)
+    assert choice_masking(model, tok, choice, heads, 0.0, skip_at_chance=True, scored=scored).equals(
+        choice_masking(model, tok, choice, heads, 0.0, skip_at_chance=True))
+    doctored = {t: s.with_columns(pl.lit(True).alias("correct")) for t, s in scored.items()}
+    read = masking_experiment(model, tok, kv, kv_row_segments, heads, scored=doctored, **args)
+    assert read.filter(pl.col("task") == "facts_cloze")["acc"][0] == 1.0
+    gate = choice_masking(model, tok, choice, heads, 0.0, skip_at_chance=True, scored=doctored)
+    assert "(b) G&A heads ablated" in gate["condition"].to_list()  # the gate read the doctored (a): it opened

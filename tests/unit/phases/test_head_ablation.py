@@ -157,6 +157,22 @@ def test_head_tables_score_a_task_at_chance_unablated_only(tiny_llama):
     assert only.drop("skipped_reason").equals(all_kept.filter(pl.col("variant") == "all heads").drop("skipped_reason"))
 
 
+def test_random_controls_of_other_tasks_run_at_control_k_only(tiny_llama):
+    model, tok = tiny_llama
+    ranking = rank_heads(sweep_heads(model, tok, KV, progress=False))
+    other = KV.with_columns(pl.lit("facts_cloze").alias("task"))
+    tables = {"kv_retrieval": KV, "facts_cloze": other}
+    args = dict(random_draws=2, control_tasks=["kv_retrieval", "facts_cloze"], seed=1, progress=False)
+    every = remove_top_k(model, tok, ranking, tables, [0, 1, 2], **args)
+    cut = remove_top_k(model, tok, ranking, tables, [0, 1, 2], control_k=[2], **args)
+    random = cut.filter(pl.col("condition") == "random")
+    assert set(random.filter(pl.col("task") == "kv_retrieval")["k"]) == {1, 2}  # the sweep's task: every k
+    assert set(random.filter(pl.col("task") == "facts_cloze")["k"]) == {2}
+    # what runs is what ran before: the same draws, the same numbers
+    dropped = (pl.col("condition") == "random") & (pl.col("task") == "facts_cloze") & (pl.col("k") == 1)
+    assert cut.sort(cut.columns).equals(every.filter(~dropped).sort(every.columns))
+
+
 @pytest.mark.parametrize("family", ["mamba2", "mamba"])
 def test_ssm_heads(family):
     from transformers import Mamba2Config, Mamba2ForCausalLM, MambaConfig, MambaForCausalLM

@@ -152,6 +152,14 @@ def test_format_comparison_scores_each_format_on_the_same_facts(tiny_llama, fact
     assert result["acc"][1] == pytest.approx(direct["correct"].mean())
     assert result["prompt_tokens"][2] > result["prompt_tokens"][0]
     assert all(0 <= lo <= acc <= hi <= 1 for lo, acc, hi in zip(result["ci_low"], result["acc"], result["ci_high"]))
+    # the task's own formats are read from their baseline scores, never another table's
+    cloze = build_facts(facts, RELATIONS, 8, 5, "cloze")
+    chosen = build_facts(facts, RELATIONS, 8, 5, "choice", "text", 1)
+    earlier = [(t, score_table(model, tok, t, progress=False)) for t in (cloze, chosen)]
+    assert compare_formats(model, tok, facts, cfg, batch_size=4, earlier=earlier).equals(result)
+    doctored = [(t, s.with_columns(pl.lit(True).alias("correct"))) for t, s in earlier]
+    read = compare_formats(model, tok, facts, cfg, batch_size=4, earlier=doctored)
+    assert read["acc"].to_list() == [1.0, result["acc"][1], 1.0]
 
 
 def test_choice_without_cloze_is_refused_naming_the_key():
