@@ -19,8 +19,11 @@ $(STAMP): pyproject.toml requirements.lock
 venv: $(STAMP)
 
 ## Run the whole study on the default config (config/config.yaml) through DVC, which runs
-## `snakemake --cores $(CORES)` and records every output in its cache.
+## `snakemake --cores $(CORES)` and records every output in its cache. First, a tracked output
+## that no job wrote (edited, replaced, added or deleted by hand) is set aside and restored from
+## the DVC cache or computed again, so DVC never records it (gna.core.guard names each one).
 reproduce: venv
+	$(BIN)/python -m gna.core.guard
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
 
 ## The test suite (unit tests on tiny models, the workflow on config/smoke.yaml, one test on

@@ -2,7 +2,7 @@
 from gna.phases.evaluation import run_baseline
 from gna.core.runtime import setup
 
-setup(snakemake.log[0], snakemake.threads)
+setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 run_baseline(snakemake.wildcards.model, snakemake.input.model, snakemake.input.task,
              snakemake.output.summary, snakemake.output.per_item,
              batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype,

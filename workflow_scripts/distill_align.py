@@ -2,7 +2,7 @@
 from gna.students.distill import run_distill_align
 from gna.core.runtime import setup
 
-setup(snakemake.log[0], snakemake.threads)
+setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 p = snakemake.params
 run_distill_align(snakemake.wildcards.model, snakemake.input.model, snakemake.input.teacher,
                   int(snakemake.wildcards.n), snakemake.output.weights, snakemake.output.curve,

@@ -2,7 +2,7 @@
 from gna.students.distill import run_distill_kd
 from gna.core.runtime import setup
 
-setup(snakemake.log[0], snakemake.threads)
+setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 p = snakemake.params
 run_distill_kd(snakemake.wildcards.model, snakemake.input.model, snakemake.input.teacher, snakemake.input.aligned,
                snakemake.input.ranking, int(snakemake.wildcards.k), int(snakemake.wildcards.n),

@@ -2,5 +2,5 @@
 from gna.core.runtime import setup
 from gna.models.sources import fetch_pinned_file
 
-setup(snakemake.log[0])
+setup(snakemake.log[0], outputs=snakemake.output)
 fetch_pinned_file(snakemake.params.spec, snakemake.output[0])

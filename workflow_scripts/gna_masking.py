@@ -2,7 +2,7 @@
 from gna.phases.masking import run_gna_masking
 from gna.core.runtime import setup
 
-setup(snakemake.log[0], snakemake.threads)
+setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 run_gna_masking(snakemake.wildcards.model, snakemake.input.model, snakemake.input.roles, snakemake.input.knowledge,
                 snakemake.input.choice, snakemake.output[0], gna=snakemake.params.gna,
                 template=snakemake.params.template, batch_size=snakemake.params.batch_size,

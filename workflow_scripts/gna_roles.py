@@ -2,7 +2,7 @@
 from gna.phases.gather_aggregate import run_gna_roles
 from gna.core.runtime import setup
 
-setup(snakemake.log[0], snakemake.threads)
+setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 run_gna_roles(snakemake.wildcards.model, snakemake.input.model, snakemake.input.ranking,
               snakemake.input.teacher_roles, snakemake.input.mmlu_letter, snakemake.output.roles,
               snakemake.output.maps, gna=snakemake.params.gna, template=snakemake.params.template,

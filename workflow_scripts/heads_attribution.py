@@ -2,7 +2,7 @@
 from gna.phases.head_ablation import run_heads_attribution
 from gna.core.runtime import setup
 
-setup(snakemake.log.log, snakemake.threads)
+setup(snakemake.log.log, snakemake.threads, outputs=snakemake.output)
 run_heads_attribution(snakemake.wildcards.model, snakemake.input.model, snakemake.input.ranking,
                       snakemake.output[0], snakemake.log.timings, sweep=snakemake.params.sweep, template=snakemake.params.template,
                       top_n=snakemake.params.top_n, batch_size=snakemake.params.batch_size,

@@ -2,7 +2,7 @@
 from gna.phases.head_tables import run_heads_dictsize
 from gna.core.runtime import setup
 
-setup(snakemake.log[0], snakemake.threads)
+setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 p = snakemake.params
 run_heads_dictsize(snakemake.wildcards.model, snakemake.input.model, snakemake.input.ranking, snakemake.output[0],
                    sizes=p.sizes, n=p.n, seed=p.seed, template=p.template, batch_size=p.batch_size, dtype=p.dtype,

@@ -2,7 +2,7 @@
 from gna.phases.head_tables import run_heads_kept
 from gna.core.runtime import setup
 
-setup(snakemake.log[0], snakemake.threads)
+setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 run_heads_kept(snakemake.wildcards.model, snakemake.input.model, snakemake.input.ranking, snakemake.input.minimal,
                snakemake.input.tasks, snakemake.output[0], max_items=snakemake.params.max_items,
                batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype,

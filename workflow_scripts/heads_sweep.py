@@ -2,7 +2,7 @@
 from gna.phases.head_ablation import run_heads_sweep
 from gna.core.runtime import setup
 
-setup(snakemake.log[0], snakemake.threads)
+setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 run_heads_sweep(snakemake.wildcards.model, snakemake.input.model, snakemake.output.sweep, snakemake.output.ranking,
                 sweep=snakemake.params.sweep, template=snakemake.params.template,
                 batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype,

@@ -2,7 +2,7 @@
 from gna.phases.head_tables import run_heads_topk
 from gna.core.runtime import setup
 
-setup(snakemake.log[0], snakemake.threads)
+setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 p = snakemake.params
 run_heads_topk(snakemake.wildcards.model, snakemake.input.model, snakemake.input.ranking, snakemake.input.tasks,
                snakemake.output[0], top_k=p.top_k, random_draws=p.random_draws, control_tasks=p.control_tasks,

@@ -2,7 +2,7 @@
 from gna.core.runtime import setup
 from gna.students.recipe import run_hybrid_ablation
 
-setup(snakemake.log[0], snakemake.threads)
+setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 p = snakemake.params
 i = snakemake.input
 run_hybrid_ablation(snakemake.wildcards.model, snakemake.wildcards.ablation, p.variant, i.model, i.teacher, i.aligned,

@@ -2,7 +2,7 @@
 from gna.core.runtime import setup
 from gna.students.student_masking import run_hybrid_answer_rows
 
-setup(snakemake.log[0], snakemake.threads)
+setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 p = snakemake.params
 run_hybrid_answer_rows(snakemake.wildcards.model, snakemake.wildcards.variant, snakemake.input.model,
                        list(snakemake.input.tasks), snakemake.output[0], max_items=p.max_items,

@@ -2,7 +2,7 @@
 from gna.core.runtime import setup
 from gna.students.student_evaluation import run_hybrid_budget
 
-setup(snakemake.log[0], snakemake.threads)
+setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 p = snakemake.params
 run_hybrid_budget(snakemake.wildcards.model, snakemake.wildcards.variant, snakemake.input.model,
                   snakemake.input.checkpoints, snakemake.input.teacher, snakemake.input.task, snakemake.output[0],

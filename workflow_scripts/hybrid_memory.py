@@ -2,6 +2,6 @@
 from gna.students.decoding import run_hybrid_memory
 from gna.core.runtime import setup
 
-setup(snakemake.log[0], snakemake.threads)
+setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 run_hybrid_memory(snakemake.wildcards.model, snakemake.input.model, list(snakemake.input.students),
                   snakemake.output[0], memory=snakemake.params.memory)

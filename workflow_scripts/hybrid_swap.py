@@ -2,7 +2,7 @@
 from gna.core.runtime import setup
 from gna.students.student_evaluation import run_hybrid_swap
 
-setup(snakemake.log[0], snakemake.threads)
+setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 p = snakemake.params
 run_hybrid_swap(snakemake.wildcards.model, p.variant, snakemake.input.model, snakemake.input.ranking,
                 snakemake.input.teacher, list(snakemake.input.tasks), snakemake.output.summary,

@@ -2,5 +2,5 @@
 from gna.core.runtime import setup
 from gna.tasks.tables import write_kv_task
 
-setup(snakemake.log[0])
+setup(snakemake.log[0], outputs=snakemake.output)
 write_kv_task(snakemake.params.kv, snakemake.output[0])

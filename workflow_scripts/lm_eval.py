@@ -2,7 +2,7 @@
 from gna.phases.evaluation import run_lm_eval_task
 from gna.core.runtime import setup
 
-setup(snakemake.log[0], snakemake.threads)
+setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 run_lm_eval_task(snakemake.wildcards.model, snakemake.input.model, snakemake.wildcards.lmtask, snakemake.output[0],
                  options=snakemake.params.options, include_path=snakemake.params.include_path,
                  batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype,

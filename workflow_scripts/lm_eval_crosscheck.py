@@ -2,7 +2,7 @@
 from gna.phases.evaluation import run_crosscheck
 from gna.core.runtime import setup
 
-setup(snakemake.log[0], snakemake.threads)
+setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 run_crosscheck(snakemake.wildcards.model, snakemake.input.model, snakemake.input.task_dir, snakemake.output[0],
                batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype,
                compute_dtype=snakemake.params.compute_dtype,

@@ -2,5 +2,5 @@
 from gna.tasks.lmeval_bridge import write_crosscheck_task
 from gna.core.runtime import setup
 
-setup(snakemake.log[0])
+setup(snakemake.log[0], outputs=snakemake.output)
 write_crosscheck_task(snakemake.input[0], snakemake.params.sha256, snakemake.params.mmlu, snakemake.output[0])

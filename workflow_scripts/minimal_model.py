@@ -2,6 +2,6 @@
 from gna.phases.pruning import run_minimal_model
 from gna.core.runtime import setup
 
-setup(snakemake.log[0])
+setup(snakemake.log[0], outputs=snakemake.output)
 run_minimal_model(snakemake.wildcards.model, snakemake.input[0], snakemake.output[0], task=snakemake.params.task,
                   metric=snakemake.params.metric, fraction=snakemake.params.fraction)

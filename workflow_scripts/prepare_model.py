@@ -3,7 +3,7 @@ provenance)."""
 from gna.models.prepare import prepare_model
 from gna.core.runtime import peak_rss_mb, setup
 
-log = setup(snakemake.log[0], snakemake.threads)
+log = setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 info = prepare_model(snakemake.wildcards.model, snakemake.params.spec, snakemake.output[0],
                      source_path=snakemake.params.source_path, dtype=snakemake.params.dtype)
 log.info("prepared %s: %s, %d layers, %.1fM params, peak RSS %.0f MB", info["name"],

@@ -2,7 +2,7 @@
 from gna.phases.pruning import run_prune_gradual
 from gna.core.runtime import setup
 
-setup(snakemake.log[0], snakemake.threads)
+setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 run_prune_gradual(snakemake.wildcards.model, snakemake.input.model, snakemake.input.tasks, snakemake.output[0],
                   max_items=snakemake.params.max_items, batch_size=snakemake.params.batch_size,
                   dtype=snakemake.params.dtype, compute_dtype=snakemake.params.compute_dtype,

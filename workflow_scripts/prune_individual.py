@@ -2,7 +2,7 @@
 from gna.phases.pruning import run_prune_individual
 from gna.core.runtime import setup
 
-setup(snakemake.log[0], snakemake.threads)
+setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 run_prune_individual(snakemake.wildcards.model, snakemake.input.model, snakemake.input.tasks,
                      snakemake.input.minimal, snakemake.output[0], max_items=snakemake.params.max_items,
                      batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype,

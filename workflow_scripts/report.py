@@ -2,7 +2,7 @@
 from gna.report.page import build_report
 from gna.core.runtime import setup
 
-setup(snakemake.log[0], snakemake.threads)
+setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 build_report(dict(snakemake.input.items()), snakemake.output.html,
              {name: path for name, path in snakemake.output.items() if name != "html"},
              options=snakemake.params.report, config=snakemake.params.config,

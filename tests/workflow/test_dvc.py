@@ -130,3 +130,43 @@ def test_pull_from_a_remote_that_exists_only_on_another_machine_names_it(tmp_pat
     assert "DVC remote 'lab' (/nonexistent/gna-dvc-remote) does not exist on this machine" in out
     assert "results pushed there on another machine are not here" in out
     assert not (project / "data").exists()
+
+
+def test_make_reproduce_never_records_an_output_no_job_wrote(tmp_path, smoke):
+    """The drills: a result edited by hand (still valid Parquet), one deleted, one added, then a
+    config edit run by Snakemake directly. `make reproduce` restores the first two from the DVC
+    cache, sets the edited and added files aside, names each, and records only the pipeline's own
+    outputs: dvc.lock is unchanged by the drills and takes the direct run's new report."""
+    import polars as pl
+
+    origin = project_copy(tmp_path / "origin")
+    shutil.copytree(smoke / "data", origin / "data")
+    run([sys.executable, "-m", "snakemake", "--touch", "--forceall", "--cores", "1", "--quiet"], origin)
+    run(["dvc", "repro"], origin)
+    lock = (origin / "dvc.lock").read_text()
+    topk, gradual = origin / "data/results/heads/tiny-llama/topk.parquet", origin / "data/results/prune/tiny-llama/gradual.parquet"
+    recorded = {p: p.read_bytes() for p in (topk, gradual)}
+    pl.read_parquet(topk).with_columns(pl.col("value") / 2).write_parquet(topk)
+    gradual.unlink()
+    extra = origin / "data/results/heads/tiny-llama/extra.parquet"
+    extra.write_bytes(recorded[topk])
+
+    out = make("reproduce", origin)
+    assert "data/results/heads/tiny-llama/topk.parquet edited outside the pipeline: restored from the DVC cache" in out
+    assert "data/results/prune/tiny-llama/gradual.parquet deleted outside the pipeline: restored from the DVC cache" in out
+    assert "data/results/heads/tiny-llama/extra.parquet added outside the pipeline: to be computed again" in out
+    assert {p: p.read_bytes() for p in recorded} == recorded and not extra.exists()
+    aside = origin / "data/run/set-aside/data/results/heads/tiny-llama"
+    assert pl.read_parquet(aside / "topk.parquet")["value"].sum() < pl.read_parquet(topk)["value"].sum()
+    assert (aside / "extra.parquet").exists()  # nothing is lost
+    assert (origin / "dvc.lock").read_text() == lock
+    assert "Data and pipelines are up to date." in run(["dvc", "status"], origin)
+
+    # what a job writes is the pipeline's: a direct run after a config edit is recorded as it is
+    config = (origin / "config/config.yaml").read_text()
+    (origin / "config/config.yaml").write_text(config.replace('title: "gna smoke run"', 'title: "edited"'))
+    run([sys.executable, "-m", "snakemake", "--cores", "1", "--quiet"], origin)
+    out = make("reproduce", origin)
+    assert "outside the pipeline" not in out
+    assert (origin / "dvc.lock").read_text() != lock and "edited" in (origin / "data/report/index.html").read_text()
+    assert "Data and pipelines are up to date." in run(["dvc", "status"], origin)

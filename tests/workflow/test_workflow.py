@@ -119,6 +119,25 @@ def test_second_dry_run_has_nothing_to_do(smoke):
     assert planned_jobs_of(smk(smoke, "-n")) == {}
 
 
+def _reversed_keys(value):
+    if isinstance(value, dict):
+        return {key: _reversed_keys(value[key]) for key in reversed(list(value))}
+    return [_reversed_keys(v) for v in value] if isinstance(value, list) else value
+
+
+def test_the_same_config_in_another_key_order_and_style_reruns_nothing(smoke):
+    """Params compare by content: the smoke run's config (written with sorted keys) written again
+    with every mapping's keys reversed, in flow style with other line breaks, plans no job."""
+    work = smoke / "reordered.yaml"
+    work.write_text(yaml.dump(_reversed_keys(smoke_config()), sort_keys=False, default_flow_style=True,
+                              explicit_start=True, width=60))
+    proc = subprocess.run(SNAKEMAKE + ["--snakefile", str(REPO / "Snakefile"), "--directory", str(smoke),
+                                       "--configfile", str(work), "--cores", "2", "-n"],
+                          cwd=REPO, capture_output=True, text=True, check=True)
+    assert planned_jobs_of(proc) == {}, proc.stdout[-2000:]
+    work.unlink()
+
+
 def test_report_only_edit_reruns_only_the_report(smoke):
     cfg = smoke_config()
     cfg["report"]["title"] = "a new title"

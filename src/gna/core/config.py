@@ -57,8 +57,20 @@ def load_schema(path: str | Path) -> dict:
     return yaml.safe_load(Path(path).read_text())
 
 
+def canonical(value):
+    """`value` with every mapping's keys in sorted order, recursively (lists keep their order):
+    the same settings in any key order give equal values with equal repr, and Snakemake compares
+    a rule's params by their repr."""
+    if isinstance(value, dict):
+        return {key: canonical(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [canonical(item) for item in value]
+    return value
+
+
 def validate_config(config: dict, schema: dict) -> dict:
-    """Return a validated copy of `config` with defaults filled; raise ConfigError otherwise."""
+    """Return a validated copy of `config` with defaults filled and keys in canonical order (so
+    models, too, run and appear in name order); raise ConfigError otherwise."""
     config = copy.deepcopy(config)
     validator = _with_defaults(jsonschema.Draft202012Validator)(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
@@ -67,7 +79,7 @@ def validate_config(config: dict, schema: dict) -> dict:
         messages = list(dict.fromkeys(_describe(e) for e in errors))
         raise ConfigError("invalid config:\n  " + "\n  ".join(messages))
     _check_semantics(config)
-    return config
+    return canonical(config)
 
 
 def built_tasks(config: dict) -> list[str]:

@@ -114,6 +114,20 @@ def git_commit(folder: str | Path) -> str:
         return "unknown"
 
 
+def cpu_name(cpuinfo: str | None = None) -> str:
+    """The CPU's model name and family ('AMD Ryzen 9 9950X, family 26'; the family tells CPU
+    generations apart where timings are compared), from /proc/cpuinfo where there is one."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return platform.processor() or "unknown"
+    fields = dict(line.split(":", 1) for line in cpuinfo.splitlines()[:40] if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    name = fields.get("model name", platform.processor() or "unknown")
+    return f"{name}, family {fields['cpu family']}" if "cpu family" in fields else name
+
+
 def machine() -> dict:
     import torch
 
@@ -121,6 +135,7 @@ def machine() -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "platform": platform.platform(),
+        "cpu": cpu_name(),
         "cpu_count": __import__("os").cpu_count(),
         "cuda": torch.cuda.is_available(),
     }

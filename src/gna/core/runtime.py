@@ -2,14 +2,34 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import resource
 import sys
 
+from gna.core.guard import record_written
 
-def setup(log_path: str | None, threads: int = 1) -> logging.Logger:
+
+def record_on_success(outputs) -> None:
+    """When the process ends without an uncaught exception, record the md5 of every file of
+    `outputs` as written by the pipeline (gna.core.guard)."""
+    failed = []
+    previous = sys.excepthook
+
+    def hook(*exc_info):
+        failed.append(exc_info[0])
+        previous(*exc_info)
+
+    sys.excepthook = hook
+    atexit.register(lambda: failed or record_written([str(o) for o in outputs]))
+
+
+def setup(log_path: str | None, threads: int = 1, outputs=None) -> logging.Logger:
     """Send stderr (progress bars, warnings, tracebacks) to the rule's log file and pin torch
-    to the rule's thread count, so Snakemake's core accounting matches reality."""
+    to the rule's thread count, so Snakemake's core accounting matches reality. `outputs` (the
+    job's output files): recorded as the pipeline's when the job succeeds (record_on_success)."""
+    if outputs is not None:
+        record_on_success(outputs)
     if log_path:
         stream = open(log_path, "w", buffering=1)
         sys.stderr = stream

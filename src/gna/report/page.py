@@ -17,7 +17,7 @@ from gna.report import (baseline_section, gna_section, heads_section, hybrid_sec
                         prune_section)
 from gna.report.htmlkit import CSS, SectionContext, read_caption, table
 from gna.core.io import write_text
-from gna.core.provenance import config_hash, machine, workflow_code_hash
+from gna.core.provenance import config_hash, workflow_code_hash
 from gna.report.registry import FIGURES, SECTIONS, Section
 from gna.report.run_record import RUN_RECORD
 
@@ -41,19 +41,18 @@ def captions(workflow_dir: str | Path) -> dict[str, str]:
 
 
 def provenance_table(config: dict, workflow_dir: str | Path) -> str:
-    """From which code and config, with which Python and torch this report was made. Nothing that
-    changes between two runs of the same code and config (time, machine, git commit): those are in
-    the run record, so the report hashes the same whenever its results are the same."""
-    mach = machine()
+    """From which code and config this report was made, in which precision. Nothing that changes
+    between two runs of the same code and config (time, machine, Python and torch builds, git
+    commit): those are in the run record, so the report hashes the same wherever its results do."""
     prov = {
         "code hash": workflow_code_hash(workflow_dir),
         "config hash": config_hash(config),
-        "python / torch": f"{mach['python']} / {mach['torch']}",
         "precision": precision_text(config),
     }
     return (table(pl.DataFrame({"item": list(prov), "value": list(prov.values())}), left=("item", "value"))
-            + f"<p>When and where the run ran, its git commit and the wall time and memory of every step: "
-              f"<a href='{RUN_RECORD_LINK}'>the run record</a> (<code>{RUN_RECORD}</code>).</p>")
+            + f"<p>When and where the run ran (machine, Python and torch builds), its git commit and the wall "
+              f"time and memory of every step: <a href='{RUN_RECORD_LINK}'>the run record</a> "
+              f"(<code>{RUN_RECORD}</code>).</p>")
 
 
 def precision_text(config: dict) -> str:

@@ -77,7 +77,7 @@ def write_run_record(out_path: str | Path, benchmark_dir: str | Path, logs_dir: 
         "git commit": git_commit(workflow_dir),
         "config hash": config_hash(config),
         "python / torch": f"{mach['python']} / {mach['torch']}",
-        "machine": f"{mach['platform']}, {mach['cpu_count']} CPUs, CUDA {'yes' if mach['cuda'] else 'no'}",
+        "machine": f"{mach['platform']}, {mach['cpu']}, {mach['cpu_count']} CPUs, CUDA {'yes' if mach['cuda'] else 'no'}",
     }
     fmt = {"seconds": lambda v: f"{v:.1f}", "peak RSS (MB)": lambda v: f"{v:.0f}"}
     body = ["<h1>Run record</h1>",

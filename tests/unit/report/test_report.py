@@ -153,6 +153,36 @@ def test_report_shows_the_smoke_numbers(smoke_report):
 
 
 @pytest.mark.slow
+def test_the_report_is_the_same_bytes_under_another_recorded_environment(smoke_report, tmp_path, monkeypatch):
+    """Another machine with the same results (another Python, torch build, CPU) renders the same
+    bytes, page and figures: those facts live in the run record, not in what DVC hashes."""
+    import platform
+
+    import torch
+
+    from gna.core import provenance
+
+    root, page = smoke_report
+    monkeypatch.setattr(platform, "python_version", lambda: "3.12.9")
+    monkeypatch.setattr(platform, "platform", lambda: "Linux-6.8-x86_64-with-glibc2.39")
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    monkeypatch.setattr(provenance, "cpu_name", lambda cpuinfo=None: "AMD EPYC 9654, family 25")
+    assert provenance.machine()["torch"] == "2.11.0+cu130"  # the environment the page would read
+    other = render(tmp_path, {"hybrid": True, "hybrid_swap": True, "attribution": True, "facts_choice": True})
+    assert other.read_bytes() == page.encode()
+    for figure in FIGURES:
+        assert (tmp_path / figure.path).read_bytes() == (root / figure.path).read_bytes(), figure.name
+
+
+def test_the_cpu_is_named_with_its_family():
+    from gna.core.provenance import cpu_name
+
+    info = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel name\t: AMD Ryzen 9 9950X 16-Core Processor\n"
+    assert cpu_name(info) == "AMD Ryzen 9 9950X 16-Core Processor, family 26"
+    assert "family" not in cpu_name("model name\t: Apple M3\n")
+
+
+@pytest.mark.slow
 def test_the_report_is_the_same_bytes_for_the_same_results(smoke_report, tmp_path):
     """Nothing of the run (time, machine, folder, timings, the config file's key order) is in the
     report, so DVC hashes it the same whenever the results are the same."""
