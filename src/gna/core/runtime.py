@@ -7,7 +7,13 @@ import logging
 import resource
 import sys
 
+from gna.core import work
 from gna.core.guard import record_written
+
+
+def work_path(log_path: str) -> str:
+    """Where a job's work count goes: beside its log, `<log without .log>.work.json`."""
+    return log_path.removesuffix(".log") + ".work.json"
 
 
 def record_on_success(outputs) -> None:
@@ -30,6 +36,8 @@ def setup(log_path: str | None, threads: int = 1, outputs=None) -> logging.Logge
     job's output files): recorded as the pipeline's when the job succeeds (record_on_success)."""
     if outputs is not None:
         record_on_success(outputs)
+    if log_path:  # the job's work count beside its log (gna.core.work), read by the run record
+        atexit.register(lambda: work.layer_tokens() and work.write_work(work_path(log_path)))
     if log_path:
         stream = open(log_path, "w", buffering=1)
         sys.stderr = stream

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gna.core import work
 from gna.engine.packing import PackedBatch, collate, pack
 from gna.engine.precision import linears_in_full_precision
 
@@ -218,6 +219,7 @@ class DecoderStack:
                                                                                    with_kwargs=True))
                 handles.append(self.norm.register_forward_pre_hook(final))
                 self.base(**kwargs)
+                work.add(batch.ids.numel(), len(layers))
         finally:
             for handle in handles:
                 handle.remove()
@@ -227,6 +229,7 @@ class DecoderStack:
 
     def run(self, h: torch.Tensor, run: Pass, layers: list[int]) -> torch.Tensor:
         """Call `layers` in order from the hidden state `h` with the arguments recorded in `run`."""
+        work.add(h.shape[0] * h.shape[1], len(layers))
         for i in layers:
             h = run.calls[i](self.layers[i], h)
         return h

@@ -27,6 +27,7 @@ import polars as pl
 import torch
 from tqdm.auto import tqdm
 
+from gna.core import work
 from gna.engine.precision import COMPUTE_DTYPES, frozen_weights_in
 from gna.engine.stack import UnsupportedModel
 from gna.models.families import check_student_family, skip_hint
@@ -64,6 +65,7 @@ def teacher_activations(model, ids: torch.Tensor, top_k: int, hidden_windows: in
         for start in tqdm(range(0, len(ids), batch), desc="teacher activations", disable=not progress):
             captured.clear()
             logits = model(input_ids=ids[start: start + batch], use_cache=False).logits.float()
+            work.add(ids[start: start + batch].numel(), len(layers))
             if start < n_hidden:
                 hidden.append(torch.stack(captured)[:, : n_hidden - start])
             lp, ix = torch.log_softmax(logits, -1).topk(top_k, dim=-1)
@@ -157,6 +159,7 @@ def align_layers(model, hidden: torch.Tensor, state_size: int, steps: int, batch
             for g in opt.param_groups:
                 g["lr"] = lr * _schedule(step, steps, warmup)
             pick = torch.randperm(n_seq, generator=rng, device="cpu")[:batch].to(hidden.device)
+            work.add(len(pick) * length, n_layers)
             opt.zero_grad(set_to_none=True)
             per_layer = []
             for i, (layer, m, metric) in enumerate(zip(base.layers, ms, metrics)):
@@ -384,6 +387,7 @@ def kd_backward(student, ids: torch.Tensor, target: torch.Tensor, top_idx: torch
     autocast = functools.partial(torch.autocast, ids.device.type, dtype=torch.bfloat16, enabled=low is not None)
     with autocast():
         hidden = student.base_model(input_ids=ids, use_cache=False).last_hidden_state
+    work.add(ids.numel(), len(student.base_model.layers))
     flat = hidden.detach().reshape(-1, hidden.shape[-1]).requires_grad_(True)
     head = student.get_output_embeddings()
     target, top_idx = target.reshape(-1, target.shape[-1]), top_idx.reshape(-1, top_idx.shape[-1])
