@@ -52,7 +52,7 @@ HOW_TO_CONFIGURE = """Configure the remote your lab shares results through (READ
   dvc remote add -d lab s3://BUCKET/gna                       # S3 (or S3-compatible: also
   dvc remote modify lab endpointurl https://s3.example.org    #   its endpoint; keys from the
                                                               #   usual AWS variables or files)
-  dvc remote add -d lab ssh://HOST/srv/gna                    # SSH (needs: pip install dvc-ssh)
+  dvc remote add -d lab ssh://HOST/srv/gna                    # SSH (dvc-ssh is installed with the project)
   dvc remote add -d lab /mnt/shared/gna                       # a folder every machine mounts
 (add --local to keep it out of git, in .dvc/config.local)"""
 
@@ -89,8 +89,11 @@ def check_remote(repo_dir: str | Path, purpose: str):
         root = path.split("/", 1)[0] if fs.protocol in OBJECT_STORES else posixpath.dirname(path.rstrip("/"))
         root_exists = exists or fs.protocol == "local" or fs.exists(root)
     except Exception as error:  # any transport error: unreachable host, refused, bad credentials
+        check = (f"Check the host, port and user in the URL, and the key it logs in with (~/.ssh/config, "
+                 f"an ssh-agent, or: dvc remote modify --local {remote.name} keyfile PATH)."
+                 if fs.protocol == "ssh" else "Check the URL, the endpoint and the credentials.")
         raise RemoteError(f"{describe(remote)} cannot be reached: {type(error).__name__}: {error}\n"
-                          "Check the URL, the endpoint and the credentials.\n" + HOW_TO_CONFIGURE) from error
+                          + check + "\n" + HOW_TO_CONFIGURE) from error
     if fs.protocol == "local" and not exists:
         action = ("results pushed there on another machine are not here" if purpose == "pull" else
                   f"`make push` does not create it (a mistyped path would keep results where nobody looks); "
