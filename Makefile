@@ -59,9 +59,10 @@ pull: venv
 push: venv
 	$(BIN)/python -m gna.core.sharing push
 
-## Snakemake's own interactive report (figures with captions) beside data/report/index.html.
+## Snakemake's own interactive report (figures with captions, and the run's job statistics, which
+## describe the machine: so it goes with the run record, which DVC does not track).
 report: venv
-	$(BIN)/snakemake --report data/report/snakemake-report.html
+	$(BIN)/snakemake --report data/run/snakemake-report.html
 
 lock: venv
 	head -2 requirements.lock > requirements.lock.new

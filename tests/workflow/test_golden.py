@@ -1,11 +1,13 @@
 """The golden comparison itself: exact, naming file, column and row; missing and extra files fail."""
 
+import math
 import shutil
 
 import polars as pl
 import pytest
+from polars.testing import assert_frame_equal
 
-from golden import GOLDEN_DIR, compare, cpu_kind, recorded_kind, snapshot
+from golden import GOLDEN_DIR, compare, cpu_kind, read_golden, recorded_kind, refresh
 
 RANKING = "results/heads/tiny-llama/ranking.parquet"
 
@@ -17,13 +19,68 @@ def run_data(tmp_path):
     return tmp_path / "data"
 
 
-def test_golden_results_are_stable_and_timing_free():
-    frames = snapshot(GOLDEN_DIR)
-    assert RANKING in frames and "results/baseline.parquet" in frames
-    assert any(name.startswith("distill/") for name in frames)
-    for name, frame in frames.items():
+def _changed(frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame` with one value changed (its first non-null, finite value), or with a row of nulls
+    where it has no rows."""
+    if frame.height == 0:
+        return pl.DataFrame([pl.Series(name, [None], dtype=dtype) for name, dtype in frame.schema.items()])
+    for column in frame.columns:
+        for row, value in enumerate(frame[column].to_list()):
+            if isinstance(value, bool):
+                new = not value
+            elif isinstance(value, (int, float)) and math.isfinite(value):
+                new = value + 1
+            elif isinstance(value, str):
+                new = value + "x"
+            else:
+                continue
+            return frame.with_columns(frame[column].clone().scatter(row, new))
+    raise AssertionError("no value to change")
+
+
+def test_golden_results_are_stable_and_timing_free(tmp_path):
+    """A run's data folder holding the golden results, each file written afresh with its rows
+    shuffled: refresh stores from it exactly the golden files (they are in their stable order, so
+    a refresh from a run with the same results changes nothing), compare accepts it, on the
+    golden results' kind of CPU and on another, and rejects it, naming the file, once one file
+    has one value changed (in turn: the first file of every folder, the last file, every empty
+    file, each compared within the whole folder). The results carry no wall times."""
+    golden = read_golden()
+    assert RANKING in golden and "results/baseline.parquet" in golden
+    assert any(name.startswith("distill/") for name in golden)
+    for name, frame in golden.items():
         assert not [c for c in frame.columns if "second" in c], name  # results carry no wall times
-    compare(GOLDEN_DIR)
+    run = tmp_path / "work" / "data"
+    for i, (name, frame) in enumerate(golden.items()):
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        frame.sample(fraction=1.0, shuffle=True, seed=i).write_parquet(run / name)
+    shuffled = read_golden(run)
+    assert shuffled.keys() == golden.keys()
+    assert any(not shuffled[name].equals(frame) for name, frame in golden.items())  # rows in another order
+    refreshed = tmp_path / "golden"
+    refresh(tmp_path / "work", refreshed)
+    again = read_golden(refreshed)
+    assert again.keys() == golden.keys()
+    for name, frame in golden.items():
+        assert_frame_equal(again[name], frame, check_exact=True)  # stored as refresh stores them
+    recorded = recorded_kind()
+    assert recorded is not None
+    compare(run, kind=recorded)  # bit for bit
+    compare(run, kind="another CPU")
+    first_in_folder = {}
+    for name in sorted(golden):
+        first_in_folder.setdefault(name.rsplit("/", 1)[0], name)
+    empty = [name for name, frame in golden.items() if frame.height == 0]
+    for name in sorted({*first_in_folder.values(), max(golden), *empty}):
+        _changed(golden[name]).write_parquet(run / name)
+        try:
+            compare(run, kind=recorded)
+        except AssertionError as error:
+            assert str(error).startswith(f"{name}: "), error
+        else:
+            pytest.fail(f"a value changed in {name} passed the comparison")
+        shuffled[name].write_parquet(run / name)
+    compare(run, kind=recorded)
 
 
 def test_row_order_does_not_matter_but_an_extra_column_does(run_data):

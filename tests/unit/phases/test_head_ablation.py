@@ -173,6 +173,27 @@ def test_random_controls_of_other_tasks_run_at_control_k_only(tiny_llama):
     assert cut.sort(cut.columns).equals(every.filter(~dropped).sort(every.columns))
 
 
+def _mamba2_without_head(model, tok, layer: int, head: int):
+    """Logits of a Mamba-2 model whose head `head` of layer `layer` sees zeros: its x channels
+    (the first num_heads * head_dim of the depthwise conv's channels, head-major) get a zero conv
+    kernel and bias, so x = silu(0) = 0 there and the scan's output for that head, D·x included,
+    is exactly 0; the other heads (their x, dt, A, D) and the shared B, C are untouched. The
+    weights are put back afterwards."""
+    mixer = model.backbone.layers[layer].mixer
+    channels = slice(head * mixer.head_dim, (head + 1) * mixer.head_dim)
+    assert mixer.conv1d.weight.shape[0] == mixer.num_heads * mixer.head_dim + 2 * mixer.n_groups * mixer.ssm_state_size
+    saved = [t.detach().clone() for t in (mixer.conv1d.weight, mixer.conv1d.bias)]
+    try:
+        with torch.no_grad():
+            mixer.conv1d.weight[channels] = 0
+            mixer.conv1d.bias[channels] = 0
+        return _logits(model, tok)
+    finally:
+        with torch.no_grad():
+            mixer.conv1d.weight.copy_(saved[0])
+            mixer.conv1d.bias.copy_(saved[1])
+
+
 @pytest.mark.parametrize("family", ["mamba2", "mamba"])
 def test_ssm_heads(family):
     from transformers import Mamba2Config, Mamba2ForCausalLM, MambaConfig, MambaForCausalLM
@@ -204,6 +225,27 @@ def test_ssm_heads(family):
         assert torch.allclose(_logits(model, tok), ablated, atol=1e-5)
         with torch.no_grad():
             out_proj.weight.copy_(saved)
+    else:  # Mamba-2: head h's scan output is exactly zero when its x channels are (weight surgery)
+        assert sites[1].module is model.backbone.layers[1].mixer.norm and sites[1].head_dim == 16
+        per_head = []
+        for head in range(n):
+            with ablate_heads(model, [(1, head)]):
+                per_head.append(_logits(model, tok))
+            torch.testing.assert_close(per_head[-1], _mamba2_without_head(model, tok, 1, head), rtol=0, atol=1e-5)
+        assert torch.equal(per_head[0], ablated)
+        for a in range(n):  # each head's ablation is its own
+            for b in range(a):
+                assert not torch.allclose(per_head[a], per_head[b], atol=1e-4), (a, b)
+        # not the same as dropping the head's channels after the gated norm (they count in its RMS)
+        out_proj = model.backbone.layers[1].mixer.out_proj
+        saved = out_proj.weight.detach().clone()
+        with torch.no_grad():
+            out_proj.weight[:, : sites[1].head_dim] = 0
+        after_norm = _logits(model, tok)
+        with torch.no_grad():
+            out_proj.weight.copy_(saved)
+        assert not torch.allclose(after_norm, ablated, atol=1e-4)
+        assert torch.equal(base, _logits(model, tok))
     sweep = sweep_heads(model, tok, build_kv_retrieval([3], 2, 0, "lookup"), heads=[(0, 0), (1, 1)], progress=False)
     assert len(sweep) == 3
 
