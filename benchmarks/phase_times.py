@@ -5,7 +5,7 @@ records and the jobs' work counts (gna.core.work: layer-tokens, which do not dep
                                                [--phase students --target-min 20 --target-gb 6]
 
 Prints one row per phase (gna.report.run_record.phase_timings: steps, summed wall seconds, largest
-peak RSS, billions of layer-tokens and seconds per billion: the machine's speed on this work) and,
+peak RSS, millions of layer-tokens and seconds per million: the machine's speed on this work) and,
 with --phase, that phase's time and memory as ratios of the targets given.
 """
 
@@ -29,10 +29,10 @@ def main():
         raise SystemExit(f"no benchmark records under {args.benchmarks}: run the workflow first")
     phases = phase_timings(steps)
     for row in phases.iter_rows(named=True):
-        work = row["layer-tokens (G)"]
-        speed = f"{row['seconds'] / work:6.0f} s per G" if work else "   (no count)"
+        work = row["layer-tokens (M)"]
+        speed = f"{row['seconds'] / work:6.1f} s per M" if work else "   (no count)"
         print(f"{row['phase']:<20} {row['steps']:>4} steps {row['seconds'] / 60:7.1f} min  "
-              f"peak {row['peak RSS (MB)'] / 1024:5.2f} GB  {work:7.2f} G layer-tokens {speed}")
+              f"peak {row['peak RSS (MB)'] / 1024:5.2f} GB  {work:7.1f} M layer-tokens {speed}")
     picked = phases.filter(phases["phase"] == args.phase)
     if not picked.is_empty():
         minutes, gb = picked["seconds"][0] / 60, picked["peak RSS (MB)"][0] / 1024

@@ -54,16 +54,16 @@ def part_timings(logs_dir: str | Path) -> pl.DataFrame:
 def work_counts(logs_dir: str | Path) -> pl.DataFrame:
     """Layer-tokens each step ran (gna.core.work), from the `<step>.work.json` files under `logs_dir`."""
     rows = [{"step": str(path.relative_to(logs_dir)).removesuffix(".work.json"),
-             "layer-tokens (G)": json.loads(path.read_text())["layer_tokens"] / 1e9}
+             "layer-tokens (M)": json.loads(path.read_text())["layer_tokens"] / 1e6}
             for path in sorted(Path(logs_dir).rglob("*.work.json"))]
-    return pl.DataFrame(rows, schema={"step": pl.String, "layer-tokens (G)": pl.Float64})
+    return pl.DataFrame(rows, schema={"step": pl.String, "layer-tokens (M)": pl.Float64})
 
 
 def with_work(steps: pl.DataFrame, logs_dir: str | Path) -> pl.DataFrame:
     """`steps` (timings) with each step's layer-tokens and seconds per billion of them (null for a
     step that counts none: downloads, tables, the lm-eval cross-check, the report)."""
     return (steps.join(work_counts(logs_dir), on="step", how="left", maintain_order="left")
-            .with_columns((pl.col("seconds") / pl.col("layer-tokens (G)")).alias("s per G layer-tokens")))
+            .with_columns((pl.col("seconds") / pl.col("layer-tokens (M)")).alias("s per M layer-tokens")))
 
 
 def phase_of(step: str) -> str:
@@ -76,8 +76,8 @@ def phase_timings(steps: pl.DataFrame) -> pl.DataFrame:
     """Per phase (phase_of): steps, summed wall time and the largest peak RSS, plus a total row;
     with summed layer-tokens where `steps` has them (with_work)."""
     aggs = [pl.len().alias("steps"), pl.col("seconds").sum(), pl.col("peak RSS (MB)").max()]
-    if "layer-tokens (G)" in steps.columns:
-        aggs.append(pl.col("layer-tokens (G)").sum())
+    if "layer-tokens (M)" in steps.columns:
+        aggs.append(pl.col("layer-tokens (M)").sum())
     by_phase = (steps.with_columns(pl.col("step").map_elements(phase_of, return_dtype=pl.String).alias("phase"))
                 .group_by("phase", maintain_order=True).agg(*aggs))
     total = steps.select(pl.lit("all").alias("phase"), *aggs)
@@ -97,8 +97,8 @@ def write_run_record(out_path: str | Path, benchmark_dir: str | Path, logs_dir: 
         "machine": f"{mach['platform']}, {mach['cpu']}, {mach['cpu_count']} CPUs, CUDA {'yes' if mach['cuda'] else 'no'}",
     }
     fmt = {"seconds": lambda v: f"{v:.1f}", "peak RSS (MB)": lambda v: f"{v:.0f}",
-           "layer-tokens (G)": lambda v: "" if v is None else f"{v:.2f}",
-           "s per G layer-tokens": lambda v: "" if v is None else f"{v:.0f}"}
+           "layer-tokens (M)": lambda v: "" if v is None else f"{v:.2f}",
+           "s per M layer-tokens": lambda v: "" if v is None else f"{v:.1f}"}
     body = ["<h1>Run record</h1>",
             "<p>How the latest run of this folder went: wall time and peak memory per study phase and of "
             "each step, from Snakemake's benchmark records, beside the work each step did (layer-tokens: tokens "

@@ -201,14 +201,14 @@ def test_run_record_gathers_benchmark_records_and_timed_parts(tmp_path):
     assert part_timings(logs).rows() == [("heads_attribution/m", "attribution", 1.5),
                                          ("heads_attribution/m", "verify top 5", 0.5)]
     (logs / "heads_sweep").mkdir(parents=True)
-    (logs / "heads_sweep/m.work.json").write_text(json.dumps({"layer_tokens": 2_500_000_000}))
+    (logs / "heads_sweep/m.work.json").write_text(json.dumps({"layer_tokens": 2_500_000}))
     work = with_work(timings(bench), logs)
-    assert work["layer-tokens (G)"].to_list() == [None, 2.5] and work["s per G layer-tokens"][1] == 5.0
-    assert phase_timings(work).filter(pl.col("phase") == "all")["layer-tokens (G)"][0] == 2.5
+    assert work["layer-tokens (M)"].to_list() == [None, 2.5] and work["s per M layer-tokens"][1] == 5.0
+    assert phase_timings(work).filter(pl.col("phase") == "all")["layer-tokens (M)"][0] == 2.5
     write_run_record(tmp_path / "run/index.html", bench, logs, {"a": 1}, REPO)
     page = (tmp_path / "run/index.html").read_text()
     for needle in ("git commit", " UTC", "heads_sweep/m", "students", "verify top 5", "Parts of steps",
-                   "layer-tokens (G)", "<td class=''>2.50</td>", "CPUs, CUDA"):
+                   "layer-tokens (M)", "<td class=''>2.50</td>", "CPUs, CUDA"):
         assert needle in page, needle
     write_run_record(tmp_path / "empty.html", tmp_path / "none", tmp_path / "none", {}, REPO)
     assert "No benchmark records" in (tmp_path / "empty.html").read_text()
