@@ -24,6 +24,8 @@ export SLURM_CONF=$STATE/slurm.conf
 
 say() { echo "local_slurm: $*" >&2; }
 die() { say "$*"; exit 1; }
+# shellcheck source=tests/cluster/apt_install.sh
+source "$(dirname "$0")/apt_install.sh"
 alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
@@ -37,16 +39,7 @@ wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
 }
 
 install_packages() {
-    local missing=()
-    for package in "${PACKAGES[@]}"; do
-        dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
-    done
-    [ ${#missing[@]} -eq 0 ] && return 0
-    say "installing ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q "${missing[@]}" >"$STATE/apt.log" 2>&1 \
-        || { apt-get update -q >>"$STATE/apt.log" 2>&1 && apt-get install -y -q "${missing[@]}" >>"$STATE/apt.log" 2>&1; } \
-        || die "apt-get install ${missing[*]} failed (see $STATE/apt.log)"
+    install_missing "$STATE" "${PACKAGES[@]}"
 }
 
 write_configs() {

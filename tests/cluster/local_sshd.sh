@@ -19,20 +19,13 @@ PACKAGES=(openssh-server openssh-client)
 
 say() { echo "local_sshd: $*" >&2; }
 die() { say "$*"; exit 1; }
+# shellcheck source=tests/cluster/apt_install.sh
+source "$(dirname "$0")/apt_install.sh"
 alive() { [ -s "$STATE/sshd.pid" ] && kill -0 "$(cat "$STATE/sshd.pid")" 2>/dev/null; }
 
 install_packages() {
-    local missing=()
     [ -x "$SSHD" ] && command -v ssh-keygen >/dev/null && return 0
-    for package in "${PACKAGES[@]}"; do
-        dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
-    done
-    [ "$(id -u)" = 0 ] || die "no $SSHD or ssh-keygen, and installing ${PACKAGES[*]} needs root"
-    say "installing ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q "${missing[@]}" >"$STATE/apt.log" 2>&1 \
-        || { apt-get update -q >>"$STATE/apt.log" 2>&1 && apt-get install -y -q "${missing[@]}" >>"$STATE/apt.log" 2>&1; } \
-        || die "apt-get install ${missing[*]} failed (see $STATE/apt.log)"
+    install_missing "$STATE" "${PACKAGES[@]}"
 }
 
 write_config() {
