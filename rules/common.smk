@@ -109,7 +109,7 @@ def get_baseline_results(wildcards):
 
 HYBRID = config["hybrid"]
 
-from gna.students.spec import ablation_kd, student_name, student_variants, teacher_of
+from gna.students.spec import ablation_kd, scored_tasks, split_student_name, student_name, student_variants, teacher_of
 
 
 def hybrid_variants():
@@ -127,6 +127,11 @@ def _check_student_lists():
         if HYBRID["enabled"] and unknown:
             raise ValueError(f"config key 'hybrid.{key}': {unknown} are not students of this config; "
                              f"allowed: {', '.join(hybrid_variants())}")
+    knowledge = HYBRID["knowledge_heads_kept"] or []
+    outside = [k for k in knowledge if k not in HYBRID["heads_kept"]]
+    if HYBRID["enabled"] and outside:
+        raise ValueError(f"config key 'hybrid.knowledge_heads_kept': {outside} are not in hybrid.heads_kept "
+                         f"{HYBRID['heads_kept']}")
     if HYBRID["enabled"] and HYBRID["ablation"]["remove"]:
         ablation_kd(HYBRID)  # kd_steps must be a budget of the ablated student's curve
     sizes = config["tasks"]["kv_retrieval"]["sizes"]

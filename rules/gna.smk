@@ -33,11 +33,14 @@ rule gna_roles:
 
 
 def get_masking_scores(wildcards):
-    """A teacher's per-item baseline scores on the masking's knowledge and choice tables (a student
-    scores its own: its answers file also holds the KV rows, whose edits would rerun it)."""
-    if wildcards.model in GNA_STUDENTS:
-        return []
+    """The model's per-item scores on the masking's knowledge and choice tables, read for condition
+    (a): a teacher's baseline; a student's own answers (hybrid_score), where it is scored on those
+    tasks (hybrid.knowledge_heads_kept), else it scores them itself."""
     tasks = [t for t in ("mmlu_cloze", "facts_cloze", "mmlu_letter", "facts_choice") if t in TASKS]
+    if wildcards.model in GNA_STUDENTS:
+        teacher, variant = split_student_name(wildcards.model)
+        knowledge = [t for t in tasks if t in scored_tasks(HYBRID, variant, TASKS)]
+        return [f"data/results/hybrid/{teacher}/answers/{variant}.parquet"] if knowledge else []
     return expand("data/results/baseline/{model}/{task}.items.parquet", model=wildcards.model, task=tasks)
 
 

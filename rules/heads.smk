@@ -96,6 +96,8 @@ rule heads_kept:
         model="data/models/{model}",
         ranking="data/results/heads/{model}/ranking.parquet",
         minimal="data/results/prune/{model}/minimal_model.json",
+        # the minimal model's own scores, read where they hold the items
+        gradual_items="data/results/prune/{model}/gradual.items.parquet",
         tasks=lambda wc: task_files(TASKS, wc.model),
     output:
         "data/results/heads/{model}/kept.parquet",

@@ -345,6 +345,7 @@ rule hybrid_answer_rows:
     params:
         max_items=HYBRID["answer_rows_items"],
         teacher_checks=teacher_checks(),
+        skip_at_chance=config["gna"]["skip_at_chance"],
         batch_size=config["eval"]["batch_size"],
         dtype=config["dtype"],
         compute_dtype=config["eval"]["compute_dtype"],

@@ -8,7 +8,9 @@ rule prune_gradual:
         # the full model's scores, which say whether a task is at chance (then no depth is scored)
         baseline=expand("data/results/baseline/{{model}}/{task}.items.parquet", task=config["prune"]["tasks"]),
     output:
-        "data/results/prune/{model}/gradual.parquet",
+        summary="data/results/prune/{model}/gradual.parquet",
+        # per item and depth: heads_kept and prune_individual read the minimal model's scores here
+        per_item="data/results/prune/{model}/gradual.items.parquet",
     params:
         max_items=config["prune"]["max_items"],
         skip_at_chance=config["prune"]["skip_at_chance"],
@@ -50,6 +52,7 @@ rule prune_individual:
         model="data/models/{model}",
         tasks=lambda wc: task_files(config["prune"]["tasks"], wc.model),
         minimal="data/results/prune/{model}/minimal_model.json",
+        gradual_items="data/results/prune/{model}/gradual.items.parquet",
     output:
         "data/results/prune/{model}/individual.parquet",
     params:

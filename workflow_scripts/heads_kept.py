@@ -6,4 +6,5 @@ setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 run_heads_kept(snakemake.wildcards.model, snakemake.input.model, snakemake.input.ranking, snakemake.input.minimal,
                snakemake.input.tasks, snakemake.output[0], max_items=snakemake.params.max_items,
                batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype,
-               compute_dtype=snakemake.params.compute_dtype, skip_at_chance=snakemake.params.skip_at_chance)
+               compute_dtype=snakemake.params.compute_dtype, skip_at_chance=snakemake.params.skip_at_chance,
+               gradual_items_path=snakemake.input.gradual_items)

@@ -8,4 +8,4 @@ run_hybrid_answer_rows(snakemake.wildcards.model, snakemake.wildcards.variant, s
                        list(snakemake.input.tasks), snakemake.output[0], max_items=p.max_items,
                        batch_size=p.batch_size, dtype=p.dtype, compute_dtype=p.compute_dtype,
                        teacher_summary_path=snakemake.input.teacher_summary or None, teacher_checks=p.teacher_checks,
-                       answers_path=snakemake.input.answers)
+                       answers_path=snakemake.input.answers, skip_at_chance=p.skip_at_chance)

@@ -7,4 +7,4 @@ run_prune_individual(snakemake.wildcards.model, snakemake.input.model, snakemake
                      snakemake.input.minimal, snakemake.output[0], max_items=snakemake.params.max_items,
                      batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype,
                      compute_dtype=snakemake.params.compute_dtype,
-                     skip_at_chance=snakemake.params.skip_at_chance)
+                     skip_at_chance=snakemake.params.skip_at_chance, gradual_items_path=snakemake.input.gradual_items)

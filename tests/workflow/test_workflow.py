@@ -220,7 +220,9 @@ def test_task_size_edit_reruns_only_dependents(smoke):
         "kv_task": 1, "baseline": 1, "collect_baseline": 1, "prune_gradual": 1, "minimal_model": 1,
         "prune_individual": 1, "heads_topk": 1, "heads_kept": 1, "distill_corpus_check": 1, "hybrid_score": 4,
         "hybrid_swap": 1, "hybrid_answer_rows": 1, "hybrid_budget": 2, "hybrid_ablation": 2, "report": 1,
-        "all": 1}  # the corpus is checked again against the new items; nothing is distilled again
+        "gna_masking": 2, "all": 1}
+    # the corpus is checked again against the new items; nothing is distilled again; the students'
+    # masking reads condition (a) of the knowledge tasks from their answers, which hold the KV rows too
 
 
 def test_state_size_edit_reruns_only_the_affected_variants(smoke):
@@ -332,6 +334,7 @@ def test_slurm_profile_dry_run_without_slurm(tmp_path):
     ("gna_variants", ["k3-n8"], "config key 'hybrid.gna_variants': ['k3-n8'] are not students of this config"),
     ("budget_curve", {"variants": ["k5-n8"]}, "config key 'hybrid.budget_curve.variants': ['k5-n8'] are not students"),
     ("budget_curve", {"dict_size": 4}, "config key 'hybrid.budget_curve.dict_size': 4 is not a KV dictionary size"),
+    ("knowledge_heads_kept", [0, 5], "config key 'hybrid.knowledge_heads_kept': [5] are not in hybrid.heads_kept"),
 ])
 def test_unknown_student_or_size_is_named_before_any_job(tmp_path, key, value, message):
     cfg = smoke_config()
@@ -378,3 +381,28 @@ def test_library_edit_reruns_exactly_the_rules_that_import_it(tmp_path, smoke):
         module.write_text(original)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert check(planned_jobs_of(proc)), (name, planned_jobs_of(proc))
+
+
+def test_knowledge_tasks_score_only_the_students_of_knowledge_heads_kept(tmp_path):
+    """hybrid.knowledge_heads_kept: the heads-kept sweep's other students are scored on KV retrieval
+    only, and a student's masking reads condition (a) from its own answers where they hold the
+    knowledge tasks (dry run: the planned jobs' inputs)."""
+    cfg = smoke_config()
+    cfg["hybrid"]["knowledge_heads_kept"] = [0]
+    targets = ["data/results/hybrid/tiny-llama/k0-n8.parquet", "data/results/hybrid/tiny-llama/k2-n8.parquet",
+               *[f"data/results/gna/tiny-llama-hybrid-{v}/masking.parquet" for v in ("k0-n8", "k2-n8")]]
+    text = smk(tmp_path, "-n", *targets, config=cfg).stdout
+    inputs = {}
+    for block in text.split("\nrule ")[1:]:
+        lines = dict(line.strip().split(": ", 1) for line in block.splitlines()[1:] if ": " in line)
+        if "output" in lines:
+            inputs[lines["output"].split(", ")[0]] = lines.get("input", "").split(", ")
+    tasks = {"kv_retrieval", "mmlu_letter", "mmlu_cloze", "facts_cloze", "facts_choice"}
+
+    def tasks_of(output):
+        return {Path(p).stem for p in inputs[output] if "/tasks/" in p}
+
+    assert tasks_of(targets[0]) == tasks
+    assert tasks_of(targets[1]) == {"kv_retrieval"}
+    assert "data/results/hybrid/tiny-llama/answers/k0-n8.parquet" in inputs[targets[2]]
+    assert not any("/answers/" in p for p in inputs[targets[3]])

@@ -102,14 +102,15 @@ def known_items(table: pl.DataFrame, scored: pl.DataFrame) -> pl.DataFrame:
     return per_item.select(scored.columns)
 
 
-def known_or_scored(model, tok, table: pl.DataFrame, known: pl.DataFrame | None, batch_size: int = 8
-                    ) -> pl.DataFrame:
-    """The model's per-item scores on `table` (score_table's frame): read from `known` (its
-    earlier per-item scores, e.g. a baseline's or a student's own answers) where they hold every
+def known_or_scored(model, tok, table: pl.DataFrame, known: pl.DataFrame | None, batch_size: int = 8,
+                    layers: list[int] | None = None) -> pl.DataFrame:
+    """The model's per-item scores on `table` (score_table's frame; with `layers`, of the model
+    running those layers only): read from `known` (its earlier per-item scores, e.g. a
+    baseline's, a student's own answers, a prefix's from gradual pruning) where they hold every
     item of the table, else scored."""
     if known is not None and table["item_id"].is_in(known["item_id"].implode()).all():
         return known_items(table, known)
-    return score_table(model, tok, table, batch_size=batch_size, progress=False)
+    return score_table(model, tok, table, batch_size=batch_size, progress=False, layers=layers)
 
 
 def encode_table(tok, table: pl.DataFrame) -> list[Encoded]:

@@ -19,6 +19,7 @@ from gna.core.io import read_json, read_parquet, write_parquet
 from gna.models.prepare import load_model
 from gna.engine.scoring import at_chance, known_items, known_or_scored, score_table, summarize_task
 from gna.engine.ablation import score_ablations
+from gna.phases.pruning import prefix_scores
 from gna.tasks.tables import build_kv_retrieval, load_item_scores, load_task_tables
 
 log = logging.getLogger("gna.phases.head_tables")
@@ -120,13 +121,16 @@ def critical_heads(ranking: pl.DataFrame, kept_layers: list[int]) -> list[tuple[
 
 def heads_kept(model, tok, ranking: pl.DataFrame, kept_layers: list[int], tables: dict[str, pl.DataFrame],
                batch_size: int = 8, progress: bool = True, skip_at_chance: bool = False,
-               always_scored: tuple[str, ...] = (SWEEP_TASK,)) -> pl.DataFrame:
+               always_scored: tuple[str, ...] = (SWEEP_TASK,),
+               scored: dict[str, pl.DataFrame] | None = None) -> pl.DataFrame:
     """Minimal model; in critical layers A and B keep only head a / b, or none.
     Rows: variant label, kept_a, kept_b, task, group, n, metric, value, skipped_reason.
     skip_at_chance: a task on which the minimal model is at chance (`at_chance`) is scored with
-    all heads only, the reason in skipped_reason; never the tasks of `always_scored`."""
+    all heads only, the reason in skipped_reason; never the tasks of `always_scored`. `scored`:
+    {task: the minimal model's per-item scores (gna.phases.pruning.prefix_scores)}, read for
+    that decision where they hold the table's items instead of scoring it first."""
     if len(kept_layers) < 2:  # a one-layer "minimal model" has no pair of critical layers
-        kept_layers = list(range(model.config.num_hidden_layers))
+        kept_layers, scored = list(range(model.config.num_hidden_layers)), None  # scores of the one layer
     (layer_a, head_a), (layer_b, head_b) = critical_heads(ranking, kept_layers)
     n_heads = heads_per_layer(head_sites(model))
     others_a = [(layer_a, h) for h in range(n_heads[layer_a]) if h != head_a]
@@ -141,7 +145,7 @@ def heads_kept(model, tok, ranking: pl.DataFrame, kept_layers: list[int], tables
     reasons, unablated = {}, {}
     for task, table in tables.items():
         if skip_at_chance and task not in always_scored:
-            base = score_table(model, tok, table, batch_size=batch_size, progress=False, layers=kept_layers)
+            base = known_or_scored(model, tok, table, (scored or {}).get(task), batch_size, layers=kept_layers)
             reasons[task] = at_chance(base, table, "removing heads")
             if reasons[task] is not None:
                 log.info("heads kept: %s with all heads only, %s", task, reasons[task])
@@ -198,12 +202,17 @@ def run_heads_topk(model_name: str, model_dir: str, ranking_path: str, task_path
 
 def run_heads_kept(model_name: str, model_dir: str, ranking_path: str, minimal_path: str, task_paths: list[str],
                    out_path: str, max_items: int | None, batch_size: int = 8, dtype: str = "float32",
-                   compute_dtype: str = "float32", skip_at_chance: bool = False) -> pl.DataFrame:
+                   compute_dtype: str = "float32", skip_at_chance: bool = False,
+                   gradual_items_path: str | None = None) -> pl.DataFrame:
     """Phase heads_kept: heads_kept on the minimal model of `minimal_path` (gna.phases.pruning's
-    minimal_model JSON) and the task tables `task_paths`; written to `out_path` with a model column."""
+    minimal_model JSON) and the task tables `task_paths`; written to `out_path` with a model column.
+    The minimal model's own scores are read from gradual pruning's per-item scores
+    (`gradual_items_path`) where they hold the items (prefix_scores)."""
     model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
-    result = heads_kept(model, tok, read_parquet(ranking_path), read_json(minimal_path)["kept_layers"],
-                        load_task_tables(task_paths, max_items), batch_size=batch_size, skip_at_chance=skip_at_chance)
+    kept_layers = read_json(minimal_path)["kept_layers"]
+    result = heads_kept(model, tok, read_parquet(ranking_path), kept_layers, load_task_tables(task_paths, max_items),
+                        batch_size=batch_size, skip_at_chance=skip_at_chance,
+                        scored=prefix_scores(gradual_items_path, kept_layers))
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
     log.info("heads kept: %d rows", len(result))
     return result

@@ -110,16 +110,20 @@ def answer_rows_mask(batch: PackedBatch, n_heads: int, heads: list[int]) -> torc
 
 
 def answer_rows_experiment(model, tables: dict[str, pl.DataFrame], tok, batch_size: int = 8,
-                           scored: dict[str, pl.DataFrame] | None = None) -> pl.DataFrame:
+                           scored: dict[str, pl.DataFrame] | None = None,
+                           skip_at_chance: bool = False) -> pl.DataFrame:
     """Hybrid students: every attention head's answer rows masked (SSM heads untouched), against
     the unmodified student, on each task (the study's Zamba2 table). `scored`: {task: per-item
     scores of the unmodified student on its items (its hybrid_score answers)}, read for the
     unmodified condition where they hold every item of the task's table, instead of scoring
-    those items again."""
+    those items again. skip_at_chance: where the unmodified student cannot be told from chance
+    (at_chance) masking cannot show a loss, so the masked condition is not run; the unmodified
+    row's skipped_reason says why (null elsewhere)."""
     n_heads = model.config.num_attention_heads
     attention = {m.layer_idx: m.attention_heads for m in mixers(model) if m.attention_heads}
     if not attention:
         raise ValueError("the model has no attention heads to mask (a pure SSM)")
+    n_attention = sum(len(h) for h in attention.values())
 
     def layer_masks(batch, rows):
         return {layer: answer_rows_mask(batch, n_heads, heads) for layer, heads in attention.items()}
@@ -127,13 +131,20 @@ def answer_rows_experiment(model, tables: dict[str, pl.DataFrame], tok, batch_si
     rows = []
     for task, table in tables.items():
         plain = known_or_scored(model, tok, table, (scored or {}).get(task), batch_size)
+        reason = at_chance(plain, table, "masking answer rows") if skip_at_chance else None
+        policy = {"skipped_reason": None} if skip_at_chance else {}  # the column exists where the policy is on
+        if reason is not None:
+            log.info("%s: the masked condition not run, the unmodified student is %s", task, reason)
+            rows.append({"task": task, "condition": "unmodified", **accuracy_of(plain), "attention_heads": n_attention,
+                         "skipped_reason": f"{reason}: the masked condition not run"})
+            continue
         for condition, frame in (("unmodified", plain),
                                  ("attention answer rows masked",
                                   score_table(model, tok, table, batch_size=batch_size, progress=False,
                                               layer_masks=layer_masks))):
-            rows.append({"task": task, "condition": condition, **accuracy_of(frame),
-                         "attention_heads": sum(len(h) for h in attention.values())})
-    return pl.DataFrame(rows)
+            rows.append({"task": task, "condition": condition, **accuracy_of(frame), "attention_heads": n_attention,
+                         **policy})
+    return pl.DataFrame(rows, schema_overrides={"skipped_reason": pl.String} if skip_at_chance else None)
 
 
 def heads_label(heads: dict[str, tuple[int, int]], ssm_heads: set[tuple[int, int]] | None = None) -> str:

@@ -27,17 +27,17 @@ def _tidy(per_item: pl.DataFrame, key: str) -> pl.DataFrame:
                       for value in per_item[key].unique().sort()])
 
 
-def gradual(model, tok, tables: dict[str, pl.DataFrame], batch_size: int = 8, progress: bool = True,
-            skip_at_chance: bool = False, always_scored: tuple[str, ...] = (),
-            scored: dict[str, pl.DataFrame] | None = None) -> pl.DataFrame:
-    """Accuracy of every prefix model (k = 1..n layers) on each task, tidy:
-    task, group, n, metric, value, layers_kept, skipped_reason.
-    skip_at_chance: a task on which the full model is at chance (`at_chance`) is scored on the
-    full model only (layers_kept = n), with the reason in skipped_reason (null where every depth
-    ran): no prefix can show a loss there. The tasks in `always_scored` (the retrieval task that
-    defines the minimal model) never are. `scored`: {task: the full model's per-item scores on
-    a superset of the table's items (its baseline)}, read for that decision instead of scoring
-    the full model first; a task without them is scored."""
+def gradual_items(model, tok, tables: dict[str, pl.DataFrame], batch_size: int = 8, progress: bool = True,
+                  skip_at_chance: bool = False, always_scored: tuple[str, ...] = (),
+                  scored: dict[str, pl.DataFrame] | None = None) -> pl.DataFrame:
+    """Per-item scores of every prefix model (k = 1..n layers) on each task: score_table's frame
+    with layers_kept and skipped_reason. skip_at_chance: a task on which the full model is at
+    chance (`at_chance`) is scored on the full model only (layers_kept = n), with the reason in
+    skipped_reason (null where every depth ran): no prefix can show a loss there. The tasks in
+    `always_scored` (the retrieval task that defines the minimal model) never are. `scored`:
+    {task: the full model's per-item scores on a superset of the table's items (its baseline)},
+    read for that decision instead of scoring the full model first; a task without them is
+    scored."""
     n = model.config.num_hidden_layers
     frames = []
     for task, table in tables.items():
@@ -51,8 +51,38 @@ def gradual(model, tok, tables: dict[str, pl.DataFrame], batch_size: int = 8, pr
         else:
             items = full.with_columns(pl.lit(n).alias("layers_kept"))
             log.info("gradual pruning: %s on the full model only, %s", task, reason)
-        frames.append(_tidy(items, "layers_kept").with_columns(pl.lit(reason, dtype=pl.String).alias("skipped_reason")))
+        frames.append(items.with_columns(pl.lit(reason, dtype=pl.String).alias("skipped_reason")))
+    return pl.concat(frames, how="diagonal_relaxed")
+
+
+def summarize_gradual(items: pl.DataFrame) -> pl.DataFrame:
+    """gradual_items summarised per task and depth, tidy: task, group, n, metric, value,
+    layers_kept, skipped_reason, experiment."""
+    frames = [_tidy(part.drop("skipped_reason"), "layers_kept").with_columns(
+                  pl.lit(part["skipped_reason"][0], dtype=pl.String).alias("skipped_reason"))
+              for part in items.partition_by("task", maintain_order=True)]
     return pl.concat(frames, how="diagonal_relaxed").with_columns(pl.lit("gradual").alias("experiment"))
+
+
+def gradual(model, tok, tables: dict[str, pl.DataFrame], batch_size: int = 8, progress: bool = True,
+            skip_at_chance: bool = False, always_scored: tuple[str, ...] = (),
+            scored: dict[str, pl.DataFrame] | None = None) -> pl.DataFrame:
+    """Accuracy of every prefix model (k = 1..n layers) on each task, tidy: task, group, n,
+    metric, value, layers_kept, skipped_reason (summarize_gradual of gradual_items, which
+    documents the arguments)."""
+    return summarize_gradual(gradual_items(model, tok, tables, batch_size, progress, skip_at_chance, always_scored,
+                                           scored))
+
+
+def prefix_scores(items_path: str | None, kept_layers: list[int]) -> dict[str, pl.DataFrame]:
+    """{task: per-item scores of the prefix model `kept_layers` (the minimal model)} read from
+    gradual pruning's per-item scores (`items_path`, gradual_items), for the tasks scored at that
+    depth there; {} without a file or where `kept_layers` is not a prefix."""
+    if items_path is None or kept_layers != list(range(len(kept_layers))):
+        return {}
+    items = read_parquet(items_path).filter(pl.col("layers_kept") == len(kept_layers))
+    return {task: part.drop("layers_kept", "skipped_reason", "model", strict=False)
+            for (task,), part in items.partition_by("task", as_dict=True, maintain_order=True).items()}
 
 
 def minimal_prefix(gradual_summary: pl.DataFrame, task: str, metric: str, fraction: float) -> dict:
@@ -73,16 +103,18 @@ def minimal_prefix(gradual_summary: pl.DataFrame, task: str, metric: str, fracti
 
 
 def individual(model, tok, tables: dict[str, pl.DataFrame], kept_layers: list[int], batch_size: int = 8,
-               progress: bool = True, skip_at_chance: bool = True, always_scored: tuple[str, ...] = ()
-               ) -> pl.DataFrame:
+               progress: bool = True, skip_at_chance: bool = True, always_scored: tuple[str, ...] = (),
+               scored: dict[str, pl.DataFrame] | None = None) -> pl.DataFrame:
     """Remove each layer of the minimal model in turn; also score the minimal model itself
     (removed_layer = -1). Tidy: task, group, n, metric, value, removed_layer, skipped_reason.
     skip_at_chance: a task on which the minimal model is at chance (`at_chance`) is scored on
     the minimal model only, with the reason in skipped_reason (null where every removal ran);
-    the tasks in `always_scored` (the retrieval task that defined the minimal model) never are."""
+    the tasks in `always_scored` (the retrieval task that defined the minimal model) never are.
+    `scored`: {task: the minimal model's per-item scores (prefix_scores)}, read instead of
+    scoring it again where they hold the table's items."""
     frames = []
     for task, table in tables.items():
-        base = score_table(model, tok, table, batch_size=batch_size, progress=False, layers=kept_layers)
+        base = known_or_scored(model, tok, table, (scored or {}).get(task), batch_size, layers=kept_layers)
         items = base.with_columns(pl.lit(-1).alias("removed_layer"))
         reason = at_chance(base, table) if skip_at_chance and task not in always_scored else None
         if reason is None:
@@ -98,15 +130,18 @@ def individual(model, tok, tables: dict[str, pl.DataFrame], kept_layers: list[in
 def run_prune_gradual(model_name: str, model_dir: str, task_paths: list[str], out_path: str,
                       max_items: int | None, batch_size: int = 8, dtype: str = "float32", compute_dtype: str = "float32",
                       skip_at_chance: bool = False, retrieval_task: str | None = None,
-                      baseline_paths: list[str] = ()) -> pl.DataFrame:
+                      baseline_paths: list[str] = (), items_path: str | None = None) -> pl.DataFrame:
     """Phase prune_gradual: `gradual` on the task tables `task_paths` (each cut to `max_items`),
-    written to `out_path` with a model column. skip_at_chance: tasks on which the full model is
+    written to `out_path` with a model column, its per-item scores (gradual_items) to `items_path`. skip_at_chance: tasks on which the full model is
     at chance (judged on its baseline's per-item scores, `baseline_paths`) are scored on the
     full model only; never `retrieval_task`, which defines the minimal model."""
     model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
-    result = gradual(model, tok, load_task_tables(task_paths, max_items), batch_size=batch_size,
-                     skip_at_chance=skip_at_chance, always_scored=(retrieval_task,) if retrieval_task else (),
-                     scored=load_item_scores(list(baseline_paths)))
+    items = gradual_items(model, tok, load_task_tables(task_paths, max_items), batch_size=batch_size,
+                          skip_at_chance=skip_at_chance, always_scored=(retrieval_task,) if retrieval_task else (),
+                          scored=load_item_scores(list(baseline_paths)))
+    result = summarize_gradual(items)
+    if items_path is not None:
+        write_parquet(items.with_columns(pl.lit(model_name).alias("model")), items_path)
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
     log.info("gradual pruning: %d rows", len(result))
     return result
@@ -125,14 +160,17 @@ def run_minimal_model(model_name: str, gradual_path: str, out_path: str, task: s
 
 def run_prune_individual(model_name: str, model_dir: str, task_paths: list[str], minimal_path: str, out_path: str,
                          max_items: int | None, batch_size: int = 8, dtype: str = "float32", compute_dtype: str = "float32",
-                         skip_at_chance: bool = True) -> pl.DataFrame:
+                         skip_at_chance: bool = True, gradual_items_path: str | None = None) -> pl.DataFrame:
     """Phase prune_individual: `individual` removal on the minimal model of `minimal_path`
     (run_minimal_model's JSON), on the task tables `task_paths`; written to `out_path` with a
-    model column. The minimal model's defining task (the JSON's `task`) is never skipped."""
+    model column. The minimal model's defining task (the JSON's `task`) is never skipped. The
+    minimal model's own scores are read from gradual pruning's per-item scores
+    (`gradual_items_path`) where they hold the items (prefix_scores)."""
     model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
     minimal = read_json(minimal_path)
     result = individual(model, tok, load_task_tables(task_paths, max_items), minimal["kept_layers"],
-                        batch_size=batch_size, skip_at_chance=skip_at_chance, always_scored=(minimal["task"],))
+                        batch_size=batch_size, skip_at_chance=skip_at_chance, always_scored=(minimal["task"],),
+                        scored=prefix_scores(gradual_items_path, minimal["kept_layers"]))
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
     log.info("individual removal: %d rows", len(result))
     return result

@@ -219,9 +219,15 @@ def heads_kept_part(model: str, teacher: pl.DataFrame, heads: pl.DataFrame, hy: 
                           heads.with_columns(pl.col("heads_kept").cast(pl.String).alias("heads kept"))],
                          how="diagonal_relaxed")
     shown = _metric_table(labelled, "heads kept")
+    knowledge = hy.get("knowledge_heads_kept")
+    only_kv = sorted(set(hy["heads_kept"]) - set(knowledge)) if knowledge is not None else []
+    kv_note = (f"<p class='note'>The students with k = {', '.join(map(str, only_kv))} are scored on KV retrieval "
+               "only (blank for the other tasks); the knowledge tasks on k = "
+               f"{', '.join(map(str, sorted(knowledge)))} (<code>hybrid.knowledge_heads_kept</code>).</p>"
+               if only_kv else "")
     return (f"<h3>{html.escape(model)}: attention heads kept vs knowledge / retrieval-heavy "
             f"(state size {hy['state_size']})</h3>" + table(shown, left=("heads kept",), fmt=_fmt(shown))
-            + not_scored_note(heads))
+            + kv_note + not_scored_note(heads))
 
 
 def not_scored_note(scores: pl.DataFrame) -> str:

@@ -50,7 +50,7 @@ def conditions(model: str, ctx: SectionContext) -> list[tuple[str, pl.DataFrame]
     scores = ctx.frame("hybrid_scores")
     if hybrid.get("enabled") and not scores.is_empty():
         scores = scores.filter(pl.col("model") == model)
-        kept = sorted(hybrid["heads_kept"])
+        kept = sorted(hybrid.get("knowledge_heads_kept") or hybrid["heads_kept"])  # the students scored on knowledge
         for k in dict.fromkeys([0, 10 if 10 in kept else kept[-1]]):
             variant = variant_name(k, hybrid["state_size"])
             rows = scores.filter(pl.col("variant") == variant)

@@ -88,10 +88,15 @@ def in_heads_kept_sweep(hybrid: dict, variant: str) -> bool:
 
 
 def scored_tasks(hybrid: dict, variant: str, tasks: list[str]) -> list[str]:
-    """The tasks hybrid_score scores `variant` on: every task for the teacher and the heads-kept
-    sweep; KV retrieval only for students of the state-size sweep alone (the study's state-size
-    finding is about retrieval, and it keeps the sweep's cost down)."""
-    if variant == TEACHER_VARIANT or in_heads_kept_sweep(hybrid, variant):
+    """The tasks hybrid_score scores `variant` on: every task for the teacher and for the students
+    of the heads-kept sweep whose k is in `knowledge_heads_kept` (absent or None: every k); KV
+    retrieval only for the sweep's other students and for students of the state-size sweep alone
+    (the study's knowledge contrast is pure SSM vs hybrid, its state-size finding is about
+    retrieval, and the knowledge tasks' long prompts cost the most to score)."""
+    if variant == TEACHER_VARIANT:
+        return list(tasks)
+    knowledge = hybrid.get("knowledge_heads_kept")
+    if in_heads_kept_sweep(hybrid, variant) and (knowledge is None or parse_variant(variant)[0] in knowledge):
         return list(tasks)
     return [t for t in tasks if t == "kv_retrieval"]
 

@@ -20,13 +20,15 @@ def run_hybrid_answer_rows(model_name: str, variant: str, model_dir: str, task_p
                            max_items: int | None, batch_size: int, dtype: str = "float32", compute_dtype: str = "float32",
                            teacher_summary_path: str | None = None,
                            teacher_checks: tuple[str, ...] = TEACHER_CHECKS,
-                           answers_path: str | None = None) -> pl.DataFrame:
+                           answers_path: str | None = None, skip_at_chance: bool = False) -> pl.DataFrame:
     """gna.phases.masking.answer_rows_experiment on student `variant` over the task tables (each cut
     to `max_items`), with model and variant columns, written to `out_path`. With the teacher's
     summary, a task on which the teacher fails `teacher_checks` (skip_where_teacher_cannot_compare:
     degenerate, at chance) is not run; its row carries the reason
     (skipped_reason) instead of accuracies. `answers_path`: the student's per-item answers (its
-    hybrid_score), read for the unmodified condition instead of scoring those items again."""
+    hybrid_score), read for the unmodified condition instead of scoring those items again.
+    skip_at_chance: the masked condition is not run where the unmodified student is at chance
+    (answer_rows_experiment)."""
     model, tok = load_any(model_dir, dtype, compute_dtype=compute_dtype)
     tables, reasons = skip_where_teacher_cannot_compare(load_task_tables(task_paths, max_items), teacher_summary_path,
                                                         teacher_checks)
@@ -34,7 +36,8 @@ def run_hybrid_answer_rows(model_name: str, variant: str, model_dir: str, task_p
     if answers_path is not None:
         answers = read_parquet(answers_path)
         scored = {task: answers.filter(pl.col("task") == task) for task in tables}
-    frame = answer_rows_experiment(model, tables, tok, batch_size, scored) if tables else pl.DataFrame()
+    frame = (answer_rows_experiment(model, tables, tok, batch_size, scored, skip_at_chance) if tables
+             else pl.DataFrame())
     for row in frame.iter_rows(named=True):
         log.info("%s %s: acc %.3f", row["task"], row["condition"], row["acc"])
     if reasons is not None:

@@ -369,3 +369,31 @@ def test_answer_rows_read_the_unmodified_scores_they_are_given(hybrid):
     # scores that lack an item of the table: the unmodified student is scored
     lacking = answer_rows_experiment(student, part, tok, batch_size=2, scored={"kv_retrieval": answers.head(2)})
     assert lacking.equals(plain)
+
+
+def test_answer_rows_are_not_masked_where_the_unmodified_student_is_at_chance(hybrid):
+    from gna.engine.scoring import score_table
+    from gna.phases.masking import answer_rows_experiment
+    from gna.tasks.tables import build_kv_retrieval
+
+    student, tok = hybrid
+    kv = build_kv_retrieval([3], 12, 0, "lookup")
+    answers = score_table(student, tok, kv, batch_size=4, progress=False)
+    # 1 of 12 right on 3 keys (chance 1/3): at chance, so only the unmodified row, with the reason
+    at_chance = answers.with_columns(pl.col("item_id").cum_count().alias("_i")).with_columns(
+        correct=pl.col("_i") == 1).drop("_i")
+    frame = answer_rows_experiment(student, {"kv_retrieval": kv}, tok, batch_size=4,
+                                   scored={"kv_retrieval": at_chance}, skip_at_chance=True)
+    assert frame["condition"].to_list() == ["unmodified"]
+    assert "not distinguishable from chance at n=12" in frame["skipped_reason"][0]
+    assert frame["skipped_reason"][0].endswith("the masked condition not run")
+    # every item right: clear of chance, so both conditions run and no reason is recorded
+    clear = answers.with_columns(correct=pl.lit(True))
+    frame = answer_rows_experiment(student, {"kv_retrieval": kv}, tok, batch_size=4,
+                                   scored={"kv_retrieval": clear}, skip_at_chance=True)
+    assert frame["condition"].to_list() == ["unmodified", "attention answer rows masked"]
+    assert frame["skipped_reason"].null_count() == 2
+    # without the policy the masked condition runs at chance too
+    frame = answer_rows_experiment(student, {"kv_retrieval": kv}, tok, batch_size=4, scored={"kv_retrieval": at_chance})
+    assert frame["condition"].to_list() == ["unmodified", "attention answer rows masked"]
+    assert "skipped_reason" not in frame.columns

@@ -173,3 +173,36 @@ def test_minimal_model_phase_writes_the_prefix_with_the_model_name(tmp_path):
     run_minimal_model("m", tmp_path / "gradual.parquet", tmp_path / "minimal.json", "kv_retrieval", "acc", 0.9)
     written = json.loads((tmp_path / "minimal.json").read_text())
     assert written["model"] == "m" and written["kept_layers"] == [0, 1]
+
+
+def test_the_minimal_models_scores_are_read_from_gradual_pruning_exactly(tiny_llama, tmp_path):
+    """gradual_items at depth k are the prefix model's own scores, bit for bit; prefix_scores reads
+    them back, and individual removal and the heads-kept table give the same results read as
+    scored (the tiny model is at chance, so both read them for the skip decision)."""
+    from gna.core.io import write_parquet
+    from gna.phases.head_tables import heads_kept
+    from gna.phases.pruning import gradual_items, prefix_scores
+
+    model, tok = tiny_llama
+    tables = {"kv_retrieval": KV}
+    items = gradual_items(model, tok, tables, batch_size=2, progress=False)
+    n = model.config.num_hidden_layers
+    assert sorted(items["layers_kept"].unique()) == list(range(1, n + 1))
+    write_parquet(items.with_columns(pl.lit("m").alias("model")), tmp_path / "gradual.items.parquet")
+    kept = list(range(2))
+    read = prefix_scores(str(tmp_path / "gradual.items.parquet"), kept)
+    assert read["kv_retrieval"].equals(score_table(model, tok, KV, batch_size=2, progress=False, layers=kept))
+    assert prefix_scores(str(tmp_path / "gradual.items.parquet"), [0, 2]) == {}  # not a prefix
+    assert prefix_scores(None, kept) == {}
+    shifted = {"kv_retrieval": read["kv_retrieval"].with_columns(pl.col("logp_target") - 1)}
+    plain = individual(model, tok, tables, kept, batch_size=2, progress=False, skip_at_chance=True)
+    assert individual(model, tok, tables, kept, batch_size=2, progress=False, skip_at_chance=True,
+                      scored=read).equals(plain)
+    # read, not recomputed: shifted scores move the minimal model's own row only
+    moved = individual(model, tok, tables, kept, batch_size=2, progress=False, skip_at_chance=True, scored=shifted)
+    assert not moved.equals(plain)
+    assert moved.filter(pl.col("removed_layer") != -1).equals(plain.filter(pl.col("removed_layer") != -1))
+    ranking = pl.DataFrame({"layer": [0, 1], "head": [0, 1], "rank": [1, 2]})
+    args = dict(batch_size=2, progress=False, skip_at_chance=True, always_scored=())
+    assert heads_kept(model, tok, ranking, kept, tables, scored=read, **args).equals(
+        heads_kept(model, tok, ranking, kept, tables, **args))

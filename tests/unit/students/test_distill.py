@@ -398,6 +398,12 @@ def test_the_state_size_sweep_alone_is_scored_on_retrieval_at_one_dictionary_siz
         assert scored_tasks(hybrid, variant, tasks) == tasks and scored_dict_size(hybrid, variant) is None
     for variant in ("k0-n4", "k10-n64", "k2-n4"):
         assert scored_tasks(hybrid, variant, tasks) == ["kv_retrieval"] and scored_dict_size(hybrid, variant) == 10
+    # knowledge_heads_kept: the heads-kept sweep's other students on KV retrieval only, at every size
+    hybrid = {**hybrid, "heads_kept": [0, 2, 10], "knowledge_heads_kept": [0, 10]}
+    assert scored_tasks(hybrid, "k2-n16", tasks) == ["kv_retrieval"] and scored_dict_size(hybrid, "k2-n16") is None
+    for variant in ("teacher", "k0-n16", "k10-n16"):
+        assert scored_tasks(hybrid, variant, tasks) == tasks
+    assert scored_tasks({**hybrid, "knowledge_heads_kept": None}, "k2-n16", tasks) == tasks
 
 
 def test_checkpoint_steps_are_evenly_spaced_from_alignment_to_the_student():
