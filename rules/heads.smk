@@ -72,6 +72,7 @@ rule heads_topk:
         random_draws=config["heads"]["random_draws"],
         control_tasks=config["heads"]["control_tasks"],
         control_k=config["heads"]["control_k"],
+        control_draws=config["heads"]["control_draws"],
         max_items=config["heads"]["table_max_items"],
         seed=config["heads"]["seed"],
         skip_at_chance=config["heads"]["skip_at_chance"],

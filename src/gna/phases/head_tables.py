@@ -46,10 +46,11 @@ def remove_top_k(model, tok, ranking: pl.DataFrame, tables: dict[str, pl.DataFra
                  random_draws: int, control_tasks: list[str], seed: int, batch_size: int = 8,
                  progress: bool = True, scored: dict[str, pl.DataFrame] | None = None,
                  skip_at_chance: bool = False, always_scored: tuple[str, ...] = (SWEEP_TASK,),
-                 control_k: list[int] | None = None) -> pl.DataFrame:
+                 control_k: list[int] | None = None, control_draws: int | None = None) -> pl.DataFrame:
     """Tidy: condition (top | random), k, draw, heads, task, group, n, metric, value,
     skipped_reason. The random-k controls score the `control_tasks`: those of `always_scored` at
-    every k, the others at the k of `control_k` only (None: every k). `scored`: {task: per-item
+    every k with `random_draws` draws, the others at the k of `control_k` only (None: every k)
+    with the first `control_draws` of the same draws (None: random_draws). `scored`: {task: per-item
     scores of the unmodified model} (its baseline), read for k = 0 instead of scoring the same
     items again. skip_at_chance: a task on which the unmodified model is at chance (`at_chance`)
     is scored at k = 0 only, with the reason in skipped_reason (null elsewhere); never the tasks
@@ -61,23 +62,25 @@ def remove_top_k(model, tok, ranking: pl.DataFrame, tables: dict[str, pl.DataFra
                          f"heads.verify_budget: raise it, or use heads.sweep_mode: exact)")
     population = all_heads(model)
     jobs = [("top", k, 0, _top(ranking, k)) for k in ks]
+    control_draws = random_draws if control_draws is None else control_draws
     for k in ks:
         if k == 0:
             continue
-        for draw in range(random_draws):
+        for draw in range(max(random_draws, control_draws)):
             rng = random.Random(f"random-heads-{seed}-{k}-{draw}")
             jobs.append(("random", k, draw, sorted(rng.sample(population, min(k, len(population))))))
 
-    def used_by(condition: str, k: int) -> list[str]:
+    def used_by(condition: str, k: int, draw: int) -> list[str]:
         if condition == "top":
             return list(tables)
         return [t for t in control_tasks if t in tables
-                and (t in always_scored or control_k is None or k in control_k)]
+                and (draw < random_draws if t in always_scored
+                     else draw < control_draws and (control_k is None or k in control_k))]
 
     # per task, every condition scoring it in one pass (k = 0 read from the baseline where given)
     summaries, reasons = {}, {}
     for task, table in tables.items():
-        wanted = {i: heads for i, (condition, k, _, heads) in enumerate(jobs) if task in used_by(condition, k)}
+        wanted = {i: heads for i, (condition, k, draw, heads) in enumerate(jobs) if task in used_by(condition, k, draw)}
         unablated = [i for i in wanted if jobs[i][1] == 0]
         if skip_at_chance and task not in always_scored:
             base = known_or_scored(model, tok, table, (scored or {}).get(task), batch_size)
@@ -94,11 +97,11 @@ def remove_top_k(model, tok, ranking: pl.DataFrame, tables: dict[str, pl.DataFra
                           for i, summary in _score(model, tok, {task: table}, wanted, batch_size=batch_size,
                                                    progress=progress, desc="remove top-k").items()})
     return pl.concat([
-        pl.concat([summaries[i, task] for task in used_by(condition, k) if (i, task) in summaries]).with_columns(
+        pl.concat([summaries[i, task] for task in used_by(condition, k, draw) if (i, task) in summaries]).with_columns(
             pl.lit(condition).alias("condition"), pl.lit(k).alias("k"), pl.lit(draw).alias("draw"),
             pl.lit(" ".join(f"L{l}H{h}" for l, h in heads)).alias("heads"))
         for i, (condition, k, draw, heads) in enumerate(jobs)
-        if any((i, task) in summaries for task in used_by(condition, k))]).with_columns(_reason_column(reasons))
+        if any((i, task) in summaries for task in used_by(condition, k, draw))]).with_columns(_reason_column(reasons))
 
 
 def _reason_column(reasons: dict[str, str | None]) -> pl.Expr:
@@ -186,7 +189,7 @@ def run_heads_topk(model_name: str, model_dir: str, ranking_path: str, task_path
                    top_k: list[int], random_draws: int, control_tasks: list[str], max_items: int | None, seed: int,
                    batch_size: int = 8, dtype: str = "float32", compute_dtype: str = "float32",
                    baseline_paths: list[str] = (), skip_at_chance: bool = False,
-                   control_k: list[int] | None = None) -> pl.DataFrame:
+                   control_k: list[int] | None = None, control_draws: int | None = None) -> pl.DataFrame:
     """Phase heads_topk: remove_top_k of the ranking in `ranking_path` on the task tables
     `task_paths` (each cut to `max_items`), written to `out_path` with a model column; k = 0 is
     read from the model's per-item baseline scores `baseline_paths` where given (and with
@@ -194,7 +197,8 @@ def run_heads_topk(model_name: str, model_dir: str, ranking_path: str, task_path
     model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
     result = remove_top_k(model, tok, read_parquet(ranking_path), load_task_tables(task_paths, max_items), top_k,
                           random_draws, control_tasks, seed, batch_size=batch_size,
-                          scored=load_item_scores(baseline_paths), skip_at_chance=skip_at_chance, control_k=control_k)
+                          scored=load_item_scores(baseline_paths), skip_at_chance=skip_at_chance, control_k=control_k,
+                          control_draws=control_draws)
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
     log.info("remove top-k: %d rows", len(result))
     return result

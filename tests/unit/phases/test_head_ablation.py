@@ -171,6 +171,13 @@ def test_random_controls_of_other_tasks_run_at_control_k_only(tiny_llama):
     # what runs is what ran before: the same draws, the same numbers
     dropped = (pl.col("condition") == "random") & (pl.col("task") == "facts_cloze") & (pl.col("k") == 1)
     assert cut.sort(cut.columns).equals(every.filter(~dropped).sort(every.columns))
+    # control_draws: the other tasks get the first draws only, the sweep's task all of them
+    first = remove_top_k(model, tok, ranking, tables, [0, 1, 2], control_k=[2], control_draws=1, **args)
+    random = first.filter(pl.col("condition") == "random")
+    assert set(random.filter(pl.col("task") == "kv_retrieval")["draw"]) == {0, 1}
+    assert set(random.filter(pl.col("task") == "facts_cloze")["draw"]) == {0}
+    dropped = dropped | ((pl.col("condition") == "random") & (pl.col("task") == "facts_cloze") & (pl.col("draw") == 1))
+    assert first.sort(first.columns).equals(every.filter(~dropped).sort(every.columns))
 
 
 def _mamba2_without_head(model, tok, layer: int, head: int):
