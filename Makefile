@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CORES  ?= all
 
-.PHONY: venv reproduce test test-fast smoke-golden dryrun pull push report lock peers
+.PHONY: venv gpu reproduce test test-fast smoke-golden dryrun pull push report lock peers
 
 # torch first, pinned to the CPU wheel (any looser spec can pull a multi-GB CUDA build), then
 # the project under a full constraint file so the resolver cannot replace it.
@@ -18,6 +18,19 @@ $(STAMP): pyproject.toml requirements.lock
 
 venv: $(STAMP)
 
+## mamba-ssm's Triton SSD kernel, the SSM heads' scan on a GPU (gna.engine.ssm_kernel). Its package
+## is built without its CUDA extension (selective_scan_cuda, which no rule uses): setup.py reads
+## torch.version.cuda, so it builds against the installed torch (no build isolation), and a forced
+## local build skips its prebuilt-wheel lookup. Triton comes with a CUDA torch; it is installed here
+## where it does not: the tests run the kernel on the CPU through Triton's interpreter.
+MAMBA_SSM := mamba-ssm==2.3.2.post1
+TRITON    := triton==3.7.1
+gpu: venv
+	$(BIN)/python -c "import triton" 2>/dev/null || $(BIN)/python -m pip install $(TRITON)
+	$(BIN)/python -m pip install einops==0.8.2 ninja==1.13.2
+	MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE $(BIN)/python -m pip install --no-build-isolation --no-deps $(MAMBA_SSM)
+	$(BIN)/python -c "from gna.engine.ssm_kernel import load_kernel; assert load_kernel() is not None; print('mamba-ssm SSD kernel: ready')"
+
 ## Run the whole study on the default config (config/config.yaml) through DVC, which runs
 ## `snakemake --cores $(CORES)` and records every output in its cache. First, a tracked output
 ## that no job wrote (edited, replaced, added or deleted by hand) is set aside and restored from
@@ -28,13 +41,14 @@ reproduce: venv
 
 ## The test suite (unit tests on tiny models, the workflow on config/smoke.yaml, one test on
 ## the real default model). `make test-fast` skips tests marked slow.
-test: venv
+## (gpu: the tests run mamba-ssm's SSD kernel through Triton's interpreter against the torch scan)
+test: venv gpu
 	$(BIN)/python -m pytest -m "not extended"
 
 test-extended: venv
 	$(BIN)/python -m pytest -m extended
 
-test-fast: venv
+test-fast: venv gpu
 	$(BIN)/python -m pytest -m "not slow and not extended"
 
 ## Refresh the golden smoke results (tests/data/smoke_results) that the golden test compares every smoke run

@@ -1,13 +1,16 @@
 """The SSM scan: chunked fast path vs the recurrent reference, and inference memory.
 
     .venv/bin/python benchmarks/ssm_scan_speed.py [--length 2048] [--heads 9] [--state 16] [--threads 2]
+                                                  [--device cuda --batch 4]
 
 Prints, measured in this run on the same random inputs (a SmolLM2-sized layer of SSM heads):
 the recurrent reference time, the chunked scan time and their ratio, the masked quadratic path
 used for packed scoring, the tree fast path against it on a scoring batch (right-padded prompts,
 each with ten two-token choices packed after its context, as KV retrieval's two-digit values are),
 layout detection included, the largest output difference between paths, and the bytes of state a
-recurrent step carries vs a KV cache of the same length (the reason hybrids exist).
+recurrent step carries vs a KV cache of the same length (the reason hybrids exist). Where
+mamba-ssm's Triton kernel runs (a CUDA device with `make gpu`; gna.engine.ssm_kernel), also its
+time against the chunked scan on the same device and their largest difference.
 """
 
 from __future__ import annotations
@@ -20,15 +23,38 @@ import torch
 
 from gna.engine.packing import collate, pack
 from gna.engine.ssm import ssd_chunked, ssd_masked, ssd_recurrent, ssd_tree, tree_layout
+from gna.engine.ssm_kernel import kernel_runs, ssd_chunked_kernel
 
 
 def timed(fn, repeats: int = 1):
     best = float("inf")
     for _ in range(repeats):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         start = time.perf_counter()
         out = fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         best = min(best, time.perf_counter() - start)
     return out, best
+
+
+def kernel_vs_chunked(batch: int, L: int, H: int, P: int, N: int, chunk: int, device: str) -> dict:
+    """mamba-ssm's kernel against the chunked scan on `device` (first call, which compiles, timed
+    apart), float32 inputs of `batch` sequences."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(batch, L, H, P, generator=g).to(device)
+    if not kernel_runs(x):
+        return {"kernel": f"not run on {device} (needs a CUDA device and mamba-ssm: make gpu)"}
+    log_a = (-torch.rand(batch, L, H, generator=g) * 0.1).to(device)
+    Bm, Cm = (torch.randn(batch, L, H, N, generator=g).to(device) / N ** 0.5 for _ in range(2))
+    D = torch.randn(H, generator=g).to(device)
+    _, t_first = timed(lambda: ssd_chunked_kernel(x, log_a, Bm, Cm, D, chunk))
+    (ours, _), t_chunk = timed(lambda: ssd_chunked(x, log_a, Bm, Cm, D, chunk), repeats=5)
+    (theirs, _), t_kernel = timed(lambda: ssd_chunked_kernel(x, log_a, Bm, Cm, D, chunk), repeats=5)
+    return {"device": str(device), "batch": batch, "kernel_first_call_s": round(t_first, 2),
+            "chunked_s": round(t_chunk, 5), "kernel_s": round(t_kernel, 5), "kernel_speedup": round(t_chunk / t_kernel, 1),
+            "max_abs_diff_kernel": float((theirs - ours).abs().max()), "max_abs_output": float(ours.abs().max())}
 
 
 def main():
@@ -39,6 +65,8 @@ def main():
     ap.add_argument("--state", type=int, default=16)
     ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="where the kernel comparison runs (cuda on a GPU node)")
+    ap.add_argument("--batch", type=int, default=4, help="sequences in the kernel comparison")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
@@ -72,6 +100,7 @@ def main():
         "scoring_batch_speedup": round(t_batch_masked / t_batch_tree, 1),
         "max_abs_diff_tree": float((batch_fast - batch_ref).abs().max()),
         "state_bytes_fp16": H * N * P * 2, "kv_cache_bytes_fp16_same_heads": 2 * H * P * L * 2,
+        **kernel_vs_chunked(args.batch, L, H, P, N, args.chunk, args.device),
     }
     print(json.dumps(result, indent=2))
 

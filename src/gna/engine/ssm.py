@@ -14,7 +14,8 @@ Unrolled, y = T x with the head's implicit attention matrix
 Three ways to compute it, kept equal by tests:
   ssd_recurrent     the recurrence above, one step at a time (the slow reference)
   ssd_chunked       the chunked scan: quadratic inside chunks, states passed between them
-                    (the fast path for training and long sequences)
+                    (the fast path for training and long sequences; on a GPU with mamba-ssm,
+                    its Triton kernel runs instead: ssd_scan, gna.engine.ssm_kernel)
   materialize       T itself (for maps and masking); `ssd_masked` applies T under any
                     tree-shaped visibility mask, e.g. the packed multiple-choice layout of
                     gna.engine.packing where each choice sees the context and itself only.
@@ -34,6 +35,7 @@ Shapes: x [B, L, H, P], log_a [B, L, H] (≤ 0), Bm / Cm [B, L, H, N], D [H].
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -153,7 +155,7 @@ def ssd_tree(x, log_a, Bm, Cm, D, layout: TreeLayout, chunk: int = 64):
     row can reach it); each row after the trunk continues its parent's state one step
     (S_l = a_l S_parent + B_l x_l, y_l = C_l · S_l + D x_l), depth by depth, starting from the
     state of the trunk row it leaves from; padding rows read themselves only."""
-    y = ssd_chunked(x, log_a, Bm, Cm, D, chunk)[0]
+    y = ssd_scan(x, log_a, Bm, Cm, D, chunk)[0]
     if bool(layout.self_only.any()):
         self_only = ((Cm * Bm).sum(-1) + D)[..., None] * x  # [B, L, H, P]
         y = torch.where(layout.self_only[:, :, None, None], self_only, y)
@@ -177,6 +179,18 @@ def ssd_tree(x, log_a, Bm, Cm, D, layout: TreeLayout, chunk: int = 64):
         y = y.index_put((bi, li), out)
         depth_slot = depth_slot.index_put((bi, li), torch.arange(len(bi), device=x.device))
     return y
+
+
+def ssd_scan(x, log_a, Bm, Cm, D, chunk: int = 64, state=None):
+    """The chunked scan as the engine runs it: mamba-ssm's Triton kernel where it runs (a CUDA
+    tensor with mamba-ssm installed: gna.engine.ssm_kernel.kernel_runs), else ssd_chunked, its
+    reference (same arguments and result)."""
+    if x.is_cuda or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        from gna.engine import ssm_kernel  # only where the kernel could run: it may import triton
+
+        if ssm_kernel.kernel_runs(x):
+            return ssm_kernel.ssd_chunked_kernel(x, log_a, Bm, Cm, D, chunk, state)
+    return ssd_chunked(x, log_a, Bm, Cm, D, chunk, state)
 
 
 def ssd_chunked(x, log_a, Bm, Cm, D, chunk: int = 64, state=None):

@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from gna.engine.precision import linear_group
-from gna.engine.ssm import (TreeLayout, local_matrix, local_mix, local_mix_causal, materialize, ssd_chunked,
-                            ssd_recurrent, ssd_tree, tree_layout)
+from gna.engine.ssm import (TreeLayout, local_matrix, local_mix, local_mix_causal, materialize, ssd_recurrent, ssd_scan,
+                            ssd_tree, tree_layout)
 
 C_INIT_SCALE = 0.03
 SINK_INIT = 0.3  # teacher heads put about a third of their attention on the first token
@@ -263,7 +263,7 @@ class HybridMixer(nn.Module):
                 T, T_local = T * restrict, T_local * restrict
             y = torch.einsum("bhls,bshp->blhp", T, x) + torch.einsum("bhls,bshp->blhp", T_local, x)
         elif allowed is None:
-            y = ssd_chunked(x, log_a, Bm, Cm, D, chunk)[0]
+            y = ssd_scan(x, log_a, Bm, Cm, D, chunk)[0]
             y = y + local_mix_causal(x, local)
         else:  # the fast path of the materialised one
             y = ssd_tree(x, log_a, Bm, Cm, D, layout, chunk)
@@ -373,7 +373,7 @@ class HybridMixer(nn.Module):
         active = self.active_ssm
         if active:
             x, log_a, Bm, Cm, share = self.ssm_inputs(u, active)
-            y, state = ssd_chunked(x, log_a, Bm, Cm, self.D[active])
+            y, state = ssd_scan(x, log_a, Bm, Cm, self.D[active])
             local = self.local[active]
             y = y + local_mix_causal(x, local)
             first = self.first_value(u, active)

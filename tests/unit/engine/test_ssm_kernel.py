@@ -1,0 +1,78 @@
+"""mamba-ssm's Triton SSD kernel (the SSM heads' GPU path) against the torch scan, its reference.
+
+Where mamba-ssm and triton are installed (`make gpu`), the kernel runs on the CPU through Triton's
+interpreter (TRITON_INTERPRET=1, which must be set before triton is imported: a subprocess)."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from gna.engine.ssm import ssd_chunked, ssd_scan
+from gna.engine.ssm_kernel import KERNEL_ENV, kernel_runs
+
+HAS_KERNEL = all(importlib.util.find_spec(m) is not None for m in ("mamba_ssm", "triton"))
+
+
+def scan_inputs(b=2, length=70, h=3, p=8, n=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, length, h, p, generator=g)
+    log_a = -torch.nn.functional.softplus(torch.randn(b, length, h, generator=g))
+    Bm, Cm = torch.randn(b, length, h, n, generator=g), torch.randn(b, length, h, n, generator=g)
+    return x, log_a, Bm, Cm, torch.randn(h, generator=g)
+
+
+def test_the_torch_scan_runs_where_the_kernel_cannot(monkeypatch):
+    x, log_a, Bm, Cm, D = scan_inputs()
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert not kernel_runs(x)  # a CPU tensor
+    y, state = ssd_scan(x, log_a, Bm, Cm, D, chunk=16)
+    ref_y, ref_state = ssd_chunked(x, log_a, Bm, Cm, D, chunk=16)
+    assert torch.equal(y, ref_y) and torch.equal(state, ref_state)
+    monkeypatch.setenv(KERNEL_ENV, "cuda")
+    with pytest.raises(ValueError, match="GNA_SSM_KERNEL='cuda': allowed triton"):
+        kernel_runs(x)
+
+
+INTERPRETED = textwrap.dedent("""
+    import torch
+    from gna.engine.ssm import ssd_chunked, ssd_scan
+    from gna.engine.ssm_kernel import kernel_runs, ssd_chunked_kernel
+    from tests.unit.engine.test_ssm_kernel import scan_inputs
+
+    x, log_a, Bm, Cm, D = scan_inputs()
+    state = torch.randn(x.shape[0], x.shape[2], Bm.shape[-1], x.shape[-1])
+    assert kernel_runs(x)
+    for initial in (None, state):
+        ref_y, ref_state = ssd_chunked(x, log_a, Bm, Cm, D, 16, initial)
+        y, final = ssd_chunked_kernel(x, log_a, Bm, Cm, D, 16, initial)
+        scale = ref_y.abs().max().item()
+        print("max |dy|", (y - ref_y).abs().max().item(), "of", scale,
+              "max |dstate|", (final - ref_state).abs().max().item())
+        assert torch.allclose(y, ref_y, atol=1e-4 * scale, rtol=1e-4)
+        assert torch.allclose(final, ref_state, atol=1e-4 * ref_state.abs().max().item(), rtol=1e-4)
+    assert torch.equal(ssd_scan(x, log_a, Bm, Cm, D, 16)[0], ssd_chunked_kernel(x, log_a, Bm, Cm, D, 16)[0])
+    # gradients through the kernel's own backward equal the reference's
+    leaves = [t.clone().requires_grad_() for t in (x, log_a, Bm, Cm)]
+    ssd_chunked_kernel(*leaves, D, 16)[0].square().sum().backward()
+    kernel_grads = [t.grad for t in leaves]
+    leaves = [t.clone().requires_grad_() for t in (x, log_a, Bm, Cm)]
+    ssd_chunked(*leaves, D, 16)[0].square().sum().backward()
+    for name, got, ref in zip(("x", "log_a", "B", "C"), kernel_grads, [t.grad for t in leaves]):
+        print("grad", name, (got - ref).abs().max().item(), "of", ref.abs().max().item())
+        assert torch.allclose(got, ref, atol=1e-3 * ref.abs().max().item(), rtol=1e-3), name
+    print("ok")
+""")
+
+
+@pytest.mark.skipif(not HAS_KERNEL, reason="mamba-ssm and triton are not installed (make gpu)")
+def test_the_kernel_equals_the_torch_scan_under_tritons_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env.pop(KERNEL_ENV, None)
+    proc = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=900,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))))
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout[-3000:] + proc.stderr[-3000:]
