@@ -12,6 +12,9 @@ import yaml
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The suite runs on the CPU, also on a GPU node (its golden results and exact comparisons are CPU
+# numbers); GNA_TEST_DEVICE=cuda runs it, Snakemake's jobs included, with models on the GPU.
+os.environ["GNA_DEVICE"] = os.environ.get("GNA_TEST_DEVICE", "cpu")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,20 +6,31 @@ of the model or tensor it serves (device_of), never on torch's default device. S
 runs on a GPU node and on a laptop, and the CPU path, the tested one, is the GPU path: the tests
 run the engine with torch's default device set to 'meta', where any tensor created without an
 explicit device cannot meet the model's.
+
+GNA_DEVICE (auto, cpu or cuda) decides what 'auto' means for a whole run, e.g. GNA_DEVICE=cpu on a
+GPU node; the test suite sets it to cpu unless GNA_TEST_DEVICE names another (tests/conftest.py).
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 DEVICES = ("auto", "cpu", "cuda")
+DEVICE_ENV = "GNA_DEVICE"
 
 
 def compute_device(name: str | None = "auto") -> torch.device:
-    """The torch device for `name`: 'auto' (or None) is CUDA when available, else the CPU."""
+    """The torch device for `name`: 'auto' (or None) is GNA_DEVICE where set, else CUDA when
+    available, else the CPU."""
     name = name or "auto"
     if name not in DEVICES:
         raise ValueError(f"unknown device {name!r}; allowed: {', '.join(DEVICES)}")
+    if name == "auto":
+        name = os.environ.get(DEVICE_ENV) or "auto"
+        if name not in DEVICES:
+            raise ValueError(f"{DEVICE_ENV}={name!r}: unknown device; allowed: {', '.join(DEVICES)}")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():

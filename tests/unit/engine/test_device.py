@@ -22,7 +22,8 @@ def default_device_meta():
         yield
 
 
-def test_auto_is_cuda_only_where_torch_sees_a_gpu():
+def test_auto_is_cuda_only_where_torch_sees_a_gpu(monkeypatch):
+    monkeypatch.delenv("GNA_DEVICE")  # the suite pins it (conftest)
     assert compute_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert compute_device("cpu") == torch.device("cpu")
     with pytest.raises(ValueError, match="unknown device 'tpu'; allowed: auto, cpu, cuda"):
@@ -30,6 +31,19 @@ def test_auto_is_cuda_only_where_torch_sees_a_gpu():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="torch sees no GPU"):
             compute_device("cuda")
+
+
+def test_gna_device_decides_what_auto_means(monkeypatch):
+    monkeypatch.setenv("GNA_DEVICE", "cpu")
+    assert compute_device("auto") == compute_device(None) == torch.device("cpu")
+    monkeypatch.setenv("GNA_DEVICE", "gpu")
+    with pytest.raises(ValueError, match="GNA_DEVICE='gpu': unknown device; allowed: auto, cpu, cuda"):
+        compute_device("auto")
+    assert compute_device("cpu") == torch.device("cpu")  # an explicit device is kept
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("GNA_DEVICE", "cuda")
+        with pytest.raises(RuntimeError, match="torch sees no GPU"):
+            compute_device("auto")
 
 
 def test_the_meta_default_catches_a_tensor_created_without_a_device():
