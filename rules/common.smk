@@ -127,11 +127,6 @@ def _check_student_lists():
         if HYBRID["enabled"] and unknown:
             raise ValueError(f"config key 'hybrid.{key}': {unknown} are not students of this config; "
                              f"allowed: {', '.join(hybrid_variants())}")
-    knowledge = HYBRID["knowledge_heads_kept"] or []
-    outside = [k for k in knowledge if k not in HYBRID["heads_kept"]]
-    if HYBRID["enabled"] and outside:
-        raise ValueError(f"config key 'hybrid.knowledge_heads_kept': {outside} are not in hybrid.heads_kept "
-                         f"{HYBRID['heads_kept']}")
     if HYBRID["enabled"] and HYBRID["ablation"]["remove"]:
         ablation_kd(HYBRID)  # kd_steps must be a budget of the ablated student's curve
     sizes = config["tasks"]["kv_retrieval"]["sizes"]

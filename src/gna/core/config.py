@@ -102,6 +102,11 @@ def _check_semantics(config: dict) -> None:
     if outside:
         raise ConfigError(f"config key 'heads.control_k': {outside} not in heads.top_k ({heads['top_k']}); the "
                           "random-k controls run at k that the table removes")
+    hybrid = config["hybrid"]
+    outside = [k for k in hybrid["knowledge_heads_kept"] or [] if k not in hybrid["heads_kept"]]
+    if hybrid["enabled"] and outside:
+        raise ConfigError(f"config key 'hybrid.knowledge_heads_kept': {outside} are not in hybrid.heads_kept "
+                          f"{hybrid['heads_kept']}")
     formats = set(built_tasks(config))
     prune = config["prune"]
     for task in prune["tasks"]:

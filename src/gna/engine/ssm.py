@@ -35,10 +35,11 @@ Shapes: x [B, L, H, P], log_a [B, L, H] (≤ 0), Bm / Cm [B, L, H, N], D [H].
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
+
+from gna.engine import ssm_kernel  # imports triton and mamba-ssm only when the kernel is first used
 
 
 def ssd_recurrent(x, log_a, Bm, Cm, D, state=None):
@@ -185,11 +186,8 @@ def ssd_scan(x, log_a, Bm, Cm, D, chunk: int = 64, state=None):
     """The chunked scan as the engine runs it: mamba-ssm's Triton kernel where it runs (a CUDA
     tensor with mamba-ssm installed: gna.engine.ssm_kernel.kernel_runs), else ssd_chunked, its
     reference (same arguments and result)."""
-    if x.is_cuda or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        from gna.engine import ssm_kernel  # only where the kernel could run: it may import triton
-
-        if ssm_kernel.kernel_runs(x):
-            return ssm_kernel.ssd_chunked_kernel(x, log_a, Bm, Cm, D, chunk, state)
+    if (x.is_cuda or ssm_kernel.interpreted()) and ssm_kernel.kernel_runs(x):
+        return ssm_kernel.ssd_chunked_kernel(x, log_a, Bm, Cm, D, chunk, state)
     return ssd_chunked(x, log_a, Bm, Cm, D, chunk, state)
 
 

@@ -48,8 +48,6 @@ def load_kernel():
     try:
         module = importlib.import_module("mamba_ssm.ops.triton.ssd_combined")
     except ImportError as error:  # the released package's __init__ needs its CUDA extension
-        if "mamba_ssm" in sys.modules and getattr(sys.modules["mamba_ssm"], "__path__", None) is None:
-            raise
         log.info("mamba-ssm imported without its package __init__ (%s)", error)
         for name in [n for n in sys.modules if n == "mamba_ssm" or n.startswith("mamba_ssm.")]:
             del sys.modules[name]
