@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CORES  ?= all
 
-.PHONY: venv gpu reproduce test test-fast smoke-golden dryrun pull push report lock peers
+.PHONY: venv gpu reproduce test test-fast smoke-golden smoke-plan gpu-check dryrun pull push report lock peers
 
 # torch first, pinned to the CPU wheel (any looser spec can pull a multi-GB CUDA build), then
 # the project under a full constraint file so the resolver cannot replace it.
@@ -55,6 +55,16 @@ test-fast: venv gpu
 ## against: only after a change that is meant to change results.
 smoke-golden: venv
 	$(BIN)/python tests/golden.py refresh
+
+## The smoke config's jobs as a plan (tests/data/smoke_plan.json) that benchmarks/gpu_check.py runs
+## without Snakemake (gna.core.replay); a test says when the workflow has changed under it.
+smoke-plan: venv
+	$(BIN)/python -m gna.core.replay record config/smoke.yaml tests/data/smoke_plan.json
+
+## On a CUDA machine: kernel, paper-shape timings, the smoke jobs on the GPU against the golden
+## results and the unit tests with models on the GPU, in one JSON (README "GPUs").
+gpu-check:
+	python benchmarks/gpu_check.py --out gpu_check.json
 
 dryrun: venv
 	$(BIN)/snakemake -n

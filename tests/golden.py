@@ -96,6 +96,42 @@ def recorded_kind(golden_dir: str | Path = GOLDEN_DIR) -> str | None:
     return json.loads(path.read_text())["cpu"] if path.is_file() else None
 
 
+def check(name: str, actual: pl.DataFrame, expected: pl.DataFrame, same_kind: bool) -> str:
+    """How result file `name` matches its golden frame: 'bit for bit', or where the golden
+    results come from another kind of machine (not `same_kind`) 'within 1e-4' (the teacher's
+    results) or 'same shape' (the students'); raises AssertionError naming the first difference."""
+    try:
+        assert_frame_equal(actual, expected, check_exact=True)
+        return "bit for bit"
+    except AssertionError as error:
+        exact_error = error
+    try:
+        if same_kind:
+            raise exact_error
+        if trained(name):
+            assert actual.schema == expected.schema and actual.height == expected.height
+            return "same shape"
+        assert_frame_equal(actual, expected, check_exact=False, rel_tol=TEACHER_RTOL, abs_tol=0)
+        return f"within {TEACHER_RTOL:g}"
+    except AssertionError as error:
+        raise AssertionError(f"{name}: {first_difference(actual, expected)}\n{error}") from None
+
+
+def outcomes(actual_dir: str | Path, golden_dir: str | Path = GOLDEN_DIR, kind: str | None = None) -> dict[str, str]:
+    """{result file: check's outcome, or 'differs: ...'} for the run's data folder `actual_dir`,
+    'missing' / 'not in the golden results' for files only one side has."""
+    actual, golden = snapshot(actual_dir), read_golden(golden_dir)
+    same_kind = (kind or cpu_kind()) == recorded_kind(golden_dir)
+    out = {name: "missing" for name in golden.keys() - actual.keys()}
+    out |= {name: "not in the golden results" for name in actual.keys() - golden.keys()}
+    for name in golden.keys() & actual.keys():
+        try:
+            out[name] = check(name, actual[name], golden[name], same_kind)
+        except AssertionError as error:
+            out[name] = f"differs: {str(error).splitlines()[0]}"
+    return dict(sorted(out.items()))
+
+
 def compare(actual_dir: str | Path, golden_dir: str | Path = GOLDEN_DIR, kind: str | None = None) -> None:
     """Assert that the run's data folder `actual_dir` holds the golden results (rows in any
     order): bit for bit on the kind of CPU they were recorded on (`kind`, default this machine's),
@@ -106,15 +142,7 @@ def compare(actual_dir: str | Path, golden_dir: str | Path = GOLDEN_DIR, kind: s
         raise AssertionError(f"result files differ from {golden_dir}: missing {missing}, extra {extra}")
     same_kind = (kind or cpu_kind()) == recorded_kind(golden_dir)
     for name in sorted(golden):
-        try:
-            if same_kind:
-                assert_frame_equal(actual[name], golden[name], check_exact=True)
-            elif trained(name):
-                assert actual[name].schema == golden[name].schema and actual[name].height == golden[name].height
-            else:
-                assert_frame_equal(actual[name], golden[name], check_exact=False, rel_tol=TEACHER_RTOL, abs_tol=0)
-        except AssertionError as error:
-            raise AssertionError(f"{name}: {first_difference(actual[name], golden[name])}\n{error}") from None
+        check(name, actual[name], golden[name], same_kind)
 
 
 def run_smoke(workdir: Path) -> None:

@@ -51,7 +51,8 @@ def tiny_random_params_b(spec: dict) -> float:
     intermediate = spec.get("intermediate", 2 * hidden)
     kv = hidden // heads * kv_heads
     per_layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * intermediate
-    return (layers * per_layer + 2 * 256 * hidden) / 1e9
+    vocab = spec.get("vocab") or 257  # the byte-level tokenizer's
+    return (layers * per_layer + 2 * vocab * hidden) / 1e9
 
 
 def model_params_b(spec: dict) -> float:

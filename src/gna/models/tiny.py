@@ -89,7 +89,8 @@ def tiny_random_model(spec: dict):
         raise ValueError(f"unknown tiny-random arch {arch!r}; allowed: {', '.join(ARCHS)}")
     tok = byte_level_tokenizer()
     special = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
-    config = _config(arch, spec, len(tok), special)
+    # a larger vocabulary than the tokenizer's (`vocab`) gives a model the output head of a real one
+    config = _config(arch, spec, spec.get("vocab") or len(tok), special)
     torch.manual_seed(int(spec.get("seed", 0)))
     model = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)](config)
     model.eval()

@@ -13,7 +13,7 @@ def default():
     return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
 
 
-@pytest.mark.parametrize("name", ["config.yaml", "smoke.yaml", "paper.yaml"])
+@pytest.mark.parametrize("name", ["config.yaml", "smoke.yaml", "paper.yaml", "paper-shapes.yaml"])
 def test_shipped_configs_are_valid(name):
     validate_config(yaml.safe_load((REPO / "config" / name).read_text()), SCHEMA)
 

@@ -135,8 +135,26 @@ def _swapped_scores(student, tok, table):
         return score_table(student, tok, table, progress=False)
 
 
+def _adam_steps_under_meta() -> bool:
+    """Whether torch's own AdamW steps a CPU parameter with 'meta' the default device: torch 2.13
+    makes its step counter on the CPU; older builds (2.11, a GPU node's CUDA wheel) make it with
+    torch.tensor(0.0) on the default device, and their step calls .item() on it."""
+    param = torch.zeros(1, requires_grad=True)
+    param.grad = torch.ones(1)
+    opt = torch.optim.AdamW([param])
+    with default_device_meta():
+        try:
+            opt.step()
+        except (RuntimeError, NotImplementedError):
+            return False
+    return True
+
+
 @pytest.mark.parametrize("name", [name for name, _ in _phase_calls()])
 def test_every_phase_places_its_tensors_on_the_model_device(tiny_llama, name):
+    if name == "distillation" and not _adam_steps_under_meta():
+        pytest.skip(f"torch {torch.__version__}'s AdamW creates its step counter on the default device ('meta' "
+                    "here) and calls .item() on it: torch's tensor, not the engine's")
     model, tok = tiny_llama
     call = dict(_phase_calls())[name]
     torch.manual_seed(0)

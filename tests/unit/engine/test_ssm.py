@@ -7,6 +7,7 @@ import polars as pl
 import pytest
 import torch
 
+from gna.engine.device import device_of
 from gna.students.decoding import cache_nbytes, inference_memory, prefill, step
 from gna.students.mixer import mixers, swapped_to_attention
 from gna.students.spec import load_any, load_student, make_hybrid, save_student
@@ -167,8 +168,8 @@ def hybrid(tiny_llama):
     return student.eval(), tok
 
 
-def _ids(tok, text="The value of K is 42. Lookup: K:"):
-    return torch.tensor([tok(text)["input_ids"]])
+def _ids(tok, text="The value of K is 42. Lookup: K:", device="cpu"):
+    return torch.tensor([tok(text)["input_ids"]], device=device)
 
 
 def test_all_heads_kept_reproduces_the_teacher(tiny_llama):
@@ -242,10 +243,12 @@ def test_student_round_trip_through_load_any(tmp_path, hybrid):
     loaded, _ = load_any(tmp_path)
     with pytest.raises(ValueError, match="is a distilled student.*load_any"):
         load_model(tmp_path)
-    ids = _ids(tok)
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(loaded.state_dict().values(), student.state_dict().values()))
+    # the fixture's student is on the CPU, the loaded one on the suite's device: bit for bit on one device
+    on = device_of(loaded)
+    ids = _ids(tok, device=on)
     with torch.no_grad():
-        assert torch.equal(loaded(input_ids=ids).logits, student(input_ids=ids).logits)
-    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), student.state_dict().values()))
+        assert torch.equal(loaded(input_ids=ids).logits, copy.deepcopy(student).to(on)(input_ids=ids).logits)
     (tmp_path / "gna_hybrid.json").write_text('{"state_size": 4, "kept_heads": []}')
     with pytest.raises((ValueError, RuntimeError)):
         load_student(tmp_path)
@@ -265,7 +268,8 @@ def test_a_student_with_a_tied_output_head_round_trips(tmp_path, tiny_llama):
     save_student(student, tok, tmp_path, {"state_size": 8, "kept_heads": [list(k) for k in KEPT]})
     loaded, _ = load_any(tmp_path)
     assert loaded.get_output_embeddings().weight is loaded.get_input_embeddings().weight
-    ids = _ids(tok)
+    ids = _ids(tok, device=device_of(loaded))
+    student.to(ids.device)  # built on the CPU: bit for bit on the loaded one's device
     with torch.no_grad():
         assert torch.equal(loaded(input_ids=ids).logits, student(input_ids=ids).logits)
 

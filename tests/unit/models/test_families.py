@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from gna.engine.device import device_of
 from gna.engine.hooks import ablate_heads, active_hooks, all_heads, head_sites
 from gna.engine.scoring import score_removals, score_table, score_table_ref
 from gna.engine.stack import DecoderStack, pruned_layers, sliding_windows
@@ -95,7 +96,7 @@ def test_ablating_a_head_equals_zeroing_its_slice_of_the_projection_weights(fami
     if not untied:
         pytest.skip(f"{arch}: no head enters an untied linear projection")
     site = untied[0]
-    ids = torch.tensor([tok(KV["context"][0]).input_ids])
+    ids = torch.tensor([tok(KV["context"][0]).input_ids], device=device_of(model))
     with torch.inference_mode(), ablate_heads(model, [(site.layer, site.offset + 1)]):
         hooked = model(ids, use_cache=False).logits
     weight = site.module.weight
@@ -159,7 +160,10 @@ def test_students_are_built_for_supported_families_and_refused_by_name_otherwise
         model, tok = tiny_random_model({"arch": arch, "layers": 4, "hidden": 32, "seed": 1, "window": None})
     student = make_hybrid(copy.deepcopy(model), [(1, 0)], 4)
     fast, ref = score_table(student, tok, KV, progress=False), score_table_ref(student, tok, KV)
-    assert np.abs(_flat(fast) - _flat(ref)).max() <= 1e-4
+    # on CUDA the packed trunk's scan can be mamba-ssm's kernel, whose dots use TF32, beside the
+    # float32 recurrence of the choices (measured on an H100: 1.02e-4 for llama)
+    tol = 1e-4 if device_of(student).type == "cpu" else 1e-3
+    assert np.abs(_flat(fast) - _flat(ref)).max() <= tol
 
 
 def test_every_layer_has_heads_and_windowed_families_declare_their_windows():

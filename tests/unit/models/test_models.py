@@ -6,6 +6,7 @@ import sys
 import pytest
 import torch
 
+from gna.engine.device import device_of
 from gna.models.prepare import load_model, load_source, prepare_model, read_provenance
 from gna.models.sources import ChecksumError, SourceError
 
@@ -13,9 +14,10 @@ TINY = {"source": "tiny-random", "arch": "llama", "layers": 2, "hidden": 32, "he
 
 
 def _logits(model, tok, text="key:42\nLookup:"):
-    ids = tok(text, return_tensors="pt").input_ids
+    """The model's logits for `text`, run on the model's device, on the CPU."""
+    ids = tok(text, return_tensors="pt").input_ids.to(device_of(model))
     with torch.inference_mode():
-        return model(ids).logits
+        return model(ids).logits.cpu()
 
 
 def test_tiny_random_is_seeded():
@@ -33,6 +35,7 @@ def test_prepare_roundtrip_is_exact(tmp_path):
     assert read_provenance(tmp_path / "tiny")["spec"] == TINY
     loaded, loaded_tok = load_model(tmp_path / "tiny")
     assert loaded_tok("key:42")["input_ids"] == tok("key:42")["input_ids"]
+    model.to(device_of(loaded))  # the source is built on the CPU: bit for bit needs the loaded one's device
     assert torch.equal(_logits(model, tok), _logits(loaded, loaded_tok))
     assert not list(tmp_path.glob(".*tmp*")), "temporary folder left behind"
 

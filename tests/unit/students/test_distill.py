@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import MINI_MMLU
+from gna.engine.device import device_of
 from gna.engine.precision import frozen_weights_in
 from gna.students.corpus import (answer_tokens, answered_kv, check_no_evaluation_items, corpus_kv_seed, run_corpus_check,
                                  split_pool, token_windows)
@@ -370,11 +371,12 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
     assert budget_point_from_scores(str(root / "s1.parquet"), str(root / "a1.parquet"), at[5]) is None
     assert budget_point_from_scores(str(root / "s5.parquet"), str(root / "a5.parquet"), at[5]) is not None
     # step 0 is the aligned student: the same scores as a student built from the aligned file
-    aligned = load_aligned(make_hybrid(copy.deepcopy(load_model(p["teacher"])[0]), [(2, 1), (0, 3)], 4),
-                           read_tensors(str(root / "align.safetensors")))
-    first = checkpoint_states(read_tensors(str(root / "kd2-checkpoints.safetensors")))[0]
+    teacher = load_model(p["teacher"])[0]
+    aligned = load_aligned(make_hybrid(teacher, [(2, 1), (0, 3)], 4),
+                           read_tensors(str(root / "align.safetensors"), None, device_of(teacher)))
+    first = checkpoint_states(read_tensors(str(root / "kd2-checkpoints.safetensors")))[0]  # on the CPU
     for key, value in snapshot(aligned).items():
-        assert torch.equal(first[key], value)
+        assert torch.equal(first[key], value.cpu())
 
 
 def test_ablation_kd_steps_must_be_a_budget_of_the_ablated_students_curve():
@@ -460,8 +462,9 @@ def test_each_ablation_removes_its_ingredient(phase, ablation):
     full recipe's student: an ignored switch trains the full recipe and fails."""
     root, p = phase
     teacher, _ = load_model(p["teacher"])
-    data = read_tensors(str(root / "teacher.safetensors"))
-    aligned = read_tensors(str(root / "align.safetensors"))
+    # read onto the teacher's device, as run_hybrid_ablation reads them
+    data = read_tensors(str(root / "teacher.safetensors"), None, device_of(teacher))
+    aligned = read_tensors(str(root / "align.safetensors"), None, device_of(teacher))
     kept = [(2, 1), (0, 3)]
     # two steps over every window: the answer positions and the windows beyond align_windows are
     # in every batch, and Adam's second step follows the gradients' size, not only their signs

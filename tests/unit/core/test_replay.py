@@ -1,0 +1,70 @@
+"""gna.core.replay: the recorded smoke plan is the workflow's own, and replaying it runs the jobs'
+scripts as Snakemake does (same results, failures contained)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from golden import GOLDEN_DIR, outcomes
+from gna.core.replay import Names, read_plan, record_plan, replay, write_plan
+
+REPO = Path(__file__).resolve().parents[3]
+PLAN = REPO / "tests" / "data" / "smoke_plan.json"
+# the first jobs of the smoke config: inputs, the model and the teacher's baseline scores
+EARLY_RULES = {"fetch_facts", "kv_task", "mmlu_task", "facts_task", "prepare_model", "baseline", "facts_known"}
+
+
+def test_smoke_plan_is_the_workflows(tmp_path):
+    recorded = json.loads(json.dumps(record_plan(REPO / "config" / "smoke.yaml", tmp_path / "work")))
+    assert recorded == read_plan(PLAN), (
+        "the smoke config's jobs differ from tests/data/smoke_plan.json (gpu_check replays it): "
+        "refresh it with `make smoke-plan`")
+    assert {job["rule"] for job in recorded["jobs"]} >= EARLY_RULES | {"report", "distill_kd", "hybrid_score"}
+
+
+def test_names_read_like_snakemakes():
+    names = Names({"items": ["a", "b", "c", "d"], "names": {"model": [0, None], "tables": [1, 3]}})
+    assert names.model == "a" and list(names.tables) == ["b", "c"] and names[3] == "d" and list(names) == list("abcd")
+    assert [(k, v if isinstance(v, str) else list(v)) for k, v in names.items()] == [("model", "a"), ("tables", ["b", "c"])]
+
+
+def early_plan(tmp_path: Path, edit=None) -> Path:
+    plan = read_plan(PLAN)
+    plan["jobs"] = [job for job in plan["jobs"] if job["rule"] in EARLY_RULES]
+    if edit:
+        edit(plan)
+    path = tmp_path / "plan.json"
+    write_plan(plan, path)
+    return path
+
+
+@pytest.mark.slow
+def test_replayed_jobs_give_the_golden_results(tmp_path):
+    results = replay(early_plan(tmp_path), tmp_path / "work", parallel=2)
+    assert {r["status"] for r in results} == {"ok"}, [r for r in results if r["status"] != "ok"]
+    written = {name: outcome for name, outcome in outcomes(tmp_path / "work" / "data").items() if outcome != "missing"}
+    baselines = [name for name in written if name.startswith("results/baseline/")]
+    assert len(baselines) >= 5, written  # one per task at least
+    # bit for bit where the golden results were recorded on this kind of machine
+    assert all(outcome in ("bit for bit", "within 0.0001") for outcome in written.values()), written
+
+
+def test_failed_and_skipped_jobs_stop_their_dependents(tmp_path):
+    def break_kv(plan):
+        for job in plan["jobs"]:
+            if job["rule"] == "kv_task":
+                job["params"]["items"] = [{**p, "template": "no-such-template"} if isinstance(p, dict) and "template" in p
+                                          else p for p in job["params"]["items"]]
+
+    plan = early_plan(tmp_path, break_kv)
+    if not any("no-such-template" in json.dumps(j["params"]) for j in read_plan(plan)["jobs"]):
+        pytest.fail("the kv_task job's params hold no template to break")
+    results = {r["label"]: r for r in replay(plan, tmp_path / "work", skip_rules=("facts_task",), parallel=2)}
+    assert results["kv_task"]["status"] == "failed" and "no-such-template" in results["kv_task"]["error"]
+    assert results["baseline[model=tiny-llama, task=kv_retrieval]"]["status"] == "not run"
+    assert results["facts_task[facts_fmt=cloze]"]["status"] == "skipped"
+    assert results["baseline[model=tiny-llama, task=facts_cloze]"]["status"] == "not run"
+    assert results["baseline[model=tiny-llama, task=mmlu_letter]"]["status"] == "ok"
