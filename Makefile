@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CORES  ?= all
 
-.PHONY: venv gpu reproduce test test-fast smoke-golden smoke-plan gpu-check dryrun pull push report lock peers
+.PHONY: venv gpu gpu-wheels reproduce test test-fast smoke-golden smoke-plan gpu-check dryrun pull push report lock peers
 
 # torch first, pinned to the CPU wheel (any looser spec can pull a multi-GB CUDA build), then
 # the project under a full constraint file so the resolver cannot replace it.
@@ -60,6 +60,18 @@ smoke-golden: venv
 ## without Snakemake (gna.core.replay); a test says when the workflow has changed under it.
 smoke-plan: venv
 	$(BIN)/python -m gna.core.replay record config/smoke.yaml tests/data/smoke_plan.json
+
+## The wheels a bare, offline CUDA node lacks for benchmarks/gpu_check.py (about 55 MB, into
+## gpu-wheels/): polars and jsonschema at requirements.lock's versions for that node's Python
+## (GPU_PY), and mamba-ssm built without its CUDA extension (README "GPUs").
+GPU_PY ?= 3.12
+GPU_WHEELS := $(shell grep -iE '^(polars|polars-runtime-32|jsonschema|jsonschema-specifications|referencing|rpds-py)==' requirements.lock)
+gpu-wheels: venv
+	rm -rf gpu-wheels && mkdir -p gpu-wheels
+	$(BIN)/python -m pip download --no-deps --only-binary=:all: --python-version $(GPU_PY) --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d gpu-wheels $(GPU_WHEELS)
+	MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE $(BIN)/python -m pip wheel --no-build-isolation --no-deps $(MAMBA_SSM) -w gpu-wheels
+	du -sh gpu-wheels
 
 ## On a CUDA machine: kernel, paper-shape timings, the smoke jobs on the GPU against the golden
 ## results and the unit tests with models on the GPU, in one JSON (README "GPUs").

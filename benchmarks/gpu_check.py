@@ -120,8 +120,8 @@ def scoring_and_sweep(spec: dict, heads_layers: list[int]) -> dict:
     table = build_kv_retrieval([10, 20, 40], 50, seed=0, template="lookup")
     score_table(model, tok, table.head(8), batch_size=8, progress=False)  # first call: CUDA set-up
     for batch in (32, 8):
-        _, out[f"score_150_batch{batch}_s"] = synced(lambda: score_table(model, tok, table, batch_size=batch,
-                                                                         progress=False))
+        _, out[f"score_150_batch{batch}_s"] = synced(lambda b=batch: score_table(model, tok, table, batch_size=b,
+                                                                                progress=False))
     few = build_kv_retrieval([10, 20, 40], 11, seed=1, template="lookup").head(32)
     n_heads = model.config.num_attention_heads
     heads = [(layer, h) for layer in heads_layers for h in range(n_heads)]

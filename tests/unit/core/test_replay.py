@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from golden import GOLDEN_DIR, outcomes
+from golden import outcomes
 from gna.core.replay import Names, read_plan, record_plan, replay, write_plan
 
 REPO = Path(__file__).resolve().parents[3]
