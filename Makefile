@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CORES  ?= all
 
-.PHONY: venv gpu gpu-wheels reproduce test test-fast smoke-golden smoke-plan gpu-check dryrun pull push report lock peers
+.PHONY: venv gpu gpu-wheels reproduce test test-fast lint smoke-golden smoke-plan gpu-check dryrun pull push report lock peers
 
 # torch first, pinned to the CPU wheel (any looser spec can pull a multi-GB CUDA build), then
 # the project under a full constraint file so the resolver cannot replace it.
@@ -42,13 +42,18 @@ reproduce: venv
 ## The test suite (unit tests on tiny models, the workflow on config/smoke.yaml, one test on
 ## the real default model). `make test-fast` skips tests marked slow.
 ## (gpu: the tests run mamba-ssm's SSD kernel through Triton's interpreter against the torch scan)
-test: venv gpu
+test: venv gpu lint
 	$(BIN)/python -m pytest -m "not extended"
+
+## ruff: the lint rules and the format in pyproject.toml ([tool.ruff]); `$(BIN)/ruff format .` formats
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 test-extended: venv
 	$(BIN)/python -m pytest -m extended
 
-test-fast: venv gpu
+test-fast: venv gpu lint
 	$(BIN)/python -m pytest -m "not slow and not extended"
 
 ## Refresh the golden smoke results (tests/data/smoke_results) that the golden test compares every smoke run

@@ -23,13 +23,12 @@ import time
 from pathlib import Path
 
 import torch
+from _common import model_or_tiny
 
 from gna.engine.precision import COMPUTE_DTYPES, frozen_weights_in
 from gna.students.distill import kd_backward, kd_loss
 from gna.students.mixer import mixers
 from gna.students.spec import make_hybrid
-
-from _common import model_or_tiny
 
 
 def student_and_batches(args):
@@ -77,8 +76,11 @@ def run_path(args) -> dict:
             if first is None:
                 first = torch.cat([p.grad.flatten() for p in params])
     torch.save(first, args.grads)
-    return {"model": name, "s_per_step": sum(times[1:]) / max(1, len(times) - 1),
-            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    return {
+        "model": name,
+        "s_per_step": sum(times[1:]) / max(1, len(times) - 1),
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    }
 
 
 def main() -> None:
@@ -103,19 +105,33 @@ def main() -> None:
     results = {}
     for path in ("reference", "sliced"):
         grads = out.with_name(f".distill-grads-{path}.pt")
-        child = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--path", path, "--grads", str(grads)],
-                               check=True, capture_output=True, text=True)
+        child = subprocess.run(
+            [sys.executable, __file__, *sys.argv[1:], "--path", path, "--grads", str(grads)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         results[path] = json.loads(child.stdout.strip().splitlines()[-1])
         results[path]["grads"] = torch.load(grads)
         grads.unlink()
     ref, fast = results["reference"], results["sliced"]
     rel = float((fast.pop("grads") - ref["grads"]).abs().max() / ref.pop("grads").abs().max())
-    summary = {"model": ref["model"], "reference": ref, "sliced": fast, "time_ratio": ref["s_per_step"] / fast["s_per_step"],
-               "memory_ratio": fast["peak_rss_gb"] / ref["peak_rss_gb"], "max_rel_grad_diff": rel}
-    print(f"{ref['model']}, KD step of {args.batch} x {args.seq_len} tokens ({args.compute_dtype}, {args.threads} threads): "
-          f"reference {ref['s_per_step']:.2f} s, peak {ref['peak_rss_gb']:.2f} GB; sliced head {fast['s_per_step']:.2f} s, "
-          f"peak {fast['peak_rss_gb']:.2f} GB -> {summary['time_ratio']:.2f}x faster, "
-          f"{summary['memory_ratio']:.2f}x the memory; max relative gradient difference {rel:.1e}")
+    summary = {
+        "model": ref["model"],
+        "reference": ref,
+        "sliced": fast,
+        "time_ratio": ref["s_per_step"] / fast["s_per_step"],
+        "memory_ratio": fast["peak_rss_gb"] / ref["peak_rss_gb"],
+        "max_rel_grad_diff": rel,
+    }
+    print(
+        f"{ref['model']}, KD step of {args.batch} x {args.seq_len} tokens ({args.compute_dtype}, {args.threads} "
+        "threads): "
+        f"reference {ref['s_per_step']:.2f} s, peak {ref['peak_rss_gb']:.2f} GB; sliced head "
+        f"{fast['s_per_step']:.2f} s, "
+        f"peak {fast['peak_rss_gb']:.2f} GB -> {summary['time_ratio']:.2f}x faster, "
+        f"{summary['memory_ratio']:.2f}x the memory; max relative gradient difference {rel:.1e}"
+    )
     out.write_text(json.dumps(summary, indent=2))
 
 

@@ -46,10 +46,26 @@ import torch  # noqa: E402
 
 PARTS = ("machine", "kernel", "paper", "smoke", "tests")
 UNIT_TESTS = ["tests/unit/engine", "tests/unit/students", "tests/unit/phases", "tests/unit/models"]
-LLAMA_1B = {"arch": "llama", "layers": 16, "hidden": 2048, "intermediate": 8192, "heads": 32, "kv_heads": 8,
-            "vocab": 128256, "seed": 0}
-LLAMA_8B = {"arch": "llama", "layers": 32, "hidden": 4096, "intermediate": 14336, "heads": 32, "kv_heads": 8,
-            "vocab": 128256, "seed": 0}
+LLAMA_1B = {
+    "arch": "llama",
+    "layers": 16,
+    "hidden": 2048,
+    "intermediate": 8192,
+    "heads": 32,
+    "kv_heads": 8,
+    "vocab": 128256,
+    "seed": 0,
+}
+LLAMA_8B = {
+    "arch": "llama",
+    "layers": 32,
+    "hidden": 4096,
+    "intermediate": 14336,
+    "heads": 32,
+    "kv_heads": 8,
+    "vocab": 128256,
+    "seed": 0,
+}
 
 
 # where the check runs: cuda; `--device cpu` checks this script itself on small shapes (SMALL)
@@ -74,23 +90,32 @@ def machine() -> dict:
     def version(name):
         try:
             from importlib.metadata import version as v
+
             return v(name)
         except Exception:  # noqa: BLE001 - absent packages are reported, not fatal
             return None
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     props = torch.cuda.get_device_properties(0) if DEVICE == "cuda" else None
-    return {"gpu": props and props.name, "gpu_memory_gb": props and round(props.total_memory / 2**30, 1),
-            "cuda": torch.version.cuda,
-            "torch": torch.__version__, "transformers": transformers.__version__, "triton": version("triton"),
-            "mamba_ssm": version("mamba-ssm") or version("mamba_ssm"), "polars": version("polars"),
-            "python": platform.python_version(), "cpu_cores": os.cpu_count(),
-            "commit": commit.stdout.strip() or "unknown"}
+    return {
+        "gpu": props and props.name,
+        "gpu_memory_gb": props and round(props.total_memory / 2**30, 1),
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "triton": version("triton"),
+        "mamba_ssm": version("mamba-ssm") or version("mamba_ssm"),
+        "polars": version("polars"),
+        "python": platform.python_version(),
+        "cpu_cores": os.cpu_count(),
+        "commit": commit.stdout.strip() or "unknown",
+    }
 
 
 def kernel() -> dict:
-    from gna.engine.ssm_kernel import load_kernel
     from ssm_scan_speed import kernel_vs_chunked
+
+    from gna.engine.ssm_kernel import load_kernel
 
     if load_kernel() is None:
         return {"kernel": "mamba-ssm not importable (README 'GPUs': the wheel built by make gpu)"}
@@ -109,6 +134,7 @@ def random_llama(spec: dict, dtype: torch.dtype):
 def scoring_and_sweep(spec: dict, heads_layers: list[int]) -> dict:
     """Scoring at two batch sizes and the exact sweep against the naive loop, bf16 weights."""
     from _common import extrapolated_fast_sweep_s
+
     from gna.engine.hooks import head_sites, heads_per_layer
     from gna.engine.scoring import score_table
     from gna.phases.head_ablation import sweep_heads, sweep_heads_naive
@@ -120,21 +146,31 @@ def scoring_and_sweep(spec: dict, heads_layers: list[int]) -> dict:
     table = build_kv_retrieval([10, 20, 40], 50, seed=0, template="lookup")
     score_table(model, tok, table.head(8), batch_size=8, progress=False)  # first call: CUDA set-up
     for batch in (32, 8):
-        _, out[f"score_150_batch{batch}_s"] = synced(lambda b=batch: score_table(model, tok, table, batch_size=b,
-                                                                                progress=False))
+        _, out[f"score_150_batch{batch}_s"] = synced(
+            lambda b=batch: score_table(model, tok, table, batch_size=b, progress=False)
+        )
     few = build_kv_retrieval([10, 20, 40], 11, seed=1, template="lookup").head(32)
     n_heads = model.config.num_attention_heads
     heads = [(layer, h) for layer in heads_layers for h in range(n_heads)]
     fast, out["sweep_s"] = synced(lambda: sweep_heads(model, tok, few, heads=heads, batch_size=32, progress=False))
     naive, out["naive_s"] = synced(lambda: sweep_heads_naive(model, tok, few, heads, batch_size=32, progress=False))
-    diffs = [abs(fast.filter((fast["layer"] == layer) & (fast["head"] == h))["mean_logp"][0]
-                 - float(naive[(layer, h)]["logp_target"].mean())) for layer, h in heads]
+    diffs = [
+        abs(
+            fast.filter((fast["layer"] == layer) & (fast["head"] == h))["mean_logp"][0]
+            - float(naive[(layer, h)]["logp_target"].mean())
+        )
+        for layer, h in heads
+    ]
     per_layer = heads_per_layer(head_sites(model))
-    out.update(heads_swept=len(heads), layers_swept=heads_layers, prompts=len(few),
-               sweep_max_abs_mean_logp_diff=max(diffs), sweep_vs_naive=round(out["naive_s"] / out["sweep_s"], 2),
-               all_heads=sum(per_layer.values()),
-               all_heads_sweep_extrapolated_s=round(extrapolated_fast_sweep_s(out["sweep_s"], heads, per_layer), 1))
-    del model
+    out.update(
+        heads_swept=len(heads),
+        layers_swept=heads_layers,
+        prompts=len(few),
+        sweep_max_abs_mean_logp_diff=max(diffs),
+        sweep_vs_naive=round(out["naive_s"] / out["sweep_s"], 2),
+        all_heads=sum(per_layer.values()),
+        all_heads_sweep_extrapolated_s=round(extrapolated_fast_sweep_s(out["sweep_s"], heads, per_layer), 1),
+    )
     return out
 
 
@@ -150,31 +186,55 @@ def students(spec: dict) -> dict:
     model.requires_grad_(False)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, len(tok), (8, 256), generator=gen).to(DEVICE)
-    acts, out["teacher_activations_s"] = synced(lambda: teacher_activations(model, ids, top_k=32, hidden_windows=4,
-                                                                            progress=False))
-    (aligned, _), out["align_4_steps_s"] = synced(lambda: align_layers(
-        model, acts["hidden"], state_size=16, steps=4, batch=2, lr=1e-3, seed=0, progress=False,
-        compute_dtype="bfloat16"))
+    acts, out["teacher_activations_s"] = synced(
+        lambda: teacher_activations(model, ids, top_k=32, hidden_windows=4, progress=False)
+    )
+    (aligned, _), out["align_4_steps_s"] = synced(
+        lambda: align_layers(
+            model,
+            acts["hidden"],
+            state_size=16,
+            steps=4,
+            batch=2,
+            lr=1e-3,
+            seed=0,
+            progress=False,
+            compute_dtype="bfloat16",
+        )
+    )
     n_layers = model.config.num_hidden_layers
     kept = [(i * n_layers // 10, i % spec["heads"]) for i in range(10)]
     student = load_aligned(make_hybrid(model, kept, 16), aligned)
-    _, out["kd_3_steps_s"] = synced(lambda: distill_logits(student, ids, acts["top_logp"], acts["top_idx"], steps=3,
-                                                           batch=2, lr=1e-3, seed=0, compute_dtype="bfloat16",
-                                                           progress=False))
+    _, out["kd_3_steps_s"] = synced(
+        lambda: distill_logits(
+            student,
+            ids,
+            acts["top_logp"],
+            acts["top_idx"],
+            steps=3,
+            batch=2,
+            lr=1e-3,
+            seed=0,
+            compute_dtype="bfloat16",
+            progress=False,
+        )
+    )
     table = build_kv_retrieval([10, 20, 40], 50, seed=0, template="lookup")
     with torch.no_grad():
-        _, out["student_score_150_batch32_s"] = synced(lambda: score_table(student, tok, table, batch_size=32,
-                                                                           progress=False))
+        _, out["student_score_150_batch32_s"] = synced(
+            lambda: score_table(student, tok, table, batch_size=32, progress=False)
+        )
     if DEVICE == "cuda":
         out["peak_gpu_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
-    del model, student
     return out
 
 
 def paper(big: bool) -> dict:
     spec = LLAMA_1B if DEVICE == "cuda" else {**LLAMA_1B, **SMALL}
-    out = {"llama_1b_shape": {"spec": spec, **scoring_and_sweep(spec, [0, spec["layers"] // 2, spec["layers"] - 1])},
-           "students_1b_shape": students(spec)}
+    out = {
+        "llama_1b_shape": {"spec": spec, **scoring_and_sweep(spec, [0, spec["layers"] // 2, spec["layers"] - 1])},
+        "students_1b_shape": students(spec),
+    }
     if big:
         out["llama_8b_shape"] = {"spec": LLAMA_8B, **scoring_and_sweep(LLAMA_8B, [0, 31])}
     return out
@@ -182,43 +242,75 @@ def paper(big: bool) -> dict:
 
 def smoke(parallel: int, keep: str | None) -> dict:
     from golden import outcomes
+
     from gna.core.replay import replay
 
     workdir = Path(keep or tempfile.mkdtemp(prefix="gna-gpu-smoke-"))
     # lm-eval's own harness needs lm-eval (not on a bare node): its rules are skipped there
     skip = () if _has("lm_eval") else ("lm_eval", "lm_eval_crosscheck")
     start = time.perf_counter()
-    jobs = replay(REPO / "tests" / "data" / "smoke_plan.json", workdir, parallel=parallel,
-                  env={"GNA_DEVICE": DEVICE}, skip_rules=skip, progress=lambda r: print(f"  {r['label']}: {r['status']} "
-                                                                          f"({r.get('seconds', 0):.1f} s)", flush=True))
-    out = {"workdir": str(workdir), "wall_s": round(time.perf_counter() - start, 1), "parallel": parallel,
-           "jobs": len(jobs), "jobs_ok": sum(j["status"] == "ok" for j in jobs),
-           "jobs_failed": [j for j in jobs if j["status"] == "failed"],
-           "jobs_skipped": [j["label"] for j in jobs if j["status"] == "skipped"],
-           "jobs_not_run": [j["label"] for j in jobs if j["status"] == "not run"],
-           "slowest_jobs": sorted(({"job": j["label"], "s": j["seconds"]} for j in jobs if "seconds" in j),
-                                  key=lambda j: -j["s"])[:8]}
+    jobs = replay(
+        REPO / "tests" / "data" / "smoke_plan.json",
+        workdir,
+        parallel=parallel,
+        env={"GNA_DEVICE": DEVICE},
+        skip_rules=skip,
+        progress=lambda r: print(f"  {r['label']}: {r['status']} ({r.get('seconds', 0):.1f} s)", flush=True),
+    )
+    out = {
+        "workdir": str(workdir),
+        "wall_s": round(time.perf_counter() - start, 1),
+        "parallel": parallel,
+        "jobs": len(jobs),
+        "jobs_ok": sum(j["status"] == "ok" for j in jobs),
+        "jobs_failed": [j for j in jobs if j["status"] == "failed"],
+        "jobs_skipped": [j["label"] for j in jobs if j["status"] == "skipped"],
+        "jobs_not_run": [j["label"] for j in jobs if j["status"] == "not run"],
+        "slowest_jobs": sorted(
+            ({"job": j["label"], "s": j["seconds"]} for j in jobs if "seconds" in j), key=lambda j: -j["s"]
+        )[:8],
+    }
     files = outcomes(workdir / "data", kind=DEVICE if DEVICE == "cuda" else None)
-    out["golden"] = {"files": len(files), **{o: sum(v == o for v in files.values()) for o in sorted(set(files.values()))
-                                           if not o.startswith("differs")},
-                     "differs": {k: v for k, v in files.items() if v.startswith("differs") or v == "missing"}}
+    out["golden"] = {
+        "files": len(files),
+        **{o: sum(v == o for v in files.values()) for o in sorted(set(files.values())) if not o.startswith("differs")},
+        "differs": {k: v for k, v in files.items() if v.startswith("differs") or v == "missing"},
+    }
     return out
 
 
 def unit_tests(paths: list[str], timeout: int) -> dict:
     junit = Path(tempfile.mkdtemp()) / "junit.xml"
-    env = {**os.environ, "GNA_TEST_DEVICE": DEVICE,
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "GNA_TEST_DEVICE": DEVICE,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])),
+    }
     workers = ["-n", str(min(8, os.cpu_count() or 1))] if _has("xdist") else []
-    cmd = [sys.executable, "-m", "pytest", *paths, "-q", "-p", "no:cacheprovider", "-m", "not extended",
-           f"--junitxml={junit}", *workers]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *paths,
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-m",
+        "not extended",
+        f"--junitxml={junit}",
+        *workers,
+    ]
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
         tail = proc.stdout[-2000:]
     except subprocess.TimeoutExpired as e:
         return {"error": f"timed out after {timeout} s", "output": (e.stdout or b"")[-2000:].decode(errors="replace")}
-    out = {"wall_s": round(time.perf_counter() - start, 1), "workers": workers[1:] or ["1"], "summary": tail.splitlines()[-1:]}
+    out = {
+        "wall_s": round(time.perf_counter() - start, 1),
+        "workers": workers[1:] or ["1"],
+        "summary": tail.splitlines()[-1:],
+    }
     if junit.exists():
         cases = ET.parse(junit).getroot().iter("testcase")
         counts = {"passed": 0, "failed": 0, "skipped": 0}
@@ -227,8 +319,13 @@ def unit_tests(paths: list[str], timeout: int) -> dict:
             bad = case.find("failure") if case.find("failure") is not None else case.find("error")
             if bad is not None:
                 counts["failed"] += 1
-                failures.append({"test": f"{case.get('classname')}::{case.get('name')}",
-                                 "message": (bad.get("message") or "")[:600], "text": (bad.text or "")[-1500:]})
+                failures.append(
+                    {
+                        "test": f"{case.get('classname')}::{case.get('name')}",
+                        "message": (bad.get("message") or "")[:600],
+                        "text": (bad.text or "")[-1500:],
+                    }
+                )
             elif case.find("skipped") is not None:
                 counts["skipped"] += 1
             else:
@@ -254,8 +351,12 @@ def main() -> None:
     ap.add_argument("--keep", help="run the smoke jobs in this folder and keep it")
     ap.add_argument("--tests", default=",".join(UNIT_TESTS), help="comma-separated test paths of the tests part")
     ap.add_argument("--tests-timeout", type=int, default=300)
-    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
-                    help="cpu: check this script on a CPU machine, at small shapes")
+    ap.add_argument(
+        "--device",
+        default="cuda",
+        choices=["cuda", "cpu"],
+        help="cpu: check this script on a CPU machine, at small shapes",
+    )
     args = ap.parse_args()
     global DEVICE
     DEVICE = args.device
@@ -265,8 +366,13 @@ def main() -> None:
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
         sys.exit(f"gpu_check: unknown part(s) {', '.join(unknown)}; allowed: {', '.join(PARTS)}")
-    runs = {"machine": machine, "kernel": kernel, "paper": lambda: paper(args.big),
-            "smoke": lambda: smoke(args.parallel, args.keep), "tests": lambda: unit_tests(args.tests.split(","), args.tests_timeout)}
+    runs = {
+        "machine": machine,
+        "kernel": kernel,
+        "paper": lambda: paper(args.big),
+        "smoke": lambda: smoke(args.parallel, args.keep),
+        "tests": lambda: unit_tests(args.tests.split(","), args.tests_timeout),
+    }
     result, total = {}, time.perf_counter()
     for part in parts:
         print(f"[gpu_check] {part} ...", flush=True)

@@ -32,8 +32,8 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-import polars as pl
 import torch
+from _common import extrapolated_fast_sweep_s
 
 from gna.engine.hooks import all_heads, head_sites, heads_per_layer
 from gna.engine.scoring import encode_table
@@ -41,8 +41,6 @@ from gna.engine.stack import decoder_layers
 from gna.models.prepare import load_model
 from gna.phases.head_ablation import sweep_heads
 from gna.tasks.tables import build_kv_retrieval
-
-from _common import extrapolated_fast_sweep_s
 
 AGREEMENT = 1e-4  # max |Δ mean log-prob| allowed between a peer and gna
 
@@ -63,15 +61,17 @@ def score_logits(logits: torch.Tensor, choices: list[list[int]], n_context: int)
     """Summed log-prob of each choice from its row of logits."""
     totals = []
     for row, ch in enumerate(choices):
-        rows = torch.log_softmax(logits[row, n_context - 1: n_context - 1 + len(ch)].float(), dim=-1)
+        rows = torch.log_softmax(logits[row, n_context - 1 : n_context - 1 + len(ch)].float(), dim=-1)
         totals.append(float(rows[torch.arange(len(ch)), torch.tensor(ch)].sum()))
     return totals
 
 
 def summarize_items(totals: list[list[float]], targets: list[int]) -> dict:
     preds = [max(range(len(t)), key=t.__getitem__) for t in totals]
-    return {"acc": sum(p == y for p, y in zip(preds, targets)) / len(targets),
-            "mean_logp": sum(t[y] for t, y in zip(totals, targets)) / len(targets)}
+    return {
+        "acc": sum(p == y for p, y in zip(preds, targets)) / len(targets),
+        "mean_logp": sum(t[y] for t, y in zip(totals, targets)) / len(targets),
+    }
 
 
 def transformer_lens_sweep(model_dir: str, tok, batches, targets, heads) -> tuple[dict, float]:
@@ -87,8 +87,9 @@ def transformer_lens_sweep(model_dir: str, tok, batches, targets, heads) -> tupl
                 z[:, :, head] = 0.0
             else:
                 d = z.shape[-1] // bridge.cfg.n_heads
-                z[..., head * d:(head + 1) * d] = 0.0
+                z[..., head * d : (head + 1) * d] = 0.0
             return z
+
         return hook
 
     def run(hooks):
@@ -97,8 +98,9 @@ def transformer_lens_sweep(model_dir: str, tok, batches, targets, heads) -> tupl
         return summarize_items(totals, targets)
 
     start = time.perf_counter()
-    scores = {(-1, -1): run([])} | {(layer, head): run([(f"blocks.{layer}.attn.hook_z", zero_head(head))])
-                                    for layer, head in heads}
+    scores = {(-1, -1): run([])} | {
+        (layer, head): run([(f"blocks.{layer}.attn.hook_z", zero_head(head))]) for layer, head in heads
+    }
     return scores, time.perf_counter() - start
 
 
@@ -117,7 +119,7 @@ def nnsight_sweep(model_dir: str, tok, batches, targets, heads) -> tuple[dict, f
             for ids, ch, n in batches:
                 with lm.trace(ids):
                     if layer >= 0:
-                        lm.model.layers[layer].self_attn.o_proj.input[..., head * d:(head + 1) * d] = 0.0
+                        lm.model.layers[layer].self_attn.o_proj.input[..., head * d : (head + 1) * d] = 0.0
                     logits = lm.output.logits.save()
                 totals.append(score_logits(logits, ch, n))
         return summarize_items(totals, targets)
@@ -150,18 +152,29 @@ def main() -> None:
     batches = choice_batches(encode_table(tok, table))
     gna_heads = [(layer, h) for layer, h in all_heads(model) if layer in layers]
     peer_heads = [(layer, layer % per_layer[layer]) for layer in layers]
-    print(f"{Path(args.model_dir).name}: {n_layers} layers, {n_heads} heads; {len(table)} KV prompts "
-          f"(size {args.dict_size}); {args.threads} threads; gna sweeps {len(gna_heads)} heads, "
-          f"each peer {len(peer_heads)}")
+    print(
+        f"{Path(args.model_dir).name}: {n_layers} layers, {n_heads} heads; {len(table)} KV prompts "
+        f"(size {args.dict_size}); {args.threads} threads; gna sweeps {len(gna_heads)} heads, "
+        f"each peer {len(peer_heads)}"
+    )
 
     start = time.perf_counter()
     ours = sweep_heads(model, tok, table, heads=gna_heads, progress=False)
     t_gna = time.perf_counter() - start
     gna_all_s = extrapolated_fast_sweep_s(t_gna, gna_heads, per_layer)
     gna_scores = {(r["layer"], r["head"]): r for r in ours.iter_rows(named=True)}
-    result = {"model": Path(args.model_dir).name, "prompts": len(table), "threads": args.threads,
-              "heads_total": n_heads, "gna": {"heads": len(gna_heads), "seconds": t_gna,
-                                               "s_per_head": t_gna / len(gna_heads), "all_heads_s": gna_all_s}}
+    result = {
+        "model": Path(args.model_dir).name,
+        "prompts": len(table),
+        "threads": args.threads,
+        "heads_total": n_heads,
+        "gna": {
+            "heads": len(gna_heads),
+            "seconds": t_gna,
+            "s_per_head": t_gna / len(gna_heads),
+            "all_heads_s": gna_all_s,
+        },
+    }
     print(f"gna              : {t_gna / len(gna_heads):6.2f} s/head; all {n_heads} heads ~{gna_all_s:7.0f} s")
 
     peers = {"TransformerLens": ("transformer-lens", transformer_lens_sweep), "nnsight": ("nnsight", nnsight_sweep)}
@@ -170,12 +183,22 @@ def main() -> None:
         per_head = t_peer / (len(peer_heads) + 1)  # the unablated run costs one head's forward
         worst = max(abs(s["mean_logp"] - gna_scores[key]["mean_logp"]) for key, s in scores.items())
         same_acc = all(s["acc"] == gna_scores[key]["acc"] for key, s in scores.items())
-        result[name] = {"version": version(dist), "heads": len(peer_heads), "seconds": t_peer, "s_per_head": per_head,
-                        "all_heads_s": per_head * n_heads, "ratio_vs_gna": per_head * n_heads / gna_all_s,
-                        "max_abs_mean_logp_diff": worst, "same_accuracy": same_acc}
-        print(f"{name:16s} {version(dist):>7s}: {per_head:6.2f} s/head; all {n_heads} heads ~{per_head * n_heads:7.0f} s; "
-              f"{per_head * n_heads / gna_all_s:5.1f}x gna's time; max|Δ mean logp| vs gna {worst:.1e}, "
-              f"accuracies {'equal' if same_acc else 'DIFFER'}")
+        result[name] = {
+            "version": version(dist),
+            "heads": len(peer_heads),
+            "seconds": t_peer,
+            "s_per_head": per_head,
+            "all_heads_s": per_head * n_heads,
+            "ratio_vs_gna": per_head * n_heads / gna_all_s,
+            "max_abs_mean_logp_diff": worst,
+            "same_accuracy": same_acc,
+        }
+        print(
+            f"{name:16s} {version(dist):>7s}: {per_head:6.2f} s/head; all {n_heads} heads ~{per_head * n_heads:7.0f} "
+            "s; "
+            f"{per_head * n_heads / gna_all_s:5.1f}x gna's time; max|Δ mean logp| vs gna {worst:.1e}, "
+            f"accuracies {'equal' if same_acc else 'DIFFER'}"
+        )
         if worst > AGREEMENT or not same_acc:
             raise SystemExit(f"{name} and gna disagree (max |Δ mean logp| {worst:.1e} > {AGREEMENT:.0e} or accuracy)")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import polars as pl
+from _common import extrapolated_fast_sweep_s, model_or_tiny
 
 from gna.engine.ablation import score_ablations
 from gna.engine.hooks import all_heads, head_sites, heads_per_layer
@@ -37,8 +38,6 @@ from gna.engine.precision import linears_computed_in, linears_in_full_precision
 from gna.engine.stack import decoder_layers
 from gna.phases.head_ablation import rank_heads, sweep_heads, sweep_heads_naive, sweep_heads_verified, top_heads
 from gna.tasks.tables import build_kv_retrieval
-
-from _common import extrapolated_fast_sweep_s, model_or_tiny
 
 
 def naive_part(model, tok, table, layer_stride: int) -> dict:
@@ -66,8 +65,13 @@ def naive_part(model, tok, table, layer_stride: int) -> dict:
     fast_low, t_low = timed(lambda: sweep_heads(low, tok, table, heads=heads, progress=False))
 
     def worst(frame: pl.DataFrame) -> float:
-        return max(abs(frame.filter((pl.col("layer") == layer) & (pl.col("head") == head))["mean_logp"][0]
-                       - float(naive[(layer, head)]["logp_target"].mean())) for layer, head in heads)
+        return max(
+            abs(
+                frame.filter((pl.col("layer") == layer) & (pl.col("head") == head))["mean_logp"][0]
+                - float(naive[(layer, head)]["logp_target"].mean())
+            )
+            for layer, head in heads
+        )
 
     def accs(frame: pl.DataFrame) -> list[float]:
         return frame.filter(pl.col("layer") >= 0).sort("layer", "head")["acc"].to_list()
@@ -84,34 +88,60 @@ def naive_part(model, tok, table, layer_stride: int) -> dict:
     frac_all = sum((n_layers - layer) * n for layer, n in per_layer.items()) / n_all
     est_fast_all = extrapolated_fast_sweep_s(t_fast, heads, per_layer)
     est_prefix_all = extrapolated_fast_sweep_s(t_prefix, heads, per_layer)
-    result = {"heads_swept": len(heads), "layers": layers, "naive_s": t_naive, "fast_s": t_fast,
-              "ratio": t_naive / t_fast, "max_abs_mean_logp_diff": worst(fast), "max_abs_item_logp_diff": worst_item,
-              "heads_with_equal_acc": exact_same_acc,
-              "prefix_reuse_only": {"fast_s": t_prefix, "ratio": t_naive / t_prefix,
-                                    "max_abs_mean_logp_diff": worst(prefix)},
-              "float32_kernel_alone": {"naive_s": t_naive_kernel, "ratio": t_naive / t_naive_kernel},
-              "extrapolated_all_heads": {"heads": n_all, "naive_s": per_head_naive * n_all, "fast_s": est_fast_all,
-                                         "ratio": per_head_naive * n_all / est_fast_all,
-                                         "prefix_reuse_only_ratio": per_head_naive * n_all / est_prefix_all},
-              "prefix_cache_bound": n_layers / frac_all,
-              "bf16_linears": {"fast_s": t_low, "ratio_vs_naive": t_naive / t_low, "ratio_vs_fast": t_fast / t_low,
-                               "max_abs_mean_logp_diff": worst(fast_low), "heads_with_equal_acc": same_acc}}
+    result = {
+        "heads_swept": len(heads),
+        "layers": layers,
+        "naive_s": t_naive,
+        "fast_s": t_fast,
+        "ratio": t_naive / t_fast,
+        "max_abs_mean_logp_diff": worst(fast),
+        "max_abs_item_logp_diff": worst_item,
+        "heads_with_equal_acc": exact_same_acc,
+        "prefix_reuse_only": {"fast_s": t_prefix, "ratio": t_naive / t_prefix, "max_abs_mean_logp_diff": worst(prefix)},
+        "float32_kernel_alone": {"naive_s": t_naive_kernel, "ratio": t_naive / t_naive_kernel},
+        "extrapolated_all_heads": {
+            "heads": n_all,
+            "naive_s": per_head_naive * n_all,
+            "fast_s": est_fast_all,
+            "ratio": per_head_naive * n_all / est_fast_all,
+            "prefix_reuse_only_ratio": per_head_naive * n_all / est_prefix_all,
+        },
+        "prefix_cache_bound": n_layers / frac_all,
+        "bf16_linears": {
+            "fast_s": t_low,
+            "ratio_vs_naive": t_naive / t_low,
+            "ratio_vs_fast": t_fast / t_low,
+            "max_abs_mean_logp_diff": worst(fast_low),
+            "heads_with_equal_acc": same_acc,
+        },
+    }
     print(f"[naive] swept {len(heads)} heads in layers {layers}")
     print(f"naive (full forward per head, F.linear)     : {t_naive:7.1f} s")
-    print(f"prefix reuse alone (F.linear)               : {t_prefix:7.1f} s   ratio {t_naive / t_prefix:4.2f}x   "
-          f"max|Δ mean logp| {worst(prefix):.1e}")
-    print(f"exact fast (prefix reuse + oneDNN float32)  : {t_fast:7.1f} s   ratio {t_naive / t_fast:4.2f}x   "
-          f"max|Δ mean logp| {worst(fast):.1e} (per item {worst_item:.1e}), equal accuracy on {exact_same_acc} of "
-          f"{len(heads)} heads   (the pipeline's sweep at eval.compute_dtype: float32)")
-    print(f"naive with the oneDNN float32 kernel        : {t_naive_kernel:7.1f} s   ratio {t_naive / t_naive_kernel:4.2f}x "
-          f"(the kernel alone; prefix reuse on top: {t_naive_kernel / t_fast:4.2f}x)")
-    print(f"fast, bf16 linears                          : {t_low:7.1f} s   ratio {t_naive / t_low:4.2f}x vs naive, "
-          f"{t_fast / t_low:4.2f}x vs exact fast   max|Δ mean logp| vs naive {worst(fast_low):.1e}, "
-          f"equal accuracy on {same_acc} of {len(heads)} heads")
-    print(f"all {n_all} heads, extrapolated : naive {per_head_naive * n_all:7.0f} s, exact fast {est_fast_all:7.0f} s, "
-          f"ratio {result['extrapolated_all_heads']['ratio']:.2f}x (prefix reuse alone "
-          f"{result['extrapolated_all_heads']['prefix_reuse_only_ratio']:.2f}x, bounded by skipping the prefix at "
-          f"{result['prefix_cache_bound']:.2f}x)")
+    print(
+        f"prefix reuse alone (F.linear)               : {t_prefix:7.1f} s   ratio {t_naive / t_prefix:4.2f}x   "
+        f"max|Δ mean logp| {worst(prefix):.1e}"
+    )
+    print(
+        f"exact fast (prefix reuse + oneDNN float32)  : {t_fast:7.1f} s   ratio {t_naive / t_fast:4.2f}x   "
+        f"max|Δ mean logp| {worst(fast):.1e} (per item {worst_item:.1e}), equal accuracy on {exact_same_acc} of "
+        f"{len(heads)} heads   (the pipeline's sweep at eval.compute_dtype: float32)"
+    )
+    print(
+        f"naive with the oneDNN float32 kernel        : {t_naive_kernel:7.1f} s   ratio "
+        f"{t_naive / t_naive_kernel:4.2f}x "
+        f"(the kernel alone; prefix reuse on top: {t_naive_kernel / t_fast:4.2f}x)"
+    )
+    print(
+        f"fast, bf16 linears                          : {t_low:7.1f} s   ratio {t_naive / t_low:4.2f}x vs naive, "
+        f"{t_fast / t_low:4.2f}x vs exact fast   max|Δ mean logp| vs naive {worst(fast_low):.1e}, "
+        f"equal accuracy on {same_acc} of {len(heads)} heads"
+    )
+    print(
+        f"all {n_all} heads, extrapolated : naive {per_head_naive * n_all:7.0f} s, exact fast {est_fast_all:7.0f} s, "
+        f"ratio {result['extrapolated_all_heads']['ratio']:.2f}x (prefix reuse alone "
+        f"{result['extrapolated_all_heads']['prefix_reuse_only_ratio']:.2f}x, bounded by skipping the prefix at "
+        f"{result['prefix_cache_bound']:.2f}x)"
+    )
     return result
 
 
@@ -121,8 +151,10 @@ def verified_part(model, tok, table, budget: float, orders: list[str]) -> dict:
     t_full = time.perf_counter() - start
     exact = rank_heads(full)
     exact_top10 = set(top_heads(exact, 10))
-    print(f"[verified] full exact sweep of {len(exact)} heads: {t_full:.1f} s; its top 10: "
-          + ", ".join(f"L{l}H{h}" for l, h in top_heads(exact, 10)))
+    print(
+        f"[verified] full exact sweep of {len(exact)} heads: {t_full:.1f} s; its top 10: "
+        + ", ".join(f"L{l}H{h}" for l, h in top_heads(exact, 10))
+    )
     result = {"full_s": t_full, "budget": budget, "exact_top10": [list(x) for x in top_heads(exact, 10)], "orders": {}}
     for order in orders:
         start = time.perf_counter()
@@ -138,12 +170,19 @@ def verified_part(model, tok, table, budget: float, orders: list[str]) -> dict:
         recall_top10 = len(exact_top10 & set(top_heads(found, 10))) / 10
         paired = found.join(exact.select("layer", "head", pl.col("mean_logp").alias("exact")), on=["layer", "head"])
         worst = float((paired["mean_logp"] - paired["exact"]).abs().max() or 0.0)
-        result["orders"][order] = {"seconds": t_fast, "share_of_full": t_fast / t_full, "heads_verified": len(found),
-                                   "recall_top10_verified": recall_any, "recall_top10_as_top10": recall_top10,
-                                   "max_abs_mean_logp_diff": worst}
-        print(f"verified ({order:9s}): {t_fast:7.1f} s = {t_fast / t_full:5.1%} of the full sweep; "
-              f"{len(found)} heads verified; exact top 10 found {recall_any:.0%} "
-              f"(as its own top 10: {recall_top10:.0%}); max|Δ mean logp| vs full {worst:.1e}")
+        result["orders"][order] = {
+            "seconds": t_fast,
+            "share_of_full": t_fast / t_full,
+            "heads_verified": len(found),
+            "recall_top10_verified": recall_any,
+            "recall_top10_as_top10": recall_top10,
+            "max_abs_mean_logp_diff": worst,
+        }
+        print(
+            f"verified ({order:9s}): {t_fast:7.1f} s = {t_fast / t_full:5.1%} of the full sweep; "
+            f"{len(found)} heads verified; exact top 10 found {recall_any:.0%} "
+            f"(as its own top 10: {recall_top10:.0%}); max|Δ mean logp| vs full {worst:.1e}"
+        )
     return result
 
 
@@ -163,8 +202,10 @@ def main() -> None:
     linears_computed_in(model, "float32")  # as heads_sweep loads it at eval.compute_dtype: float32
     table = build_kv_retrieval([args.dict_size], args.prompts, seed=4321, template="lookup")
     parts = args.parts.split(",")
-    print(f"model {name}: {len(decoder_layers(model))} layers, {len(all_heads(model))} heads; {len(table)} KV "
-          f"prompts (size {args.dict_size}), {args.threads} threads")
+    print(
+        f"model {name}: {len(decoder_layers(model))} layers, {len(all_heads(model))} heads; {len(table)} KV "
+        f"prompts (size {args.dict_size}), {args.threads} threads"
+    )
     result = {"model": name, "prompts": len(table), "threads": args.threads}
     if "naive" in parts:
         result["naive"] = naive_part(model, tok, table, args.layer_stride)

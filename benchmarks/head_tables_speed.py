@@ -21,14 +21,13 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+from _common import model_or_tiny
 
 from gna.engine.hooks import ablate_heads, all_heads
 from gna.engine.precision import linears_computed_in
 from gna.engine.scoring import score_table
 from gna.phases.head_ablation import score_ablations
 from gna.tasks.tables import build_kv_retrieval
-
-from _common import model_or_tiny
 
 
 def conditions(model, ranking_path: str, ks: list[int], draws: int) -> dict:
@@ -74,14 +73,30 @@ def main() -> None:
     fast = score_ablations(model, tok, table, chosen, batch_size=args.batch_size, progress=False)
     t_fast = time.perf_counter() - start
 
-    worst = max(float(np.abs(np.concatenate(fast[k]["logprobs"].to_list())
-                             - np.concatenate(reference[k]["logprobs"].to_list())).max()) for k in chosen)
+    worst = max(
+        float(
+            np.abs(
+                np.concatenate(fast[k]["logprobs"].to_list()) - np.concatenate(reference[k]["logprobs"].to_list())
+            ).max()
+        )
+        for k in chosen
+    )
     same = all(fast[k]["pred"].to_list() == reference[k]["pred"].to_list() for k in chosen)
-    summary = {"model": name, "conditions": len(chosen), "items": len(table), "reference_s": t_ref, "fast_s": t_fast,
-               "ratio": t_ref / t_fast, "max_abs_logprob_diff": worst, "same_predictions": same}
-    print(f"{name}: {len(chosen)} ablation conditions on {len(table)} KV prompts ({args.compute_dtype} linears): "
-          f"a forward each {t_ref:.1f} s, one pass with prefix reuse {t_fast:.1f} s -> {t_ref / t_fast:.2f}x; "
-          f"max |Δ log-prob| {worst:.1e}, same predictions: {same}")
+    summary = {
+        "model": name,
+        "conditions": len(chosen),
+        "items": len(table),
+        "reference_s": t_ref,
+        "fast_s": t_fast,
+        "ratio": t_ref / t_fast,
+        "max_abs_logprob_diff": worst,
+        "same_predictions": same,
+    }
+    print(
+        f"{name}: {len(chosen)} ablation conditions on {len(table)} KV prompts ({args.compute_dtype} linears): "
+        f"a forward each {t_ref:.1f} s, one pass with prefix reuse {t_fast:.1f} s -> {t_ref / t_fast:.2f}x; "
+        f"max |Δ log-prob| {worst:.1e}, same predictions: {same}"
+    )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(summary, indent=2))
 

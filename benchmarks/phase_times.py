@@ -31,13 +31,17 @@ def main():
     for row in phases.iter_rows(named=True):
         work = row["layer-tokens (M)"]
         speed = f"{row['seconds'] / work:6.1f} s per M" if work else "   (no count)"
-        print(f"{row['phase']:<20} {row['steps']:>4} steps {row['seconds'] / 60:7.1f} min  "
-              f"peak {row['peak RSS (MB)'] / 1024:5.2f} GB  {work:7.1f} M layer-tokens {speed}")
+        print(
+            f"{row['phase']:<20} {row['steps']:>4} steps {row['seconds'] / 60:7.1f} min  "
+            f"peak {row['peak RSS (MB)'] / 1024:5.2f} GB  {work:7.1f} M layer-tokens {speed}"
+        )
     picked = phases.filter(phases["phase"] == args.phase)
     if not picked.is_empty():
         minutes, gb = picked["seconds"][0] / 60, picked["peak RSS (MB)"][0] / 1024
-        print(f"{args.phase}: {minutes:.1f} min = {minutes / args.target_min:.2f}x the {args.target_min:g} min target; "
-              f"peak {gb:.2f} GB = {gb / args.target_gb:.2f}x the {args.target_gb:g} GB target")
+        print(
+            f"{args.phase}: {minutes:.1f} min = {minutes / args.target_min:.2f}x the {args.target_min:g} min target; "
+            f"peak {gb:.2f} GB = {gb / args.target_gb:.2f}x the {args.target_gb:g} GB target"
+        )
 
 
 if __name__ == "__main__":

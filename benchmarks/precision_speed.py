@@ -21,13 +21,12 @@ import time
 from pathlib import Path
 
 import torch
+from _common import model_or_tiny
 
 from gna.engine.precision import linears_computed_in
 from gna.engine.scoring import score_table
 from gna.students.spec import load_any
 from gna.tasks.tables import build_kv_retrieval
-
-from _common import model_or_tiny
 
 
 def timed_scores(model, tok, table, batch_size: int):
@@ -45,10 +44,17 @@ def compare(name: str, model, tok, table, batch_size: int) -> dict:
         fast, t_fast = timed_scores(linears_computed_in(copy.deepcopy(model), compute_dtype), tok, table, batch_size)
         worst = float((reference["logp_target"] - fast["logp_target"]).abs().max())
         same = int((reference["pred"] == fast["pred"]).sum())
-        result[label] = {"s": t_fast, "ratio": t_ref / t_fast, "max_abs_logp_diff": worst, "same_prediction": same,
-                         "acc": float(fast["correct"].mean())}
-        line += (f"; eval.compute_dtype {compute_dtype} {t_fast:6.1f} s = {t_ref / t_fast:4.2f}x, max|Δ logp target| "
-                 f"{worst:.1e}, same prediction on {same} of {len(table)}")
+        result[label] = {
+            "s": t_fast,
+            "ratio": t_ref / t_fast,
+            "max_abs_logp_diff": worst,
+            "same_prediction": same,
+            "acc": float(fast["correct"].mean()),
+        }
+        line += (
+            f"; eval.compute_dtype {compute_dtype} {t_fast:6.1f} s = {t_ref / t_fast:4.2f}x, max|Δ logp target| "
+            f"{worst:.1e}, same prediction on {same} of {len(table)}"
+        )
     result["bf16_vs_float32_kernel"] = result["float32_kernel"]["s"] / result["bf16"]["s"]
     print(line + f"; bf16 vs the float32 kernel {result['bf16_vs_float32_kernel']:4.2f}x")
     return result
@@ -67,8 +73,12 @@ def main() -> None:
     model, tok, name = model_or_tiny(args.model_dir, args.threads)
     table = build_kv_retrieval([int(s) for s in args.sizes.split(",")], args.n, seed=4321, template="lookup")
     print(f"{len(table)} KV prompts (sizes {args.sizes}), {torch.get_num_threads()} threads")
-    result = {"model": name, "items": len(table), "threads": args.threads,
-              name: compare(name, model, tok, table, args.batch_size)}
+    result = {
+        "model": name,
+        "items": len(table),
+        "threads": args.threads,
+        name: compare(name, model, tok, table, args.batch_size),
+    }
     if Path(args.student_dir, "config.json").exists():
         student, student_tok = load_any(args.student_dir)
         student_name = Path(args.student_dir).name

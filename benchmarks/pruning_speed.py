@@ -18,11 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+from _common import model_or_tiny
 
 from gna.engine.scoring import score_removals, score_table
 from gna.tasks.tables import build_kv_retrieval
-
-from _common import model_or_tiny
 
 
 def _flat(frame: pl.DataFrame) -> np.ndarray:
@@ -34,7 +33,9 @@ def main() -> None:
     parser.add_argument("--model-dir", default="data/models/smollm2-135m")
     parser.add_argument("--items", type=int, default=24, help="KV-retrieval items (sizes 10 and 20)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--removals", type=int, default=8, help="layers removed one at a time (the last N of the minimal model)")
+    parser.add_argument(
+        "--removals", type=int, default=8, help="layers removed one at a time (the last N of the minimal model)"
+    )
     parser.add_argument("--out", default="benchmarks/out/prune.json")
     args = parser.parse_args()
     model, tok, name = model_or_tiny(args.model_dir, args.threads)
@@ -49,27 +50,45 @@ def main() -> None:
     fast = score_table(model, tok, table, depths=list(range(1, n + 1)), progress=False)
     t_fast = time.perf_counter() - start
     diff = max(float(np.abs(_flat(naive[k]) - _flat(fast.filter(pl.col("depth") == k))).max()) for k in naive)
-    same_acc = all(naive[k]["correct"].to_list() == fast.filter(pl.col("depth") == k)["correct"].to_list() for k in naive)
-    results["gradual"] = {"naive_s": t_naive, "fast_s": t_fast, "ratio": t_naive / t_fast,
-                          "max_abs_logprob_diff": diff, "same_predictions": same_acc}
+    same_acc = all(
+        naive[k]["correct"].to_list() == fast.filter(pl.col("depth") == k)["correct"].to_list() for k in naive
+    )
+    results["gradual"] = {
+        "naive_s": t_naive,
+        "fast_s": t_fast,
+        "ratio": t_naive / t_fast,
+        "max_abs_logprob_diff": diff,
+        "same_predictions": same_acc,
+    }
 
     keep = list(range(n))
-    removals = keep[-args.removals:] if args.removals < n else keep
+    removals = keep[-args.removals :] if args.removals < n else keep
     start = time.perf_counter()
     naive_r = {r: score_table(model, tok, table, layers=[l for l in keep if l != r], progress=False) for r in removals}
     t_naive_r = time.perf_counter() - start
     start = time.perf_counter()
     fast_r = score_removals(model, tok, table, keep, removals, progress=False)
     t_fast_r = time.perf_counter() - start
-    diff_r = max(float(np.abs(_flat(naive_r[r]) - _flat(fast_r.filter(pl.col("removed_layer") == r))).max()) for r in removals)
-    results["individual"] = {"removals": removals, "naive_s": t_naive_r, "fast_s": t_fast_r,
-                             "ratio": t_naive_r / t_fast_r, "max_abs_logprob_diff": diff_r}
+    diff_r = max(
+        float(np.abs(_flat(naive_r[r]) - _flat(fast_r.filter(pl.col("removed_layer") == r))).max()) for r in removals
+    )
+    results["individual"] = {
+        "removals": removals,
+        "naive_s": t_naive_r,
+        "fast_s": t_fast_r,
+        "ratio": t_naive_r / t_fast_r,
+        "max_abs_logprob_diff": diff_r,
+    }
 
     print(f"model {name}: {n} layers, {len(table)} KV items, {args.threads} threads")
-    print(f"gradual   : naive {t_naive:7.1f} s (each of {n} prefixes from scratch)  fast {t_fast:6.1f} s  "
-          f"ratio {t_naive / t_fast:5.1f}x  max|Δlogp| {diff:.1e}  same predictions: {same_acc}")
-    print(f"individual: naive {t_naive_r:7.1f} s ({len(removals)} removals from scratch)  fast {t_fast_r:6.1f} s  "
-          f"ratio {t_naive_r / t_fast_r:5.1f}x  max|Δlogp| {diff_r:.1e}")
+    print(
+        f"gradual   : naive {t_naive:7.1f} s (each of {n} prefixes from scratch)  fast {t_fast:6.1f} s  "
+        f"ratio {t_naive / t_fast:5.1f}x  max|Δlogp| {diff:.1e}  same predictions: {same_acc}"
+    )
+    print(
+        f"individual: naive {t_naive_r:7.1f} s ({len(removals)} removals from scratch)  fast {t_fast_r:6.1f} s  "
+        f"ratio {t_naive_r / t_fast_r:5.1f}x  max|Δlogp| {diff_r:.1e}"
+    )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
 

@@ -47,14 +47,21 @@ def kernel_vs_chunked(batch: int, L: int, H: int, P: int, N: int, chunk: int, de
     if not kernel_runs(x):
         return {"kernel": f"not run on {device} (needs a CUDA device and mamba-ssm: make gpu)"}
     log_a = (-torch.rand(batch, L, H, generator=g) * 0.1).to(device)
-    Bm, Cm = (torch.randn(batch, L, H, N, generator=g).to(device) / N ** 0.5 for _ in range(2))
+    Bm, Cm = (torch.randn(batch, L, H, N, generator=g).to(device) / N**0.5 for _ in range(2))
     D = torch.randn(H, generator=g).to(device)
     _, t_first = timed(lambda: ssd_chunked_kernel(x, log_a, Bm, Cm, D, chunk))
     (ours, _), t_chunk = timed(lambda: ssd_chunked(x, log_a, Bm, Cm, D, chunk), repeats=5)
     (theirs, _), t_kernel = timed(lambda: ssd_chunked_kernel(x, log_a, Bm, Cm, D, chunk), repeats=5)
-    return {"device": str(device), "batch": batch, "kernel_first_call_s": round(t_first, 2),
-            "chunked_s": round(t_chunk, 5), "kernel_s": round(t_kernel, 5), "kernel_speedup": round(t_chunk / t_kernel, 1),
-            "max_abs_diff_kernel": float((theirs - ours).abs().max()), "max_abs_output": float(ours.abs().max())}
+    return {
+        "device": str(device),
+        "batch": batch,
+        "kernel_first_call_s": round(t_first, 2),
+        "chunked_s": round(t_chunk, 5),
+        "kernel_s": round(t_kernel, 5),
+        "kernel_speedup": round(t_chunk / t_kernel, 1),
+        "max_abs_diff_kernel": float((theirs - ours).abs().max()),
+        "max_abs_output": float(ours.abs().max()),
+    }
 
 
 def main():
@@ -73,33 +80,42 @@ def main():
     L, H, P, N = args.length, args.heads, args.head_dim, args.state
     x = torch.randn(1, L, H, P, generator=g)
     log_a = -torch.rand(1, L, H, generator=g) * 0.1
-    Bm, Cm = torch.randn(1, L, H, N, generator=g) / N ** 0.5, torch.randn(1, L, H, N, generator=g) / N ** 0.5
+    Bm, Cm = torch.randn(1, L, H, N, generator=g) / N**0.5, torch.randn(1, L, H, N, generator=g) / N**0.5
     D = torch.randn(H, generator=g)
     with torch.inference_mode():
         (ref, _), t_rec = timed(lambda: ssd_recurrent(x, log_a, Bm, Cm, D))
         (fast, _), t_chunk = timed(lambda: ssd_chunked(x, log_a, Bm, Cm, D, args.chunk), repeats=3)
         short = min(L, 512)  # the quadratic path is for packed scoring of short prompts
         causal = torch.ones(1, short, short, dtype=torch.bool).tril()
-        masked, t_masked = timed(lambda: ssd_masked(x[:, :short], log_a[:, :short], Bm[:, :short], Cm[:, :short], D,
-                                                    causal), repeats=3)
+        masked, t_masked = timed(
+            lambda: ssd_masked(x[:, :short], log_a[:, :short], Bm[:, :short], Cm[:, :short], D, causal), repeats=3
+        )
         # a scoring batch of 8 right-padded items, ten two-token choices each: the tree fast path
         # against the masked reference it replaces, layout detection included
         lengths = [short - 10 - 37 * i for i in range(8)]
         allowed = collate([pack(list(range(n)), [[j, 1] for j in range(10)]) for n in lengths]).mask[:, 0] == 0
         xb, lab, Bb, Cb = (t[:, :short].repeat(8, *[1] * (t.dim() - 1)) for t in (x, log_a, Bm, Cm))
         batch_ref, t_batch_masked = timed(lambda: ssd_masked(xb, lab, Bb, Cb, D, allowed), repeats=3)
-        batch_fast, t_batch_tree = timed(lambda: ssd_tree(xb, lab, Bb, Cb, D, tree_layout(allowed), args.chunk),
-                                         repeats=3)
+        batch_fast, t_batch_tree = timed(
+            lambda: ssd_tree(xb, lab, Bb, Cb, D, tree_layout(allowed), args.chunk), repeats=3
+        )
     result = {
-        "length": L, "heads": H, "head_dim": P, "state": N,
-        "recurrent_s": round(t_rec, 4), "chunked_s": round(t_chunk, 4), "speedup": round(t_rec / t_chunk, 1),
+        "length": L,
+        "heads": H,
+        "head_dim": P,
+        "state": N,
+        "recurrent_s": round(t_rec, 4),
+        "chunked_s": round(t_chunk, 4),
+        "speedup": round(t_rec / t_chunk, 1),
         "max_abs_diff_chunked": float((fast - ref).abs().max()),
         f"masked_quadratic_s_at_{short}": round(t_masked, 4),
         "max_abs_diff_masked": float((masked - ref[:, :short]).abs().max()),
-        "scoring_batch_masked_reference_s": round(t_batch_masked, 4), "scoring_batch_tree_s": round(t_batch_tree, 4),
+        "scoring_batch_masked_reference_s": round(t_batch_masked, 4),
+        "scoring_batch_tree_s": round(t_batch_tree, 4),
         "scoring_batch_speedup": round(t_batch_masked / t_batch_tree, 1),
         "max_abs_diff_tree": float((batch_fast - batch_ref).abs().max()),
-        "state_bytes_fp16": H * N * P * 2, "kv_cache_bytes_fp16_same_heads": 2 * H * P * L * 2,
+        "state_bytes_fp16": H * N * P * 2,
+        "kv_cache_bytes_fp16_same_heads": 2 * H * P * L * 2,
         **kernel_vs_chunked(args.batch, L, H, P, N, args.chunk, args.device),
     }
     print(json.dumps(result, indent=2))

@@ -53,8 +53,17 @@ def smk(workdir: Path, *args: str, config: dict | None = None, check: bool = Tru
     workdir.mkdir(parents=True, exist_ok=True)
     cfg_path = workdir / "config.yaml"
     cfg_path.write_text(yaml.safe_dump(config if config is not None else SMOKE))
-    cmd = SNAKEMAKE + ["--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-                       "--configfile", str(cfg_path), "--cores", "2", *args]
+    cmd = SNAKEMAKE + [
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        str(cfg_path),
+        "--cores",
+        "2",
+        *args,
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")

@@ -70,8 +70,9 @@ def snapshot(data_dir: str | Path) -> dict[str, pl.DataFrame]:
 
 def read_golden(golden_dir: str | Path = GOLDEN_DIR) -> dict[str, pl.DataFrame]:
     golden_dir = Path(golden_dir)
-    return {path.relative_to(golden_dir).as_posix(): pl.read_parquet(path)
-            for path in sorted(golden_dir.rglob("*.parquet"))}
+    return {
+        path.relative_to(golden_dir).as_posix(): pl.read_parquet(path) for path in sorted(golden_dir.rglob("*.parquet"))
+    }
 
 
 def first_difference(actual: pl.DataFrame, expected: pl.DataFrame) -> str:
@@ -86,8 +87,10 @@ def first_difference(actual: pl.DataFrame, expected: pl.DataFrame) -> str:
         differs = actual[column].ne_missing(expected[column])
         if differs.any():
             row = differs.arg_true()[0]
-            return (f"column {column!r}, first at row {row} (rows sorted by all columns): "
-                    f"{actual[column][row]!r} != golden {expected[column][row]!r}")
+            return (
+                f"column {column!r}, first at row {row} (rows sorted by all columns): "
+                f"{actual[column][row]!r} != golden {expected[column][row]!r}"
+            )
     return "frames differ"
 
 
@@ -149,8 +152,23 @@ def run_smoke(workdir: Path) -> None:
     """Run the whole smoke config in `workdir`, as tests/workflow/test_workflow.py does."""
     config = workdir / "config.yaml"
     config.write_text(yaml.safe_dump(yaml.safe_load((REPO / "config" / "smoke.yaml").read_text())))
-    subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
-                    str(workdir), "--configfile", str(config), "--cores", "2"], cwd=REPO, check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(workdir),
+            "--configfile",
+            str(config),
+            "--cores",
+            "2",
+        ],
+        cwd=REPO,
+        check=True,
+    )
 
 
 def refresh(workdir: str | Path | None = None, golden_dir: Path = GOLDEN_DIR) -> None:

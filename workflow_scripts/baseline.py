@@ -1,9 +1,16 @@
 """Rule baseline: score one model on one task with our engine (per-item scores and a summary)."""
-from gna.phases.evaluation import run_baseline
+
 from gna.core.runtime import setup
+from gna.phases.evaluation import run_baseline
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
-run_baseline(snakemake.wildcards.model, snakemake.input.model, snakemake.input.task,
-             snakemake.output.summary, snakemake.output.per_item,
-             batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype,
-             compute_dtype=snakemake.params.compute_dtype)
+run_baseline(
+    snakemake.wildcards.model,
+    snakemake.input.model,
+    snakemake.input.task,
+    snakemake.output.summary,
+    snakemake.output.per_item,
+    batch_size=snakemake.params.batch_size,
+    dtype=snakemake.params.dtype,
+    compute_dtype=snakemake.params.compute_dtype,
+)

@@ -1,4 +1,5 @@
 """Rule collect_baseline: every per-(model, task) baseline and lm-eval table as one tidy table."""
+
 from gna.core.io import collect_tables, write_parquet
 from gna.core.runtime import setup
 

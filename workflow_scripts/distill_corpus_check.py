@@ -1,8 +1,16 @@
 """Rule distill_corpus_check: the distillation corpus holds no evaluation item (MMLU question or KV prompt)."""
+
 from gna.core.runtime import setup
 from gna.students.corpus import run_corpus_check
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 p = snakemake.params
-run_corpus_check(snakemake.input.mmlu, snakemake.input.kv, snakemake.output[0], corpus=p.corpus, seed=p.seed,
-                 mmlu=p.mmlu, template=p.template)
+run_corpus_check(
+    snakemake.input.mmlu,
+    snakemake.input.kv,
+    snakemake.output[0],
+    corpus=p.corpus,
+    seed=p.seed,
+    mmlu=p.mmlu,
+    template=p.template,
+)

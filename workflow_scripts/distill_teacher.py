@@ -1,9 +1,19 @@
 """Rule distill_teacher: the distillation corpus and the teacher's activations on it."""
-from gna.students.distill import run_distill_teacher
+
 from gna.core.runtime import setup
+from gna.students.distill import run_distill_teacher
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 p = snakemake.params
-run_distill_teacher(snakemake.input.model, snakemake.input.mmlu, snakemake.output[0], corpus=p.corpus,
-                    top_k=p.top_k, seed=p.seed, mmlu=p.mmlu, template=p.template, dtype=p.dtype,
-                    compute_dtype=p.compute_dtype)
+run_distill_teacher(
+    snakemake.input.model,
+    snakemake.input.mmlu,
+    snakemake.output[0],
+    corpus=p.corpus,
+    top_k=p.top_k,
+    seed=p.seed,
+    mmlu=p.mmlu,
+    template=p.template,
+    dtype=p.dtype,
+    compute_dtype=p.compute_dtype,
+)

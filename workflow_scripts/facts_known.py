@@ -1,4 +1,5 @@
 """Rule facts_known: the multiple-choice facts split into the model's known and unknown items."""
+
 from gna.core.runtime import setup
 from gna.tasks.facts import write_known_task
 

@@ -1,4 +1,5 @@
 """Rule facts_task: the facts task in one format (cloze or choice) as Parquet."""
+
 from gna.core.runtime import setup
 from gna.tasks.facts import write_facts_task
 

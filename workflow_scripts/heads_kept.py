@@ -1,10 +1,20 @@
 """Rule heads_kept: the minimal model with only the top head kept in each of two critical layers."""
-from gna.phases.head_tables import run_heads_kept
+
 from gna.core.runtime import setup
+from gna.phases.head_tables import run_heads_kept
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
-run_heads_kept(snakemake.wildcards.model, snakemake.input.model, snakemake.input.ranking, snakemake.input.minimal,
-               snakemake.input.tasks, snakemake.output[0], max_items=snakemake.params.max_items,
-               batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype,
-               compute_dtype=snakemake.params.compute_dtype, skip_at_chance=snakemake.params.skip_at_chance,
-               gradual_items_path=snakemake.input.gradual_items)
+run_heads_kept(
+    snakemake.wildcards.model,
+    snakemake.input.model,
+    snakemake.input.ranking,
+    snakemake.input.minimal,
+    snakemake.input.tasks,
+    snakemake.output[0],
+    max_items=snakemake.params.max_items,
+    batch_size=snakemake.params.batch_size,
+    dtype=snakemake.params.dtype,
+    compute_dtype=snakemake.params.compute_dtype,
+    skip_at_chance=snakemake.params.skip_at_chance,
+    gradual_items_path=snakemake.input.gradual_items,
+)

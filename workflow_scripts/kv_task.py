@@ -1,4 +1,5 @@
 """Rule kv_task: the seeded KV-retrieval evaluation set as Parquet."""
+
 from gna.core.runtime import setup
 from gna.tasks.tables import write_kv_task
 

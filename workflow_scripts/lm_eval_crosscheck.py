@@ -1,9 +1,16 @@
 """Rule lm_eval_crosscheck: lm-eval on our own MMLU letter items, to check our scoring engine."""
-from gna.phases.evaluation import run_crosscheck
+
 from gna.core.runtime import setup
+from gna.phases.evaluation import run_crosscheck
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
-run_crosscheck(snakemake.wildcards.model, snakemake.input.model, snakemake.input.task_dir, snakemake.output[0],
-               batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype,
-               compute_dtype=snakemake.params.compute_dtype,
-               memory_mb=snakemake.resources.mem_mb)
+run_crosscheck(
+    snakemake.wildcards.model,
+    snakemake.input.model,
+    snakemake.input.task_dir,
+    snakemake.output[0],
+    batch_size=snakemake.params.batch_size,
+    dtype=snakemake.params.dtype,
+    compute_dtype=snakemake.params.compute_dtype,
+    memory_mb=snakemake.resources.mem_mb,
+)

@@ -1,10 +1,20 @@
 """Rule prune_gradual: accuracy of every prefix of the model's layers on each pruning task."""
-from gna.phases.pruning import run_prune_gradual
+
 from gna.core.runtime import setup
+from gna.phases.pruning import run_prune_gradual
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
-run_prune_gradual(snakemake.wildcards.model, snakemake.input.model, snakemake.input.tasks, snakemake.output.summary,
-                  max_items=snakemake.params.max_items, batch_size=snakemake.params.batch_size,
-                  dtype=snakemake.params.dtype, compute_dtype=snakemake.params.compute_dtype,
-                  skip_at_chance=snakemake.params.skip_at_chance, retrieval_task=snakemake.params.retrieval_task,
-                  baseline_paths=list(snakemake.input.baseline), items_path=snakemake.output.per_item)
+run_prune_gradual(
+    snakemake.wildcards.model,
+    snakemake.input.model,
+    snakemake.input.tasks,
+    snakemake.output.summary,
+    max_items=snakemake.params.max_items,
+    batch_size=snakemake.params.batch_size,
+    dtype=snakemake.params.dtype,
+    compute_dtype=snakemake.params.compute_dtype,
+    skip_at_chance=snakemake.params.skip_at_chance,
+    retrieval_task=snakemake.params.retrieval_task,
+    baseline_paths=list(snakemake.input.baseline),
+    items_path=snakemake.output.per_item,
+)

@@ -1,10 +1,19 @@
 """Rule prune_individual: remove each layer of the minimal model in turn and score every task."""
-from gna.phases.pruning import run_prune_individual
+
 from gna.core.runtime import setup
+from gna.phases.pruning import run_prune_individual
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
-run_prune_individual(snakemake.wildcards.model, snakemake.input.model, snakemake.input.tasks,
-                     snakemake.input.minimal, snakemake.output[0], max_items=snakemake.params.max_items,
-                     batch_size=snakemake.params.batch_size, dtype=snakemake.params.dtype,
-                     compute_dtype=snakemake.params.compute_dtype,
-                     skip_at_chance=snakemake.params.skip_at_chance, gradual_items_path=snakemake.input.gradual_items)
+run_prune_individual(
+    snakemake.wildcards.model,
+    snakemake.input.model,
+    snakemake.input.tasks,
+    snakemake.input.minimal,
+    snakemake.output[0],
+    max_items=snakemake.params.max_items,
+    batch_size=snakemake.params.batch_size,
+    dtype=snakemake.params.dtype,
+    compute_dtype=snakemake.params.compute_dtype,
+    skip_at_chance=snakemake.params.skip_at_chance,
+    gradual_items_path=snakemake.input.gradual_items,
+)

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, planned_jobs
 
 pytestmark = pytest.mark.workflow
@@ -23,13 +22,22 @@ S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "A
 
 
 def env():
-    return dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t",
-                GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t", **S3_ENV)
+    return dict(
+        os.environ,
+        PATH=f"{BIN}:{os.environ['PATH']}",
+        GIT_AUTHOR_NAME="t",
+        GIT_AUTHOR_EMAIL="t@t",
+        GIT_COMMITTER_NAME="t",
+        GIT_COMMITTER_EMAIL="t@t",
+        **S3_ENV,
+    )
 
 
 def run(cmd, cwd, ok=True):
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env(), shell=isinstance(cmd, str))
-    assert (proc.returncode == 0) == ok, f"{cmd} returned {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert (proc.returncode == 0) == ok, (
+        f"{cmd} returned {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
     return proc.stdout + proc.stderr
 
 
@@ -43,8 +51,12 @@ def s3_endpoint():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env())
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env(),
+    )
     try:
         for _ in range(100):
             try:
@@ -55,8 +67,12 @@ def s3_endpoint():
         endpoint = f"http://127.0.0.1:{port}"
         import boto3
 
-        boto3.client("s3", endpoint_url=endpoint, **{k.lower(): v for k, v in S3_ENV.items() if k != "AWS_DEFAULT_REGION"},
-                     region_name="us-east-1").create_bucket(Bucket=BUCKET)
+        boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            **{k.lower(): v for k, v in S3_ENV.items() if k != "AWS_DEFAULT_REGION"},
+            region_name="us-east-1",
+        ).create_bucket(Bucket=BUCKET)
         yield endpoint
     finally:
         server.terminate()
@@ -101,10 +117,12 @@ def test_s3_push_clone_pull_then_nothing_to_do(tmp_path, s3_endpoint, smoke):
     assert "Data and pipelines are up to date." in run(["dvc", "status"], origin)
     # the steps whose results carried wall times (scores, attribution, the report) rerun, with
     # what reads them: same code and config, so the same hashes
-    forced = {"baseline": "data/results/baseline/tiny-llama/kv_retrieval.parquet",
-              "lm_eval_crosscheck": "data/results/lmeval/tiny-llama/crosscheck_mmlu_letter.parquet",
-              "heads_attribution": "data/results/heads/tiny-llama/attribution.parquet",
-              "report": "data/report/index.html"}
+    forced = {
+        "baseline": "data/results/baseline/tiny-llama/kv_retrieval.parquet",
+        "lm_eval_crosscheck": "data/results/lmeval/tiny-llama/crosscheck_mmlu_letter.parquet",
+        "heads_attribution": "data/results/heads/tiny-llama/attribution.parquet",
+        "report": "data/report/index.html",
+    }
     out = run([sys.executable, "-m", "snakemake", "--cores", "2", "--force", *forced.values()], origin)
     assert all(f"(Rule: {rule})" in out for rule in forced), out[-3000:]
     assert "Data and pipelines are up to date." in run(["dvc", "status"], origin)
@@ -144,7 +162,10 @@ def test_make_reproduce_never_records_an_output_no_job_wrote(tmp_path, smoke):
     run([sys.executable, "-m", "snakemake", "--touch", "--forceall", "--cores", "1", "--quiet"], origin)
     run(["dvc", "repro"], origin)
     lock = (origin / "dvc.lock").read_text()
-    topk, gradual = origin / "data/results/heads/tiny-llama/topk.parquet", origin / "data/results/prune/tiny-llama/gradual.parquet"
+    topk, gradual = (
+        origin / "data/results/heads/tiny-llama/topk.parquet",
+        origin / "data/results/prune/tiny-llama/gradual.parquet",
+    )
     recorded = {p: p.read_bytes() for p in (topk, gradual)}
     halved = pl.read_parquet(topk).with_columns(pl.col("value") / 2)
     halved.write_parquet(topk)
@@ -154,7 +175,9 @@ def test_make_reproduce_never_records_an_output_no_job_wrote(tmp_path, smoke):
 
     out = make("reproduce", origin)
     assert "data/results/heads/tiny-llama/topk.parquet edited outside the pipeline: restored from the DVC cache" in out
-    assert "data/results/prune/tiny-llama/gradual.parquet deleted outside the pipeline: restored from the DVC cache" in out
+    assert (
+        "data/results/prune/tiny-llama/gradual.parquet deleted outside the pipeline: restored from the DVC cache" in out
+    )
     assert "data/results/heads/tiny-llama/extra.parquet added outside the pipeline: to be computed again" in out
     assert {p: p.read_bytes() for p in recorded} == recorded and not extra.exists()
     aside = origin / "data/run/set-aside/data/results/heads/tiny-llama"

@@ -3,8 +3,8 @@ started by tests/cluster/local_sshd.sh: a small git + DVC project pushes through
 `python -m gna.core.sharing push` to ssh://USER@127.0.0.1:PORT/..., the remote's objects are the
 project's bytes, and a fresh clone pulls them back byte for byte. A wrong port, a key the server
 refuses and a remote whose parent folder does not exist are named by the sharing code before DVC
-runs, with what to check; a pull from an empty remote says where to push from. Needs sshd (installed with apt-get when missing, as root); skipped
-elsewhere, and with GNA_SSH_TESTS=0."""
+runs, with what to check; a pull from an empty remote says where to push from. Needs sshd (installed with apt-get when
+missing, as root); skipped elsewhere, and with GNA_SSH_TESTS=0."""
 
 import getpass
 import hashlib
@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 
 pytestmark = pytest.mark.workflow
@@ -28,7 +27,7 @@ USER = getpass.getuser()
 
 # the stage the project runs: a folder out and a file out, with a nested file, a space in a name,
 # non-ASCII text and incompressible random bytes (new ones on every run)
-MAKE_DATA = '''import os
+MAKE_DATA = """import os
 from pathlib import Path
 tables = Path("data/tables")
 (tables / "nested").mkdir(parents=True, exist_ok=True)
@@ -36,7 +35,7 @@ tables = Path("data/tables")
 (tables / "nested" / "notes é.txt").write_text("têtes: 3 → 1\\n")
 (tables / "empty.txt").write_bytes(b"")
 Path("data/blob.bin").write_bytes(os.urandom(300_000))
-'''
+"""
 DVC_YAML = """stages:
   make:
     cmd: python make_data.py
@@ -46,13 +45,21 @@ DVC_YAML = """stages:
 
 
 def env():
-    return dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t",
-                GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+    return dict(
+        os.environ,
+        PATH=f"{BIN}:{os.environ['PATH']}",
+        GIT_AUTHOR_NAME="t",
+        GIT_AUTHOR_EMAIL="t@t",
+        GIT_COMMITTER_NAME="t",
+        GIT_COMMITTER_EMAIL="t@t",
+    )
 
 
 def run(cmd, cwd, ok=True):
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env(), timeout=120)
-    assert (proc.returncode == 0) == ok, f"{cmd} returned {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert (proc.returncode == 0) == ok, (
+        f"{cmd} returned {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
     return proc.stdout + proc.stderr
 
 
@@ -116,8 +123,11 @@ def set_remote(project: Path, url: str, key: Path, local=False):
 
 
 def data_files(project: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(project)): p.read_bytes() for p in sorted((project / "data").rglob("*"))
-            if p.is_file() and p.name != ".gitignore"}
+    return {
+        str(p.relative_to(project)): p.read_bytes()
+        for p in sorted((project / "data").rglob("*"))
+        if p.is_file() and p.name != ".gitignore"
+    }
 
 
 def accepted_logins() -> int:
@@ -184,7 +194,9 @@ def test_an_unusable_ssh_remote_is_named_with_what_to_do(tmp_path, sshd):
     set_remote(project, f"ssh://{USER}@127.0.0.1:{port}{typo}", key, local=True)
     for purpose in ("push", "pull"):
         out = share(purpose, project, ok=False)
-        assert f"make {purpose}: DVC remote 'lab' (ssh://127.0.0.1:{port}{typo}): its bucket or root does not exist" in out
+        assert (
+            f"make {purpose}: DVC remote 'lab' (ssh://127.0.0.1:{port}{typo}): its bucket or root does not exist" in out
+        )
     assert not typo.parent.exists()
 
     # the folder exists but holds nothing: a machine without the data (no workspace copy, no

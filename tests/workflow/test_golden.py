@@ -5,9 +5,8 @@ import shutil
 
 import polars as pl
 import pytest
-from polars.testing import assert_frame_equal
-
 from golden import GOLDEN_DIR, compare, cpu_kind, read_golden, recorded_kind, refresh
+from polars.testing import assert_frame_equal
 
 RANKING = "results/heads/tiny-llama/ranking.parquet"
 

@@ -9,8 +9,8 @@ import polars as pl
 import pytest
 import torch
 import yaml
-
 from conftest import REPO
+
 from gna.engine.scoring import score_table, score_table_ref
 from gna.engine.stack import sliding_windows
 from gna.models.prepare import load_model, prepare_model
@@ -43,7 +43,7 @@ def test_gemma_generates_sensible_text(gemma):
     ids = tok("The capital of France is", return_tensors="pt").input_ids
     with torch.inference_mode():
         out = model.generate(ids, max_new_tokens=8, do_sample=False)
-    assert "France" in tok.decode(out[0, ids.shape[1]:]) or "Paris" in tok.decode(out[0, ids.shape[1]:])
+    assert "France" in tok.decode(out[0, ids.shape[1] :]) or "Paris" in tok.decode(out[0, ids.shape[1] :])
 
 
 def test_gemma_engine_equals_its_own_forward_past_the_sliding_window(gemma):
@@ -52,7 +52,9 @@ def test_gemma_engine_equals_its_own_forward_past_the_sliding_window(gemma):
     earlier = build_kv_retrieval([40], 1, seed=6, template="lookup")["context"][0]
     table = build_kv_retrieval([90], 2, seed=5, template="lookup").with_columns(
         (pl.lit(earlier + "\n") + pl.col("context")).alias("context"),
-        pl.col("choices").list.head(3), pl.lit(0).alias("target"))  # 3 choices: the reference runs one forward each
+        pl.col("choices").list.head(3),
+        pl.lit(0).alias("target"),
+    )  # 3 choices: the reference runs one forward each
     assert min(len(tok(c).input_ids) for c in table["context"]) > 512  # windowed layers differ here
     fast, ref = score_table(model, tok, table, batch_size=2, progress=False), score_table_ref(model, tok, table)
     flat = [np.asarray(v) for v in (fast["logprobs"].to_list(), ref["logprobs"].to_list())]

@@ -5,10 +5,10 @@ import polars as pl
 import pytest
 import torch
 import yaml
-
 from conftest import REPO
-from gna.models.prepare import load_model, prepare_model
+
 from gna.engine.scoring import score_table
+from gna.models.prepare import load_model, prepare_model
 from gna.models.sources import fetch_pypi_member
 from gna.tasks.tables import build_kv_retrieval
 
@@ -36,7 +36,7 @@ def test_default_model_generates_sensible_text(smollm):
     ids = tok("The capital of France is", return_tensors="pt").input_ids
     with torch.inference_mode():
         out = model.generate(ids, max_new_tokens=6, do_sample=False)
-    assert "Paris" in tok.decode(out[0, ids.shape[1]:])
+    assert "Paris" in tok.decode(out[0, ids.shape[1] :])
 
 
 def test_default_model_solves_lookup_kv_retrieval(smollm):

@@ -17,10 +17,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 import yaml
-from polars.testing import assert_frame_equal
-
 from conftest import REPO, planned_jobs
 from golden import GOLDEN_DIR, stable
+from polars.testing import assert_frame_equal
 
 pytestmark = pytest.mark.workflow
 SCRIPT = REPO / "tests" / "cluster" / "local_slurm.sh"
@@ -57,19 +56,38 @@ def test_smoke_baseline_runs_as_slurm_jobs_and_equals_the_local_results(tmp_path
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     tasks = ("kv_retrieval", "mmlu_letter", "mmlu_cloze")
     targets = [f"data/results/baseline/tiny-llama/{task}.parquet" for task in tasks]
-    submitted = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID"], capture_output=True, text=True,
-                               env=slurm_env).stdout.split()
+    submitted = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-o", "JobID"], capture_output=True, text=True, env=slurm_env
+    ).stdout.split()
     start = time.perf_counter()
-    proc = subprocess.run(SNAKEMAKE + ["--directory", str(tmp_path), "--configfile", str(tmp_path / "config.yaml"),
-                                       "--profile", str(REPO / "profiles" / "slurm"), *targets],
-                          cwd=tmp_path, capture_output=True, text=True, env=slurm_env, timeout=900)
+    proc = subprocess.run(
+        SNAKEMAKE
+        + [
+            "--directory",
+            str(tmp_path),
+            "--configfile",
+            str(tmp_path / "config.yaml"),
+            "--profile",
+            str(REPO / "profiles" / "slurm"),
+            *targets,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=slurm_env,
+        timeout=900,
+    )
     seconds = time.perf_counter() - start
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     print(f"baseline through SLURM in {seconds:.0f}s")
 
     # every job that loads a model ran in SLURM; the quick model-free steps ran locally (localrules)
-    jobs = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID,Comment,Partition,State,AllocTRES"],
-                          capture_output=True, text=True, env=slurm_env).stdout.splitlines()
+    jobs = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-o", "JobID,Comment,Partition,State,AllocTRES"],
+        capture_output=True,
+        text=True,
+        env=slurm_env,
+    ).stdout.splitlines()
     ours = [line.split("|") for line in jobs if line.split("|")[0] not in submitted]
     print("\n".join("|".join(job) for job in ours))
     # the conversion alone, then the three baseline tasks as one group job (profile `groups`):
@@ -84,17 +102,32 @@ def test_smoke_baseline_runs_as_slurm_jobs_and_equals_the_local_results(tmp_path
     for task in tasks:
         for suffix in ("parquet", "items.parquet"):
             name = f"results/baseline/tiny-llama/{task}.{suffix}"
-            assert_frame_equal(stable(pl.read_parquet(tmp_path / "data" / name)),
-                               stable(pl.read_parquet(GOLDEN_DIR / name)), check_exact=True)
+            assert_frame_equal(
+                stable(pl.read_parquet(tmp_path / "data" / name)),
+                stable(pl.read_parquet(GOLDEN_DIR / name)),
+                check_exact=True,
+            )
 
 
 def test_paper_config_through_the_profile_asks_for_what_an_8b_model_needs(tmp_path):
     """Dry run (no SLURM needed): the 8B model's jobs ask for at least its bf16 weights plus
     working memory, a GPU through the plugin's `gpu` resource (no GRES hidden in slurm_extra)
     for every rule but the conversion."""
-    proc = subprocess.run(SNAKEMAKE + ["--configfile", str(REPO / "config" / "paper.yaml"), "--profile",
-                                       str(REPO / "profiles" / "slurm"), "--directory", str(tmp_path), "-n"],
-                          cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(
+        SNAKEMAKE
+        + [
+            "--configfile",
+            str(REPO / "config" / "paper.yaml"),
+            "--profile",
+            str(REPO / "profiles" / "slurm"),
+            "--directory",
+            str(tmp_path),
+            "-n",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     # a job's block: "rule x:" then indented "key: value" lines; jobs of a group job are indented once more
     jobs = re.findall(r"(local)?rule (\w+):\n((?: {4,}\w+: .*\n)+)", proc.stdout + proc.stderr)
@@ -122,8 +155,10 @@ def test_every_group_job_fits_the_longest_single_job_limit():
     """A group job's wall-time limit is the sum of its jobs' limits; `group-components` must keep it
     within the longest limit one job asks (a cluster's partition limit is sized for that job)."""
     profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
-    limits = {rule: res.get("runtime", profile["default-resources"]["runtime"])
-              for rule, res in profile["set-resources"].items()}
+    limits = {
+        rule: res.get("runtime", profile["default-resources"]["runtime"])
+        for rule, res in profile["set-resources"].items()
+    }
     for group, components in profile["group-components"].items():
         rules = [rule for rule, g in profile["groups"].items() if g == group]
         # each component is one job of a rule of the group; the worst case takes the longest ones

@@ -15,7 +15,6 @@ from pathlib import Path
 import polars as pl
 import pytest
 import yaml
-
 from conftest import REPO, SMOKE, SNAKEMAKE, planned_jobs, smk
 from golden import compare
 
@@ -46,8 +45,13 @@ def test_smoke_run_writes_results_and_report(smoke):
     assert set(ours["task"]) == {"kv_retrieval", "mmlu_letter", "mmlu_cloze", "facts_cloze", "facts_choice"}
     assert set(ours.filter(pl.col("task") == "kv_retrieval")["group"]) == {"3", "6", "all"}
     # the facts: cloze per relation, multiple choice split into the model's known and unknown items
-    assert set(ours.filter(pl.col("task") == "facts_cloze")["group"]) == {"capital", "continent", "demonym",
-                                                                           "symbol", "all"}
+    assert set(ours.filter(pl.col("task") == "facts_cloze")["group"]) == {
+        "capital",
+        "continent",
+        "demonym",
+        "symbol",
+        "all",
+    }
     choice = ours.filter((pl.col("task") == "facts_choice") & (pl.col("metric") == "acc"))
     n = dict(zip(choice["group"], choice["n"]))
     assert set(n) <= {"known", "unknown", "all"} and n["all"] == 8 and n.get("known", 0) + n.get("unknown", 0) == 8
@@ -55,27 +59,52 @@ def test_smoke_run_writes_results_and_report(smoke):
     acc = ours.filter(pl.col("metric") == "acc")["value"]
     assert ((acc >= 0) & (acc <= 1)).all()
     # the lm-eval cross-check scores the same letter items as our engine, so accuracies agree
-    ours_letter = ours.filter((pl.col("task") == "mmlu_letter") & (pl.col("metric") == "acc") & (pl.col("group") == "all"))
+    ours_letter = ours.filter(
+        (pl.col("task") == "mmlu_letter") & (pl.col("metric") == "acc") & (pl.col("group") == "all")
+    )
     cross = baseline.filter((pl.col("task") == "gna_mmlu_letter") & (pl.col("metric") == "acc"))
     assert len(cross) == 1 and cross["value"][0] == pytest.approx(ours_letter["value"][0])
     html = (smoke / "data/report/index.html").read_text()
-    for needle in ("gna smoke run", "tiny-llama", "Template: <b>lookup</b>", "KV-retrieval", "letter",
-                   "Cross-check with lm-evaluation-harness", "data:image/png;base64", "code hash", "run record",
-                   "Layer pruning", "Minimal model", "Individual layer removal", "Per-head ablation",
-                   "Removing the top-k heads together", "Heads kept in the critical layers",
-                   "Attribution pre-ranking vs the exact sweep", "Gather-and-Aggregate roles",
-                   "SSM and hybrid students", "attention heads kept vs knowledge", "layer swap", "inference memory",
-                   "Knowledge vs retrieval", "Which multiple-choice format the model can answer"):
+    for needle in (
+        "gna smoke run",
+        "tiny-llama",
+        "Template: <b>lookup</b>",
+        "KV-retrieval",
+        "letter",
+        "Cross-check with lm-evaluation-harness",
+        "data:image/png;base64",
+        "code hash",
+        "run record",
+        "Layer pruning",
+        "Minimal model",
+        "Individual layer removal",
+        "Per-head ablation",
+        "Removing the top-k heads together",
+        "Heads kept in the critical layers",
+        "Attribution pre-ranking vs the exact sweep",
+        "Gather-and-Aggregate roles",
+        "SSM and hybrid students",
+        "attention heads kept vs knowledge",
+        "layer swap",
+        "inference memory",
+        "Knowledge vs retrieval",
+        "Which multiple-choice format the model can answer",
+    ):
         assert needle in html, needle
     model_dir = smoke / "data/models/tiny-llama"
-    assert {"model.safetensors", "config.json", "tokenizer.json", "gna_source.json"} <= {p.name for p in model_dir.iterdir()}
+    assert {"model.safetensors", "config.json", "tokenizer.json", "gna_source.json"} <= {
+        p.name for p in model_dir.iterdir()
+    }
     assert not list((smoke / "data").rglob("*.tmp")), "temporary files left behind"
     # every file is in a folder DVC tracks, or in the run's own records (logs, timings)
     from gna.core.sharing import UNTRACKED, tracked_outs
 
     homes = tracked_outs(REPO / "dvc.yaml") + list(UNTRACKED)
-    stray = [p for p in (smoke / "data").rglob("*") if p.is_file()
-             and not any(p.relative_to(smoke).as_posix().startswith(home) for home in homes)]
+    stray = [
+        p
+        for p in (smoke / "data").rglob("*")
+        if p.is_file() and not any(p.relative_to(smoke).as_posix().startswith(home) for home in homes)
+    ]
     assert not stray, stray
     record = (smoke / "data/run/index.html").read_text()
     assert "heads_sweep/tiny-llama" in record and "verify top" in record and "git commit" in record
@@ -107,8 +136,10 @@ def test_smoke_run_writes_results_and_report(smoke):
     assert measured["total_bytes"][0] == measured["formula_bytes"][0]
     budget = pl.read_parquet(smoke / "data/results/hybrid/tiny-llama/budget-k2-n8.parquet")
     assert sorted(set(budget["kd_steps"])) == [0, 1, 2] and set(budget["group"]) == {"3", "all"}
-    ablations = [pl.read_parquet(smoke / f"data/results/hybrid/tiny-llama/ablation-{a}.parquet")
-                 for a in ("no_first_token", "small_corpus")]
+    ablations = [
+        pl.read_parquet(smoke / f"data/results/hybrid/tiny-llama/ablation-{a}.parquet")
+        for a in ("no_first_token", "small_corpus")
+    ]
     assert [set(a["ablation"]) for a in ablations] == [{"no_first_token"}, {"small_corpus"}]
 
 
@@ -198,11 +229,29 @@ def test_the_same_config_in_another_key_order_and_style_reruns_nothing(smoke):
     """Params compare by content: the smoke run's config (written with sorted keys) written again
     with every mapping's keys reversed, in flow style with other line breaks, plans no job."""
     work = smoke / "reordered.yaml"
-    work.write_text(yaml.dump(_reversed_keys(smoke_config()), sort_keys=False, default_flow_style=True,
-                              explicit_start=True, width=60))
-    proc = subprocess.run(SNAKEMAKE + ["--snakefile", str(REPO / "Snakefile"), "--directory", str(smoke),
-                                       "--configfile", str(work), "--cores", "2", "-n"],
-                          cwd=REPO, capture_output=True, text=True, check=True)
+    work.write_text(
+        yaml.dump(
+            _reversed_keys(smoke_config()), sort_keys=False, default_flow_style=True, explicit_start=True, width=60
+        )
+    )
+    proc = subprocess.run(
+        SNAKEMAKE
+        + [
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(smoke),
+            "--configfile",
+            str(work),
+            "--cores",
+            "2",
+            "-n",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert planned_jobs_of(proc) == {}, proc.stdout[-2000:]
     work.unlink()
 
@@ -217,10 +266,24 @@ def test_task_size_edit_reruns_only_dependents(smoke):
     cfg = smoke_config()
     cfg["tasks"]["kv_retrieval"]["sizes"] = [3, 6, 8]
     assert planned_jobs_of(smk(smoke, "-n", config=cfg)) == {
-        "kv_task": 1, "baseline": 1, "collect_baseline": 1, "prune_gradual": 1, "minimal_model": 1,
-        "prune_individual": 1, "heads_topk": 1, "heads_kept": 1, "distill_corpus_check": 1, "hybrid_score": 4,
-        "hybrid_swap": 1, "hybrid_answer_rows": 1, "hybrid_budget": 2, "hybrid_ablation": 2, "report": 1,
-        "gna_masking": 2, "all": 1}
+        "kv_task": 1,
+        "baseline": 1,
+        "collect_baseline": 1,
+        "prune_gradual": 1,
+        "minimal_model": 1,
+        "prune_individual": 1,
+        "heads_topk": 1,
+        "heads_kept": 1,
+        "distill_corpus_check": 1,
+        "hybrid_score": 4,
+        "hybrid_swap": 1,
+        "hybrid_answer_rows": 1,
+        "hybrid_budget": 2,
+        "hybrid_ablation": 2,
+        "report": 1,
+        "gna_masking": 2,
+        "all": 1,
+    }
     # the corpus is checked again against the new items; nothing is distilled again; the students'
     # masking reads condition (a) of the knowledge tasks from their answers, which hold the KV rows too
 
@@ -229,7 +292,13 @@ def test_state_size_edit_reruns_only_the_affected_variants(smoke):
     cfg = smoke_config()
     cfg["hybrid"]["state_sizes"] = [4, 6]  # 8 stays as the heads-kept sweep's size; 6 replaces nothing else
     assert planned_jobs_of(smk(smoke, "-n", config=cfg)) == {
-        "distill_align": 1, "distill_kd": 1, "hybrid_score": 1, "hybrid_memory": 1, "report": 1, "all": 1}
+        "distill_align": 1,
+        "distill_kd": 1,
+        "hybrid_score": 1,
+        "hybrid_memory": 1,
+        "report": 1,
+        "all": 1,
+    }
 
 
 def test_top_k_edit_reruns_only_the_top_k_table(smoke):
@@ -242,7 +311,12 @@ def test_minimal_fraction_edit_reruns_only_individual_removal(smoke):
     cfg = smoke_config()
     cfg.setdefault("prune", {})["minimal_fraction"] = 0.5
     assert planned_jobs_of(smk(smoke, "-n", config=cfg)) == {
-        "minimal_model": 1, "prune_individual": 1, "heads_kept": 1, "report": 1, "all": 1}
+        "minimal_model": 1,
+        "prune_individual": 1,
+        "heads_kept": 1,
+        "report": 1,
+        "all": 1,
+    }
 
 
 def test_rerun_after_edit_then_nothing_to_do(tmp_path, smoke):
@@ -279,8 +353,10 @@ def test_bad_config_fails_before_any_job(tmp_path):
 def test_unknown_model_source_names_allowed_values(tmp_path):
     cfg = smoke_config()
     cfg["models"]["tiny-llama"]["source"] = "s3"
-    assert ("models.tiny-llama.source': 's3' is not allowed; allowed values: pypi-file, hf, local, tiny-random"
-            in fails_before_any_job(tmp_path, cfg, "-n"))
+    assert (
+        "models.tiny-llama.source': 's3' is not allowed; allowed values: pypi-file, hf, local, tiny-random"
+        in fails_before_any_job(tmp_path, cfg, "-n")
+    )
 
 
 def test_missing_local_file_is_named_before_any_job(tmp_path):
@@ -293,8 +369,10 @@ def test_a_device_as_local_source_is_named_before_any_job(tmp_path):
     """/dev/zero as the MMLU file kept a job reading at 100% CPU forever."""
     cfg = smoke_config()
     cfg["tasks"]["mmlu"]["data"]["path"] = "/dev/zero"
-    assert ("config key 'tasks.mmlu.data.path': /dev/zero is neither a regular file nor a folder"
-            in fails_before_any_job(tmp_path, cfg, "-n"))
+    assert (
+        "config key 'tasks.mmlu.data.path': /dev/zero is neither a regular file nor a folder"
+        in fails_before_any_job(tmp_path, cfg, "-n")
+    )
 
 
 def test_checksum_mismatch_fails_that_job_and_leaves_no_output(tmp_path):
@@ -316,26 +394,49 @@ def test_relative_local_model_path_is_read_from_the_workflow_folder_under_direct
     cfg = smoke_config()
     cfg["models"] = {"mine": {"source": "local", "path": os.path.relpath(tmp_path / "source", REPO)}}
     smk(tmp_path / "work", "data/models/mine", config=cfg)
-    assert load_model(tmp_path / "work/data/models/mine")[0].config.num_hidden_layers == \
-        load_model(tmp_path / "source")[0].config.num_hidden_layers
+    assert (
+        load_model(tmp_path / "work/data/models/mine")[0].config.num_hidden_layers
+        == load_model(tmp_path / "source")[0].config.num_hidden_layers
+    )
 
 
 def test_slurm_profile_dry_run_without_slurm(tmp_path):
     cfg_path = tmp_path / "config.yaml"
     cfg_path.write_text(yaml.safe_dump(SMOKE))
-    proc = subprocess.run(SNAKEMAKE + ["--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
-                                       "--configfile", str(cfg_path), "--profile", str(REPO / "profiles/slurm"), "-n"],
-                          cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(
+        SNAKEMAKE
+        + [
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(tmp_path),
+            "--configfile",
+            str(cfg_path),
+            "--profile",
+            str(REPO / "profiles/slurm"),
+            "-n",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert planned_jobs_of(proc)["baseline"] == 5  # KV, MMLU letter and cloze, facts cloze and choice
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("gna_variants", ["k3-n8"], "config key 'hybrid.gna_variants': ['k3-n8'] are not students of this config"),
-    ("budget_curve", {"variants": ["k5-n8"]}, "config key 'hybrid.budget_curve.variants': ['k5-n8'] are not students"),
-    ("budget_curve", {"dict_size": 4}, "config key 'hybrid.budget_curve.dict_size': 4 is not a KV dictionary size"),
-    ("knowledge_heads_kept", [0, 5], "config key 'hybrid.knowledge_heads_kept': [5] are not in hybrid.heads_kept"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("gna_variants", ["k3-n8"], "config key 'hybrid.gna_variants': ['k3-n8'] are not students of this config"),
+        (
+            "budget_curve",
+            {"variants": ["k5-n8"]},
+            "config key 'hybrid.budget_curve.variants': ['k5-n8'] are not students",
+        ),
+        ("budget_curve", {"dict_size": 4}, "config key 'hybrid.budget_curve.dict_size': 4 is not a KV dictionary size"),
+        ("knowledge_heads_kept", [0, 5], "config key 'hybrid.knowledge_heads_kept': [5] are not in hybrid.heads_kept"),
+    ],
+)
 def test_unknown_student_or_size_is_named_before_any_job(tmp_path, key, value, message):
     cfg = smoke_config()
     cfg["hybrid"][key] = {**cfg["hybrid"][key], **value} if isinstance(value, dict) else value
@@ -346,9 +447,11 @@ def test_smoke_results_equal_golden(smoke):
     try:
         compare(smoke / "data")
     except AssertionError as error:
-        raise AssertionError(f"{error}\nThe smoke results differ from tests/data/smoke_results. If the change is "
-                             "intended, refresh them with `make smoke-golden` (python tests/golden.py refresh) "
-                             "and commit tests/data/smoke_results.") from None
+        raise AssertionError(
+            f"{error}\nThe smoke results differ from tests/data/smoke_results. If the change is "
+            "intended, refresh them with `make smoke-golden` (python tests/golden.py refresh) "
+            "and commit tests/data/smoke_results."
+        ) from None
 
 
 @pytest.mark.slow
@@ -358,19 +461,35 @@ def test_library_edit_reruns_exactly_the_rules_that_import_it(tmp_path, smoke):
     src = tmp_path / "src"
     shutil.copytree(REPO / "src", src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     env = {**os.environ, "PYTHONPATH": str(src)}
-    found = subprocess.run([sys.executable, "-c", "import gna; print(gna.__file__)"], env=env, cwd=REPO,
-                           capture_output=True, text=True, check=True).stdout.strip()
+    found = subprocess.run(
+        [sys.executable, "-c", "import gna; print(gna.__file__)"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert found == str(src / "gna" / "__init__.py")
     cfg_path = tmp_path / "config.yaml"  # the smoke folder's config.yaml is rewritten by other tests
     cfg_path.write_text(yaml.safe_dump(SMOKE))
-    cmd = SNAKEMAKE + ["--snakefile", str(REPO / "Snakefile"), "--directory", str(smoke), "--configfile",
-                       str(cfg_path), "--cores", "2", "-n"]
+    cmd = SNAKEMAKE + [
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(smoke),
+        "--configfile",
+        str(cfg_path),
+        "--cores",
+        "2",
+        "-n",
+    ]
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0 and planned_jobs_of(proc) == {}, proc.stderr[-3000:]
     checks = {
         "page": lambda jobs: jobs == {"report": 1, "all": 1},
-        "head_ablation": lambda jobs: "heads_sweep" in jobs
-        and not {"baseline", "prune_gradual", "distill_teacher"} & set(jobs),
+        "head_ablation": lambda jobs: (
+            "heads_sweep" in jobs and not {"baseline", "prune_gradual", "distill_teacher"} & set(jobs)
+        ),
         "stack": lambda jobs: {"baseline", "prune_gradual", "heads_sweep", "hybrid_score"} <= set(jobs),
     }
     for name, check in checks.items():
@@ -389,8 +508,11 @@ def test_knowledge_tasks_score_only_the_students_of_knowledge_heads_kept(tmp_pat
     knowledge tasks (dry run: the planned jobs' inputs)."""
     cfg = smoke_config()
     cfg["hybrid"]["knowledge_heads_kept"] = [0]
-    targets = ["data/results/hybrid/tiny-llama/k0-n8.parquet", "data/results/hybrid/tiny-llama/k2-n8.parquet",
-               *[f"data/results/gna/tiny-llama-hybrid-{v}/masking.parquet" for v in ("k0-n8", "k2-n8")]]
+    targets = [
+        "data/results/hybrid/tiny-llama/k0-n8.parquet",
+        "data/results/hybrid/tiny-llama/k2-n8.parquet",
+        *[f"data/results/gna/tiny-llama-hybrid-{v}/masking.parquet" for v in ("k0-n8", "k2-n8")],
+    ]
     text = smk(tmp_path, "-n", *targets, config=cfg).stdout
     inputs = {}
     for block in text.split("\nrule ")[1:]:

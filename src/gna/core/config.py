@@ -32,8 +32,10 @@ def _describe(error: jsonschema.ValidationError) -> str:
         keys = ", ".join(f"{where}.{k}" if where != "<root>" else k for k in extra)
         return f"config key '{keys}' is not allowed; allowed keys here: {', '.join(allowed)}"
     if error.validator == "enum":
-        return (f"config key '{where}': {error.instance!r} is not allowed; "
-                f"allowed values: {', '.join(map(str, error.validator_value))}")
+        return (
+            f"config key '{where}': {error.instance!r} is not allowed; "
+            f"allowed values: {', '.join(map(str, error.validator_value))}"
+        )
     if error.validator == "required":
         return f"config key '{where}': {error.message}"
     return f"config key '{where}': {error.message}"
@@ -73,7 +75,9 @@ def validate_config(config: dict, schema: dict) -> dict:
     models, too, run and appear in name order); raise ConfigError otherwise."""
     config = copy.deepcopy(config)
     validator = _with_defaults(jsonschema.Draft202012Validator)(schema)
-    errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    errors = sorted(
+        validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path)))
+    )
     if errors:
         # branch errors of if/then are reported once, the deepest most specific first
         messages = list(dict.fromkeys(_describe(e) for e in errors))
@@ -84,8 +88,11 @@ def validate_config(config: dict, schema: dict) -> dict:
 
 def built_tasks(config: dict) -> list[str]:
     """The evaluation tasks a validated config builds: KV retrieval, then each MMLU and facts format."""
-    return (["kv_retrieval"] + [f"mmlu_{f}" for f in config["tasks"]["mmlu"]["formats"]]
-            + [f"facts_{f}" for f in config["tasks"]["facts"]["formats"]])
+    return (
+        ["kv_retrieval"]
+        + [f"mmlu_{f}" for f in config["tasks"]["mmlu"]["formats"]]
+        + [f"facts_{f}" for f in config["tasks"]["facts"]["formats"]]
+    )
 
 
 def _check_semantics(config: dict) -> None:
@@ -95,33 +102,44 @@ def _check_semantics(config: dict) -> None:
         raise ConfigError(f"config key 'tasks.kv_retrieval.sizes': duplicate sizes in {kv['sizes']}")
     facts = config["tasks"]["facts"]
     if "choice" in facts["formats"] and "cloze" not in facts["formats"]:
-        raise ConfigError("config key 'tasks.facts.formats': choice needs cloze (its known items are read from the "
-                          "cloze scores); add cloze or remove choice")
+        raise ConfigError(
+            "config key 'tasks.facts.formats': choice needs cloze (its known items are read from the "
+            "cloze scores); add cloze or remove choice"
+        )
     heads = config["heads"]
     outside = sorted(set(heads["control_k"] or []) - set(heads["top_k"]))
     if outside:
-        raise ConfigError(f"config key 'heads.control_k': {outside} not in heads.top_k ({heads['top_k']}); the "
-                          "random-k controls run at k that the table removes")
+        raise ConfigError(
+            f"config key 'heads.control_k': {outside} not in heads.top_k ({heads['top_k']}); the "
+            "random-k controls run at k that the table removes"
+        )
     hybrid = config["hybrid"]
     outside = [k for k in hybrid["knowledge_heads_kept"] or [] if k not in hybrid["heads_kept"]]
     if hybrid["enabled"] and outside:
-        raise ConfigError(f"config key 'hybrid.knowledge_heads_kept': {outside} are not in hybrid.heads_kept "
-                          f"{hybrid['heads_kept']}")
+        raise ConfigError(
+            f"config key 'hybrid.knowledge_heads_kept': {outside} are not in hybrid.heads_kept {hybrid['heads_kept']}"
+        )
     formats = set(built_tasks(config))
     prune = config["prune"]
     for task in prune["tasks"]:
         if task not in formats:
-            raise ConfigError(f"config key 'prune.tasks': {task!r} is not built; add its format to "
-                              f"tasks.mmlu.formats or tasks.facts.formats, or remove it "
-                              f"(built: {', '.join(sorted(formats))})")
+            raise ConfigError(
+                f"config key 'prune.tasks': {task!r} is not built; add its format to "
+                f"tasks.mmlu.formats or tasks.facts.formats, or remove it "
+                f"(built: {', '.join(sorted(formats))})"
+            )
     if prune["retrieval_task"] not in prune["tasks"]:
-        raise ConfigError(f"config key 'prune.retrieval_task': {prune['retrieval_task']!r} must be one of "
-                          f"prune.tasks ({', '.join(prune['tasks'])})")
+        raise ConfigError(
+            f"config key 'prune.retrieval_task': {prune['retrieval_task']!r} must be one of "
+            f"prune.tasks ({', '.join(prune['tasks'])})"
+        )
     for name, spec in config["models"].items():
         if "/" in name or name.startswith("."):
             raise ConfigError(f"config key 'models.{name}': model names may not contain '/' or start with '.'")
         if spec["source"] == "tiny-random":
             heads, kv_heads, hidden = spec["heads"], spec["kv_heads"], spec["hidden"]
             if heads % kv_heads or hidden % heads:
-                raise ConfigError(f"config key 'models.{name}': heads ({heads}) must be a multiple of kv_heads "
-                                  f"({kv_heads}) and divide hidden ({hidden})")
+                raise ConfigError(
+                    f"config key 'models.{name}': heads ({heads}) must be a multiple of kv_heads "
+                    f"({kv_heads}) and divide hidden ({hidden})"
+                )

@@ -25,7 +25,7 @@ import yaml
 
 from gna.core.io import atomic_path
 
-WRITTEN = Path("data/run/written")    # per output file: the md5 of what a job wrote there
+WRITTEN = Path("data/run/written")  # per output file: the md5 of what a job wrote there
 SET_ASIDE = Path("data/run/set-aside")  # files no job wrote, kept for the user
 
 
@@ -58,8 +58,9 @@ def record_written(outputs: list[str | Path], root: str | Path = ".") -> None:
             record.parent.mkdir(parents=True, exist_ok=True)
             stat = file.stat()
             with atomic_path(record) as tmp:
-                Path(tmp).write_text(json.dumps({"md5": file_md5(file), "size": stat.st_size,
-                                                 "mtime_ns": stat.st_mtime_ns}) + "\n")
+                Path(tmp).write_text(
+                    json.dumps({"md5": file_md5(file), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}) + "\n"
+                )
 
 
 def _record(root: Path, file: Path) -> dict | None:
@@ -111,8 +112,8 @@ def locked_files(root: str | Path = ".") -> dict[Path, str]:
 @dataclass
 class Finding:
     path: Path
-    what: str      # "edited" (differs from dvc.lock), "deleted", "added" (in no lock, no job wrote it)
-    action: str    # "restored from the DVC cache", "to be computed again"
+    what: str  # "edited" (differs from dvc.lock), "deleted", "added" (in no lock, no job wrote it)
+    action: str  # "restored from the DVC cache", "to be computed again"
 
 
 def check(root: str | Path = ".") -> list[Finding]:
@@ -133,8 +134,13 @@ def check(root: str | Path = ".") -> list[Finding]:
         cached = _cache_file(root, md5).exists() and written in (None, md5)
         if current is None and not cached:
             continue
-        findings.append(Finding(file, "deleted" if current is None else "edited",
-                                "restored from the DVC cache" if cached else "to be computed again"))
+        findings.append(
+            Finding(
+                file,
+                "deleted" if current is None else "edited",
+                "restored from the DVC cache" if cached else "to be computed again",
+            )
+        )
     for out in _lock_outs(root):
         for file in _files(root / out["path"]) if out["md5"].endswith(".dir") else []:
             if file not in locked and written_md5(root, file) != current_md5(root, file):
@@ -167,8 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     findings = guard(root)
     for f in findings:
         note = f"; the file as found is in {SET_ASIDE.as_posix()}/" if f.what != "deleted" else ""
-        print(f"make reproduce: {f.path.relative_to(root).as_posix()} {f.what} outside the pipeline: "
-              f"{f.action}{note}", file=sys.stderr)
+        print(
+            f"make reproduce: {f.path.relative_to(root).as_posix()} {f.what} outside the pipeline: {f.action}{note}",
+            file=sys.stderr,
+        )
     return 0
 
 

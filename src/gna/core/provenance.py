@@ -90,8 +90,15 @@ def workflow_code_hash(workflow_dir: str | Path, package_dir: Path = PACKAGE_DIR
     files = []
     for name in WORKFLOW_CODE:
         path = Path(workflow_dir) / name
-        files += [(f"{name}/{f.relative_to(path).as_posix()}", f) for f in sorted(path.rglob("*")) if f.is_file()
-                  and "__pycache__" not in f.parts] if path.is_dir() else [(name, path)]
+        files += (
+            [
+                (f"{name}/{f.relative_to(path).as_posix()}", f)
+                for f in sorted(path.rglob("*"))
+                if f.is_file() and "__pycache__" not in f.parts
+            ]
+            if path.is_dir()
+            else [(name, path)]
+        )
     files += [(f"gna/{f.relative_to(package_dir).as_posix()}", f) for f in sorted(Path(package_dir).rglob("*.py"))]
     digest = hashlib.sha256()
     for name, path in files:
@@ -105,10 +112,15 @@ def config_hash(config: dict) -> str:
 
 def git_commit(folder: str | Path) -> str:
     try:
-        commit = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True,
-                                text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         return commit + ("-dirty" if dirty else "")
     except (subprocess.CalledProcessError, FileNotFoundError):
         return "unknown"

@@ -33,8 +33,11 @@ def _named(values, skip: tuple[str, ...] = ()) -> dict:
     items = [str(v) if isinstance(v, os.PathLike) else v for v in values]
     names = {name: list(span) for name, span in values._names.items() if name not in skip}
     if skip:  # drop the skipped items and shift the spans after them
-        keep = [i for i in range(len(items))
-                if not any(n in skip and s <= i < (s + 1 if e is None else e) for n, (s, e) in values._names.items())]
+        keep = [
+            i
+            for i in range(len(items))
+            if not any(n in skip and s <= i < (s + 1 if e is None else e) for n, (s, e) in values._names.items())
+        ]
         where = {old: new for new, old in enumerate(keep)}
         items = [items[i] for i in keep]
         names = {n: [where[s], None if e is None else where[e - 1] + 1] for n, (s, e) in names.items()}
@@ -42,9 +45,9 @@ def _named(values, skip: tuple[str, ...] = ()) -> dict:
 
 
 def _portable(value, repo: str):
-    """`value` with absolute paths inside the repository written as {repo}/..."""
-    if isinstance(value, str) and value.startswith(repo + os.sep):
-        return REPO_TOKEN + value[len(repo):]
+    """`value` with the repository's absolute path, and paths inside it, written as {repo}..."""
+    if isinstance(value, str) and (value == repo or value.startswith(repo + os.sep)):
+        return REPO_TOKEN + value[len(repo) :]
     if isinstance(value, dict):
         return {k: _portable(v, repo) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -57,8 +60,14 @@ def record_plan(configfile: str | Path, workdir: str | Path, cores: int = 2) -> 
     cores` (which caps each job's threads), in an order that runs each job after the jobs writing
     its inputs. Needs Snakemake; nothing is run."""
     from snakemake.api import SnakemakeApi
-    from snakemake.settings.types import (ConfigSettings, DAGSettings, OutputSettings, Quietness,
-                                          ResourceSettings, StorageSettings)
+    from snakemake.settings.types import (
+        ConfigSettings,
+        DAGSettings,
+        OutputSettings,
+        Quietness,
+        ResourceSettings,
+        StorageSettings,
+    )
 
     repo = str(Path(__file__).resolve().parents[3])
     workdir = Path(workdir).resolve()
@@ -69,31 +78,48 @@ def record_plan(configfile: str | Path, workdir: str | Path, cores: int = 2) -> 
         workflow_api = api.workflow(
             resource_settings=ResourceSettings(cores=cores),
             config_settings=ConfigSettings(configfiles=[Path(configfile).resolve()]),
-            storage_settings=StorageSettings(), workdir=workdir, snakefile=Path(repo) / "Snakefile")
+            storage_settings=StorageSettings(),
+            workdir=workdir,
+            snakefile=Path(repo) / "Snakefile",
+        )
         dag_api = workflow_api.dag(DAGSettings())
         dag_api.execute_workflow(executor="dryrun")
         workflow = workflow_api._workflow  # the API exposes no job list; the DAG is read, not changed
-        jobs = [job for level in workflow.dag.toposorted()  # one level's jobs in a stable order
-                for job in sorted(level, key=lambda j: (j.rule.name, sorted(j.wildcards_dict.items())))]
+        jobs = [
+            job
+            for level in workflow.dag.toposorted()  # one level's jobs in a stable order
+            for job in sorted(level, key=lambda j: (j.rule.name, sorted(j.wildcards_dict.items())))
+        ]
         config = json.loads(json.dumps(workflow.config, default=str))
     records = []
     for job in jobs:
         if job.rule.script is None:  # `rule all` and other rules that only gather files
             continue
         script = Path(job.rule.basedir.get_path_or_uri(secret_free=True)) / job.rule.script
-        records.append(_portable({
-            "rule": job.rule.name,
-            "script": os.path.normpath(script),
-            "input": _named(job.input),
-            "output": _named(job.output),
-            "log": _named(job.log),
-            "params": _named(job.params, skip=RERUN_ONLY_PARAMS),
-            "wildcards": _named(job.wildcards),
-            "threads": job.threads,
-            "resources": {k: v for k, v in job.resources.items() if not k.startswith("_") and isinstance(v, int)},
-        }, repo))
-    return {"version": PLAN_VERSION, "configfile": _portable(str(Path(configfile).resolve()), repo),
-            "config": _portable(config, repo), "jobs": records}
+        records.append(
+            _portable(
+                {
+                    "rule": job.rule.name,
+                    "script": os.path.normpath(script),
+                    "input": _named(job.input),
+                    "output": _named(job.output),
+                    "log": _named(job.log),
+                    "params": _named(job.params, skip=RERUN_ONLY_PARAMS),
+                    "wildcards": _named(job.wildcards),
+                    "threads": job.threads,
+                    "resources": {
+                        k: v for k, v in job.resources.items() if not k.startswith("_") and isinstance(v, int)
+                    },
+                },
+                repo,
+            )
+        )
+    return {
+        "version": PLAN_VERSION,
+        "configfile": _portable(str(Path(configfile).resolve()), repo),
+        "config": _portable(config, repo),
+        "jobs": records,
+    }
 
 
 def write_plan(plan: dict, path: str | Path) -> None:
@@ -109,7 +135,7 @@ def read_plan(path: str | Path) -> dict:
 
 def _resolved(value, repo: str):
     if isinstance(value, str) and value.startswith(REPO_TOKEN):
-        return repo + value[len(REPO_TOKEN):]
+        return repo + value[len(REPO_TOKEN) :]
     if isinstance(value, dict):
         return {k: _resolved(v, repo) for k, v in value.items()}
     if isinstance(value, list):
@@ -142,10 +168,14 @@ def job_object(job: dict, config: dict, repo: str):
     from types import SimpleNamespace
 
     job = _resolved(job, repo)
-    return SimpleNamespace(**{k: Names(job[k]) for k in ("input", "output", "log", "params", "wildcards")},
-                           threads=job["threads"], resources=Resources(job["resources"]),
-                           config=_resolved(config, repo), rule=job["rule"],
-                           scriptdir=os.path.dirname(job["script"]))
+    return SimpleNamespace(
+        **{k: Names(job[k]) for k in ("input", "output", "log", "params", "wildcards")},
+        threads=job["threads"],
+        resources=Resources(job["resources"]),
+        config=_resolved(config, repo),
+        rule=job["rule"],
+        scriptdir=os.path.dirname(job["script"]),
+    )
 
 
 def run_job(plan_path: str, index: int, repo: str) -> None:
@@ -165,8 +195,15 @@ def job_label(job: dict) -> str:
     return f"{job['rule']}[{wildcards}]" if wildcards else job["rule"]
 
 
-def replay(plan_path: str | Path, workdir: str | Path, *, parallel: int = 1, env: dict | None = None,
-           skip_rules: tuple[str, ...] = (), progress=None) -> list[dict]:
+def replay(
+    plan_path: str | Path,
+    workdir: str | Path,
+    *,
+    parallel: int = 1,
+    env: dict | None = None,
+    skip_rules: tuple[str, ...] = (),
+    progress=None,
+) -> list[dict]:
     """Run every job of the plan at `plan_path` in `workdir`, each in its own Python process, up to
     `parallel` at a time, each as soon as the jobs writing its inputs have succeeded; the jobs of
     `skip_rules` are not run, nor is a job whose input a skipped or failed job should have written.
@@ -180,16 +217,21 @@ def replay(plan_path: str | Path, workdir: str | Path, *, parallel: int = 1, env
     workdir.mkdir(parents=True, exist_ok=True)
     writer = {path: i for i, job in enumerate(jobs) for path in job["output"]["items"]}
     needs = [{writer[p] for p in job["input"]["items"] if p in writer} for job in jobs]
-    env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(Path(repo) / "src"), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        **(env or {}),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(repo) / "src"), os.environ.get("PYTHONPATH")])),
+    }
     results = [{"rule": job["rule"], "label": job_label(job), "status": "waiting"} for job in jobs]
 
     def run(i: int) -> dict:
         start = time.perf_counter()
         code = f"from gna.core.replay import run_job; run_job({str(plan_path)!r}, {i}, {repo!r})"
         proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env, capture_output=True, text=True)
-        record = {"status": "ok" if proc.returncode == 0 else "failed",
-                  "seconds": round(time.perf_counter() - start, 2)}
+        record = {
+            "status": "ok" if proc.returncode == 0 else "failed",
+            "seconds": round(time.perf_counter() - start, 2),
+        }
         if proc.returncode:
             logs = [workdir / _resolved(p, repo) for p in jobs[i]["log"]["items"]]
             text = "".join(p.read_text() for p in logs if p.exists()) + proc.stderr
@@ -231,9 +273,12 @@ def main(argv: list[str] | None = None) -> None:
         write_plan(plan, args[2])
         print(f"{args[2]}: {len(plan['jobs'])} jobs of {args[1]}")
     elif len(args) >= 3 and args[0] == "run":
-        results = replay(args[1], args[2], parallel=int(args[3]) if len(args) > 3 else 1,
-                         progress=lambda r: print(f"{r['label']}: {r['status']} ({r.get('seconds', 0):.1f} s)",
-                                                  flush=True))
+        results = replay(
+            args[1],
+            args[2],
+            parallel=int(args[3]) if len(args) > 3 else 1,
+            progress=lambda r: print(f"{r['label']}: {r['status']} ({r.get('seconds', 0):.1f} s)", flush=True),
+        )
         failed = [r for r in results if r["status"] != "ok"]
         for r in failed:
             print(f"{r['label']}: {r['status']}\n{r.get('error', '')}")

@@ -41,8 +41,9 @@ def setup(log_path: str | None, threads: int = 1, outputs=None) -> logging.Logge
     if log_path:
         stream = open(log_path, "w", buffering=1)
         sys.stderr = stream
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, force=True, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     import torch
 
     torch.set_num_threads(max(1, int(threads)))

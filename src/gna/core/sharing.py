@@ -64,8 +64,9 @@ def default_remote(repo_dir: str | Path = "."):
     repo = Repo(str(repo_dir))
     name = repo.config["core"].get("remote")
     if not name:
-        raise RemoteError(f"no DVC remote is configured for this project ({Path(repo_dir).resolve()}).\n"
-                          + HOW_TO_CONFIGURE)
+        raise RemoteError(
+            f"no DVC remote is configured for this project ({Path(repo_dir).resolve()}).\n" + HOW_TO_CONFIGURE
+        )
     return repo.cloud.get_remote(name)
 
 
@@ -89,22 +90,32 @@ def check_remote(repo_dir: str | Path, purpose: str):
         root = path.split("/", 1)[0] if fs.protocol in OBJECT_STORES else posixpath.dirname(path.rstrip("/"))
         root_exists = exists or fs.protocol == "local" or fs.exists(root)
     except Exception as error:  # any transport error: unreachable host, refused, bad credentials
-        check = (f"Check the host, port and user in the URL, and the key it logs in with (~/.ssh/config, "
-                 f"an ssh-agent, or: dvc remote modify --local {remote.name} keyfile PATH)."
-                 if fs.protocol == "ssh" else "Check the URL, the endpoint and the credentials.")
-        raise RemoteError(f"{describe(remote)} cannot be reached: {type(error).__name__}: {error}\n"
-                          + check + "\n" + HOW_TO_CONFIGURE) from error
+        check = (
+            f"Check the host, port and user in the URL, and the key it logs in with (~/.ssh/config, "
+            f"an ssh-agent, or: dvc remote modify --local {remote.name} keyfile PATH)."
+            if fs.protocol == "ssh"
+            else "Check the URL, the endpoint and the credentials."
+        )
+        raise RemoteError(
+            f"{describe(remote)} cannot be reached: {type(error).__name__}: {error}\n" + check + "\n" + HOW_TO_CONFIGURE
+        ) from error
     if fs.protocol == "local" and not exists:
-        action = ("results pushed there on another machine are not here" if purpose == "pull" else
-                  f"`make push` does not create it (a mistyped path would keep results where nobody looks); "
-                  f"create it first (mkdir -p {path}) if that is the place")
+        action = (
+            "results pushed there on another machine are not here"
+            if purpose == "pull"
+            else f"`make push` does not create it (a mistyped path would keep results where nobody looks); "
+            f"create it first (mkdir -p {path}) if that is the place"
+        )
         raise RemoteError(f"{describe(remote)} does not exist on this machine: {action}.\n" + HOW_TO_CONFIGURE)
     if not root_exists:
-        raise RemoteError(f"{describe(remote)}: its bucket or root does not exist; create it or fix the URL.\n"
-                          + HOW_TO_CONFIGURE)
+        raise RemoteError(
+            f"{describe(remote)}: its bucket or root does not exist; create it or fix the URL.\n" + HOW_TO_CONFIGURE
+        )
     if purpose == "pull" and not exists:
-        raise RemoteError(f"{describe(remote)} holds nothing yet: run `make push` where the results were made, "
-                          "or configure the remote that holds them.\n" + HOW_TO_CONFIGURE)
+        raise RemoteError(
+            f"{describe(remote)} holds nothing yet: run `make push` where the results were made, "
+            "or configure the remote that holds them.\n" + HOW_TO_CONFIGURE
+        )
     return remote
 
 
@@ -128,17 +139,24 @@ def share(repo_dir: str | Path, purpose: str) -> str:
     remote = check_remote(repo_dir, purpose)
     proc = _dvc(repo_dir, purpose)
     if proc.returncode != 0:
-        raise RemoteError(f"`dvc {purpose}` from {describe(remote)} failed:\n{(proc.stdout + proc.stderr).strip()[-3000:]}"
-                          + ("\nIf files are missing there, run `make push` where the results were made."
-                             if purpose == "pull" else ""))
+        raise RemoteError(
+            f"`dvc {purpose}` from {describe(remote)} failed:\n{(proc.stdout + proc.stderr).strip()[-3000:]}"
+            + (
+                "\nIf files are missing there, run `make push` where the results were made."
+                if purpose == "pull"
+                else ""
+            )
+        )
     missing = missing_on_remote(repo_dir)
     if purpose == "push" and missing:
         raise RemoteError(f"after `dvc push`, {describe(remote)} still lacks: {', '.join(missing)}")
     if purpose == "pull":
         status = _dvc(repo_dir, "status", "--quiet")
         if status.returncode != 0:
-            raise RemoteError(f"after `dvc pull` from {describe(remote)} the workspace differs from dvc.lock:\n"
-                              + _dvc(repo_dir, "status").stdout.strip()[-3000:])
+            raise RemoteError(
+                f"after `dvc pull` from {describe(remote)} the workspace differs from dvc.lock:\n"
+                + _dvc(repo_dir, "status").stdout.strip()[-3000:]
+            )
     verb = "pushed to" if purpose == "push" else "pulled from"
     return f"{verb} {describe(remote)}: every tracked output of dvc.lock is there"
 

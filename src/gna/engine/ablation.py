@@ -13,8 +13,16 @@ from gna.engine.scoring import Variant, score_variants
 from gna.engine.stack import decoder_layers
 
 
-def score_ablations(model, tok, table: pl.DataFrame, ablations: dict, layers: list[int] | None = None,
-                    batch_size: int = 8, progress: bool = True, desc: str = "ablations") -> dict:
+def score_ablations(
+    model,
+    tok,
+    table: pl.DataFrame,
+    ablations: dict,
+    layers: list[int] | None = None,
+    batch_size: int = 8,
+    progress: bool = True,
+    desc: str = "ablations",
+) -> dict:
     """{key: per-item frame} of `table` scored by the model made of `layers` (default all) with the
     heads of each entry of `ablations` {key: [(layer, head), …]} ablated together; an empty list
     is the model itself. Exact prefix reuse (gna.engine.scoring.score_variants): per batch one
@@ -34,8 +42,10 @@ def score_ablations(model, tok, table: pl.DataFrame, ablations: dict, layers: li
         if outside:
             raise ValueError(f"cannot ablate heads of layers {outside}: not among the layers run {layers}")
         start = min(layers.index(layer) for layer, _ in heads)
-        variants.append(Variant(key, layers[start], layers[start:],
-                                context=lambda heads=heads: ablate_heads(model, heads, sites)))
-    frames = score_variants(model, tok, table, layers, variants, batch_size, progress, desc,
-                            base_key=plain[0] if plain else None)
+        variants.append(
+            Variant(key, layers[start], layers[start:], context=lambda heads=heads: ablate_heads(model, heads, sites))
+        )
+    frames = score_variants(
+        model, tok, table, layers, variants, batch_size, progress, desc, base_key=plain[0] if plain else None
+    )
     return {key: frames[plain[0] if key in plain else key] for key in ablations}

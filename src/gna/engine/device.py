@@ -34,8 +34,10 @@ def compute_device(name: str | None = "auto") -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' asked for, but torch sees no GPU (a CPU build of torch, or no GPU "
-                           "on this node); install a CUDA build of torch or use 'cpu'")
+        raise RuntimeError(
+            "device 'cuda' asked for, but torch sees no GPU (a CPU build of torch, or no GPU "
+            "on this node); install a CUDA build of torch or use 'cpu'"
+        )
     return torch.device(name)
 
 

@@ -32,7 +32,7 @@ class HeadSite:
     n_heads: int
     head_dim: int
     kind: str
-    offset: int = 0          # number of the layer's heads in its earlier sites
+    offset: int = 0  # number of the layer's heads in its earlier sites
 
 
 def _in_features(proj: torch.nn.Module) -> int:
@@ -84,8 +84,10 @@ def head_sites(model, ssm_channel_groups: int = 16) -> list[HeadSite]:
     for i, layer in enumerate(decoder_layers(model)):
         found = _layer_sites(i, layer, model.config, ssm_channel_groups)
         if not found:
-            raise UnsupportedModel(f"layer {i} of {family_of(model)} ({type(layer).__name__}): no attention with an output "
-                            f"projection ({', '.join(OUT_PROJ_NAMES)}) and no Mamba mixer found")
+            raise UnsupportedModel(
+                f"layer {i} of {family_of(model)} ({type(layer).__name__}): no attention with an output "
+                f"projection ({', '.join(OUT_PROJ_NAMES)}) and no Mamba mixer found"
+            )
         sites += found
     return sites
 
@@ -134,6 +136,7 @@ def ablate_heads(model, heads: list[tuple[int, int]], sites: list[HeadSite] | No
             x[..., idx, :] = 0
             fired[site.layer] += 1
             return (x.reshape(shape), *args[1:])
+
         return hook
 
     runs = [0]
@@ -152,12 +155,17 @@ def ablate_heads(model, heads: list[tuple[int, int]], sites: list[HeadSite] | No
     # reached only when the block succeeded: a full forward ran but a head's module was bypassed
     silent = [layer for layer, n in fired.items() if n == 0]
     if runs[0] and silent:
-        raise HookNotFired(f"ablation hooks in layers {silent} never fired although the model ran "
-                           "(a fused kernel bypasses the hooked module?)")
+        raise HookNotFired(
+            f"ablation hooks in layers {silent} never fired although the model ran "
+            "(a fused kernel bypasses the hooked module?)"
+        )
 
 
 def active_hooks(model) -> int:
     """Number of forward hooks (pre and post) of gna's code currently installed on any module
     (tests assert 0; transformers keeps output-capturing hooks of its own)."""
-    return sum(getattr(hook, "__module__", "").startswith("gna.")
-               for m in model.modules() for hook in (*m._forward_pre_hooks.values(), *m._forward_hooks.values()))
+    return sum(
+        getattr(hook, "__module__", "").startswith("gna.")
+        for m in model.modules()
+        for hook in (*m._forward_pre_hooks.values(), *m._forward_hooks.values())
+    )

@@ -23,9 +23,9 @@ PAD = -2
 class PackedItem:
     ids: list[int]
     positions: list[int]
-    segment: list[int]             # CONTEXT, or the choice index
-    score_at: list[list[int]]      # per choice: packed positions whose logits predict its tokens
-    targets: list[list[int]]       # per choice: the token ids predicted there
+    segment: list[int]  # CONTEXT, or the choice index
+    score_at: list[list[int]]  # per choice: packed positions whose logits predict its tokens
+    targets: list[list[int]]  # per choice: the token ids predicted there
 
     @property
     def context_length(self) -> int:
@@ -49,9 +49,9 @@ def pack(context: list[int], choices: list[list[int]]) -> PackedItem:
 
 @dataclass
 class PackedBatch:
-    ids: torch.Tensor        # [B, T]
+    ids: torch.Tensor  # [B, T]
     positions: torch.Tensor  # [B, T]
-    mask: torch.Tensor       # [B, 1, T, T] additive float mask (0 = may attend)
+    mask: torch.Tensor  # [B, 1, T, T] additive float mask (0 = may attend)
     items: list[PackedItem]
     _windowed: dict = field(default_factory=dict, repr=False)
 
@@ -65,8 +65,9 @@ class PackedBatch:
         return self._windowed[window]
 
 
-def collate(items: list[PackedItem], dtype: torch.dtype = torch.float32,
-            device: torch.device | str = "cpu") -> PackedBatch:
+def collate(
+    items: list[PackedItem], dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+) -> PackedBatch:
     """Pad `items` into one batch on `device` (the model's: gna.engine.device.device_of)."""
     width = max(len(it.ids) for it in items)
     ids = torch.zeros(len(items), width, dtype=torch.long, device=device)

@@ -58,13 +58,14 @@ def _low_weight(module: torch.nn.Linear) -> torch.Tensor:
 def _linear_in_low_precision(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     weight = _low_weight(module)
     y = torch.nn.functional.linear(x.to(weight.dtype), weight)
-    return (y.to(x.dtype) if module.bias is None else y.to(x.dtype) + module.bias.to(x.dtype))
+    return y.to(x.dtype) if module.bias is None else y.to(x.dtype) + module.bias.to(x.dtype)
 
 
 def float32_kernel_available(device: torch.device) -> bool:
     """Whether float32_linear can run on `device`: a CPU and a PyTorch built with oneDNN."""
-    return (device.type == "cpu" and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    return (
+        device.type == "cpu" and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
 
 
 class _Float32Linear(torch.autograd.Function):
@@ -134,8 +135,9 @@ def linear_group(modules: list[torch.nn.Linear], x: torch.Tensor) -> tuple[torch
         else:
             y = _matmul_in_float32(x, torch.cat([m.weight for m in modules]))
         if any(m.bias is not None for m in modules):
-            y = y + torch.cat([m.bias.to(x.dtype) if m.bias is not None else x.new_zeros(m.out_features)
-                               for m in modules])
+            y = y + torch.cat(
+                [m.bias.to(x.dtype) if m.bias is not None else x.new_zeros(m.out_features) for m in modules]
+            )
     else:
         bias = None
         if any(m.bias is not None for m in modules):
@@ -167,8 +169,10 @@ def linears_computed_in(model, compute_dtype: str):
                     module.forward = functools.partial(_linear_in_float32, module)
         return model
     if model.device.type == "cpu" and cpu_lacks_bf16():
-        log.warning("this CPU has no bf16 instructions (AVX512-BF16 or AMX): its bf16 matmuls are emulated and "
-                    "may be slower than float32 (eval.compute_dtype: float32)")
+        log.warning(
+            "this CPU has no bf16 instructions (AVX512-BF16 or AMX): its bf16 matmuls are emulated and "
+            "may be slower than float32 (eval.compute_dtype: float32)"
+        )
     for module in model.modules():
         if isinstance(module, torch.nn.Linear) and module.weight.dtype != low:
             module.weight.requires_grad_(False)

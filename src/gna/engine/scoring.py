@@ -28,8 +28,7 @@ from tqdm.auto import tqdm
 from gna.core.stats import wilson_exprs, wilson_interval
 from gna.engine.device import device_of
 from gna.engine.packing import PackedBatch, PackedItem, collate, pack
-from gna.engine.stack import (DecoderStack, UnsupportedModel, check_engine, decoder_layers, family_of,
-                              reference_scores)
+from gna.engine.stack import DecoderStack, UnsupportedModel, check_engine, decoder_layers, family_of, reference_scores
 
 
 @dataclass
@@ -83,12 +82,21 @@ def per_item_frame(table: pl.DataFrame, scores: list) -> pl.DataFrame:
         pred = max(range(len(totals)), key=totals.__getitem__)
         norm = [t / max(len(c.encode()), 1) for t, c in zip(totals, row["choices"])]
         pred_norm = max(range(len(norm)), key=norm.__getitem__)
-        rows.append({
-            "task": row["task"], "item_id": row["item_id"], "group": row["group"], "target": target,
-            "pred": pred, "correct": pred == target, "pred_norm": pred_norm,
-            "correct_norm": pred_norm == target, "greedy_match": greedy[target],
-            "logp_target": totals[target], "logprobs": totals,
-        })
+        rows.append(
+            {
+                "task": row["task"],
+                "item_id": row["item_id"],
+                "group": row["group"],
+                "target": target,
+                "pred": pred,
+                "correct": pred == target,
+                "pred_norm": pred_norm,
+                "correct_norm": pred_norm == target,
+                "greedy_match": greedy[target],
+                "logp_target": totals[target],
+                "logprobs": totals,
+            }
+        )
     return pl.DataFrame(rows)
 
 
@@ -102,8 +110,9 @@ def known_items(table: pl.DataFrame, scored: pl.DataFrame) -> pl.DataFrame:
     return per_item.select(scored.columns)
 
 
-def known_or_scored(model, tok, table: pl.DataFrame, known: pl.DataFrame | None, batch_size: int = 8,
-                    layers: list[int] | None = None) -> pl.DataFrame:
+def known_or_scored(
+    model, tok, table: pl.DataFrame, known: pl.DataFrame | None, batch_size: int = 8, layers: list[int] | None = None
+) -> pl.DataFrame:
     """The model's per-item scores on `table` (score_table's frame; with `layers`, of the model
     running those layers only): read from `known` (its earlier per-item scores, e.g. a
     baseline's, a student's own answers, a prefix's from gradual pruning) where they hold every
@@ -123,6 +132,7 @@ def encode_table(tok, table: pl.DataFrame) -> list[Encoded]:
 class Unit:
     """One packed sequence of the batch driver: item `row` of the table with its choices
     `choices` (all of them where the model packs choices, else one)."""
+
     row: int
     choices: list[int]
     item: PackedItem
@@ -130,7 +140,7 @@ class Unit:
 
 def _batches(units: list[Unit], batch_size: int) -> list[list[Unit]]:
     order = sorted(range(len(units)), key=lambda i: len(units[i].item.ids))  # little padding
-    return [[units[i] for i in order[j: j + batch_size]] for j in range(0, len(order), batch_size)]
+    return [[units[i] for i in order[j : j + batch_size]] for j in range(0, len(order), batch_size)]
 
 
 # forward(stack, batch, units) -> {key: stack.readout of the batch}; see run_batches
@@ -140,8 +150,16 @@ BatchForward = Callable[[DecoderStack, PackedBatch, list[Unit]], dict]
 LayerMasks = Callable[[PackedBatch, list[int]], dict[int, torch.Tensor]]
 
 
-def run_batches(model, tok, table: pl.DataFrame, forward: BatchForward, batch_size: int = 8,
-                progress: bool = True, desc: str = "scoring", grad: bool = False) -> dict[object, pl.DataFrame]:
+def run_batches(
+    model,
+    tok,
+    table: pl.DataFrame,
+    forward: BatchForward,
+    batch_size: int = 8,
+    progress: bool = True,
+    desc: str = "scoring",
+    grad: bool = False,
+) -> dict[object, pl.DataFrame]:
     """The engine's batch driver: encode every item of `table`, pack each (context and all of its
     choices in one sequence where the model's layers allow it, else one sequence per choice),
     batch sequences of similar length, collate, and hand each batch to
@@ -158,8 +176,10 @@ def run_batches(model, tok, table: pl.DataFrame, forward: BatchForward, batch_si
     n_choices = [len(c) for c in table["choices"]]
     scores: dict[object, list] = {}
     dtype, device = next(model.parameters()).dtype, device_of(model)
-    with (torch.enable_grad() if grad else torch.inference_mode()), \
-            tqdm(total=len(table), desc=desc, disable=not progress, mininterval=2.0, unit="item") as bar:
+    with (
+        torch.enable_grad() if grad else torch.inference_mode(),
+        tqdm(total=len(table), desc=desc, disable=not progress, mininterval=2.0, unit="item") as bar,
+    ):
         for batch_units in _batches(units, batch_size):
             batch = collate([u.item for u in batch_units], dtype, device)
             for key, readout in forward(stack, batch, batch_units).items():
@@ -172,9 +192,17 @@ def run_batches(model, tok, table: pl.DataFrame, forward: BatchForward, batch_si
     return {key: per_item_frame(table, values) for key, values in scores.items()}
 
 
-def score_table(model, tok, table: pl.DataFrame, batch_size: int = 8, progress: bool = True,
-                desc: str = "scoring", layers: list[int] | None = None,
-                depths: list[int] | None = None, layer_masks: LayerMasks | None = None) -> pl.DataFrame:
+def score_table(
+    model,
+    tok,
+    table: pl.DataFrame,
+    batch_size: int = 8,
+    progress: bool = True,
+    desc: str = "scoring",
+    layers: list[int] | None = None,
+    depths: list[int] | None = None,
+    layer_masks: LayerMasks | None = None,
+) -> pl.DataFrame:
     """Score every item of a task table; one row per item (see per_item_frame).
 
     layers: the decoder layers to run, in order (default: all, i.e. the unmodified model).
@@ -192,8 +220,9 @@ def score_table(model, tok, table: pl.DataFrame, batch_size: int = 8, progress: 
 
     def forward(stack, batch, units):
         if layer_masks is not None and not stack.packs_choices:
-            raise UnsupportedModel(f"{family_of(model)}: per-layer attention masks need a model of attention "
-                                   "layers only")
+            raise UnsupportedModel(
+                f"{family_of(model)}: per-layer attention masks need a model of attention layers only"
+            )
         masks = layer_masks(batch, [u.row for u in units]) if layer_masks is not None else None
         run = stack.record(batch, layers, masks, keep)  # one pass; depth k reads the state after k layers
         return {k: stack.readout(run.after(k), batch) for k in wanted}
@@ -208,15 +237,24 @@ def score_table(model, tok, table: pl.DataFrame, batch_size: int = 8, progress: 
 class Variant:
     """A model variant that shares the computation before `resume_at` with the base model:
     it takes the hidden state entering layer `resume_at` and runs `run_layers` under `context`."""
+
     key: object
     resume_at: int
     run_layers: list[int]
     context: object = None  # a callable returning a context manager (e.g. head ablation)
 
 
-def score_variants(model, tok, table: pl.DataFrame, layers: list[int], variants: list[Variant],
-                   batch_size: int = 8, progress: bool = True, desc: str = "variants",
-                   base_key: object = None) -> dict:
+def score_variants(
+    model,
+    tok,
+    table: pl.DataFrame,
+    layers: list[int],
+    variants: list[Variant],
+    batch_size: int = 8,
+    progress: bool = True,
+    desc: str = "variants",
+    base_key: object = None,
+) -> dict:
     """Score many variants with exact prefix reuse: per batch the base model's layers run once,
     the hidden state entering each needed layer is kept, and each variant runs only its own
     layers from there. Returns {variant.key: per-item frame}, plus the base model's own scores
@@ -230,7 +268,7 @@ def score_variants(model, tok, table: pl.DataFrame, layers: list[int], variants:
         run = stack.record(batch, layers, keep=resume_points)
         readouts = {base_key: stack.readout(run.final, batch)} if base_key is not None else {}
         for v in variants:
-            with (v.context() if v.context else contextlib.nullcontext()):
+            with v.context() if v.context else contextlib.nullcontext():
                 out = stack.run(run.entering[v.resume_at], run, v.run_layers)
             readouts[v.key] = stack.readout(out, batch)
         return readouts
@@ -238,8 +276,16 @@ def score_variants(model, tok, table: pl.DataFrame, layers: list[int], variants:
     return run_batches(model, tok, table, forward, batch_size, progress, desc)
 
 
-def score_removals(model, tok, table: pl.DataFrame, layers: list[int], removals: list[int],
-                   batch_size: int = 8, progress: bool = True, desc: str = "removals") -> pl.DataFrame:
+def score_removals(
+    model,
+    tok,
+    table: pl.DataFrame,
+    layers: list[int],
+    removals: list[int],
+    batch_size: int = 8,
+    progress: bool = True,
+    desc: str = "removals",
+) -> pl.DataFrame:
     """Score the model made of `layers` with each layer of `removals` left out in turn.
 
     Exact prefix reuse: the hidden state entering layer r is the same with or without r, so each
@@ -248,7 +294,7 @@ def score_removals(model, tok, table: pl.DataFrame, layers: list[int], removals:
     missing = [r for r in removals if r not in layers]
     if missing:
         raise ValueError(f"cannot remove layers {missing}: not among the kept layers {layers}")
-    variants = [Variant(r, r, layers[layers.index(r) + 1:]) for r in removals]
+    variants = [Variant(r, r, layers[layers.index(r) + 1 :]) for r in removals]
     frames = score_variants(model, tok, table, layers, variants, batch_size, progress, desc)
     return pl.concat([frames[r].with_columns(pl.lit(r).alias("removed_layer")) for r in removals])
 
@@ -281,20 +327,25 @@ def summarize(per_item: pl.DataFrame, by_group: bool) -> pl.DataFrame:
     if "pred_swapped" in frame.columns:
         checked = frame.filter(pl.col("pred_swapped").is_not_null())
         agreement = checked.group_by(["task", "group"]).agg(
-            pl.len().alias("n"), pl.lit("context_swap_agreement").alias("metric"),
-            (pl.col("pred") == pl.col("pred_swapped")).cast(pl.Float64).mean().alias("value"))
+            pl.len().alias("n"),
+            pl.lit("context_swap_agreement").alias("metric"),
+            (pl.col("pred") == pl.col("pred_swapped")).cast(pl.Float64).mean().alias("value"),
+        )
         long = pl.concat([long, agreement.select(long.columns)], how="vertical_relaxed")
     low, high = wilson_exprs("value", "n")
     is_proportion = pl.col("metric").is_in(PROPORTIONS)
-    long = long.with_columns(pl.when(is_proportion).then(low).otherwise(None).alias("ci_low"),
-                             pl.when(is_proportion).then(high).otherwise(None).alias("ci_high"))
+    long = long.with_columns(
+        pl.when(is_proportion).then(low).otherwise(None).alias("ci_low"),
+        pl.when(is_proportion).then(high).otherwise(None).alias("ci_high"),
+    )
     return long.sort(["task", "group", "metric"])
 
 
 def summarize_task(per_item: pl.DataFrame) -> pl.DataFrame:
     """The tidy summary of one task's per-item scores: rows per group (KV: dictionary size; facts:
     the relation, or known/unknown for the multiple-choice form) and then 'all' for KV-retrieval
-    and the facts, 'all' only for other tasks (MMLU's topics are too many for its n). With context-swapped predictions, every
+    and the facts, 'all' only for other tasks (MMLU's topics are too many for its n). With context-swapped
+    predictions, every
     row carries `degenerate`: the task's overall context_swap_agreement >= DEGENERATE_AGREEMENT."""
     overall = summarize(per_item, by_group=False)
     summary = overall
@@ -319,5 +370,7 @@ def at_chance(per_item: pl.DataFrame, table: pl.DataFrame, change: str = "removi
     low, high = wilson_interval(correct, n)
     if not low <= chance <= high:
         return None
-    return (f"not distinguishable from chance at n={n}: accuracy {correct / n:.1%} [{low:.1%}, {high:.1%}] "
-            f"contains chance {chance:.1%}, so {change} cannot show a loss")
+    return (
+        f"not distinguishable from chance at n={n}: accuracy {correct / n:.1%} [{low:.1%}, {high:.1%}] "
+        f"contains chance {chance:.1%}, so {change} cannot show a loss"
+    )

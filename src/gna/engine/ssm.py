@@ -101,6 +101,7 @@ class TreeLayout:
     self_only [B, L] bool: rows after the trunk that see only themselves (padding)
     levels  per depth after the trunk, (batch index, position) of the rows at that depth: depth
             1 rows have their parent in the trunk, depth d + 1 rows at depth d"""
+
     parent: torch.Tensor
     trunk: torch.Tensor
     self_only: torch.Tensor
@@ -169,7 +170,9 @@ def ssd_tree(x, log_a, Bm, Cm, D, layout: TreeLayout, chunk: int = 64):
     rb, rt = rows // length, rows % length
     cum = torch.cumsum(log_a[rb], dim=1)  # [U, L, H]
     seen = (torch.arange(length, device=x.device)[None] <= rt[:, None])[..., None]  # s ≤ t
-    weight = torch.exp((cum[torch.arange(len(rows), device=x.device), rt][:, None] - cum).masked_fill(~seen, float("-inf")))
+    weight = torch.exp(
+        (cum[torch.arange(len(rows), device=x.device), rt][:, None] - cum).masked_fill(~seen, float("-inf"))
+    )
     state = torch.einsum("ulh,ulhn,ulhp->uhnp", weight, Bm[rb], x[rb])[slot]
     depth_slot = torch.full_like(layout.parent, -1)
     for depth, (bi, li) in enumerate(layout.levels):
@@ -215,6 +218,7 @@ def ssd_chunked(x, log_a, Bm, Cm, D, chunk: int = 64, state=None):
 
 # -- the local skip -------------------------------------------------------------------------
 
+
 def causal_predecessors(length: int, width: int, device=None):
     """(index, exists), each [1, L, width]: position l − j and whether it exists (j = 1..width),
     the local skip's predecessors in plain causal order (TreeLayout.predecessors for packed
@@ -249,7 +253,7 @@ def local_mix_causal(x, weights):
     out = torch.zeros_like(x)
     for j in range(1, weights.shape[1] + 1):
         shift = min(j, length)
-        shifted = torch.nn.functional.pad(x[:, :length - shift], (0, 0, 0, 0, shift, 0))
+        shifted = torch.nn.functional.pad(x[:, : length - shift], (0, 0, 0, 0, shift, 0))
         out = out + shifted * weights[:, j - 1][None, None, :, None]
     return out
 

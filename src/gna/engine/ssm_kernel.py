@@ -75,6 +75,7 @@ def _for_the_interpreter() -> None:
 
     cuda_device = torch.cuda.device
     if not getattr(cuda_device, "gna_interpreted", False):
+
         def device(index):
             return contextlib.nullcontext() if index is None else cuda_device(index)
 
@@ -119,6 +120,14 @@ def ssd_chunked_kernel(x, log_a, Bm, Cm, D, chunk: int = 64, state=None):
     dt = (-log_a).clamp_min(DT_MIN)
     A = -torch.ones(x.shape[2], device=x.device, dtype=torch.float32)
     initial = None if state is None else state.transpose(-1, -2).contiguous()  # the kernel's state is [B, H, P, N]
-    y, final = kernel((x / dt[..., None]).contiguous(), dt.contiguous(), A, Bm.contiguous(), Cm.contiguous(),
-                      chunk_size=chunk, initial_states=initial, return_final_states=True)
+    y, final = kernel(
+        (x / dt[..., None]).contiguous(),
+        dt.contiguous(),
+        A,
+        Bm.contiguous(),
+        Cm.contiguous(),
+        chunk_size=chunk,
+        initial_states=initial,
+        return_final_states=True,
+    )
     return y + D[None, None, :, None] * x, final.transpose(-1, -2).to(x.dtype)

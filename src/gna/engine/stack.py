@@ -64,11 +64,15 @@ def sliding_windows(config, n_layers: int) -> list[int | None]:
     window = getattr(config, "sliding_window", None)
     types = getattr(config, "layer_types", None)
     if types is not None:
-        unknown = sorted({t for t in types} - {"full_attention", "sliding_attention", "linear_attention",
-                                               "hybrid", "mamba", "attention"})
+        unknown = sorted(
+            {t for t in types}
+            - {"full_attention", "sliding_attention", "linear_attention", "hybrid", "mamba", "attention"}
+        )
         if unknown:
-            raise UnsupportedModel(f"{config.model_type}: layer types {unknown} are not supported "
-                                   "(supported: full and sliding-window attention, SSM layers)")
+            raise UnsupportedModel(
+                f"{config.model_type}: layer types {unknown} are not supported "
+                "(supported: full and sliding-window attention, SSM layers)"
+            )
         return [window if t == "sliding_attention" else None for t in types[:n_layers]]
     if window is not None and getattr(config, "use_sliding_window", True):
         return [window] * n_layers
@@ -85,8 +89,11 @@ def pruned_layers(model, keep: list[int]):
     base = model.base_model
     name, original = _named_child(model, LAYER_LISTS, torch.nn.ModuleList, "list of decoder layers")
     cfg = model.config
-    saved_cfg = {k: getattr(cfg, k) for k in ("num_hidden_layers", "layer_types", "layers_block_type")
-                 if getattr(cfg, k, None) is not None and not isinstance(getattr(type(cfg), k, None), property)}
+    saved_cfg = {
+        k: getattr(cfg, k)
+        for k in ("num_hidden_layers", "layer_types", "layers_block_type")
+        if getattr(cfg, k, None) is not None and not isinstance(getattr(type(cfg), k, None), property)
+    }
     saved_idx = [(m, m.layer_idx) for m in base.modules() if hasattr(m, "layer_idx")]
     try:
         setattr(base, name, torch.nn.ModuleList([original[i] for i in keep]))
@@ -111,6 +118,7 @@ def pruned_layers(model, keep: list[int]):
 class LayerCall:
     """How the model's own forward called one decoder layer, every argument by name (GPT-2 passes
     some positionally): `hidden` names the hidden-state parameter, `kwargs` holds the others."""
+
     hidden: str
     kwargs: dict
 
@@ -143,10 +151,11 @@ class LayerCall:
 @dataclass
 class Pass:
     """One recorded forward of the model's decoder over `layers` (original indices, in order)."""
+
     layers: list[int]
     entering: dict[int, torch.Tensor] = field(default_factory=dict)  # hidden state entering a layer
     calls: dict[int, LayerCall] = field(default_factory=dict)
-    final: torch.Tensor | None = None                                 # after the last layer, before the norm
+    final: torch.Tensor | None = None  # after the last layer, before the norm
 
     def after(self, k: int) -> torch.Tensor:
         """The hidden state after the first k of `layers` (k = 0: the embedded input)."""
@@ -181,8 +190,13 @@ class DecoderStack:
             mask = windowed if mask is None else torch.minimum(mask, windowed)
         return batch.mask if mask is None else mask
 
-    def record(self, batch: PackedBatch, layers: list[int] | None = None, masks: dict | None = None,
-               keep: set[int] | None = None) -> Pass:
+    def record(
+        self,
+        batch: PackedBatch,
+        layers: list[int] | None = None,
+        masks: dict | None = None,
+        keep: set[int] | None = None,
+    ) -> Pass:
         """Run the model's own decoder over `layers` (default all) on `batch` and record each
         layer's call, the hidden state entering the layers in `keep` (default all) and the final
         one. masks: {layer: additive mask [B, 1 or heads, T, T]} replacing the packed one there."""
@@ -201,6 +215,7 @@ class DecoderStack:
                 if keep is None or original in keep:
                     run.entering[original] = h
                 return (), {call.hidden: h, **call.kwargs}
+
             return hook
 
         def final(module, args):
@@ -215,8 +230,9 @@ class DecoderStack:
         try:
             with view:
                 for original in layers:
-                    handles.append(self.layers[original].register_forward_pre_hook(recorder(original),
-                                                                                   with_kwargs=True))
+                    handles.append(
+                        self.layers[original].register_forward_pre_hook(recorder(original), with_kwargs=True)
+                    )
                 handles.append(self.norm.register_forward_pre_hook(final))
                 self.base(**kwargs)
                 work.add(batch.ids.numel(), len(layers))
@@ -297,7 +313,7 @@ def reference_scores(model, context: list[int], choices: list[list[int]]) -> tup
     for cont in choices:
         ids = torch.tensor([context + cont[:-1]], **on)
         extra = {"logits_to_keep": len(cont)} if trims else {}
-        logits = model(input_ids=ids, use_cache=False, **extra).logits[0, -len(cont):]
+        logits = model(input_ids=ids, use_cache=False, **extra).logits[0, -len(cont) :]
         rows = torch.log_softmax(logits.float(), dim=-1)
         idx = torch.tensor(cont, **on)
         totals.append(float(rows[torch.arange(len(cont), **on), idx].sum()))
@@ -327,7 +343,9 @@ def check_engine(model) -> DecoderStack:
     # past the smallest window where it is affordable (Gemma 3: 512), so a misread window shows
     length = min(min(windows, default=4) + 4, PROBE_MAX_TOKENS)
     gen = torch.Generator().manual_seed(0)
-    context, first, second = (torch.randint(1, vocab, (n,), generator=gen, device="cpu").tolist() for n in (length, 3, 2))
+    context, first, second = (
+        torch.randint(1, vocab, (n,), generator=gen, device="cpu").tolist() for n in (length, 3, 2)
+    )
     choices = [first, second]
     dtype, device = next(model.parameters()).dtype, device_of(model)
     items = [pack(context, choices)] if stack.packs_choices else [pack(context, [c]) for c in choices]
@@ -346,6 +364,7 @@ def check_engine(model) -> DecoderStack:
             f"{family_of(model)} ({type(model).__name__}): the engine's log-probs differ from the model's own "
             f"forward by {worst:.3g} on a probe of {length} tokens — its attention masks, positions or output "
             "head work differently from what the engine supports (packed block masks, config sliding windows, "
-            "final_logit_softcapping)")
+            "final_logit_softcapping)"
+        )
     _CHECKED[model] = True
     return stack

@@ -24,11 +24,14 @@ SSM_FAMILIES = ("mamba", "falcon_mamba", "mamba2", "zamba2")
 REFUSED_BECAUSE = {
     "gna": "G&A maps need attention weights in every layer (the SSM layers have none)",
     "students": "a hybrid student replaces Llama-shaped attention head by head "
-                "(separate q/k/v/o, rotary, no q/k norm, no soft-cap)",
+    "(separate q/k/v/o, rotary, no q/k norm, no soft-cap)",
 }
 FAMILY_PHASES = {
-    arch: tuple(p for p in PHASES
-                if not (p == "gna" and arch not in ATTENTION_ONLY) and not (p == "students" and arch not in STUDENT_FAMILIES))
+    arch: tuple(
+        p
+        for p in PHASES
+        if not (p == "gna" and arch not in ATTENTION_ONLY) and not (p == "students" and arch not in STUDENT_FAMILIES)
+    )
     for arch in ATTENTION_ONLY + SSM_FAMILIES
 }
 
@@ -39,13 +42,17 @@ def check_student_family(model) -> None:
     family = family_of(model)
     supported = ", ".join(STUDENT_FAMILIES)
     if family not in STUDENT_FAMILIES:
-        raise UnsupportedModel(f"hybrid students cannot be distilled from {family} ({type(model).__name__}): "
-                               f"{REFUSED_BECAUSE['students']}; supported: {supported}")
+        raise UnsupportedModel(
+            f"hybrid students cannot be distilled from {family} ({type(model).__name__}): "
+            f"{REFUSED_BECAUSE['students']}; supported: {supported}"
+        )
     windows = [w for w in sliding_windows(model.config, model.config.num_hidden_layers) if w]
     if windows:
-        raise UnsupportedModel(f"hybrid students cannot be distilled from {family} with a sliding window of "
-                               f"{windows[0]} tokens (the kept heads would attend past it); supported: {supported} "
-                               "without sliding windows")
+        raise UnsupportedModel(
+            f"hybrid students cannot be distilled from {family} with a sliding window of "
+            f"{windows[0]} tokens (the kept heads would attend past it); supported: {supported} "
+            "without sliding windows"
+        )
 
 
 def skip_hint(model_name: str, phase: str) -> str:
@@ -63,17 +70,21 @@ def check_config_families(config: dict) -> None:
         windowed = arch in WINDOWED and spec.get("window", DEFAULT_WINDOW) is not None
         if hybrid_on and "hybrid" not in skip and (arch not in STUDENT_FAMILIES or windowed):
             why = "with a sliding window" if arch in STUDENT_FAMILIES else REFUSED_BECAUSE["students"]
-            raise ValueError(f"config key 'models.{name}.skip': students cannot be distilled from {arch} ({why}; "
-                             f"supported: {', '.join(STUDENT_FAMILIES)}); {skip_hint(name, 'hybrid')}")
+            raise ValueError(
+                f"config key 'models.{name}.skip': students cannot be distilled from {arch} ({why}; "
+                f"supported: {', '.join(STUDENT_FAMILIES)}); {skip_hint(name, 'hybrid')}"
+            )
         if "gna" not in skip and arch not in ATTENTION_ONLY:
-            raise ValueError(f"config key 'models.{name}.skip': {REFUSED_BECAUSE['gna']} ({arch}); "
-                             f"{skip_hint(name, 'gna')}")
+            raise ValueError(
+                f"config key 'models.{name}.skip': {REFUSED_BECAUSE['gna']} ({arch}); {skip_hint(name, 'gna')}"
+            )
 
 
 def family_table() -> str:
     """The README's family × phase table (Markdown)."""
     head = "| family | " + " | ".join(PHASES) + " |"
     rule = "|---" * (len(PHASES) + 1) + "|"
+
     def cell(arch, phase):
         if phase not in FAMILY_PHASES[arch]:
             return "refused"

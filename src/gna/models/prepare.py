@@ -65,8 +65,10 @@ def _load_checked(spec: dict, path: Path | None, dtype: str):
     torch_dtype = DTYPES[dtype]
     if path is not None and path.is_file():
         if path.suffix != ".gguf":
-            raise SourceError(f"model source ({kind}): {path} is a file but not a .gguf; a local model is an "
-                              "HF folder or a .gguf file")
+            raise SourceError(
+                f"model source ({kind}): {path} is a file but not a .gguf; a local model is an "
+                "HF folder or a .gguf file"
+            )
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch_dtype)
         return _strip_quantization(model), tok
@@ -79,14 +81,14 @@ def _load_checked(spec: dict, path: Path | None, dtype: str):
             raise SourceError(
                 f"cannot load Hugging Face model {spec['id']!r}"
                 + (f" at revision {spec['revision']!r}" if spec.get("revision") else "")
-                + f" (no network, gated model without a token, or a wrong id?): {err}") from err
+                + f" (no network, gated model without a token, or a wrong id?): {err}"
+            ) from err
         return model, tok
     if kind == "local":
         folder = path
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"local model folder has no config.json: {folder}")
-        return (AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype),
-                AutoTokenizer.from_pretrained(folder))
+        return (AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype), AutoTokenizer.from_pretrained(folder))
     if kind == "tiny-random":
         from gna.models.tiny import tiny_random_model
 
@@ -94,8 +96,9 @@ def _load_checked(spec: dict, path: Path | None, dtype: str):
     raise ValueError(f"unknown model source {kind!r}; allowed: {', '.join(SOURCE_KINDS)}")
 
 
-def prepare_model(name: str, spec: dict, out_dir: str | Path, source_path: str | Path | None = None,
-                  dtype: str = "float32") -> dict:
+def prepare_model(
+    name: str, spec: dict, out_dir: str | Path, source_path: str | Path | None = None, dtype: str = "float32"
+) -> dict:
     """Convert a source once into `out_dir` (written atomically); return its provenance.
     `source_path`: where the workflow found a pypi-file or local source (source_file)."""
     # checked (and hashed) once: a GGUF of an 8B model is several GB
@@ -117,8 +120,9 @@ def prepare_model(name: str, spec: dict, out_dir: str | Path, source_path: str |
     return provenance
 
 
-def load_model(model_dir: str | Path, dtype: str = "float32", device: str | None = "auto",
-               compute_dtype: str | None = None):
+def load_model(
+    model_dir: str | Path, dtype: str = "float32", device: str | None = "auto", compute_dtype: str | None = None
+):
     """Load a prepared folder as (model in eval mode on `device`, tokenizer); device 'auto' is
     CUDA where torch sees a GPU (gna.engine.device.compute_device). `compute_dtype` (a
     COMPUTE_DTYPES name, eval.compute_dtype): an evaluation-only model, its linear layers
@@ -132,8 +136,9 @@ def load_model(model_dir: str | Path, dtype: str = "float32", device: str | None
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"not a prepared model folder (no config.json): {model_dir}")
     if is_student(model_dir):
-        raise ValueError(f"{model_dir} is a distilled student ({STUDENT_SPEC_FILE}): load it with "
-                         "gna.students.spec.load_any")
+        raise ValueError(
+            f"{model_dir} is a distilled student ({STUDENT_SPEC_FILE}): load it with gna.students.spec.load_any"
+        )
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype]).to(compute_device(device))
     if compute_dtype is not None:
         linears_computed_in(model.eval(), compute_dtype)

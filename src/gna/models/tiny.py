@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 
 
-
 def byte_level_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -21,8 +20,11 @@ def byte_level_tokenizer():
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(
-        tokenizer_object=core, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-        unk_token="<|endoftext|>", pad_token="<|endoftext|>",
+        tokenizer_object=core,
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
     )
 
 
@@ -38,45 +40,99 @@ def _config(arch: str, spec: dict, vocab: int, special: dict):
     d, n_layers = spec.get("hidden", 64), spec.get("layers", 4)
     heads, kv = spec.get("heads", 4), spec.get("kv_heads", 2)
     window = spec.get("window", DEFAULT_WINDOW)
-    attn = dict(vocab_size=vocab, hidden_size=d, intermediate_size=spec.get("intermediate", 2 * d),
-                num_hidden_layers=n_layers, num_attention_heads=heads, num_key_value_heads=kv,
-                max_position_embeddings=4096, tie_word_embeddings=False, **special)
+    attn = dict(
+        vocab_size=vocab,
+        hidden_size=d,
+        intermediate_size=spec.get("intermediate", 2 * d),
+        num_hidden_layers=n_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        **special,
+    )
     alternating = ["sliding_attention" if i % 2 == 0 and window else "full_attention" for i in range(n_layers)]
     ssm = dict(vocab_size=vocab, hidden_size=d, num_hidden_layers=n_layers, **special)
     builders = {
         "llama": lambda: tf.LlamaConfig(**attn),
         "mistral": lambda: tf.MistralConfig(**attn, sliding_window=window),
-        "qwen2": lambda: tf.Qwen2Config(**attn, use_sliding_window=window is not None, sliding_window=window,
-                                        max_window_layers=n_layers // 2),
+        "qwen2": lambda: tf.Qwen2Config(
+            **attn, use_sliding_window=window is not None, sliding_window=window, max_window_layers=n_layers // 2
+        ),
         "qwen3": lambda: tf.Qwen3Config(**attn, head_dim=d // heads),
-        "gemma2": lambda: tf.Gemma2Config(**attn, head_dim=d // heads, sliding_window=window,
-                                          query_pre_attn_scalar=d // heads, layer_types=alternating),
-        "gemma3": lambda: tf.Gemma3TextConfig(**attn, head_dim=d // heads, sliding_window=window,
-                                              query_pre_attn_scalar=d // heads, layer_types=alternating),
+        "gemma2": lambda: tf.Gemma2Config(
+            **attn,
+            head_dim=d // heads,
+            sliding_window=window,
+            query_pre_attn_scalar=d // heads,
+            layer_types=alternating,
+        ),
+        "gemma3": lambda: tf.Gemma3TextConfig(
+            **attn,
+            head_dim=d // heads,
+            sliding_window=window,
+            query_pre_attn_scalar=d // heads,
+            layer_types=alternating,
+        ),
         "phi3": lambda: tf.Phi3Config(**attn, pad_token_id=special["eos_token_id"]),
         "olmo2": lambda: tf.Olmo2Config(**attn, pad_token_id=special["eos_token_id"]),
-        "gpt_neox": lambda: tf.GPTNeoXConfig(vocab_size=vocab, hidden_size=d, intermediate_size=2 * d,
-                                             num_hidden_layers=n_layers, num_attention_heads=heads, rotary_pct=0.25,
-                                             max_position_embeddings=4096, tie_word_embeddings=False, **special),
-        "gpt2": lambda: tf.GPT2Config(vocab_size=vocab, n_embd=d, n_layer=n_layers, n_head=heads, n_positions=4096,
-                                      **special),
+        "gpt_neox": lambda: tf.GPTNeoXConfig(
+            vocab_size=vocab,
+            hidden_size=d,
+            intermediate_size=2 * d,
+            num_hidden_layers=n_layers,
+            num_attention_heads=heads,
+            rotary_pct=0.25,
+            max_position_embeddings=4096,
+            tie_word_embeddings=False,
+            **special,
+        ),
+        "gpt2": lambda: tf.GPT2Config(
+            vocab_size=vocab, n_embd=d, n_layer=n_layers, n_head=heads, n_positions=4096, **special
+        ),
         "mamba": lambda: tf.MambaConfig(**ssm, state_size=8, intermediate_size=2 * d),
         "falcon_mamba": lambda: tf.FalconMambaConfig(**ssm, state_size=8, intermediate_size=2 * d),
-        "mamba2": lambda: tf.Mamba2Config(**ssm, state_size=8, num_heads=2 * d // 16, head_dim=16, n_groups=1,
-                                          expand=2, chunk_size=16),
+        "mamba2": lambda: tf.Mamba2Config(
+            **ssm, state_size=8, num_heads=2 * d // 16, head_dim=16, n_groups=1, expand=2, chunk_size=16
+        ),
         "zamba2": lambda: tf.Zamba2Config(
-            **ssm, num_attention_heads=heads, num_key_value_heads=heads, mamba_d_state=8, mamba_headdim=16,
-            n_mamba_heads=2 * d // 16, mamba_expand=2, mamba_ngroups=1, num_mem_blocks=1, adapter_rank=8,
+            **ssm,
+            num_attention_heads=heads,
+            num_key_value_heads=heads,
+            mamba_d_state=8,
+            mamba_headdim=16,
+            n_mamba_heads=2 * d // 16,
+            mamba_expand=2,
+            mamba_ngroups=1,
+            num_mem_blocks=1,
+            adapter_rank=8,
             layers_block_type=["mamba" if i % 2 == 0 else "hybrid" for i in range(n_layers)],
-            intermediate_size=2 * d, max_position_embeddings=4096, use_mamba_kernels=False),
+            intermediate_size=2 * d,
+            max_position_embeddings=4096,
+            use_mamba_kernels=False,
+        ),
     }
     if arch not in builders:
         raise ValueError(f"unknown tiny-random arch {arch!r}; allowed: {', '.join(builders)}")
     return builders[arch]()
 
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "gpt_neox", "gpt2", "mamba",
-         "falcon_mamba", "mamba2", "zamba2")
+ARCHS = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "olmo2",
+    "gpt_neox",
+    "gpt2",
+    "mamba",
+    "falcon_mamba",
+    "mamba2",
+    "zamba2",
+)
 
 
 def tiny_random_model(spec: dict):

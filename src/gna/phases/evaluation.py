@@ -14,11 +14,17 @@ import torch
 import torch.nn.functional as F
 
 from gna.core.io import read_parquet, write_parquet
-from gna.tasks.lmeval_bridge import (ASSUMED_TOKENS, CROSSCHECK_TASK, crosscheck_task_yaml, longest_request,
-                                    results_to_frame, run_tasks)
-from gna.models.prepare import load_model
 from gna.core.runtime import peak_rss_mb
 from gna.engine.scoring import chance_accuracy, known_items, score_table, summarize_task
+from gna.models.prepare import load_model
+from gna.tasks.lmeval_bridge import (
+    ASSUMED_TOKENS,
+    CROSSCHECK_TASK,
+    crosscheck_task_yaml,
+    longest_request,
+    results_to_frame,
+    run_tasks,
+)
 from gna.tasks.tables import context_swapped
 
 log = logging.getLogger("gna.phases.evaluation")
@@ -41,16 +47,28 @@ def baseline_summary(model_name: str, table: pl.DataFrame, items: pl.DataFrame) 
     the same whenever its numbers are the same (wall times live in the run record)."""
     chance = {g: chance_accuracy(table.filter(pl.col("group") == g)) for g in table["group"].unique()}
     chance["all"] = chance_accuracy(table)
-    return summarize_task(items).with_columns(
-        pl.lit(model_name).alias("model"),
-        pl.lit(task_format(table)).alias("format"),
-        pl.col("group").replace_strict(chance, return_dtype=pl.Float64).alias("chance"),
-        pl.lit("gna").alias("engine"),
-    ).select("model", "task", "format", "group", "n", "metric", "value", "ci_low", "ci_high", "chance", "engine")
+    return (
+        summarize_task(items)
+        .with_columns(
+            pl.lit(model_name).alias("model"),
+            pl.lit(task_format(table)).alias("format"),
+            pl.col("group").replace_strict(chance, return_dtype=pl.Float64).alias("chance"),
+            pl.lit("gna").alias("engine"),
+        )
+        .select("model", "task", "format", "group", "n", "metric", "value", "ci_low", "ci_high", "chance", "engine")
+    )
 
 
-def run_baseline(model_name: str, model_dir: str, task_path: str, summary_path: str, items_path: str,
-                 batch_size: int = 8, dtype: str = "float32", compute_dtype: str = "float32") -> pl.DataFrame:
+def run_baseline(
+    model_name: str,
+    model_dir: str,
+    task_path: str,
+    summary_path: str,
+    items_path: str,
+    batch_size: int = 8,
+    dtype: str = "float32",
+    compute_dtype: str = "float32",
+) -> pl.DataFrame:
     """Score the prepared model `model_dir` on the task table `task_path` with our engine; write
     its per-item scores to `items_path` and its baseline_summary to `summary_path`."""
     table = read_parquet(task_path)
@@ -64,14 +82,31 @@ def run_baseline(model_name: str, model_dir: str, task_path: str, summary_path: 
     write_parquet(items.with_columns(pl.lit(model_name).alias("model")), items_path)
     write_parquet(summary, summary_path)
     acc = summary.filter((pl.col("metric") == "acc") & (pl.col("group") == "all"))["value"][0]
-    log.info("%s on %s: acc=%.3f over %d items in %.1fs (peak RSS %.0f MB)", model_name,
-             table["task"][0], acc, len(table), seconds, peak_rss_mb())
+    log.info(
+        "%s on %s: acc=%.3f over %d items in %.1fs (peak RSS %.0f MB)",
+        model_name,
+        table["task"][0],
+        acc,
+        len(table),
+        seconds,
+        peak_rss_mb(),
+    )
     return summary
 
 
-def run_lm_eval_task(model_name: str, model_dir: str, task: str, out_path: str, options: dict,
-                     include_path: str | None, batch_size: int = 8, dtype: str = "float32", compute_dtype: str = "float32",
-                     memory_mb: int | None = None, items_file: str | Path | None = None) -> pl.DataFrame:
+def run_lm_eval_task(
+    model_name: str,
+    model_dir: str,
+    task: str,
+    out_path: str,
+    options: dict,
+    include_path: str | None,
+    batch_size: int = 8,
+    dtype: str = "float32",
+    compute_dtype: str = "float32",
+    memory_mb: int | None = None,
+    items_file: str | Path | None = None,
+) -> pl.DataFrame:
     """Run the lm-eval task `task` on the prepared model `model_dir` and write its metrics to
     `out_path` (results_to_frame plus format/group 'lm-eval'/'all' and engine 'lm-eval').
     `options`: the `lm_eval` config keys include_defaults, limit, num_fewshot (absent: lm-eval's).
@@ -80,24 +115,47 @@ def run_lm_eval_task(model_name: str, model_dir: str, task: str, out_path: str, 
     model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
     start = time.perf_counter()
     longest = longest_request(tok, items_file) if items_file is not None else ASSUMED_TOKENS
-    results = run_tasks(model, tok, [task], include_path=include_path,
-                        include_defaults=options.get("include_defaults", True), limit=options.get("limit"),
-                        num_fewshot=options.get("num_fewshot"), batch_size=batch_size, memory_mb=memory_mb,
-                        longest_tokens=longest)
+    results = run_tasks(
+        model,
+        tok,
+        [task],
+        include_path=include_path,
+        include_defaults=options.get("include_defaults", True),
+        limit=options.get("limit"),
+        num_fewshot=options.get("num_fewshot"),
+        batch_size=batch_size,
+        memory_mb=memory_mb,
+        longest_tokens=longest,
+    )
     seconds = time.perf_counter() - start
     frame = results_to_frame(results, model_name)
     frame = frame.with_columns(
-        pl.lit("lm-eval").alias("format"), pl.lit("all").alias("group"),
+        pl.lit("lm-eval").alias("format"),
+        pl.lit("all").alias("group"),
         pl.lit("lm-eval").alias("engine"),
     )
     write_parquet(frame, out_path)
-    log.info("%s on lm-eval task %s: %d metrics in %.1fs (peak RSS %.0f MB)", model_name, task, len(frame), seconds,
-             peak_rss_mb())
+    log.info(
+        "%s on lm-eval task %s: %d metrics in %.1fs (peak RSS %.0f MB)",
+        model_name,
+        task,
+        len(frame),
+        seconds,
+        peak_rss_mb(),
+    )
     return frame
 
 
-def run_crosscheck(model_name: str, model_dir: str, task_dir: str, out_path: str, batch_size: int = 8,
-                   dtype: str = "float32", compute_dtype: str = "float32", memory_mb: int | None = None) -> pl.DataFrame:
+def run_crosscheck(
+    model_name: str,
+    model_dir: str,
+    task_dir: str,
+    out_path: str,
+    batch_size: int = 8,
+    dtype: str = "float32",
+    compute_dtype: str = "float32",
+    memory_mb: int | None = None,
+) -> pl.DataFrame:
     """run_lm_eval_task on our own MMLU letter items: the task CROSSCHECK_TASK that
     lmeval_bridge.write_crosscheck_task wrote to `task_dir`, with lm-eval's built-in tasks off;
     its YAML is written again here (crosscheck_task_yaml), next to `out_path` and removed after,
@@ -105,16 +163,32 @@ def run_crosscheck(model_name: str, model_dir: str, task_dir: str, out_path: str
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=Path(out_path).parent, prefix=".lmeval-task-") as yaml_dir:
         crosscheck_task_yaml(task_dir, yaml_dir)
-        return run_lm_eval_task(model_name, model_dir, CROSSCHECK_TASK, out_path,
-                                options={"include_defaults": False}, include_path=yaml_dir, batch_size=batch_size,
-                                dtype=dtype, compute_dtype=compute_dtype, memory_mb=memory_mb,
-                                items_file=Path(task_dir) / f"{CROSSCHECK_TASK}.jsonl")
+        return run_lm_eval_task(
+            model_name,
+            model_dir,
+            CROSSCHECK_TASK,
+            out_path,
+            options={"include_defaults": False},
+            include_path=yaml_dir,
+            batch_size=batch_size,
+            dtype=dtype,
+            compute_dtype=compute_dtype,
+            memory_mb=memory_mb,
+            items_file=Path(task_dir) / f"{CROSSCHECK_TASK}.jsonl",
+        )
 
 
-def score_model(model, tok, tables: dict[str, pl.DataFrame], heldout: torch.Tensor | None, batch_size: int,
-                swap_items: int | None = None, progress: bool = True,
-                scored: dict[str, pl.DataFrame] | None = None,
-                swap_from: dict[str, pl.DataFrame] | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+def score_model(
+    model,
+    tok,
+    tables: dict[str, pl.DataFrame],
+    heldout: torch.Tensor | None,
+    batch_size: int,
+    swap_items: int | None = None,
+    progress: bool = True,
+    scored: dict[str, pl.DataFrame] | None = None,
+    swap_from: dict[str, pl.DataFrame] | None = None,
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(summary, items) of the model on every task table, plus held-out perplexity: summary is
     tidy (task, group, n, metric, value, ci_low, ci_high, degenerate), items one row per scored
     item (gna.engine.scoring.per_item_frame). `swap_items` items per task (None: all, 0: none) are
@@ -133,21 +207,38 @@ def score_model(model, tok, tables: dict[str, pl.DataFrame], heldout: torch.Tens
         pool = (swap_from or {}).get(name, table)
         check = context_swapped(pool, swap_items) if swap_items != 0 else table.clear()
         if swap_items != 0 and check.is_empty():
-            log.warning("%s: no degeneracy check: none of the %s items chosen has a partner with as many "
-                        "choices to swap contexts with", name, swap_items)
+            log.warning(
+                "%s: no degeneracy check: none of the %s items chosen has a partner with as many "
+                "choices to swap contexts with",
+                name,
+                swap_items,
+            )
         if not check.is_empty():
-            swapped = score_table(model, tok, check, batch_size=batch_size, progress=progress,
-                                  desc=f"{name}, contexts swapped")
-            per_item = per_item.join(swapped.select("item_id", pl.col("pred").alias("pred_swapped")),
-                                     on="item_id", how="left")
+            swapped = score_table(
+                model, tok, check, batch_size=batch_size, progress=progress, desc=f"{name}, contexts swapped"
+            )
+            per_item = per_item.join(
+                swapped.select("item_id", pl.col("pred").alias("pred_swapped")), on="item_id", how="left"
+            )
         summaries.append(summarize_task(per_item))
         items.append(per_item)
     if heldout is not None:
-        summaries.append(pl.DataFrame({"task": ["heldout"], "group": ["all"], "n": [heldout.numel()],
-                                       "metric": ["perplexity"], "value": [perplexity(model, heldout)]}))
+        summaries.append(
+            pl.DataFrame(
+                {
+                    "task": ["heldout"],
+                    "group": ["all"],
+                    "n": [heldout.numel()],
+                    "metric": ["perplexity"],
+                    "value": [perplexity(model, heldout)],
+                }
+            )
+        )
     # no table (every task skipped): perplexity only, and no per-item answers
-    return (pl.concat(summaries, how="diagonal_relaxed"),
-            pl.concat(items, how="diagonal_relaxed") if items else pl.DataFrame())
+    return (
+        pl.concat(summaries, how="diagonal_relaxed"),
+        pl.concat(items, how="diagonal_relaxed") if items else pl.DataFrame(),
+    )
 
 
 @torch.inference_mode()
@@ -155,7 +246,7 @@ def perplexity(model, ids: torch.Tensor, batch: int = 4) -> float:
     """exp(mean next-token NLL) over windows ids [n, T]."""
     total, count = 0.0, 0
     for start in range(0, len(ids), batch):
-        chunk = ids[start: start + batch]
+        chunk = ids[start : start + batch]
         logits = model(input_ids=chunk, use_cache=False).logits[:, :-1].float()
         nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1), reduction="sum")
         total += float(nll)

@@ -15,14 +15,14 @@ from dataclasses import dataclass
 import polars as pl
 import torch
 
+from gna.core.io import read_parquet, write_parquet
 from gna.engine.device import device_of
 from gna.engine.hooks import head_sites
 from gna.engine.scoring import starts_with_bos
 from gna.engine.stack import UnsupportedModel, family_of
 from gna.models.families import skip_hint
-from gna.students.spec import load_any
 from gna.students.mixer import captured_maps, mixers, ssm_heads_of
-from gna.core.io import read_parquet, write_parquet
+from gna.students.spec import load_any
 from gna.tasks.tables import LETTERS, build_kv_retrieval, load_task_tables
 
 log = logging.getLogger("gna.phases.gather_aggregate")
@@ -32,9 +32,9 @@ ROLES = ("gather", "aggregate")
 @dataclass
 class Segments:
     spans: list[tuple[int, int]]  # token ranges [start, end) of each segment
-    summary: list[int]            # token index of each segment's summary token
-    answer: int                   # the answer position (last context token)
-    correct: int                  # index of the segment holding the answer
+    summary: list[int]  # token index of each segment's summary token
+    answer: int  # the answer position (last context token)
+    correct: int  # index of the segment holding the answer
     tokens: list[str]
 
 
@@ -107,8 +107,10 @@ def attention_maps(model, tok, context: str) -> torch.Tensor:
         return torch.stack([m[0] for m in maps]).float()
     kinds = {s.kind for s in head_sites(model)}
     if kinds != {"attention"}:
-        raise UnsupportedModel(f"{family_of(model)} ({type(model).__name__}): G&A maps need attention weights in every "
-                               f"layer; this model has {', '.join(sorted(kinds - {'attention'}))} layers")
+        raise UnsupportedModel(
+            f"{family_of(model)} ({type(model).__name__}): G&A maps need attention weights in every "
+            f"layer; this model has {', '.join(sorted(kinds - {'attention'}))} layers"
+        )
     with eager_attention(model):
         out = model(ids, output_attentions=True)
     return torch.stack([a[0] for a in out.attentions]).float()
@@ -127,25 +129,40 @@ def role_scores(maps: torch.Tensor, seg: Segments) -> dict[str, torch.Tensor]:
     gather = torch.stack([maps[:, :, s, a:b].sum(-1) for (a, b), s in zip(seg.spans, seg.summary)]).mean(0)
     # the same without the token right before the summary: a previous-token head scores high on
     # `gather` by attending only to the line's last token, which condenses nothing
-    gather_strict = torch.stack([maps[:, :, s, a:b].sum(-1) - (maps[:, :, s, s - 1] if a <= s - 1 < b else 0)
-                                 for (a, b), s in zip(seg.spans, seg.summary)]).mean(0)
+    gather_strict = torch.stack(
+        [
+            maps[:, :, s, a:b].sum(-1) - (maps[:, :, s, s - 1] if a <= s - 1 < b else 0)
+            for (a, b), s in zip(seg.spans, seg.summary)
+        ]
+    ).mean(0)
     answer_row = maps[:, :, seg.answer]
-    per_segment = torch.stack([answer_row[..., a:b].sum(-1) + (answer_row[..., s] if not a <= s < b else 0)
-                               for (a, b), s in zip(seg.spans, seg.summary)], dim=-1)
+    per_segment = torch.stack(
+        [
+            answer_row[..., a:b].sum(-1) + (answer_row[..., s] if not a <= s < b else 0)
+            for (a, b), s in zip(seg.spans, seg.summary)
+        ],
+        dim=-1,
+    )
     aggregate = per_segment.sum(-1)
     # sharpness: top-1 share of the rows that matter (summary rows and the answer row)
     rows = list(seg.summary) + [seg.answer]
     sharpness = maps[:, :, rows].max(-1).values.mean(-1)
-    return {"sharpness": sharpness, "gather": gather, "gather_strict": gather_strict,
-            "aggregate_summary": answer_row[..., seg.summary].sum(-1), "aggregate": aggregate,
-            "selectivity": per_segment[..., seg.correct] / aggregate.clamp_min(1e-9)}
+    return {
+        "sharpness": sharpness,
+        "gather": gather,
+        "gather_strict": gather_strict,
+        "aggregate_summary": answer_row[..., seg.summary].sum(-1),
+        "aggregate": aggregate,
+        "selectivity": per_segment[..., seg.correct] / aggregate.clamp_min(1e-9),
+    }
 
 
 SCORES = ("gather", "gather_strict", "aggregate", "aggregate_summary", "selectivity", "sharpness")
 
 
-def classify(gather: float, aggregate: float, selectivity: float, gather_min: float, aggregate_min: float,
-             n_segments: float) -> str:
+def classify(
+    gather: float, aggregate: float, selectivity: float, gather_min: float, aggregate_min: float, n_segments: float
+) -> str:
     """Aggregate: the answer position reads the segments and prefers the correct one (selectivity
     at least twice chance); Gather: summary tokens condense their own segment beyond the token
     right before them (`gather` here is the strict score); else other."""
@@ -154,8 +171,15 @@ def classify(gather: float, aggregate: float, selectivity: float, gather_min: fl
     return "gather" if gather >= gather_min else "other"
 
 
-def head_roles(model, tok, table: pl.DataFrame, segment_fn, gather_min: float = 0.5, aggregate_min: float = 0.3,
-               progress: bool = True) -> pl.DataFrame:
+def head_roles(
+    model,
+    tok,
+    table: pl.DataFrame,
+    segment_fn,
+    gather_min: float = 0.5,
+    aggregate_min: float = 0.3,
+    progress: bool = True,
+) -> pl.DataFrame:
     """Mean role scores of every head over the items of `table`, and a role per head."""
     from tqdm.auto import tqdm
 
@@ -173,10 +197,23 @@ def head_roles(model, tok, table: pl.DataFrame, segment_fn, gather_min: float = 
     for layer in range(n_layers):
         for head in range(n_heads):
             vals = {k: float(totals[k][layer, head]) for k in SCORES}
-            rows.append({"layer": layer, "head": head, "kind": "ssm" if (layer, head) in ssm else "attention",
-                         **vals, "n": len(table),
-                         "role": classify(vals["gather_strict"], vals["aggregate"], vals["selectivity"], gather_min,
-                                          aggregate_min, n_segments)})
+            rows.append(
+                {
+                    "layer": layer,
+                    "head": head,
+                    "kind": "ssm" if (layer, head) in ssm else "attention",
+                    **vals,
+                    "n": len(table),
+                    "role": classify(
+                        vals["gather_strict"],
+                        vals["aggregate"],
+                        vals["selectivity"],
+                        gather_min,
+                        aggregate_min,
+                        n_segments,
+                    ),
+                }
+            )
     return pl.DataFrame(rows)
 
 
@@ -201,8 +238,9 @@ def map_frame(model, tok, row: dict, heads: list[tuple[int, int]], segment_fn) -
         for q in range(T):
             for k in range(q + 1):
                 rows.append({"layer": layer, "head": head, "query": q, "key": k, "weight": float(weights[q, k])})
-    tokens = pl.DataFrame({"query": list(range(T)), "token": seg.tokens,
-                           "mark": [role_of.get(i, "") for i in range(T)]})
+    tokens = pl.DataFrame(
+        {"query": list(range(T)), "token": seg.tokens, "mark": [role_of.get(i, "") for i in range(T)]}
+    )
     return pl.DataFrame(rows).join(tokens, on="query", how="left")
 
 
@@ -230,9 +268,19 @@ def shortest_item(table: pl.DataFrame) -> dict:
     return table.with_columns(pl.col("context").str.len_chars().alias("chars")).sort("chars").row(0, named=True)
 
 
-def run_gna_roles(model_name: str, model_dir: str, ranking_path: str, teacher_roles_paths: list[str],
-                  mmlu_letter_paths: list[str], roles_path: str, maps_path: str, gna: dict, template: str,
-                  dtype: str = "float32", compute_dtype: str = "float32") -> pl.DataFrame:
+def run_gna_roles(
+    model_name: str,
+    model_dir: str,
+    ranking_path: str,
+    teacher_roles_paths: list[str],
+    mmlu_letter_paths: list[str],
+    roles_path: str,
+    maps_path: str,
+    gna: dict,
+    template: str,
+    dtype: str = "float32",
+    compute_dtype: str = "float32",
+) -> pl.DataFrame:
     """Phase gna_roles: head_roles of every head on KV prompts (`gna` config keys dict_size, n, seed,
     gather_min, aggregate_min) joined with the ablation rank and acc_drop of `ranking_path`,
     written to `roles_path`; and the map_frame of the map_heads (its roles from the teacher's
@@ -253,11 +301,17 @@ def run_gna_roles(model_name: str, model_dir: str, ranking_path: str, teacher_ro
     sample = build_kv_retrieval([gna["map_dict_size"]], 1, gna["seed"], template).row(0, named=True)
     maps = [map_frame(model, tok, sample, heads, kv_row_segments).with_columns(pl.lit("kv_retrieval").alias("task"))]
     for letter in load_task_tables(mmlu_letter_paths).values():
-        maps.append(map_frame(model, tok, shortest_item(letter), heads, mmlu_row_segments)
-                    .with_columns(pl.lit("mmlu_letter").alias("task")))
+        maps.append(
+            map_frame(model, tok, shortest_item(letter), heads, mmlu_row_segments).with_columns(
+                pl.lit("mmlu_letter").alias("task")
+            )
+        )
     write_parquet(pl.concat(maps).with_columns(pl.lit(model_name).alias("model")), maps_path)
     for role in ROLES:
         best = roles.filter(pl.col("role") == role).sort("rank").head(3)
-        log.info("%s heads (best ranked): %s", role, ", ".join(f"L{r['layer']}H{r['head']} (rank {r['rank']})"
-                                                               for r in best.iter_rows(named=True)))
+        log.info(
+            "%s heads (best ranked): %s",
+            role,
+            ", ".join(f"L{r['layer']}H{r['head']} (rank {r['rank']})" for r in best.iter_rows(named=True)),
+        )
     return roles

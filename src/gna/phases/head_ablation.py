@@ -16,25 +16,30 @@ import polars as pl
 import torch
 from tqdm.auto import tqdm
 
+from gna.core.io import read_parquet, write_json, write_parquet
+from gna.engine.ablation import score_ablations
 from gna.engine.device import device_of
 from gna.engine.hooks import HeadSite, ablate_heads, all_heads, head_sites, site_of
-from gna.core.io import read_parquet, write_json, write_parquet
-from gna.models.prepare import load_model
-from gna.engine.ablation import score_ablations
 from gna.engine.scoring import run_batches, score_table
 from gna.engine.stack import check_engine, decoder_layers
+from gna.models.prepare import load_model
 from gna.tasks.tables import build_kv_retrieval
 
 log = logging.getLogger("gna.phases.head_ablation")
 
 
 def _summary(frame: pl.DataFrame) -> dict:
-    return {"acc": float(frame["correct"].mean()), "mean_logp": float(frame["logp_target"].mean()),
-            "n": len(frame)}
+    return {"acc": float(frame["correct"].mean()), "mean_logp": float(frame["logp_target"].mean()), "n": len(frame)}
 
 
-def sweep_heads(model, tok, table: pl.DataFrame, heads: list[tuple[int, int]] | None = None, batch_size: int = 8,
-                progress: bool = True) -> pl.DataFrame:
+def sweep_heads(
+    model,
+    tok,
+    table: pl.DataFrame,
+    heads: list[tuple[int, int]] | None = None,
+    batch_size: int = 8,
+    progress: bool = True,
+) -> pl.DataFrame:
     """Ablate each head alone; accuracy and mean log-prob of the correct choice per head.
 
     Exact for every family the engine runs: the hidden state entering layer L is computed once
@@ -43,11 +48,20 @@ def sweep_heads(model, tok, table: pl.DataFrame, heads: list[tuple[int, int]] | 
     from the same recorded pass."""
     sites = head_sites(model)
     heads = heads if heads is not None else all_heads(model)
-    frames = score_ablations(model, tok, table, {"base": [], **{head: [head] for head in heads}},
-                             batch_size=batch_size, progress=progress, desc="head sweep")
+    frames = score_ablations(
+        model,
+        tok,
+        table,
+        {"base": [], **{head: [head] for head in heads}},
+        batch_size=batch_size,
+        progress=progress,
+        desc="head sweep",
+    )
     rows = [{"layer": -1, "head": -1, "kind": "none", **_summary(frames["base"])}]
-    rows += [{"layer": layer, "head": head, "kind": site_of(sites, layer, head)[0].kind,
-              **_summary(frames[(layer, head)])} for layer, head in heads]
+    rows += [
+        {"layer": layer, "head": head, "kind": site_of(sites, layer, head)[0].kind, **_summary(frames[(layer, head)])}
+        for layer, head in heads
+    ]
     return pl.DataFrame(rows)
 
 
@@ -57,8 +71,15 @@ def sweep_cost(heads: list[tuple[int, int]], n_layers: int) -> int:
     return sum(n_layers - layer for layer, _ in heads)
 
 
-def sweep_heads_naive(model, tok, table: pl.DataFrame, heads: list[tuple[int, int]], batch_size: int = 8,
-                      progress: bool = True, sites=None) -> dict:
+def sweep_heads_naive(
+    model,
+    tok,
+    table: pl.DataFrame,
+    heads: list[tuple[int, int]],
+    batch_size: int = 8,
+    progress: bool = True,
+    sites=None,
+) -> dict:
     """Reference: one full forward of the whole model per ablated head; {(layer, head): per-item frame}."""
     sites = sites or head_sites(model)
     out = {}
@@ -72,15 +93,20 @@ def rank_heads(sweep: pl.DataFrame) -> pl.DataFrame:
     """acc_drop / logp_drop against the unablated row; rank 1 = most harmful to remove
     (accuracy drop first, log-prob drop breaks ties)."""
     base = sweep.filter(pl.col("layer") == -1).row(0, named=True)
-    heads = sweep.filter(pl.col("layer") >= 0).with_columns(
-        (base["acc"] - pl.col("acc")).alias("acc_drop"),
-        (base["mean_logp"] - pl.col("mean_logp")).alias("logp_drop"),
-    ).sort(["acc_drop", "logp_drop", "layer", "head"], descending=[True, True, False, False])
+    heads = (
+        sweep.filter(pl.col("layer") >= 0)
+        .with_columns(
+            (base["acc"] - pl.col("acc")).alias("acc_drop"),
+            (base["mean_logp"] - pl.col("mean_logp")).alias("logp_drop"),
+        )
+        .sort(["acc_drop", "logp_drop", "layer", "head"], descending=[True, True, False, False])
+    )
     return heads.with_columns(pl.int_range(1, len(heads) + 1).alias("rank"))
 
 
-def attribution_scores(model, tok, table: pl.DataFrame, batch_size: int = 8, progress: bool = True,
-                       grad_drop: bool = False) -> pl.DataFrame:
+def attribution_scores(
+    model, tok, table: pl.DataFrame, batch_size: int = 8, progress: bool = True, grad_drop: bool = False
+) -> pl.DataFrame:
     """Attribution patching: a linear estimate of every head's ablation effect on the mean
     log-prob of the correct choice, from one forward and one backward pass per batch.
 
@@ -108,6 +134,7 @@ def attribution_scores(model, tok, table: pl.DataFrame, batch_size: int = 8, pro
             if args[0].requires_grad:
                 args[0].retain_grad()
                 captured[site] = args[0]
+
         return hook
 
     def per_head(site: HeadSite, z: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
@@ -131,8 +158,12 @@ def attribution_scores(model, tok, table: pl.DataFrame, batch_size: int = 8, pro
         for l in range(1, n_layers) if grad_drop else ():
             below = [s for s in sites if s.layer < l]
             # dropping layer l's own gradient leaves the gradient after l to reach the state before it
-            grads = torch.autograd.grad((run.entering[l] * after[l].grad).sum(), [captured[s] for s in below],
-                                        retain_graph=True, allow_unused=True)
+            grads = torch.autograd.grad(
+                (run.entering[l] * after[l].grad).sum(),
+                [captured[s] for s in below],
+                retain_graph=True,
+                allow_unused=True,
+            )
             for s, g in zip(below, grads):
                 if g is not None:  # a site the state before l does not depend on estimates 0
                     dropped[l][s] += per_head(s, captured[s], g)
@@ -156,8 +187,9 @@ def attribution_scores(model, tok, table: pl.DataFrame, batch_size: int = 8, pro
             row = {"layer": s.layer, "head": s.offset + h, "kind": s.kind, "logp_drop_est": float(est[s][h])}
             if grad_drop:
                 # l below the head's layer: the plain estimate; l = its layer: 0 (its output dropped)
-                row["graddrop_est"] = (s.layer * abs(row["logp_drop_est"])
-                                       + sum(abs(float(dropped[l][s][h])) for l in range(s.layer + 1, n_layers)))
+                row["graddrop_est"] = s.layer * abs(row["logp_drop_est"]) + sum(
+                    abs(float(dropped[l][s][h])) for l in range(s.layer + 1, n_layers)
+                )
             rows.append(row)
     return pl.DataFrame(rows)
 
@@ -182,8 +214,9 @@ def rank_attribution(est: pl.DataFrame, order: str = "signed") -> pl.DataFrame:
     key = key.abs() if order == "magnitude" else key
     # ties (e.g. heads with no gradient) broken by the estimate's magnitude, then layer and head,
     # so the order never depends on the row order of the input
-    return (est.sort([key, pl.col("logp_drop_est").abs(), "layer", "head"], descending=[True, True, False, False])
-            .with_columns(pl.int_range(1, len(est) + 1).alias("est_rank")))
+    return est.sort(
+        [key, pl.col("logp_drop_est").abs(), "layer", "head"], descending=[True, True, False, False]
+    ).with_columns(pl.int_range(1, len(est) + 1).alias("est_rank"))
 
 
 def attribution_cost(n_layers: int, order: str) -> int:
@@ -193,8 +226,9 @@ def attribution_cost(n_layers: int, order: str) -> int:
     return 3 * n_layers + (n_layers * (n_layers - 1) if order == "graddrop" else 0)
 
 
-def within_budget(ranked_est: pl.DataFrame, n_layers: int, budget: float, order: str = "magnitude"
-                  ) -> list[tuple[int, int]]:
+def within_budget(
+    ranked_est: pl.DataFrame, n_layers: int, budget: float, order: str = "magnitude"
+) -> list[tuple[int, int]]:
     """The heads of a ranked estimate, in its order, whose exact sweep fits in `budget` (a share
     of the full sweep's cost, sweep_cost) less the cost of the attribution that ranked them with
     `order` (attribution_cost)."""
@@ -209,8 +243,16 @@ def within_budget(ranked_est: pl.DataFrame, n_layers: int, budget: float, order:
     return chosen
 
 
-def sweep_heads_verified(model, tok, table: pl.DataFrame, budget: float = 0.2, order: str = "magnitude",
-                         batch_size: int = 8, progress: bool = True, min_heads: int = 2) -> pl.DataFrame:
+def sweep_heads_verified(
+    model,
+    tok,
+    table: pl.DataFrame,
+    budget: float = 0.2,
+    order: str = "magnitude",
+    batch_size: int = 8,
+    progress: bool = True,
+    min_heads: int = 2,
+) -> pl.DataFrame:
     """The sweep's fast mode: rank every head by attribution (rank_attribution with `order`),
     then sweep exactly, in that order, the heads that fit in `budget` of the full sweep's cost
     (within_budget). Returns sweep_heads' rows for the unablated model and the verified heads
@@ -223,9 +265,11 @@ def sweep_heads_verified(model, tok, table: pl.DataFrame, budget: float = 0.2, o
     chosen = within_budget(rank_attribution(est, order), n_layers, budget, order)
     if len(chosen) < min_heads:
         share = attribution_cost(n_layers, order) / sweep_cost(all_heads(model), n_layers)
-        raise ValueError(f"heads.verify_budget={budget} verifies {len(chosen)} heads, fewer than the {min_heads} "
-                         f"needed: the attribution ({order}) alone costs {share:.0%} of the exact sweep on this "
-                         f"model; raise heads.verify_budget or use heads.sweep_mode: exact")
+        raise ValueError(
+            f"heads.verify_budget={budget} verifies {len(chosen)} heads, fewer than the {min_heads} "
+            f"needed: the attribution ({order}) alone costs {share:.0%} of the exact sweep on this "
+            f"model; raise heads.verify_budget or use heads.sweep_mode: exact"
+        )
     return sweep_heads(model, tok, table, heads=chosen, batch_size=batch_size, progress=progress)
 
 
@@ -239,20 +283,26 @@ def compare_attribution(ranked_est: pl.DataFrame, exact: pl.DataFrame, top_n: in
     """The attribution pre-ranking against the exact sweep: `ranked_est` (rank_attribution)
     joined with the exact acc_drop, logp_drop and rank (rank_heads) of each head, plus
     spearman_logp (estimated vs exact log-prob drop over the heads), recall_top10_in_top_n (share
-    of the exact top 10 among the estimate's top `top_n`), top_n and `verified` (the head is in the estimate's top `top_n`)."""
+    of the exact top 10 among the estimate's top `top_n`), top_n and `verified` (the head is in the estimate's top
+    `top_n`)."""
     missing = ranked_est.join(exact, on=["layer", "head"], how="anti")
     if not missing.is_empty():
-        raise ValueError(f"the attribution check needs the exact sweep of every head; {len(missing)} of "
-                         f"{len(ranked_est)} heads have no exact result (heads.sweep_mode must be 'exact')")
-    joined = ranked_est.join(exact.select("layer", "head", "acc_drop", "logp_drop", "rank"), on=["layer", "head"],
-                             how="left")
+        raise ValueError(
+            f"the attribution check needs the exact sweep of every head; {len(missing)} of "
+            f"{len(ranked_est)} heads have no exact result (heads.sweep_mode must be 'exact')"
+        )
+    joined = ranked_est.join(
+        exact.select("layer", "head", "acc_drop", "logp_drop", "rank"), on=["layer", "head"], how="left"
+    )
     exact_top10 = set(top_heads(exact.sort("rank"), 10))
     recall = len(exact_top10 & set(top_heads(ranked_est, top_n))) / max(len(exact_top10), 1)
     rho = spearman(joined["logp_drop"].to_list(), joined["logp_drop_est"].to_list())
     return joined.with_columns(
-        pl.lit(rho).alias("spearman_logp"), pl.lit(recall).alias("recall_top10_in_top_n"),
+        pl.lit(rho).alias("spearman_logp"),
+        pl.lit(recall).alias("recall_top10_in_top_n"),
         pl.lit(top_n).alias("top_n"),
-        pl.col("est_rank").le(top_n).alias("verified"))
+        pl.col("est_rank").le(top_n).alias("verified"),
+    )
 
 
 def sweep_task(sweep: dict, template: str) -> pl.DataFrame:
@@ -264,8 +314,17 @@ def sweep_task(sweep: dict, template: str) -> pl.DataFrame:
 SWEEP_MODES = ("exact", "verified")
 
 
-def run_heads_sweep(model_name: str, model_dir: str, sweep_path: str, ranking_path: str, sweep: dict,
-                    template: str, batch_size: int = 8, dtype: str = "float32", compute_dtype: str = "float32") -> pl.DataFrame:
+def run_heads_sweep(
+    model_name: str,
+    model_dir: str,
+    sweep_path: str,
+    ranking_path: str,
+    sweep: dict,
+    template: str,
+    batch_size: int = 8,
+    dtype: str = "float32",
+    compute_dtype: str = "float32",
+) -> pl.DataFrame:
     """Phase heads_sweep on sweep_task: `sweep["mode"]` exact (sweep_heads over every head) or
     verified (sweep_heads_verified with `sweep["budget"]` and `sweep["order"]`), written to
     `sweep_path` with the mode and the model's number of heads, and its rank_heads to
@@ -283,14 +342,30 @@ def run_heads_sweep(model_name: str, model_dir: str, sweep_path: str, ranking_pa
     result = result.with_columns(pl.lit(mode).alias("mode"), pl.lit(len(all_heads(model))).alias("heads_total"))
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), sweep_path)
     write_parquet(ranking.with_columns(pl.lit(model_name).alias("model")), ranking_path)
-    log.info("%s sweep, %d of %d heads measured; top-10 heads: %s", mode, len(ranking), len(all_heads(model)),
-             ", ".join(f"L{r['layer']}H{r['head']} (-{r['acc_drop']:.2f})" for r in ranking.head(10).iter_rows(named=True)))
+    log.info(
+        "%s sweep, %d of %d heads measured; top-10 heads: %s",
+        mode,
+        len(ranking),
+        len(all_heads(model)),
+        ", ".join(f"L{r['layer']}H{r['head']} (-{r['acc_drop']:.2f})" for r in ranking.head(10).iter_rows(named=True)),
+    )
     return ranking
 
 
-def run_heads_attribution(model_name: str, model_dir: str, ranking_path: str, out_path: str, timings_path: str,
-                          sweep: dict, template: str, top_n: int, batch_size: int = 8,
-                          dtype: str = "float32", compute_dtype: str = "float32", order: str = "magnitude") -> pl.DataFrame:
+def run_heads_attribution(
+    model_name: str,
+    model_dir: str,
+    ranking_path: str,
+    out_path: str,
+    timings_path: str,
+    sweep: dict,
+    template: str,
+    top_n: int,
+    batch_size: int = 8,
+    dtype: str = "float32",
+    compute_dtype: str = "float32",
+    order: str = "magnitude",
+) -> pl.DataFrame:
     """Phase heads_attribution: attribution_scores on sweep_task ranked by `order`
     (rank_attribution), the exact sweep of the estimate's top `top_n` heads (the cost of verifying
     a pre-ranking), and compare_attribution against the exact ranking in `ranking_path`; written
@@ -308,6 +383,12 @@ def run_heads_attribution(model_name: str, model_dir: str, ranking_path: str, ou
     result = compare_attribution(ranked, read_parquet(ranking_path), top_n).with_columns(pl.lit(order).alias("order"))
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
     write_json({"attribution": round(t_attr, 2), f"verify top {top_n}": round(t_verify, 2)}, timings_path)
-    log.info("attribution: spearman %.3f, recall of exact top-10 in top-%d %.2f, %.1fs + verify %.1fs",
-             result["spearman_logp"][0], top_n, result["recall_top10_in_top_n"][0], t_attr, t_verify)
+    log.info(
+        "attribution: spearman %.3f, recall of exact top-10 in top-%d %.2f, %.1fs + verify %.1fs",
+        result["spearman_logp"][0],
+        top_n,
+        result["recall_top10_in_top_n"][0],
+        t_attr,
+        t_verify,
+    )
     return result

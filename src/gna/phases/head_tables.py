@@ -14,11 +14,11 @@ import random
 
 import polars as pl
 
-from gna.engine.hooks import all_heads, head_sites, heads_per_layer
 from gna.core.io import read_json, read_parquet, write_parquet
-from gna.models.prepare import load_model
-from gna.engine.scoring import at_chance, known_items, known_or_scored, score_table, summarize_task
 from gna.engine.ablation import score_ablations
+from gna.engine.hooks import all_heads, head_sites, heads_per_layer
+from gna.engine.scoring import at_chance, known_items, known_or_scored, summarize_task
+from gna.models.prepare import load_model
 from gna.phases.pruning import prefix_scores
 from gna.tasks.tables import build_kv_retrieval, load_item_scores, load_task_tables
 
@@ -27,13 +27,23 @@ log = logging.getLogger("gna.phases.head_tables")
 SWEEP_TASK = "kv_retrieval"  # the task the ranking was measured on (the per-head sweep's prompts)
 
 
-def _score(model, tok, tables: dict[str, pl.DataFrame], ablations: dict, layers=None, batch_size=8,
-           progress: bool = False, desc: str = "ablations") -> dict[object, pl.DataFrame]:
+def _score(
+    model,
+    tok,
+    tables: dict[str, pl.DataFrame],
+    ablations: dict,
+    layers=None,
+    batch_size=8,
+    progress: bool = False,
+    desc: str = "ablations",
+) -> dict[object, pl.DataFrame]:
     """{key: summarize_task of every task, concatenated in table order} with the heads of each
     entry of `ablations` {key: heads} ablated (and only `layers` run, if given), all conditions
     of a task sharing one pass (score_ablations)."""
-    per_task = [score_ablations(model, tok, table, ablations, layers, batch_size, progress, f"{desc}: {task}")
-                for task, table in tables.items()]
+    per_task = [
+        score_ablations(model, tok, table, ablations, layers, batch_size, progress, f"{desc}: {task}")
+        for task, table in tables.items()
+    ]
     return {key: pl.concat([summarize_task(frames[key]) for frames in per_task]) for key in ablations}
 
 
@@ -42,11 +52,23 @@ def _top(ranking: pl.DataFrame, k: int) -> list[tuple[int, int]]:
     return list(zip(top["layer"].to_list(), top["head"].to_list()))
 
 
-def remove_top_k(model, tok, ranking: pl.DataFrame, tables: dict[str, pl.DataFrame], ks: list[int],
-                 random_draws: int, control_tasks: list[str], seed: int, batch_size: int = 8,
-                 progress: bool = True, scored: dict[str, pl.DataFrame] | None = None,
-                 skip_at_chance: bool = False, always_scored: tuple[str, ...] = (SWEEP_TASK,),
-                 control_k: list[int] | None = None, control_draws: int | None = None) -> pl.DataFrame:
+def remove_top_k(
+    model,
+    tok,
+    ranking: pl.DataFrame,
+    tables: dict[str, pl.DataFrame],
+    ks: list[int],
+    random_draws: int,
+    control_tasks: list[str],
+    seed: int,
+    batch_size: int = 8,
+    progress: bool = True,
+    scored: dict[str, pl.DataFrame] | None = None,
+    skip_at_chance: bool = False,
+    always_scored: tuple[str, ...] = (SWEEP_TASK,),
+    control_k: list[int] | None = None,
+    control_draws: int | None = None,
+) -> pl.DataFrame:
     """Tidy: condition (top | random), k, draw, heads, task, group, n, metric, value,
     skipped_reason. The random-k controls score the `control_tasks`: those of `always_scored` at
     every k with `random_draws` draws, the others at the k of `control_k` only (None: every k)
@@ -57,9 +79,11 @@ def remove_top_k(model, tok, ranking: pl.DataFrame, tables: dict[str, pl.DataFra
     of `always_scored` (the sweep's own)."""
     short = [k for k in ks if k > len(ranking)]
     if short:
-        raise ValueError(f"heads.top_k: removing the top {max(short)} heads needs {max(short)} ranked heads; the "
-                         f"ranking has {len(ranking)} (a verified sweep ranks only the heads that fit "
-                         f"heads.verify_budget: raise it, or use heads.sweep_mode: exact)")
+        raise ValueError(
+            f"heads.top_k: removing the top {max(short)} heads needs {max(short)} ranked heads; the "
+            f"ranking has {len(ranking)} (a verified sweep ranks only the heads that fit "
+            f"heads.verify_budget: raise it, or use heads.sweep_mode: exact)"
+        )
     population = all_heads(model)
     jobs = [("top", k, 0, _top(ranking, k)) for k in ks]
     control_draws = random_draws if control_draws is None else control_draws
@@ -73,9 +97,16 @@ def remove_top_k(model, tok, ranking: pl.DataFrame, tables: dict[str, pl.DataFra
     def used_by(condition: str, k: int, draw: int) -> list[str]:
         if condition == "top":
             return list(tables)
-        return [t for t in control_tasks if t in tables
-                and (draw < random_draws if t in always_scored
-                     else draw < control_draws and (control_k is None or k in control_k))]
+        return [
+            t
+            for t in control_tasks
+            if t in tables
+            and (
+                draw < random_draws
+                if t in always_scored
+                else draw < control_draws and (control_k is None or k in control_k)
+            )
+        ]
 
     # per task, every condition scoring it in one pass (k = 0 read from the baseline where given)
     summaries, reasons = {}, {}
@@ -93,15 +124,28 @@ def remove_top_k(model, tok, ranking: pl.DataFrame, tables: dict[str, pl.DataFra
             for i in unablated:
                 summaries[i, task] = summarize_task(known_items(table, scored[task]))
                 del wanted[i]
-        summaries.update({(i, task): summary
-                          for i, summary in _score(model, tok, {task: table}, wanted, batch_size=batch_size,
-                                                   progress=progress, desc="remove top-k").items()})
-    return pl.concat([
-        pl.concat([summaries[i, task] for task in used_by(condition, k, draw) if (i, task) in summaries]).with_columns(
-            pl.lit(condition).alias("condition"), pl.lit(k).alias("k"), pl.lit(draw).alias("draw"),
-            pl.lit(" ".join(f"L{l}H{h}" for l, h in heads)).alias("heads"))
-        for i, (condition, k, draw, heads) in enumerate(jobs)
-        if any((i, task) in summaries for task in used_by(condition, k, draw))]).with_columns(_reason_column(reasons))
+        summaries.update(
+            {
+                (i, task): summary
+                for i, summary in _score(
+                    model, tok, {task: table}, wanted, batch_size=batch_size, progress=progress, desc="remove top-k"
+                ).items()
+            }
+        )
+    return pl.concat(
+        [
+            pl.concat(
+                [summaries[i, task] for task in used_by(condition, k, draw) if (i, task) in summaries]
+            ).with_columns(
+                pl.lit(condition).alias("condition"),
+                pl.lit(k).alias("k"),
+                pl.lit(draw).alias("draw"),
+                pl.lit(" ".join(f"L{l}H{h}" for l, h in heads)).alias("heads"),
+            )
+            for i, (condition, k, draw, heads) in enumerate(jobs)
+            if any((i, task) in summaries for task in used_by(condition, k, draw))
+        ]
+    ).with_columns(_reason_column(reasons))
 
 
 def _reason_column(reasons: dict[str, str | None]) -> pl.Expr:
@@ -122,10 +166,18 @@ def critical_heads(ranking: pl.DataFrame, kept_layers: list[int]) -> list[tuple[
     return sorted(chosen)
 
 
-def heads_kept(model, tok, ranking: pl.DataFrame, kept_layers: list[int], tables: dict[str, pl.DataFrame],
-               batch_size: int = 8, progress: bool = True, skip_at_chance: bool = False,
-               always_scored: tuple[str, ...] = (SWEEP_TASK,),
-               scored: dict[str, pl.DataFrame] | None = None) -> pl.DataFrame:
+def heads_kept(
+    model,
+    tok,
+    ranking: pl.DataFrame,
+    kept_layers: list[int],
+    tables: dict[str, pl.DataFrame],
+    batch_size: int = 8,
+    progress: bool = True,
+    skip_at_chance: bool = False,
+    always_scored: tuple[str, ...] = (SWEEP_TASK,),
+    scored: dict[str, pl.DataFrame] | None = None,
+) -> pl.DataFrame:
     """Minimal model; in critical layers A and B keep only head a / b, or none.
     Rows: variant label, kept_a, kept_b, task, group, n, metric, value, skipped_reason.
     skip_at_chance: a task on which the minimal model is at chance (`at_chance`) is scored with
@@ -154,76 +206,162 @@ def heads_kept(model, tok, ranking: pl.DataFrame, kept_layers: list[int], tables
                 log.info("heads kept: %s with all heads only, %s", task, reasons[task])
                 unablated[task] = summarize_task(base)
     ablated_tables = {t: table for t, table in tables.items() if t not in unablated}
-    summaries = (_score(model, tok, ablated_tables, {label: ablated for label, _, _, ablated in variants},
-                        layers=kept_layers, batch_size=batch_size, progress=progress, desc="heads kept")
-                 if ablated_tables else {})
+    summaries = (
+        _score(
+            model,
+            tok,
+            ablated_tables,
+            {label: ablated for label, _, _, ablated in variants},
+            layers=kept_layers,
+            batch_size=batch_size,
+            progress=progress,
+            desc="heads kept",
+        )
+        if ablated_tables
+        else {}
+    )
     frames = []
     for label, kept_a, kept_b, _ in variants:
         parts = ([summaries[label]] if label in summaries else []) + (
-            list(unablated.values()) if label == variants[0][0] else [])
+            list(unablated.values()) if label == variants[0][0] else []
+        )
         if not parts:
             continue
-        frames.append(pl.concat(parts).with_columns(_reason_column(reasons),
-            pl.lit(label).alias("variant"), pl.lit(layer_a).alias("layer_a"), pl.lit(kept_a).alias("kept_a"),
-            pl.lit(layer_b).alias("layer_b"), pl.lit(kept_b).alias("kept_b"),
-            pl.lit(len(kept_layers)).alias("layers_kept")))
+        frames.append(
+            pl.concat(parts).with_columns(
+                _reason_column(reasons),
+                pl.lit(label).alias("variant"),
+                pl.lit(layer_a).alias("layer_a"),
+                pl.lit(kept_a).alias("kept_a"),
+                pl.lit(layer_b).alias("layer_b"),
+                pl.lit(kept_b).alias("kept_b"),
+                pl.lit(len(kept_layers)).alias("layers_kept"),
+            )
+        )
     return pl.concat(frames)
 
 
-def dict_size_curves(model, tok, ranking: pl.DataFrame, table: pl.DataFrame, batch_size: int = 8,
-                     progress: bool = True) -> pl.DataFrame:
+def dict_size_curves(
+    model, tok, ranking: pl.DataFrame, table: pl.DataFrame, batch_size: int = 8, progress: bool = True
+) -> pl.DataFrame:
     """KV accuracy per dictionary size with nothing, the #1 head, or the #2 head removed."""
     first, second = _top(ranking, 2)
-    conditions = {"none removed": [], f"#1 L{first[0]}H{first[1]} removed": [first],
-                  f"#2 L{second[0]}H{second[1]} removed": [second]}
-    summaries = _score(model, tok, {"kv_retrieval": table}, conditions, batch_size=batch_size, progress=progress,
-                       desc="dictionary sizes")
+    conditions = {
+        "none removed": [],
+        f"#1 L{first[0]}H{first[1]} removed": [first],
+        f"#2 L{second[0]}H{second[1]} removed": [second],
+    }
+    summaries = _score(
+        model,
+        tok,
+        {"kv_retrieval": table},
+        conditions,
+        batch_size=batch_size,
+        progress=progress,
+        desc="dictionary sizes",
+    )
     frames = []
     for label in conditions:
-        frames.append(summaries[label].filter(pl.col("group") != "all").with_columns(
-            pl.lit(label).alias("condition"), pl.col("group").cast(pl.Int64).alias("dict_size")))
+        frames.append(
+            summaries[label]
+            .filter(pl.col("group") != "all")
+            .with_columns(pl.lit(label).alias("condition"), pl.col("group").cast(pl.Int64).alias("dict_size"))
+        )
     return pl.concat(frames)
 
 
-def run_heads_topk(model_name: str, model_dir: str, ranking_path: str, task_paths: list[str], out_path: str,
-                   top_k: list[int], random_draws: int, control_tasks: list[str], max_items: int | None, seed: int,
-                   batch_size: int = 8, dtype: str = "float32", compute_dtype: str = "float32",
-                   baseline_paths: list[str] = (), skip_at_chance: bool = False,
-                   control_k: list[int] | None = None, control_draws: int | None = None) -> pl.DataFrame:
+def run_heads_topk(
+    model_name: str,
+    model_dir: str,
+    ranking_path: str,
+    task_paths: list[str],
+    out_path: str,
+    top_k: list[int],
+    random_draws: int,
+    control_tasks: list[str],
+    max_items: int | None,
+    seed: int,
+    batch_size: int = 8,
+    dtype: str = "float32",
+    compute_dtype: str = "float32",
+    baseline_paths: list[str] = (),
+    skip_at_chance: bool = False,
+    control_k: list[int] | None = None,
+    control_draws: int | None = None,
+) -> pl.DataFrame:
     """Phase heads_topk: remove_top_k of the ranking in `ranking_path` on the task tables
     `task_paths` (each cut to `max_items`), written to `out_path` with a model column; k = 0 is
     read from the model's per-item baseline scores `baseline_paths` where given (and with
     skip_at_chance, whether a task is at chance)."""
     model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
-    result = remove_top_k(model, tok, read_parquet(ranking_path), load_task_tables(task_paths, max_items), top_k,
-                          random_draws, control_tasks, seed, batch_size=batch_size,
-                          scored=load_item_scores(baseline_paths), skip_at_chance=skip_at_chance, control_k=control_k,
-                          control_draws=control_draws)
+    result = remove_top_k(
+        model,
+        tok,
+        read_parquet(ranking_path),
+        load_task_tables(task_paths, max_items),
+        top_k,
+        random_draws,
+        control_tasks,
+        seed,
+        batch_size=batch_size,
+        scored=load_item_scores(baseline_paths),
+        skip_at_chance=skip_at_chance,
+        control_k=control_k,
+        control_draws=control_draws,
+    )
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
     log.info("remove top-k: %d rows", len(result))
     return result
 
 
-def run_heads_kept(model_name: str, model_dir: str, ranking_path: str, minimal_path: str, task_paths: list[str],
-                   out_path: str, max_items: int | None, batch_size: int = 8, dtype: str = "float32",
-                   compute_dtype: str = "float32", skip_at_chance: bool = False,
-                   gradual_items_path: str | None = None) -> pl.DataFrame:
+def run_heads_kept(
+    model_name: str,
+    model_dir: str,
+    ranking_path: str,
+    minimal_path: str,
+    task_paths: list[str],
+    out_path: str,
+    max_items: int | None,
+    batch_size: int = 8,
+    dtype: str = "float32",
+    compute_dtype: str = "float32",
+    skip_at_chance: bool = False,
+    gradual_items_path: str | None = None,
+) -> pl.DataFrame:
     """Phase heads_kept: heads_kept on the minimal model of `minimal_path` (gna.phases.pruning's
     minimal_model JSON) and the task tables `task_paths`; written to `out_path` with a model column.
     The minimal model's own scores are read from gradual pruning's per-item scores
     (`gradual_items_path`) where they hold the items (prefix_scores)."""
     model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
     kept_layers = read_json(minimal_path)["kept_layers"]
-    result = heads_kept(model, tok, read_parquet(ranking_path), kept_layers, load_task_tables(task_paths, max_items),
-                        batch_size=batch_size, skip_at_chance=skip_at_chance,
-                        scored=prefix_scores(gradual_items_path, kept_layers))
+    result = heads_kept(
+        model,
+        tok,
+        read_parquet(ranking_path),
+        kept_layers,
+        load_task_tables(task_paths, max_items),
+        batch_size=batch_size,
+        skip_at_chance=skip_at_chance,
+        scored=prefix_scores(gradual_items_path, kept_layers),
+    )
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
     log.info("heads kept: %d rows", len(result))
     return result
 
 
-def run_heads_dictsize(model_name: str, model_dir: str, ranking_path: str, out_path: str, sizes: list[int], n: int,
-                       seed: int, template: str, batch_size: int = 8, dtype: str = "float32", compute_dtype: str = "float32") -> pl.DataFrame:
+def run_heads_dictsize(
+    model_name: str,
+    model_dir: str,
+    ranking_path: str,
+    out_path: str,
+    sizes: list[int],
+    n: int,
+    seed: int,
+    template: str,
+    batch_size: int = 8,
+    dtype: str = "float32",
+    compute_dtype: str = "float32",
+) -> pl.DataFrame:
     """Phase heads_dictsize: dict_size_curves on fresh KV-retrieval prompts (`n` per size in
     `sizes`, seeded); written to `out_path` with a model column."""
     model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)

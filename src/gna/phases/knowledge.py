@@ -26,17 +26,26 @@ def format_row(table: pl.DataFrame, items: pl.DataFrame, answer: str | None, sho
     prompt length in tokens."""
     n, correct = len(items), int(items["correct"].sum())
     low, high = wilson_interval(correct, n)
-    return {"format": str(table["format"][0]), "answer": answer, "shots": shots, "n": n, "acc": correct / n,
-            "ci_low": low, "ci_high": high, "chance": chance_accuracy(table),
-            "distinct_predictions": items["pred"].n_unique(),
-            "prompt_tokens": sum(len(tok(c)["input_ids"]) for c in table["context"]) / n}
+    return {
+        "format": str(table["format"][0]),
+        "answer": answer,
+        "shots": shots,
+        "n": n,
+        "acc": correct / n,
+        "ci_low": low,
+        "ci_high": high,
+        "chance": chance_accuracy(table),
+        "distinct_predictions": items["pred"].n_unique(),
+        "prompt_tokens": sum(len(tok(c)["input_ids"]) for c in table["context"]) / n,
+    }
 
 
 PROMPT = ["item_id", "context", "choices", "target"]
 
 
-def scores_of(model, tok, table: pl.DataFrame, earlier: list[tuple[pl.DataFrame, pl.DataFrame]],
-              batch_size: int = 8) -> pl.DataFrame:
+def scores_of(
+    model, tok, table: pl.DataFrame, earlier: list[tuple[pl.DataFrame, pl.DataFrame]], batch_size: int = 8
+) -> pl.DataFrame:
     """The model's per-item scores on `table`: read from `earlier` [(task table, its per-item
     scores)] where one holds the same prompts (the task's own formats, scored by the baseline),
     else scored."""
@@ -46,11 +55,18 @@ def scores_of(model, tok, table: pl.DataFrame, earlier: list[tuple[pl.DataFrame,
     return score_table(model, tok, table, batch_size=batch_size, progress=False)
 
 
-def compare_formats(model, tok, facts: pl.DataFrame, facts_cfg: dict, batch_size: int = 8,
-                    earlier: list[tuple[pl.DataFrame, pl.DataFrame]] = ()) -> pl.DataFrame:
+def compare_formats(
+    model,
+    tok,
+    facts: pl.DataFrame,
+    facts_cfg: dict,
+    batch_size: int = 8,
+    earlier: list[tuple[pl.DataFrame, pl.DataFrame]] = (),
+) -> pl.DataFrame:
     """format_row of the cloze form and of each multiple-choice format of facts_cfg['compare'],
     over the items of `facts_cfg` (relations, n, seed); `chosen` marks the task's own format.
     `earlier`: the task tables with their baseline scores, read instead of scoring them again."""
+
     def build(fmt, answer="text", shots=0):
         return build_facts(facts, facts_cfg["relations"], facts_cfg["n"], facts_cfg["seed"], fmt, answer, shots)
 
@@ -61,23 +77,41 @@ def compare_formats(model, tok, facts: pl.DataFrame, facts_cfg: dict, batch_size
         table = build("choice", entry["answer"], entry["shots"])
         items = scores_of(model, tok, table, earlier, batch_size)
         rows.append(format_row(table, items, entry["answer"], entry["shots"], tok))
-        log.info("choice (%s), %d shots: acc %.3f [%.3f, %.3f]", entry["answer"], entry["shots"], rows[-1]["acc"],
-                 rows[-1]["ci_low"], rows[-1]["ci_high"])
+        log.info(
+            "choice (%s), %d shots: acc %.3f [%.3f, %.3f]",
+            entry["answer"],
+            entry["shots"],
+            rows[-1]["acc"],
+            rows[-1]["ci_low"],
+            rows[-1]["ci_high"],
+        )
     chosen = facts_cfg["choice"]
     return pl.DataFrame(rows).with_columns(
-        (pl.col("answer").is_null() | ((pl.col("answer") == chosen["answer"]) & (pl.col("shots") == chosen["shots"])))
-        .alias("chosen"))
+        (
+            pl.col("answer").is_null() | ((pl.col("answer") == chosen["answer"]) & (pl.col("shots") == chosen["shots"]))
+        ).alias("chosen")
+    )
 
 
-def run_facts_formats(model_name: str, model_dir: str, facts_path: str, facts_cfg: dict, out_path: str,
-                      task_paths: list[str] = (), baseline_paths: list[str] = (), batch_size: int = 8,
-                      dtype: str = "float32", compute_dtype: str = "float32") -> pl.DataFrame:
+def run_facts_formats(
+    model_name: str,
+    model_dir: str,
+    facts_path: str,
+    facts_cfg: dict,
+    out_path: str,
+    task_paths: list[str] = (),
+    baseline_paths: list[str] = (),
+    batch_size: int = 8,
+    dtype: str = "float32",
+    compute_dtype: str = "float32",
+) -> pl.DataFrame:
     """Phase facts_formats: compare_formats of the prepared model `model_dir` on the facts table
     `facts_path`, written to `out_path` with a model column; the task tables `task_paths` are
     read with the model's per-item baseline scores `baseline_paths` (same order)."""
     model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
     earlier = [(read_parquet(t), read_parquet(b)) for t, b in zip(task_paths, baseline_paths, strict=True)]
     result = compare_formats(model, tok, read_parquet(facts_path), facts_cfg, batch_size, earlier).with_columns(
-        pl.lit(model_name).alias("model"))
+        pl.lit(model_name).alias("model")
+    )
     write_parquet(result, out_path)
     return result

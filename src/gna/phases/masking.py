@@ -20,21 +20,29 @@ import logging
 import polars as pl
 import torch
 
-from gna.students.spec import load_any
-from gna.phases.gather_aggregate import ROLES, Segments, best_role_head, kv_row_segments, mmlu_row_segments
-from gna.students.mixer import mixers, ssm_heads_of
 from gna.core.io import read_parquet, write_parquet
 from gna.core.stats import wilson_interval
+from gna.engine.ablation import score_ablations
 from gna.engine.packing import PackedBatch
 from gna.engine.scoring import at_chance, known_or_scored, score_table
-from gna.engine.ablation import score_ablations
+from gna.phases.gather_aggregate import ROLES, Segments, best_role_head, kv_row_segments, mmlu_row_segments
+from gna.students.mixer import mixers, ssm_heads_of
+from gna.students.spec import load_any
 from gna.tasks.tables import build_kv_retrieval, load_item_scores, load_task_tables
 
 log = logging.getLogger("gna.phases.masking")
 CONDITIONS = ("(a) unmodified", "(b) G&A heads ablated", "(c) G&A pattern only")
-RESULT_SCHEMA = {"condition": pl.String, "heads": pl.String, "task": pl.String, "acc": pl.Float64,
-                 "mean_logp": pl.Float64, "n": pl.Int64, "ci_low": pl.Float64, "ci_high": pl.Float64,
-                 "note": pl.String}
+RESULT_SCHEMA = {
+    "condition": pl.String,
+    "heads": pl.String,
+    "task": pl.String,
+    "acc": pl.Float64,
+    "mean_logp": pl.Float64,
+    "n": pl.Int64,
+    "ci_low": pl.Float64,
+    "ci_high": pl.Float64,
+    "note": pl.String,
+}
 
 
 def accuracy_of(items: pl.DataFrame) -> dict:
@@ -42,12 +50,18 @@ def accuracy_of(items: pl.DataFrame) -> dict:
     n = len(items)
     correct = int(items["correct"].sum())
     low, high = wilson_interval(correct, n)
-    return {"acc": correct / n if n else None, "mean_logp": float(items["logp_target"].mean()) if n else None,
-            "n": n, "ci_low": low, "ci_high": high}
+    return {
+        "acc": correct / n if n else None,
+        "mean_logp": float(items["logp_target"].mean()) if n else None,
+        "n": n,
+        "ci_low": low,
+        "ci_high": high,
+    }
 
 
-def head_mask(batch: PackedBatch, segs: list[Segments], n_heads: int, head: int, role: str,
-              restrict: bool = True) -> torch.Tensor:
+def head_mask(
+    batch: PackedBatch, segs: list[Segments], n_heads: int, head: int, role: str, restrict: bool = True
+) -> torch.Tensor:
     """[B, n_heads, T, T] additive mask: the ordinary packed mask, with `head` restricted to its role."""
     mask = batch.mask.expand(-1, n_heads, -1, -1).clone()
     if not restrict:
@@ -72,8 +86,15 @@ def head_mask(batch: PackedBatch, segs: list[Segments], n_heads: int, head: int,
     return mask
 
 
-def score_masked(model, tok, table: pl.DataFrame, segment_fn, heads: dict[str, tuple[int, int]],
-                 restrict: bool = True, batch_size: int = 8) -> pl.DataFrame:
+def score_masked(
+    model,
+    tok,
+    table: pl.DataFrame,
+    segment_fn,
+    heads: dict[str, tuple[int, int]],
+    restrict: bool = True,
+    batch_size: int = 8,
+) -> pl.DataFrame:
     """Score `table` with the heads {'gather': (layer, head), 'aggregate': (layer, head)} restricted
     to their G&A pattern on each item's segments (segment_fn(tok, row) -> Segments)."""
     n_heads = model.config.num_attention_heads
@@ -83,8 +104,10 @@ def score_masked(model, tok, table: pl.DataFrame, segment_fn, heads: dict[str, t
         segs = [segment_fn(tok, rows_of[i]) for i in rows]
         for i, seg, item in zip(rows, segs, batch.items):
             if len(seg.tokens) != item.context_length:
-                raise ValueError(f"item {i}: segments were found on {len(seg.tokens)} tokens but the "
-                                 f"context has {item.context_length} (a BOS token or trailing space?)")
+                raise ValueError(
+                    f"item {i}: segments were found on {len(seg.tokens)} tokens but the "
+                    f"context has {item.context_length} (a BOS token or trailing space?)"
+                )
         masks: dict[int, torch.Tensor] = {}
         for role, (layer, head) in heads.items():
             base = masks.get(layer)
@@ -109,9 +132,14 @@ def answer_rows_mask(batch: PackedBatch, n_heads: int, heads: list[int]) -> torc
     return mask
 
 
-def answer_rows_experiment(model, tables: dict[str, pl.DataFrame], tok, batch_size: int = 8,
-                           scored: dict[str, pl.DataFrame] | None = None,
-                           skip_at_chance: bool = False) -> pl.DataFrame:
+def answer_rows_experiment(
+    model,
+    tables: dict[str, pl.DataFrame],
+    tok,
+    batch_size: int = 8,
+    scored: dict[str, pl.DataFrame] | None = None,
+    skip_at_chance: bool = False,
+) -> pl.DataFrame:
     """Hybrid students: every attention head's answer rows masked (SSM heads untouched), against
     the unmodified student, on each task (the study's Zamba2 table). `scored`: {task: per-item
     scores of the unmodified student on its items (its hybrid_score answers)}, read for the
@@ -135,23 +163,36 @@ def answer_rows_experiment(model, tables: dict[str, pl.DataFrame], tok, batch_si
         policy = {"skipped_reason": None} if skip_at_chance else {}  # the column exists where the policy is on
         if reason is not None:
             log.info("%s: the masked condition not run, the unmodified student is %s", task, reason)
-            rows.append({"task": task, "condition": "unmodified", **accuracy_of(plain), "attention_heads": n_attention,
-                         "skipped_reason": f"{reason}: the masked condition not run"})
+            rows.append(
+                {
+                    "task": task,
+                    "condition": "unmodified",
+                    **accuracy_of(plain),
+                    "attention_heads": n_attention,
+                    "skipped_reason": f"{reason}: the masked condition not run",
+                }
+            )
             continue
-        for condition, frame in (("unmodified", plain),
-                                 ("attention answer rows masked",
-                                  score_table(model, tok, table, batch_size=batch_size, progress=False,
-                                              layer_masks=layer_masks))):
-            rows.append({"task": task, "condition": condition, **accuracy_of(frame), "attention_heads": n_attention,
-                         **policy})
+        for condition, frame in (
+            ("unmodified", plain),
+            (
+                "attention answer rows masked",
+                score_table(model, tok, table, batch_size=batch_size, progress=False, layer_masks=layer_masks),
+            ),
+        ):
+            rows.append(
+                {"task": task, "condition": condition, **accuracy_of(frame), "attention_heads": n_attention, **policy}
+            )
     return pl.DataFrame(rows, schema_overrides={"skipped_reason": pl.String} if skip_at_chance else None)
 
 
 def heads_label(heads: dict[str, tuple[int, int]], ssm_heads: set[tuple[int, int]] | None = None) -> str:
     """'gather L1H2, aggregate L3H0'; with `ssm_heads` (a student's) each head also says whether
     it runs as an SSM or an attention head: 'gather L1H2 (ssm), aggregate L3H0 (attention)'."""
+
     def kind(head):
         return "" if ssm_heads is None else f" ({'ssm' if head in ssm_heads else 'attention'})"
+
     return ", ".join(f"{role} L{layer}H{head}{kind((layer, head))}" for role, (layer, head) in heads.items())
 
 
@@ -159,10 +200,18 @@ def _condition_row(condition: str, label: str, items: pl.DataFrame, note: str | 
     return {"condition": condition, "heads": label, "task": items["task"][0], **accuracy_of(items), "note": note}
 
 
-def masking_experiment(model, tok, table: pl.DataFrame, segment_fn, heads: dict[str, tuple[int, int]],
-                       batch_size: int = 8, knowledge: pl.DataFrame | list[pl.DataFrame] | None = None,
-                       ssm_heads: set[tuple[int, int]] | None = None, skip_at_chance: bool = False,
-                       scored: dict[str, pl.DataFrame] | None = None) -> pl.DataFrame:
+def masking_experiment(
+    model,
+    tok,
+    table: pl.DataFrame,
+    segment_fn,
+    heads: dict[str, tuple[int, int]],
+    batch_size: int = 8,
+    knowledge: pl.DataFrame | list[pl.DataFrame] | None = None,
+    ssm_heads: set[tuple[int, int]] | None = None,
+    skip_at_chance: bool = False,
+    scored: dict[str, pl.DataFrame] | None = None,
+) -> pl.DataFrame:
     """acc and mean log-prob of the target under (a) unmodified, (b) ablated, (c) G&A-only, on the
     retrieval `table`; on `knowledge` (a table or several, e.g. MMLU and facts cloze, which have no
     segments) (a) and (b) only.
@@ -172,6 +221,7 @@ def masking_experiment(model, tok, table: pl.DataFrame, segment_fn, heads: dict[
     the retrieval table come from one pass either way; the knowledge table's (a) is then scored
     first (one more pass where it is above chance), or read from `scored` {task: the model's
     per-item scores} where that holds its items."""
+
     def plain_and_ablated(items: pl.DataFrame, with_plain: bool = True) -> list[tuple[str, pl.DataFrame, None]]:
         # one pass: (b) reruns only the layers from its first head's on (exact prefix reuse)
         wanted = {CONDITIONS[1]: list(heads.values())}
@@ -205,13 +255,22 @@ def masking_experiment(model, tok, table: pl.DataFrame, segment_fn, heads: dict[
         else:
             results += plain_and_ablated(items)
     label = heads_label(heads, ssm_heads)
-    return pl.DataFrame([_condition_row(condition, label, items, note) for condition, items, note in results],
-                        schema=RESULT_SCHEMA)
+    return pl.DataFrame(
+        [_condition_row(condition, label, items, note) for condition, items, note in results], schema=RESULT_SCHEMA
+    )
 
 
-def choice_masking(model, tok, letter: pl.DataFrame, heads: dict[str, tuple[int, int]], min_acc: float,
-                   batch_size: int = 8, ssm_heads: set[tuple[int, int]] | None = None,
-                   skip_at_chance: bool = False, scored: dict[str, pl.DataFrame] | None = None) -> pl.DataFrame:
+def choice_masking(
+    model,
+    tok,
+    letter: pl.DataFrame,
+    heads: dict[str, tuple[int, int]],
+    min_acc: float,
+    batch_size: int = 8,
+    ssm_heads: set[tuple[int, int]] | None = None,
+    skip_at_chance: bool = False,
+    scored: dict[str, pl.DataFrame] | None = None,
+) -> pl.DataFrame:
     """masking_experiment on a multiple-choice table (MMLU letter, the facts' choice form; option
     lines as segments) for a model above `min_acc` there (and, with skip_at_chance, whose accuracy
     is distinguishable from chance); otherwise only the unmodified row, with a note that (b) and
@@ -226,8 +285,16 @@ def choice_masking(model, tok, letter: pl.DataFrame, heads: dict[str, tuple[int,
         log.info("%s accuracy %.3f: (b) and (c) not run, %s", letter["task"][0], acc, reason)
         row = _condition_row(CONDITIONS[0], heads_label(heads, ssm_heads), plain, note=f"{reason}: (b), (c) not run")
         return pl.DataFrame([row], schema=RESULT_SCHEMA)
-    return masking_experiment(model, tok, letter, mmlu_row_segments, heads, batch_size=batch_size,
-                              ssm_heads=ssm_heads, skip_at_chance=skip_at_chance)
+    return masking_experiment(
+        model,
+        tok,
+        letter,
+        mmlu_row_segments,
+        heads,
+        batch_size=batch_size,
+        ssm_heads=ssm_heads,
+        skip_at_chance=skip_at_chance,
+    )
 
 
 def masking_heads(roles: pl.DataFrame) -> dict[str, tuple[int, int]]:
@@ -237,22 +304,34 @@ def masking_heads(roles: pl.DataFrame) -> dict[str, tuple[int, int]]:
     return {role: head for role, head in best.items() if head is not None}
 
 
-def run_gna_masking(model_name: str, model_dir: str, roles_path: str, knowledge_paths: list[str],
-                    choice_paths: list[str], out_path: str, gna: dict, template: str, batch_size: int = 8,
-                    dtype: str = "float32", compute_dtype: str = "float32",
-                    scores_paths: list[str] = ()) -> pl.DataFrame:
+def run_gna_masking(
+    model_name: str,
+    model_dir: str,
+    roles_path: str,
+    knowledge_paths: list[str],
+    choice_paths: list[str],
+    out_path: str,
+    gna: dict,
+    template: str,
+    batch_size: int = 8,
+    dtype: str = "float32",
+    compute_dtype: str = "float32",
+    scores_paths: list[str] = (),
+) -> pl.DataFrame:
     """Phase gna_masking: masking_experiment with the masking_heads of `roles_path` on fresh
     KV-retrieval prompts (`gna` config keys dict_size, masking_n, seed + 1) and the knowledge tasks
     (`knowledge_paths`: cloze tables, each cut to gna.knowledge_items), then choice_masking
     (gated by gna.mmlu_min_acc) on each multiple-choice table of `choice_paths`; gna.skip_at_chance leaves out the
     conditions that cannot show a loss where (a) is at chance; (a) of the knowledge and choice tables is read from the
     model's per-item scores `scores_paths` (its baseline's; a student's answers) where they hold the items. A student
-    (gna.students.mixer) labels its heads SSM or attention. Skipped (an empty table) unless both roles have a head. Written to
-    `out_path` with a model column."""
+    (gna.students.mixer) labels its heads SSM or attention. Skipped (an empty table) unless both roles have a head.
+    Written to `out_path` with a model column."""
     heads = masking_heads(read_parquet(roles_path))
     if len(heads) < 2:
-        log.warning("no %s head was classified, so the masking experiment (it needs both roles) is skipped",
-                    ", ".join(sorted(set(ROLES) - set(heads))))
+        log.warning(
+            "no %s head was classified, so the masking experiment (it needs both roles) is skipped",
+            ", ".join(sorted(set(ROLES) - set(heads))),
+        )
         result = pl.DataFrame(schema=RESULT_SCHEMA)
     else:
         model, tok = load_any(model_dir, dtype, compute_dtype=compute_dtype)
@@ -260,12 +339,30 @@ def run_gna_masking(model_name: str, model_dir: str, roles_path: str, knowledge_
         table = build_kv_retrieval([gna["dict_size"]], gna["masking_n"], gna["seed"] + 1, template)
         knowledge = list(load_task_tables(knowledge_paths, gna["knowledge_items"]).values())
         scored = load_item_scores(list(scores_paths))
-        result = masking_experiment(model, tok, table, kv_row_segments, heads, batch_size=batch_size,
-                                    knowledge=knowledge, ssm_heads=ssm_heads, skip_at_chance=gna["skip_at_chance"],
-                                    scored=scored)
+        result = masking_experiment(
+            model,
+            tok,
+            table,
+            kv_row_segments,
+            heads,
+            batch_size=batch_size,
+            knowledge=knowledge,
+            ssm_heads=ssm_heads,
+            skip_at_chance=gna["skip_at_chance"],
+            scored=scored,
+        )
         for letter in load_task_tables(choice_paths, gna["knowledge_items"]).values():
-            letter_result = choice_masking(model, tok, letter, heads, gna["mmlu_min_acc"], batch_size, ssm_heads,
-                                           skip_at_chance=gna["skip_at_chance"], scored=scored)
+            letter_result = choice_masking(
+                model,
+                tok,
+                letter,
+                heads,
+                gna["mmlu_min_acc"],
+                batch_size,
+                ssm_heads,
+                skip_at_chance=gna["skip_at_chance"],
+                scored=scored,
+            )
             result = pl.concat([result, letter_result])
         for row in result.iter_rows(named=True):
             log.info("%s %s: acc %.3f, mean logp %.3f", row["task"], row["condition"], row["acc"], row["mean_logp"])

@@ -14,8 +14,8 @@ import logging
 import polars as pl
 
 from gna.core.io import read_json, read_parquet, write_json, write_parquet
-from gna.models.prepare import load_model
 from gna.engine.scoring import at_chance, known_or_scored, score_removals, score_table, summarize_task
+from gna.models.prepare import load_model
 from gna.tasks.tables import load_item_scores, load_task_tables
 
 log = logging.getLogger("gna.phases.pruning")
@@ -23,13 +23,24 @@ log = logging.getLogger("gna.phases.pruning")
 
 def _tidy(per_item: pl.DataFrame, key: str) -> pl.DataFrame:
     """summarize_task per value of `key` (layers kept, removed layer), with that column."""
-    return pl.concat([summarize_task(per_item.filter(pl.col(key) == value)).with_columns(pl.lit(value).alias(key))
-                      for value in per_item[key].unique().sort()])
+    return pl.concat(
+        [
+            summarize_task(per_item.filter(pl.col(key) == value)).with_columns(pl.lit(value).alias(key))
+            for value in per_item[key].unique().sort()
+        ]
+    )
 
 
-def gradual_items(model, tok, tables: dict[str, pl.DataFrame], batch_size: int = 8, progress: bool = True,
-                  skip_at_chance: bool = False, always_scored: tuple[str, ...] = (),
-                  scored: dict[str, pl.DataFrame] | None = None) -> pl.DataFrame:
+def gradual_items(
+    model,
+    tok,
+    tables: dict[str, pl.DataFrame],
+    batch_size: int = 8,
+    progress: bool = True,
+    skip_at_chance: bool = False,
+    always_scored: tuple[str, ...] = (),
+    scored: dict[str, pl.DataFrame] | None = None,
+) -> pl.DataFrame:
     """Per-item scores of every prefix model (k = 1..n layers) on each task: score_table's frame
     with layers_kept and skipped_reason. skip_at_chance: a task on which the full model is at
     chance (`at_chance`) is scored on the full model only (layers_kept = n), with the reason in
@@ -46,8 +57,15 @@ def gradual_items(model, tok, tables: dict[str, pl.DataFrame], batch_size: int =
             full = known_or_scored(model, tok, table, (scored or {}).get(task), batch_size)
             reason = at_chance(full, table)
         if reason is None:
-            items = score_table(model, tok, table, batch_size=batch_size, progress=progress,
-                                desc=f"gradual {task}", depths=list(range(1, n + 1))).rename({"depth": "layers_kept"})
+            items = score_table(
+                model,
+                tok,
+                table,
+                batch_size=batch_size,
+                progress=progress,
+                desc=f"gradual {task}",
+                depths=list(range(1, n + 1)),
+            ).rename({"depth": "layers_kept"})
         else:
             items = full.with_columns(pl.lit(n).alias("layers_kept"))
             log.info("gradual pruning: %s on the full model only, %s", task, reason)
@@ -58,20 +76,31 @@ def gradual_items(model, tok, tables: dict[str, pl.DataFrame], batch_size: int =
 def summarize_gradual(items: pl.DataFrame) -> pl.DataFrame:
     """gradual_items summarised per task and depth, tidy: task, group, n, metric, value,
     layers_kept, skipped_reason, experiment."""
-    frames = [_tidy(part.drop("skipped_reason"), "layers_kept").with_columns(
-                  pl.lit(part["skipped_reason"][0], dtype=pl.String).alias("skipped_reason"))
-              for part in items.partition_by("task", maintain_order=True)]
+    frames = [
+        _tidy(part.drop("skipped_reason"), "layers_kept").with_columns(
+            pl.lit(part["skipped_reason"][0], dtype=pl.String).alias("skipped_reason")
+        )
+        for part in items.partition_by("task", maintain_order=True)
+    ]
     return pl.concat(frames, how="diagonal_relaxed").with_columns(pl.lit("gradual").alias("experiment"))
 
 
-def gradual(model, tok, tables: dict[str, pl.DataFrame], batch_size: int = 8, progress: bool = True,
-            skip_at_chance: bool = False, always_scored: tuple[str, ...] = (),
-            scored: dict[str, pl.DataFrame] | None = None) -> pl.DataFrame:
+def gradual(
+    model,
+    tok,
+    tables: dict[str, pl.DataFrame],
+    batch_size: int = 8,
+    progress: bool = True,
+    skip_at_chance: bool = False,
+    always_scored: tuple[str, ...] = (),
+    scored: dict[str, pl.DataFrame] | None = None,
+) -> pl.DataFrame:
     """Accuracy of every prefix model (k = 1..n layers) on each task, tidy: task, group, n,
     metric, value, layers_kept, skipped_reason (summarize_gradual of gradual_items, which
     documents the arguments)."""
-    return summarize_gradual(gradual_items(model, tok, tables, batch_size, progress, skip_at_chance, always_scored,
-                                           scored))
+    return summarize_gradual(
+        gradual_items(model, tok, tables, batch_size, progress, skip_at_chance, always_scored, scored)
+    )
 
 
 def prefix_scores(items_path: str | None, kept_layers: list[int]) -> dict[str, pl.DataFrame]:
@@ -81,8 +110,10 @@ def prefix_scores(items_path: str | None, kept_layers: list[int]) -> dict[str, p
     if items_path is None or kept_layers != list(range(len(kept_layers))):
         return {}
     items = read_parquet(items_path).filter(pl.col("layers_kept") == len(kept_layers))
-    return {task: part.drop("layers_kept", "skipped_reason", "model", strict=False)
-            for (task,), part in items.partition_by("task", as_dict=True, maintain_order=True).items()}
+    return {
+        task: part.drop("layers_kept", "skipped_reason", "model", strict=False)
+        for (task,), part in items.partition_by("task", as_dict=True, maintain_order=True).items()
+    }
 
 
 def minimal_prefix(gradual_summary: pl.DataFrame, task: str, metric: str, fraction: float) -> dict:
@@ -98,13 +129,30 @@ def minimal_prefix(gradual_summary: pl.DataFrame, task: str, metric: str, fracti
     k = n
     while k - 1 >= 1 and by_k[k - 1] >= bar:
         k -= 1
-    return {"n_layers": n, "layers_kept": k, "kept_layers": list(range(k)), "task": task, "metric": metric,
-            "fraction": fraction, "full_value": full, "value": by_k[k], "threshold": bar}
+    return {
+        "n_layers": n,
+        "layers_kept": k,
+        "kept_layers": list(range(k)),
+        "task": task,
+        "metric": metric,
+        "fraction": fraction,
+        "full_value": full,
+        "value": by_k[k],
+        "threshold": bar,
+    }
 
 
-def individual(model, tok, tables: dict[str, pl.DataFrame], kept_layers: list[int], batch_size: int = 8,
-               progress: bool = True, skip_at_chance: bool = True, always_scored: tuple[str, ...] = (),
-               scored: dict[str, pl.DataFrame] | None = None) -> pl.DataFrame:
+def individual(
+    model,
+    tok,
+    tables: dict[str, pl.DataFrame],
+    kept_layers: list[int],
+    batch_size: int = 8,
+    progress: bool = True,
+    skip_at_chance: bool = True,
+    always_scored: tuple[str, ...] = (),
+    scored: dict[str, pl.DataFrame] | None = None,
+) -> pl.DataFrame:
     """Remove each layer of the minimal model in turn; also score the minimal model itself
     (removed_layer = -1). Tidy: task, group, n, metric, value, removed_layer, skipped_reason.
     skip_at_chance: a task on which the minimal model is at chance (`at_chance`) is scored on
@@ -118,27 +166,54 @@ def individual(model, tok, tables: dict[str, pl.DataFrame], kept_layers: list[in
         items = base.with_columns(pl.lit(-1).alias("removed_layer"))
         reason = at_chance(base, table) if skip_at_chance and task not in always_scored else None
         if reason is None:
-            removed = score_removals(model, tok, table, kept_layers, kept_layers, batch_size=batch_size,
-                                     progress=progress, desc=f"remove-one {task}")
+            removed = score_removals(
+                model,
+                tok,
+                table,
+                kept_layers,
+                kept_layers,
+                batch_size=batch_size,
+                progress=progress,
+                desc=f"remove-one {task}",
+            )
             items = pl.concat([items, removed])
         else:
             log.info("individual removal: %s on the minimal model only, %s", task, reason)
-        frames.append(_tidy(items, "removed_layer").with_columns(pl.lit(reason, dtype=pl.String).alias("skipped_reason")))
+        frames.append(
+            _tidy(items, "removed_layer").with_columns(pl.lit(reason, dtype=pl.String).alias("skipped_reason"))
+        )
     return pl.concat(frames, how="diagonal_relaxed").with_columns(pl.lit("individual").alias("experiment"))
 
 
-def run_prune_gradual(model_name: str, model_dir: str, task_paths: list[str], out_path: str,
-                      max_items: int | None, batch_size: int = 8, dtype: str = "float32", compute_dtype: str = "float32",
-                      skip_at_chance: bool = False, retrieval_task: str | None = None,
-                      baseline_paths: list[str] = (), items_path: str | None = None) -> pl.DataFrame:
+def run_prune_gradual(
+    model_name: str,
+    model_dir: str,
+    task_paths: list[str],
+    out_path: str,
+    max_items: int | None,
+    batch_size: int = 8,
+    dtype: str = "float32",
+    compute_dtype: str = "float32",
+    skip_at_chance: bool = False,
+    retrieval_task: str | None = None,
+    baseline_paths: list[str] = (),
+    items_path: str | None = None,
+) -> pl.DataFrame:
     """Phase prune_gradual: `gradual` on the task tables `task_paths` (each cut to `max_items`),
-    written to `out_path` with a model column, its per-item scores (gradual_items) to `items_path`. skip_at_chance: tasks on which the full model is
+    written to `out_path` with a model column, its per-item scores (gradual_items) to `items_path`. skip_at_chance:
+    tasks on which the full model is
     at chance (judged on its baseline's per-item scores, `baseline_paths`) are scored on the
     full model only; never `retrieval_task`, which defines the minimal model."""
     model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
-    items = gradual_items(model, tok, load_task_tables(task_paths, max_items), batch_size=batch_size,
-                          skip_at_chance=skip_at_chance, always_scored=(retrieval_task,) if retrieval_task else (),
-                          scored=load_item_scores(list(baseline_paths)))
+    items = gradual_items(
+        model,
+        tok,
+        load_task_tables(task_paths, max_items),
+        batch_size=batch_size,
+        skip_at_chance=skip_at_chance,
+        always_scored=(retrieval_task,) if retrieval_task else (),
+        scored=load_item_scores(list(baseline_paths)),
+    )
     result = summarize_gradual(items)
     if items_path is not None:
         write_parquet(items.with_columns(pl.lit(model_name).alias("model")), items_path)
@@ -147,20 +222,39 @@ def run_prune_gradual(model_name: str, model_dir: str, task_paths: list[str], ou
     return result
 
 
-def run_minimal_model(model_name: str, gradual_path: str, out_path: str, task: str, metric: str,
-                      fraction: float) -> dict:
+def run_minimal_model(
+    model_name: str, gradual_path: str, out_path: str, task: str, metric: str, fraction: float
+) -> dict:
     """Phase minimal_model: the minimal_prefix of the gradual results in `gradual_path`, written
     to `out_path` as JSON (with the model name)."""
     best = {"model": model_name, **minimal_prefix(read_parquet(gradual_path), task, metric, fraction)}
     write_json(best, out_path)
-    log.info("minimal model of %s: %d of %d layers (%s %s %.3f vs full %.3f)", model_name, best["layers_kept"],
-             best["n_layers"], best["task"], best["metric"], best["value"], best["full_value"])
+    log.info(
+        "minimal model of %s: %d of %d layers (%s %s %.3f vs full %.3f)",
+        model_name,
+        best["layers_kept"],
+        best["n_layers"],
+        best["task"],
+        best["metric"],
+        best["value"],
+        best["full_value"],
+    )
     return best
 
 
-def run_prune_individual(model_name: str, model_dir: str, task_paths: list[str], minimal_path: str, out_path: str,
-                         max_items: int | None, batch_size: int = 8, dtype: str = "float32", compute_dtype: str = "float32",
-                         skip_at_chance: bool = True, gradual_items_path: str | None = None) -> pl.DataFrame:
+def run_prune_individual(
+    model_name: str,
+    model_dir: str,
+    task_paths: list[str],
+    minimal_path: str,
+    out_path: str,
+    max_items: int | None,
+    batch_size: int = 8,
+    dtype: str = "float32",
+    compute_dtype: str = "float32",
+    skip_at_chance: bool = True,
+    gradual_items_path: str | None = None,
+) -> pl.DataFrame:
     """Phase prune_individual: `individual` removal on the minimal model of `minimal_path`
     (run_minimal_model's JSON), on the task tables `task_paths`; written to `out_path` with a
     model column. The minimal model's defining task (the JSON's `task`) is never skipped. The
@@ -168,9 +262,16 @@ def run_prune_individual(model_name: str, model_dir: str, task_paths: list[str],
     (`gradual_items_path`) where they hold the items (prefix_scores)."""
     model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
     minimal = read_json(minimal_path)
-    result = individual(model, tok, load_task_tables(task_paths, max_items), minimal["kept_layers"],
-                        batch_size=batch_size, skip_at_chance=skip_at_chance, always_scored=(minimal["task"],),
-                        scored=prefix_scores(gradual_items_path, minimal["kept_layers"]))
+    result = individual(
+        model,
+        tok,
+        load_task_tables(task_paths, max_items),
+        minimal["kept_layers"],
+        batch_size=batch_size,
+        skip_at_chance=skip_at_chance,
+        always_scored=(minimal["task"],),
+        scored=prefix_scores(gradual_items_path, minimal["kept_layers"]),
+    )
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
     log.info("individual removal: %d rows", len(result))
     return result

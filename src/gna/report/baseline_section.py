@@ -8,14 +8,28 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import polars as pl
 
-from gna.report.htmlkit import (SectionContext, acc_text, accuracy_axis, accuracy_pivot, dict_size_axis, errorbar,
-                                interval_errors, pct, save_figure, table, with_acc_cell)
-from gna.tasks.lmeval_bridge import CROSSCHECK_TASK
 from gna.models.prepare import read_provenance
+from gna.report.htmlkit import (
+    SectionContext,
+    acc_text,
+    accuracy_axis,
+    accuracy_pivot,
+    dict_size_axis,
+    errorbar,
+    interval_errors,
+    pct,
+    save_figure,
+    table,
+    with_acc_cell,
+)
+from gna.tasks.lmeval_bridge import CROSSCHECK_TASK
 
 SOURCES = {
-    "pypi-file": lambda s: (f"PyPI {s['package']}=={s['version']} : {s['member']}" if "parts" not in s else
-                            "PyPI " + " + ".join(f"{p['package']}=={p['version']}" for p in s["parts"])),
+    "pypi-file": lambda s: (
+        f"PyPI {s['package']}=={s['version']} : {s['member']}"
+        if "parts" not in s
+        else "PyPI " + " + ".join(f"{p['package']}=={p['version']}" for p in s["parts"])
+    ),
     "hf": lambda s: f"HF {s['id']}" + (f"@{s['revision']}" if s.get("revision") else ""),
     "local": lambda s: f"local {s['path']}",
     "tiny-random": lambda s: f"tiny random {s.get('arch', 'llama')} (seed {s.get('seed', 0)})",
@@ -29,15 +43,24 @@ def model_rows(model_dirs: list[str]) -> pl.DataFrame:
         info = read_provenance(folder)
         spec = info.get("spec", {})
         source = SOURCES.get(spec.get("source"), lambda s: "?")(spec)
-        rows.append({"model": info.get("name", Path(folder).name), "source": source,
-                     "sha256": (info.get("raw_file_sha256") or "–"), "architecture": info.get("architecture"),
-                     "layers": info.get("n_layers"), "params (M)": round(info.get("n_params", 0) / 1e6, 1)})
+        rows.append(
+            {
+                "model": info.get("name", Path(folder).name),
+                "source": source,
+                "sha256": (info.get("raw_file_sha256") or "–"),
+                "architecture": info.get("architecture"),
+                "layers": info.get("n_layers"),
+                "params (M)": round(info.get("n_params", 0) / 1e6, 1),
+            }
+        )
     return pl.DataFrame(rows)
 
 
 def render_models(ctx: SectionContext) -> str:
     """The table of models this run prepared."""
-    return "<h2>Models</h2>" + table(model_rows(ctx.paths("models")), left=("model", "source", "sha256", "architecture"))
+    return "<h2>Models</h2>" + table(
+        model_rows(ctx.paths("models")), left=("model", "source", "sha256", "architecture")
+    )
 
 
 def plot_kv(baseline: pl.DataFrame, path: str | Path) -> None:
@@ -55,7 +78,9 @@ def plot_kv(baseline: pl.DataFrame, path: str | Path) -> None:
 
 
 def plot_mmlu(baseline: pl.DataFrame, path: str | Path) -> None:
-    mm = baseline.filter(pl.col("task").str.starts_with("mmlu_") & (pl.col("metric") == "acc") & (pl.col("group") == "all"))
+    mm = baseline.filter(
+        pl.col("task").str.starts_with("mmlu_") & (pl.col("metric") == "acc") & (pl.col("group") == "all")
+    )
     fig, ax = plt.subplots(figsize=(6, 3.8))
     if not mm.is_empty():
         models, formats = mm["model"].unique(maintain_order=True).to_list(), mm["format"].unique().sort().to_list()
@@ -63,8 +88,14 @@ def plot_mmlu(baseline: pl.DataFrame, path: str | Path) -> None:
         for i, fmt in enumerate(formats):
             bars = pl.DataFrame({"model": models}).join(mm.filter(pl.col("format") == fmt), on="model", how="left")
             xs = [m + (i - (len(formats) - 1) / 2) * width for m in range(len(models))]
-            ax.bar(xs, bars["value"].fill_null(0), width, yerr=interval_errors(bars["value"], bars["ci_low"], bars["ci_high"]),
-                   capsize=3, label=fmt)
+            ax.bar(
+                xs,
+                bars["value"].fill_null(0),
+                width,
+                yerr=interval_errors(bars["value"], bars["ci_low"], bars["ci_high"]),
+                capsize=3,
+                label=fmt,
+            )
         ax.set_xticks(range(len(models)), models)
         ax.axhline(0.25, ls="--", color="grey", label="chance")
     ax.set_ylabel("accuracy")
@@ -77,31 +108,43 @@ def plot_mmlu(baseline: pl.DataFrame, path: str | Path) -> None:
 def overall_table(ours: pl.DataFrame) -> str:
     """Every model on every task, one column per metric."""
     rows = ours.filter(pl.col("group") == "all")
-    overall = (rows.pivot(on="metric", index=["model", "task", "format", "n", "chance"], values="value")
-               .sort(["model", "task"]))
+    overall = rows.pivot(on="metric", index=["model", "task", "format", "n", "chance"], values="value").sort(
+        ["model", "task"]
+    )
     acc = with_acc_cell(rows.filter(pl.col("metric") == "acc"), "acc (95% interval)")
     overall = overall.join(acc.select("model", "task", "acc (95% interval)"), on=["model", "task"], how="left")
-    cols = [c for c in ["model", "task", "format", "n", "acc (95% interval)", "acc_norm", "greedy_exact_match",
-                        "chance"] if c in overall.columns]
-    return ("<h2>Baseline</h2>"
-            "<p>Every model scored on every task by the gna engine (log-likelihood of each choice; "
-            "<i>acc</i> = argmax of the summed log-prob, <i>acc_norm</i> = normalised by the choice's bytes, "
-            "<i>greedy_exact_match</i> = greedy decoding reproduces the target).</p>"
-            + table(overall.select(cols), left=("model", "task", "format"),
-                    fmt={c: pct for c in ("acc", "acc_norm", "greedy_exact_match", "chance")}))
+    cols = [
+        c
+        for c in ["model", "task", "format", "n", "acc (95% interval)", "acc_norm", "greedy_exact_match", "chance"]
+        if c in overall.columns
+    ]
+    return (
+        "<h2>Baseline</h2>"
+        "<p>Every model scored on every task by the gna engine (log-likelihood of each choice; "
+        "<i>acc</i> = argmax of the summed log-prob, <i>acc_norm</i> = normalised by the choice's bytes, "
+        "<i>greedy_exact_match</i> = greedy decoding reproduces the target).</p>"
+        + table(
+            overall.select(cols),
+            left=("model", "task", "format"),
+            fmt={c: pct for c in ("acc", "acc_norm", "greedy_exact_match", "chance")},
+        )
+    )
 
 
 def kv_part(ours: pl.DataFrame, kv_task: pl.DataFrame, ctx: SectionContext) -> str:
     """KV-retrieval accuracy per dictionary size, the template and an example prompt."""
     kv = ours.filter((pl.col("task") == "kv_retrieval") & (pl.col("group") != "all") & (pl.col("metric") == "acc"))
-    kv_wide = accuracy_pivot(kv.with_columns(pl.col("group").cast(pl.Int64).alias("dict size")).sort("dict size"),
-                             "model", ["dict size", "n", "chance"])
+    kv_wide = accuracy_pivot(
+        kv.with_columns(pl.col("group").cast(pl.Int64).alias("dict size")).sort("dict size"),
+        "model",
+        ["dict size", "n", "chance"],
+    )
     example = html.escape(kv_task.filter(pl.col("dict_size") == kv_task["dict_size"].min())["context"][0])
-    return ("<h3>KV-retrieval by dictionary size</h3>"
-            f"<p class='note'>Template: <b>{kv_task['template'][0]}</b>. Example prompt (smallest dictionary):</p>"
-            f"<pre>{example}</pre>"
-            + table(kv_wide, fmt={"chance": pct})
-            + ctx.figure("baseline_kv"))
+    return (
+        "<h3>KV-retrieval by dictionary size</h3>"
+        f"<p class='note'>Template: <b>{kv_task['template'][0]}</b>. Example prompt (smallest dictionary):</p>"
+        f"<pre>{example}</pre>" + table(kv_wide, fmt={"chance": pct}) + ctx.figure("baseline_kv")
+    )
 
 
 def format_finding(model: str, by_format: dict[str, dict]) -> str:
@@ -109,13 +152,17 @@ def format_finding(model: str, by_format: dict[str, dict]) -> str:
     intervals say so (letter's interval holds chance, cloze's lies above letter's)."""
     letter, cloze = by_format["letter"], by_format["cloze"]
     if letter["ci_low"] <= 0.25 <= letter["ci_high"] and cloze["ci_low"] > letter["ci_high"]:
-        reading = ("Letter accuracy is at chance while cloze is above it (the intervals are apart): the model "
-                   "has some of the knowledge but cannot retrieve the option letter in context.")
+        reading = (
+            "Letter accuracy is at chance while cloze is above it (the intervals are apart): the model "
+            "has some of the knowledge but cannot retrieve the option letter in context."
+        )
     else:
         reading = "The intervals do not separate the two formats in the study's way at this n."
     cell = {k: acc_text(v["value"], v["ci_low"], v["ci_high"]) for k, v in by_format.items()}
-    return (f"<li><b>{html.escape(model)}</b>: letter format {cell['letter']} vs cloze {cell['cloze']} on the "
-            f"same {letter['n']} questions (chance 25%). {reading}</li>")
+    return (
+        f"<li><b>{html.escape(model)}</b>: letter format {cell['letter']} vs cloze {cell['cloze']} on the "
+        f"same {letter['n']} questions (chance 25%). {reading}</li>"
+    )
 
 
 def mmlu_part(mm: pl.DataFrame, ctx: SectionContext) -> str:
@@ -135,14 +182,18 @@ def lm_eval_part(lm: pl.DataFrame, mm: pl.DataFrame) -> str:
     parts = []
     cross = lm.filter((pl.col("task") == CROSSCHECK_TASK) & (pl.col("metric") == "acc"))
     if not cross.is_empty():
-        ours_letter = mm.filter(pl.col("format") == "letter").select("model", pl.col("value").alias("gna engine"),
-                                                                     pl.col("n").alias("n (gna)"))
+        ours_letter = mm.filter(pl.col("format") == "letter").select(
+            "model", pl.col("value").alias("gna engine"), pl.col("n").alias("n (gna)")
+        )
         check = cross.select("model", pl.col("value").alias("lm-eval"), pl.col("n").alias("n (lm-eval)")).join(
-            ours_letter, on="model", how="left")
+            ours_letter, on="model", how="left"
+        )
         parts.append("<h3>Cross-check with lm-evaluation-harness</h3>")
-        parts.append("<p>The same MMLU letter items, 0-shot, scored by lm-eval's HFLM on the same model: the two "
-                     "engines should agree exactly (they differ only if the config asks for few-shot prompts, "
-                     "which lm-eval samples differently).</p>")
+        parts.append(
+            "<p>The same MMLU letter items, 0-shot, scored by lm-eval's HFLM on the same model: the two "
+            "engines should agree exactly (they differ only if the config asks for few-shot prompts, "
+            "which lm-eval samples differently).</p>"
+        )
         parts.append(table(check, left=("model",), fmt={"lm-eval": pct, "gna engine": pct}))
         lm = lm.filter(pl.col("task") != CROSSCHECK_TASK)
     if not lm.is_empty():
@@ -159,6 +210,13 @@ def render_baseline(ctx: SectionContext) -> str:
     plot_mmlu(baseline, ctx.figures["baseline_mmlu"])
     ours = baseline.filter(pl.col("engine") == "gna")
     mm = ours.filter(pl.col("task").str.starts_with("mmlu_") & (pl.col("group") == "all") & (pl.col("metric") == "acc"))
-    return "\n".join(part for part in (overall_table(ours), kv_part(ours, ctx.frame("kv_task"), ctx),
-                                       mmlu_part(mm, ctx), lm_eval_part(baseline.filter(pl.col("engine") == "lm-eval"), mm))
-                     if part)
+    return "\n".join(
+        part
+        for part in (
+            overall_table(ours),
+            kv_part(ours, ctx.frame("kv_task"), ctx),
+            mmlu_part(mm, ctx),
+            lm_eval_part(baseline.filter(pl.col("engine") == "lm-eval"), mm),
+        )
+        if part
+    )

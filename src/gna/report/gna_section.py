@@ -59,14 +59,22 @@ def sharpness_table(roles: pl.DataFrame) -> str:
     if roles.is_empty():
         return ""
     top = roles.filter(pl.col("rank") <= 10)
-    summary = (top.group_by("model", "kind").agg(pl.len().alias("heads"), pl.col("sharpness").mean().alias("mean sharpness"),
-                                                pl.col("aggregate").mean().alias("mean aggregate"),
-                                                pl.col("gather_strict").mean().alias("mean gather (strict)"))
-               .sort("model", "kind"))
-    return ("<h3>Sharpness: attention vs SSM heads</h3><p>The ten top-ranked heads of each model (the same heads "
-            "in teacher and students), averaged per kind. The study reports SSM G&A as smoother than "
-            "attention's: lower sharpness for the SSM heads of a student than for the same heads as attention "
-            "in the teacher says the same.</p>" + table(summary, left=("model", "kind")))
+    summary = (
+        top.group_by("model", "kind")
+        .agg(
+            pl.len().alias("heads"),
+            pl.col("sharpness").mean().alias("mean sharpness"),
+            pl.col("aggregate").mean().alias("mean aggregate"),
+            pl.col("gather_strict").mean().alias("mean gather (strict)"),
+        )
+        .sort("model", "kind")
+    )
+    return (
+        "<h3>Sharpness: attention vs SSM heads</h3><p>The ten top-ranked heads of each model (the same heads "
+        "in teacher and students), averaged per kind. The study reports SSM G&A as smoother than "
+        "attention's: lower sharpness for the SSM heads of a student than for the same heads as attention "
+        "in the teacher says the same.</p>" + table(summary, left=("model", "kind"))
+    )
 
 
 INTRO = (
@@ -82,7 +90,8 @@ INTRO = (
     "top-1 weight of the rows that matter (summary rows and the answer row), 1 = all weight on one "
     "position. Students (<code>…-hybrid-k…-n…</code>) keep their teacher's head identities and "
     "ranking; their SSM heads (kind <i>ssm</i>) are scored on their implicit attention — the "
-    "materialised scan matrix, |T| normalised per row.</p>")
+    "materialised scan matrix, |T| normalised per row.</p>"
+)
 
 MASKING_INTRO = (
     "<h3>Per-sample G&A masking (KV-retrieval)</h3>"
@@ -94,31 +103,53 @@ MASKING_INTRO = (
     "<p>The knowledge task (MMLU cloze, no option lines to restrict to) is scored under (a) and (b) only. "
     "Where (a) cannot be told from chance on a task (its 95% interval contains chance), no condition could "
     "show a loss there: (c) on KV retrieval and (b) on the knowledge task are left out, and (a)'s note says "
-    "why (<code>gna.skip_at_chance: false</code> runs them anyway).</p>")
+    "why (<code>gna.skip_at_chance: false</code> runs them anyway).</p>"
+)
 
 
 def model_roles(sub: pl.DataFrame, model: str) -> str:
     """One model's best Gather and Aggregate heads, heads per role, and its ten top-ranked heads."""
     counts = sub.group_by("role").len().sort("role")
-    top = sub.filter(pl.col("rank") <= 10).sort("rank").select(
-        "rank", pl.format("L{}H{}", "layer", "head").alias("head"), "kind", "role", "acc_drop", "sharpness",
-        "gather", pl.col("gather_strict").alias("gather (without previous token)"), "aggregate",
-        pl.col("aggregate_summary").alias("aggregate (summary)"), "selectivity")
+    top = (
+        sub.filter(pl.col("rank") <= 10)
+        .sort("rank")
+        .select(
+            "rank",
+            pl.format("L{}H{}", "layer", "head").alias("head"),
+            "kind",
+            "role",
+            "acc_drop",
+            "sharpness",
+            "gather",
+            pl.col("gather_strict").alias("gather (without previous token)"),
+            "aggregate",
+            pl.col("aggregate_summary").alias("aggregate (summary)"),
+            "selectivity",
+        )
+    )
     best = {r: sub.filter(pl.col("role") == r).sort("rank").head(1) for r in ("gather", "aggregate")}
-    found = "; ".join(f"best-ranked {r} head L{b['layer'][0]}H{b['head'][0]} (ablation rank {b['rank'][0]})"
-                      for r, b in best.items() if not b.is_empty())
-    return (f"<h3>{html.escape(model)}</h3><p>{html.escape(found)}. Heads per role: "
-            + ", ".join(f"{r['role']} {r['len']}" for r in counts.iter_rows(named=True)) + f" (over {sub['n'][0]} prompts).</p>"
-            + table(top, left=("head", "kind", "role"), fmt={"acc_drop": pct}))
+    found = "; ".join(
+        f"best-ranked {r} head L{b['layer'][0]}H{b['head'][0]} (ablation rank {b['rank'][0]})"
+        for r, b in best.items()
+        if not b.is_empty()
+    )
+    return (
+        f"<h3>{html.escape(model)}</h3><p>{html.escape(found)}. Heads per role: "
+        + ", ".join(f"{r['role']} {r['len']}" for r in counts.iter_rows(named=True))
+        + f" (over {sub['n'][0]} prompts).</p>"
+        + table(top, left=("head", "kind", "role"), fmt={"acc_drop": pct})
+    )
 
 
 def masking_part(masking: pl.DataFrame) -> str:
     if masking.is_empty():
         return ""
-    shown = (with_acc_cell(masking.rename({"acc": "value"}), "acc (95% interval)")
-             .select("model", "heads", "task", "condition", "n", "acc (95% interval)", "mean_logp", "note"))
-    return MASKING_INTRO + table(shown.sort(["model", "task", "condition"]),
-                                 left=("model", "heads", "task", "condition", "note"))
+    shown = with_acc_cell(masking.rename({"acc": "value"}), "acc (95% interval)").select(
+        "model", "heads", "task", "condition", "n", "acc (95% interval)", "mean_logp", "note"
+    )
+    return MASKING_INTRO + table(
+        shown.sort(["model", "task", "condition"]), left=("model", "heads", "task", "condition", "note")
+    )
 
 
 def render_gna(ctx: SectionContext) -> str:
@@ -131,6 +162,10 @@ def render_gna(ctx: SectionContext) -> str:
     plot_maps(maps, ctx.figures["gna_maps_mmlu"], "mmlu_letter")
     parts = [INTRO]
     parts += [model_roles(roles.filter(pl.col("model") == model), model) for model in sorted(roles["model"].unique())]
-    parts += [ctx.figure("gna_maps"), ctx.figure("gna_maps_mmlu"), masking_part(ctx.frame("gna_masking")),
-              sharpness_table(roles)]
+    parts += [
+        ctx.figure("gna_maps"),
+        ctx.figure("gna_maps_mmlu"),
+        masking_part(ctx.frame("gna_masking")),
+        sharpness_table(roles),
+    ]
     return "\n".join(part for part in parts if part)

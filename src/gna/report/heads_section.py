@@ -10,8 +10,18 @@ import numpy as np
 import polars as pl
 import seaborn as sns
 
-from gna.report.htmlkit import (SectionContext, accuracy_axis, accuracy_columns, accuracy_pivot, dict_size_axis,
-                                errorbar, pct, save_figure, skipped_tasks_note, table)
+from gna.report.htmlkit import (
+    SectionContext,
+    accuracy_axis,
+    accuracy_columns,
+    accuracy_pivot,
+    dict_size_axis,
+    errorbar,
+    pct,
+    save_figure,
+    skipped_tasks_note,
+    table,
+)
 
 
 def _models(frame: pl.DataFrame) -> list[str]:
@@ -20,8 +30,9 @@ def _models(frame: pl.DataFrame) -> list[str]:
 
 def plot_heatmap(ranking: pl.DataFrame, path) -> None:
     models = _models(ranking) or ["(none)"]
-    fig, axes = plt.subplots(1, len(models), figsize=(max(5.0, 0.45 * ranking["head"].max() + 3) * len(models), 6),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(models), figsize=(max(5.0, 0.45 * ranking["head"].max() + 3) * len(models), 6), squeeze=False
+    )
     for ax, model in zip(axes[0], models):
         sub = ranking.filter(pl.col("model") == model)
         if sub.is_empty():
@@ -44,12 +55,22 @@ def plot_topk(topk: pl.DataFrame, path) -> None:
         top = kv.filter((pl.col("model") == model) & (pl.col("condition") == "top")).sort("k")
         if not top.is_empty():
             errorbar(ax, top["k"], top["value"], top["ci_low"], top["ci_high"], label="top-ranked (95% interval)")
-        random_k = (kv.filter((pl.col("model") == model) & (pl.col("condition") == "random"))
-                    .group_by("k").agg(pl.col("value").mean().alias("mean"), pl.col("value").std().fill_null(0).alias("sd"))
-                    .sort("k"))
+        random_k = (
+            kv.filter((pl.col("model") == model) & (pl.col("condition") == "random"))
+            .group_by("k")
+            .agg(pl.col("value").mean().alias("mean"), pl.col("value").std().fill_null(0).alias("sd"))
+            .sort("k")
+        )
         if not random_k.is_empty():
-            ax.errorbar(random_k["k"], random_k["mean"], yerr=random_k["sd"], marker="s", capsize=3, ls="--",
-                        label="random heads (mean ± sd of draws)")
+            ax.errorbar(
+                random_k["k"],
+                random_k["mean"],
+                yerr=random_k["sd"],
+                marker="s",
+                capsize=3,
+                ls="--",
+                label="random heads (mean ± sd of draws)",
+            )
         accuracy_axis(ax, f"{model}: top-ranked vs random heads", "heads removed together (k)", "KV-retrieval accuracy")
     save_figure(fig, path)
 
@@ -102,15 +123,20 @@ def top_heads_part(ranking: pl.DataFrame, sweep: pl.DataFrame) -> str:
         sub = ranking.filter(pl.col("model") == model).sort("rank")
         parts.append(f"<h3>{html.escape(model)}: top heads</h3>")
         if base.get("mode") == "verified":
-            measured = (f"verified mode: the {len(sub)} of {base['heads_total']} heads that attribution ranked "
-                        f"first and that fit the budget, each ablated exactly; the others were not measured "
-                        f"(blank in the heatmap)")
+            measured = (
+                f"verified mode: the {len(sub)} of {base['heads_total']} heads that attribution ranked "
+                f"first and that fit the budget, each ablated exactly; the others were not measured "
+                f"(blank in the heatmap)"
+            )
         else:
             measured = f"{len(sub)} heads, each ablated exactly"
-        parts.append(f"<p>Sweep: {base['n']} KV prompts, unablated accuracy {pct(base['acc'])}, "
-                     f"mean log-prob of the correct value {base['mean_logp']:.3f}; {measured}.</p>")
-        top = sub.head(10).select("rank", pl.format("L{}H{}", "layer", "head").alias("head"), "kind", "acc",
-                                  "acc_drop", "logp_drop")
+        parts.append(
+            f"<p>Sweep: {base['n']} KV prompts, unablated accuracy {pct(base['acc'])}, "
+            f"mean log-prob of the correct value {base['mean_logp']:.3f}; {measured}.</p>"
+        )
+        top = sub.head(10).select(
+            "rank", pl.format("L{}H{}", "layer", "head").alias("head"), "kind", "acc", "acc_drop", "logp_drop"
+        )
         parts.append(table(top, left=("head", "kind"), fmt={"acc": pct, "acc_drop": pct}))
     return "\n".join(parts)
 
@@ -120,10 +146,20 @@ def topk_table(topk: pl.DataFrame) -> pl.DataFrame:
     interval, headers with n) beside the random-k control (mean and sd over draws)."""
     top_rows = topk.filter((pl.col("condition") == "top") & (pl.col("metric") == "acc"))
     wide = accuracy_pivot(accuracy_columns(top_rows), "column", ["model", "k"]).sort(["model", "k"])
-    ctrl = (topk.filter((pl.col("condition") == "random") & (pl.col("metric") == "acc")
-                        & (pl.col("task") == "kv_retrieval") & (pl.col("group") == "all"))
-            .group_by(["model", "k"]).agg(pl.col("value").mean().alias("random-k KV (mean)"),
-                                          pl.col("value").std().alias("random-k KV (sd)"), pl.len().alias("draws")))
+    ctrl = (
+        topk.filter(
+            (pl.col("condition") == "random")
+            & (pl.col("metric") == "acc")
+            & (pl.col("task") == "kv_retrieval")
+            & (pl.col("group") == "all")
+        )
+        .group_by(["model", "k"])
+        .agg(
+            pl.col("value").mean().alias("random-k KV (mean)"),
+            pl.col("value").std().alias("random-k KV (sd)"),
+            pl.len().alias("draws"),
+        )
+    )
     return wide.join(ctrl, on=["model", "k"], how="left").sort(["model", "k"])
 
 
@@ -131,10 +167,12 @@ def topk_part(topk: pl.DataFrame, ctx: SectionContext) -> str:
     if topk.is_empty():
         return ""
     wide = topk_table(topk)
-    return ("<h3>Removing the top-k heads together</h3>"
-            + table(wide, left=("model",), fmt={"random-k KV (mean)": pct, "random-k KV (sd)": pct})
-            + skipped_tasks_note(topk, "the unablated model (k = 0)", "no heads removed", "heads.skip_at_chance")
-            + ctx.figure("heads_topk"))
+    return (
+        "<h3>Removing the top-k heads together</h3>"
+        + table(wide, left=("model",), fmt={"random-k KV (mean)": pct, "random-k KV (sd)": pct})
+        + skipped_tasks_note(topk, "the unablated model (k = 0)", "no heads removed", "heads.skip_at_chance")
+        + ctx.figure("heads_topk")
+    )
 
 
 def kept_part(kept: pl.DataFrame, reference: str) -> str:
@@ -148,13 +186,17 @@ def kept_part(kept: pl.DataFrame, reference: str) -> str:
         wide = accuracy_pivot(sub, "task", ["variant", "kept_a", "kept_b"])
         order = {v: i for i, v in enumerate(sub["variant"].unique(maintain_order=True))}
         wide = wide.sort(pl.col("variant").replace_strict(order, return_dtype=pl.Int64)).rename(
-            {"kept_a": f"heads kept L{r0['layer_a']}", "kept_b": f"heads kept L{r0['layer_b']}"})
-        parts.append(f"<p><b>{html.escape(model)}</b>: the minimal model ({r0['layers_kept']} layers); in the two "
-                     f"layers holding the best-ranked heads, keep only that head (or none). All other layers "
-                     f"keep all their heads. Accuracy with its 95% interval.</p>")
+            {"kept_a": f"heads kept L{r0['layer_a']}", "kept_b": f"heads kept L{r0['layer_b']}"}
+        )
+        parts.append(
+            f"<p><b>{html.escape(model)}</b>: the minimal model ({r0['layers_kept']} layers); in the two "
+            f"layers holding the best-ranked heads, keep only that head (or none). All other layers "
+            f"keep all their heads. Accuracy with its 95% interval.</p>"
+        )
         parts.append(table(wide.drop("variant"), left=tuple(c for c in wide.columns if c.startswith("heads kept"))))
-    parts.append(skipped_tasks_note(kept, "the minimal model with all its heads", "no heads removed",
-                                    "heads.skip_at_chance"))
+    parts.append(
+        skipped_tasks_note(kept, "the minimal model with all its heads", "no heads removed", "heads.skip_at_chance")
+    )
     parts.append(reference)
     return "\n".join(parts)
 
@@ -162,10 +204,14 @@ def kept_part(kept: pl.DataFrame, reference: str) -> str:
 def dictsize_part(curves: pl.DataFrame, ctx: SectionContext) -> str:
     if curves.is_empty():
         return ""
-    wide = accuracy_pivot(curves.filter(pl.col("metric") == "acc").sort(["model", "dict_size"]), "condition",
-                          ["model", "dict_size"]).sort(["model", "dict_size"])
-    return ("<h3>KV-retrieval vs dictionary size with the #1 or #2 head removed</h3>"
-            + table(wide, left=("model",)) + ctx.figure("heads_dictsize"))
+    wide = accuracy_pivot(
+        curves.filter(pl.col("metric") == "acc").sort(["model", "dict_size"]), "condition", ["model", "dict_size"]
+    ).sort(["model", "dict_size"])
+    return (
+        "<h3>KV-retrieval vs dictionary size with the #1 or #2 head removed</h3>"
+        + table(wide, left=("model",))
+        + ctx.figure("heads_dictsize")
+    )
 
 
 def attribution_part(attribution: pl.DataFrame, ctx: SectionContext) -> str:
@@ -173,20 +219,27 @@ def attribution_part(attribution: pl.DataFrame, ctx: SectionContext) -> str:
         return ""
     if "order" not in attribution.columns:  # results written before the order was a setting
         attribution = attribution.with_columns(pl.lit("signed").alias("order"))
-    stats = (attribution.group_by("model").agg(
-        pl.col("order").first().alias("ranked by"),
-        pl.col("spearman_logp").first().alias("Spearman (all heads)"),
-        pl.col("top_n").first().alias("top N verified"),
-        pl.col("recall_top10_in_top_n").first().alias("recall of exact top-10 in top N")).sort("model"))
-    return ("<h3>Attribution pre-ranking vs the exact sweep</h3>"
-            "<p>One forward and one backward pass estimate every head's ablation effect linearly; heads are "
-            "ranked by that estimate (<i>signed</i>), by its magnitude (<i>magnitude</i>: a head whose effect the "
-            "linear estimate gets wrong in sign, as for gather heads feeding later heads, stays a candidate) or "
-            "by AtP*'s GradDrop score (<i>graddrop</i>), set by <code>heads.verify_order</code>. Spearman: "
-            "estimated vs exact log-prob drop over all heads; recall: share of the exact sweep's top 10 among "
-            "the estimate's top N, the heads a verifying sweep would measure exactly.</p>"
-            + table(stats, left=("model", "ranked by"), fmt={"recall of exact top-10 in top N": pct})
-            + ctx.figure("heads_attribution"))
+    stats = (
+        attribution.group_by("model")
+        .agg(
+            pl.col("order").first().alias("ranked by"),
+            pl.col("spearman_logp").first().alias("Spearman (all heads)"),
+            pl.col("top_n").first().alias("top N verified"),
+            pl.col("recall_top10_in_top_n").first().alias("recall of exact top-10 in top N"),
+        )
+        .sort("model")
+    )
+    return (
+        "<h3>Attribution pre-ranking vs the exact sweep</h3>"
+        "<p>One forward and one backward pass estimate every head's ablation effect linearly; heads are "
+        "ranked by that estimate (<i>signed</i>), by its magnitude (<i>magnitude</i>: a head whose effect the "
+        "linear estimate gets wrong in sign, as for gather heads feeding later heads, stays a candidate) or "
+        "by AtP*'s GradDrop score (<i>graddrop</i>), set by <code>heads.verify_order</code>. Spearman: "
+        "estimated vs exact log-prob drop over all heads; recall: share of the exact sweep's top 10 among "
+        "the estimate's top N, the heads a verifying sweep would measure exactly.</p>"
+        + table(stats, left=("model", "ranked by"), fmt={"recall of exact top-10 in top N": pct})
+        + ctx.figure("heads_attribution")
+    )
 
 
 def render_heads(ctx: SectionContext) -> str:
@@ -201,11 +254,19 @@ def render_heads(ctx: SectionContext) -> str:
     plot_topk(topk, ctx.figures["heads_topk"])
     plot_dictsize(curves, ctx.figures["heads_dictsize"])
     plot_attribution(attribution, ctx.figures["heads_attribution"])
-    intro = ("<h2>Per-head ablation</h2>"
-             "<p>Each attention query head is zeroed alone (its slice of <code>o_proj</code>'s input; grouped K/V "
-             "untouched) and KV-retrieval is scored on a fixed seeded prompt set. The sweep reruns only layers L..end "
-             "for the heads of layer L from a cached hidden state — exactly equal to a full forward per head (tested).</p>")
-    parts = (intro, top_heads_part(ranking, ctx.frame("heads_sweep")), ctx.figure("heads_heatmap"),
-             topk_part(topk, ctx), kept_part(kept, REFERENCE_KEPT if ctx.show_reference else ""),
-             dictsize_part(curves, ctx), attribution_part(attribution, ctx))
+    intro = (
+        "<h2>Per-head ablation</h2>"
+        "<p>Each attention query head is zeroed alone (its slice of <code>o_proj</code>'s input; grouped K/V "
+        "untouched) and KV-retrieval is scored on a fixed seeded prompt set. The sweep reruns only layers L..end "
+        "for the heads of layer L from a cached hidden state — exactly equal to a full forward per head (tested).</p>"
+    )
+    parts = (
+        intro,
+        top_heads_part(ranking, ctx.frame("heads_sweep")),
+        ctx.figure("heads_heatmap"),
+        topk_part(topk, ctx),
+        kept_part(kept, REFERENCE_KEPT if ctx.show_reference else ""),
+        dictsize_part(curves, ctx),
+        attribution_part(attribution, ctx),
+    )
     return "\n".join(part for part in parts if part)

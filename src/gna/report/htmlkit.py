@@ -19,7 +19,8 @@ from gna.core.io import atomic_path, read_json, read_parquet  # noqa: E402
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 h1{font-size:1.6em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
-table{border-collapse:collapse;margin:.8em 0;font-size:.9em} th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}
+table{border-collapse:collapse;margin:.8em 0;font-size:.9em}
+th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}
 th{background:#f4f4f4} td.l,th.l{text-align:left} .ref{background:#fff8e1}
 figure{margin:1em 0} figcaption{font-size:.9em;color:#444;max-width:900px}
 .note{background:#f6f8fa;border-left:4px solid #8aa;padding:.5em 1em} code{font-size:.9em}
@@ -51,8 +52,9 @@ def pct(value: float) -> str:
     return f"{100 * value:.1f}%"
 
 
-def acc_text(value: float | None, low: float | None = None, high: float | None = None,
-             degenerate: bool | None = None) -> str:
+def acc_text(
+    value: float | None, low: float | None = None, high: float | None = None, degenerate: bool | None = None
+) -> str:
     """An accuracy as the report writes it: '62.5% [47–76]' (the 95% interval in brackets); a
     degenerate model's (one that answers the same whatever the context) is flagged instead."""
     if value is None:
@@ -67,8 +69,9 @@ def with_acc_cell(frame: pl.DataFrame, name: str = "cell") -> pl.DataFrame:
     missing = [c for c in cols if c not in frame.columns]
     if missing:
         raise ValueError(f"accuracy rows lack columns {missing}: results predate intervals; rerun their rule")
-    return frame.with_columns(pl.struct(cols).map_elements(lambda r: acc_text(*r.values()), return_dtype=pl.String)
-                              .alias(name))
+    return frame.with_columns(
+        pl.struct(cols).map_elements(lambda r: acc_text(*r.values()), return_dtype=pl.String).alias(name)
+    )
 
 
 def accuracy_pivot(frame: pl.DataFrame, on: str, index: list[str]) -> pl.DataFrame:
@@ -76,8 +79,10 @@ def accuracy_pivot(frame: pl.DataFrame, on: str, index: list[str]) -> pl.DataFra
     value; each column header says its n ('KV 10 (n=50)') when it is one number."""
     cells = with_acc_cell(frame)
     n_of = cells.group_by(on).agg(pl.col("n").unique())
-    names = {str(row[on]): f"{row[on]} (n={row['n'][0]})" if len(row["n"]) == 1 else str(row[on])
-             for row in n_of.iter_rows(named=True)}
+    names = {
+        str(row[on]): f"{row[on]} (n={row['n'][0]})" if len(row["n"]) == 1 else str(row[on])
+        for row in n_of.iter_rows(named=True)
+    }
     wide = cells.pivot(on=on, index=index, values="cell", maintain_order=True)
     return wide.rename({c: names[c] for c in wide.columns if c in names and c not in index})
 
@@ -93,10 +98,16 @@ def accuracy_columns(rows: pl.DataFrame, kv_label: str = "KV {}", task_names: di
     kv_name = pl.when(group == "all").then(pl.lit("KV all")).otherwise(pl.format(kv_label, group))
     other = pl.col("task") if task_names is None else pl.col("task").replace_strict(task_names, default=None)
     other = pl.when(group == "known").then(pl.format("{}, known", other)).otherwise(other)
-    rank = (pl.when(pl.col("task") != "kv_retrieval").then(10**7)
-            .when(group == "all").then(10**6).otherwise(group.cast(pl.Int64, strict=False)))
-    named = rows.with_columns(pl.when(pl.col("task") == "kv_retrieval").then(kv_name).otherwise(other).alias("column"),
-                              rank.alias("_rank"))
+    rank = (
+        pl.when(pl.col("task") != "kv_retrieval")
+        .then(10**7)
+        .when(group == "all")
+        .then(10**6)
+        .otherwise(group.cast(pl.Int64, strict=False))
+    )
+    named = rows.with_columns(
+        pl.when(pl.col("task") == "kv_retrieval").then(kv_name).otherwise(other).alias("column"), rank.alias("_rank")
+    )
     return named.filter(pl.col("column").is_not_null()).sort("_rank", "column", maintain_order=True).drop("_rank")
 
 
@@ -116,8 +127,10 @@ def errorbar(ax, x, value, low, high, **style) -> None:
 
 def embed(png_path: str | Path, caption: str) -> str:
     data = base64.b64encode(Path(png_path).read_bytes()).decode()
-    return (f"<figure><img src='data:image/png;base64,{data}' style='max-width:100%'>"
-            f"<figcaption>{caption}</figcaption></figure>")
+    return (
+        f"<figure><img src='data:image/png;base64,{data}' style='max-width:100%'>"
+        f"<figcaption>{caption}</figcaption></figure>"
+    )
 
 
 def placeholder_figure(path: str | Path, text: str) -> None:
@@ -132,8 +145,6 @@ def save_figure(fig, path: str | Path) -> None:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)
-
-
 
 
 def accuracy_axis(ax, title: str, xlabel: str, ylabel: str = "accuracy") -> None:
@@ -152,8 +163,11 @@ def dict_size_axis(ax, sizes: list[int]) -> None:
     ax.set_xticks(sizes, [str(s) for s in sizes])
 
 
-INLINE_RST = ((re.compile(r"``(.+?)``"), r"<code>\1</code>"), (re.compile(r"\*\*(.+?)\*\*"), r"<b>\1</b>"),
-              (re.compile(r"\*(.+?)\*"), r"<i>\1</i>"))
+INLINE_RST = (
+    (re.compile(r"``(.+?)``"), r"<code>\1</code>"),
+    (re.compile(r"\*\*(.+?)\*\*"), r"<b>\1</b>"),
+    (re.compile(r"\*(.+?)\*"), r"<i>\1</i>"),
+)
 
 
 def rst_to_html(text: str) -> str:
@@ -216,6 +230,11 @@ def skipped_tasks_note(frame: pl.DataFrame, scored_on: str, left_out: str, key: 
     skipped = frame.filter(pl.col("skipped_reason").is_not_null()).unique(["model", "task"]).sort(["model", "task"])
     if skipped.is_empty():
         return ""
-    return (f"<p>Scored on {scored_on} only ({left_out}; <code>{key}</code>):</p><ul>"
-            + "".join(f"<li><b>{html.escape(r['model'])}</b>, {r['task']}: {html.escape(r['skipped_reason'])}</li>"
-                      for r in skipped.iter_rows(named=True)) + "</ul>")
+    return (
+        f"<p>Scored on {scored_on} only ({left_out}; <code>{key}</code>):</p><ul>"
+        + "".join(
+            f"<li><b>{html.escape(r['model'])}</b>, {r['task']}: {html.escape(r['skipped_reason'])}</li>"
+            for r in skipped.iter_rows(named=True)
+        )
+        + "</ul>"
+    )

@@ -8,8 +8,17 @@ import html
 import matplotlib.pyplot as plt
 import polars as pl
 
-from gna.report.htmlkit import (SectionContext, acc_text, accuracy_columns, accuracy_pivot, errorbar, pct,
-                                placeholder_figure, save_figure, table)
+from gna.report.htmlkit import (
+    SectionContext,
+    acc_text,
+    accuracy_columns,
+    accuracy_pivot,
+    errorbar,
+    pct,
+    placeholder_figure,
+    save_figure,
+    table,
+)
 from gna.students.spec import NOT_SCORED, TEACHER_VARIANT
 
 REFERENCE_HEADS = """
@@ -40,8 +49,12 @@ Its layer swap: replacing layer 17 of the aligned Llamba by attention raised MML
 """
 
 
-TASK_COLUMNS = {"mmlu_letter": "MMLU letter (retrieval-heavy)", "mmlu_cloze": "MMLU cloze (knowledge)",
-                "facts_cloze": "facts cloze (knowledge)", "facts_choice": "facts choice (knowledge + options)"}
+TASK_COLUMNS = {
+    "mmlu_letter": "MMLU letter (retrieval-heavy)",
+    "mmlu_cloze": "MMLU cloze (knowledge)",
+    "facts_cloze": "facts cloze (knowledge)",
+    "facts_choice": "facts choice (knowledge + options)",
+}
 PERPLEXITY = "held-out perplexity"
 AGREEMENT = "KV answer kept when contexts are swapped"
 
@@ -57,8 +70,9 @@ def _metric_table(scores: pl.DataFrame, label_col: str) -> pl.DataFrame:
     interval, or flagged degenerate; headers with n), KV's context-swap agreement, perplexity."""
     labels = scores.select(label_col).unique(maintain_order=True)
     wide = labels.join(accuracy_pivot(accuracy_rows(scores), "column", [label_col]), on=label_col, how="left")
-    agreement = scores.filter((pl.col("metric") == "context_swap_agreement") & (pl.col("group") == "all")
-                              & (pl.col("task") == "kv_retrieval"))
+    agreement = scores.filter(
+        (pl.col("metric") == "context_swap_agreement") & (pl.col("group") == "all") & (pl.col("task") == "kv_retrieval")
+    )
     if len(agreement):
         wide = wide.join(agreement.select(label_col, pl.col("value").alias(AGREEMENT)), on=label_col, how="left")
     ppl = scores.filter(pl.col("metric") == "perplexity").select(label_col, pl.col("value").alias(PERPLEXITY))
@@ -83,23 +97,38 @@ def plot_heads(students: pl.DataFrame, teacher: pl.DataFrame, path) -> None:
     teacher_ppl = teacher.filter(pl.col("metric") == "perplexity")["value"]
     if len(teacher_ppl):
         ax_ppl.axhline(teacher_ppl[0], ls="--", color="gray", label="teacher")
-    ax_ppl.set(xlabel="attention heads kept (top of the ranking)", ylabel=PERPLEXITY, yscale="log",
-               title="perplexity vs heads kept")
+    ax_ppl.set(
+        xlabel="attention heads kept (top of the ranking)",
+        ylabel=PERPLEXITY,
+        yscale="log",
+        title="perplexity vs heads kept",
+    )
     ax_ppl.legend()
     rows = accuracy_rows(students).sort("heads_kept")
     for column in rows["column"].unique(maintain_order=True):
         line = rows.filter(pl.col("column") == column)
-        errorbar(ax_kv, line["heads_kept"], line["value"], line["ci_low"], line["ci_high"],
-                 label=column.replace("KV ", ""), lw=2.5 if column == "KV all" else 1,
-                 ls=":" if column.startswith("MMLU") else "-")
+        errorbar(
+            ax_kv,
+            line["heads_kept"],
+            line["value"],
+            line["ci_low"],
+            line["ci_high"],
+            label=column.replace("KV ", ""),
+            lw=2.5 if column == "KV all" else 1,
+            ls=":" if column.startswith("MMLU") else "-",
+        )
         if "degenerate" in line.columns:
             flagged = line.filter(pl.col("degenerate").fill_null(False))
             ax_kv.scatter(flagged["heads_kept"], flagged["value"], s=120, facecolors="none", edgecolors="red", zorder=5)
     teacher_kv = _kv_at(teacher, None)["value"]
     if len(teacher_kv):
         ax_kv.axhline(teacher_kv[0], ls="--", color="gray", label="teacher, KV all")
-    ax_kv.set(xlabel="attention heads kept (top of the ranking)", ylabel="accuracy (95% interval)", ylim=(-0.02, 1.02),
-              title="accuracy vs heads kept (red ring: degenerate)")
+    ax_kv.set(
+        xlabel="attention heads kept (top of the ranking)",
+        ylabel="accuracy (95% interval)",
+        ylim=(-0.02, 1.02),
+        title="accuracy vs heads kept (red ring: degenerate)",
+    )
     ax_kv.legend(fontsize=7)
     save_figure(fig, path)
 
@@ -110,8 +139,12 @@ def plot_training(align: pl.DataFrame, kd: pl.DataFrame, path) -> None:
         for n in sorted(align["state_size"].unique()):
             sub = align.filter(pl.col("state_size") == n).group_by("step").agg(pl.col("loss").mean()).sort("step")
             ax_a.plot(sub["step"], sub["loss"], label=f"N = {n}")
-        ax_a.set(xlabel="alignment step", ylabel="relative error (mean over layers)", yscale="log",
-                 title="stage 1: layer-local alignment")
+        ax_a.set(
+            xlabel="alignment step",
+            ylabel="relative error (mean over layers)",
+            yscale="log",
+            title="stage 1: layer-local alignment",
+        )
         ax_a.legend()
     if not kd.is_empty():
         for (k, n), sub in kd.sort("step").group_by(["heads_kept", "state_size"], maintain_order=True):
@@ -137,8 +170,12 @@ def plot_align_heads(errors: pl.DataFrame, state_size: int, path) -> None:
     for n in sorted(errors["state_size"].unique()) if not errors.is_empty() else []:
         sub = errors.filter(pl.col("state_size") == n)
         ax_sink.scatter(sub["teacher_first_token_attention"], sub["rel_error"], s=8, alpha=0.6, label=f"N = {n}")
-    ax_sink.set(xlabel="teacher head's attention on the first token", ylabel="relative error", yscale="log",
-                title="error vs the head's attention sink")
+    ax_sink.set(
+        xlabel="teacher head's attention on the first token",
+        ylabel="relative error",
+        yscale="log",
+        title="error vs the head's attention sink",
+    )
     if not errors.is_empty():
         ax_sink.legend(fontsize=8)
     save_figure(fig, path)
@@ -148,21 +185,40 @@ def align_heads_part(errors: pl.DataFrame, ctx: SectionContext) -> str:
     """Per state size: the distribution of per-head errors after alignment and the worst heads."""
     if errors.is_empty():
         return ""
-    stats = (errors.group_by("model", "state_size")
-             .agg(pl.len().alias("SSM heads"), pl.col("rel_error").median().alias("median error"),
-                  pl.col("rel_error").quantile(0.9).alias("90th percentile"), pl.col("rel_error").max().alias("worst"),
-                  (pl.col("rel_error") > 0.5).mean().alias("share above 0.5"))
-             .sort("model", "state_size"))
-    worst = (errors.sort("rel_error", descending=True).group_by("model", "state_size", maintain_order=True).head(5)
-             .select("model", "state_size", pl.format("L{}H{}", "layer", "head").alias("head"), "rel_error",
-                     "teacher_first_token_attention").sort("model", "state_size", "rel_error", descending=[False, False, True]))
+    stats = (
+        errors.group_by("model", "state_size")
+        .agg(
+            pl.len().alias("SSM heads"),
+            pl.col("rel_error").median().alias("median error"),
+            pl.col("rel_error").quantile(0.9).alias("90th percentile"),
+            pl.col("rel_error").max().alias("worst"),
+            (pl.col("rel_error") > 0.5).mean().alias("share above 0.5"),
+        )
+        .sort("model", "state_size")
+    )
+    worst = (
+        errors.sort("rel_error", descending=True)
+        .group_by("model", "state_size", maintain_order=True)
+        .head(5)
+        .select(
+            "model",
+            "state_size",
+            pl.format("L{}H{}", "layer", "head").alias("head"),
+            "rel_error",
+            "teacher_first_token_attention",
+        )
+        .sort("model", "state_size", "rel_error", descending=[False, False, True])
+    )
     plot_align_heads(errors, ctx.config["hybrid"]["state_size"], ctx.figures["hybrid_align_heads"])
-    return ("<h3>Per-head alignment error</h3><p>Relative error of each SSM head's contribution to the residual "
-            "stream against its teacher head's, given the teacher's hidden state entering the layer (held windows), "
-            "after stage 1.</p>" + table(stats, left=("model",), fmt={"share above 0.5": pct})
-            + "<p>The five worst heads per state size:</p>"
-            + table(worst, left=("model", "head"), fmt={"teacher_first_token_attention": pct})
-            + ctx.figure("hybrid_align_heads"))
+    return (
+        "<h3>Per-head alignment error</h3><p>Relative error of each SSM head's contribution to the residual "
+        "stream against its teacher head's, given the teacher's hidden state entering the layer (held windows), "
+        "after stage 1.</p>"
+        + table(stats, left=("model",), fmt={"share above 0.5": pct})
+        + "<p>The five worst heads per state size:</p>"
+        + table(worst, left=("model", "head"), fmt={"teacher_first_token_attention": pct})
+        + ctx.figure("hybrid_align_heads")
+    )
 
 
 def _bytes(v) -> str:
@@ -191,43 +247,60 @@ DESIGN = (
     "exactly with the heads removed. Stage 1 aligns every SSM head, given the teacher's hidden state "
     "entering its layer, to its attention head's contribution to the residual stream (once per state "
     "size, shared by all heads-kept variants); stage 2 distills each variant end to end on the "
-    "teacher's next-token distributions. Only SSM parameters are trained.</p>")
+    "teacher's next-token distributions. Only SSM parameters are trained.</p>"
+)
 
 
 def budget_note(hy: dict) -> str:
     """The training and evaluation budget of this run's students."""
     corpus = hy["corpus"]
-    items = "all task items (the teacher's baseline items)" if hy["eval_items"] is None else \
-        f"{hy['eval_items']} items per task"
+    items = (
+        "all task items (the teacher's baseline items)"
+        if hy["eval_items"] is None
+        else f"{hy['eval_items']} items per task"
+    )
     align_windows = min(corpus["align_windows"], corpus["train_windows"])
-    return (f"<p class='note'>Budget of this run: {corpus['train_windows']} training windows of "
-            f"{corpus['seq_len']} tokens (answered MMLU questions outside the evaluation subset and "
-            f"synthetic KV prompts), alignment {hy['align']['steps']} steps × {hy['align']['batch']} windows "
-            f"(on the first {align_windows}), distillation {hy['kd']['steps']} steps × {hy['kd']['batch']} windows "
-            f"({hy['kd']['steps'] * hy['kd']['batch'] * corpus['seq_len']:,} tokens; answer positions weighted "
-            f"{hy['kd']['answer_weight']:g}×). Scored on {items}; "
-            f"{hy['degeneracy_items']} items per task (KV retrieval: of {hy['budget_curve']['dict_size']} keys) "
-            "scored again with another item's context (a model "
-            "that keeps its answer on most of them does not read the context and is flagged "
-            f"<i>degenerate</i> instead of scored); perplexity on {corpus['heldout_windows']} held-out windows. "
-            "Accuracies carry their 95% Wilson interval in brackets; the column header gives n.</p>")
+    return (
+        f"<p class='note'>Budget of this run: {corpus['train_windows']} training windows of "
+        f"{corpus['seq_len']} tokens (answered MMLU questions outside the evaluation subset and "
+        f"synthetic KV prompts), alignment {hy['align']['steps']} steps × {hy['align']['batch']} windows "
+        f"(on the first {align_windows}), distillation {hy['kd']['steps']} steps × {hy['kd']['batch']} windows "
+        f"({hy['kd']['steps'] * hy['kd']['batch'] * corpus['seq_len']:,} tokens; answer positions weighted "
+        f"{hy['kd']['answer_weight']:g}×). Scored on {items}; "
+        f"{hy['degeneracy_items']} items per task (KV retrieval: of {hy['budget_curve']['dict_size']} keys) "
+        "scored again with another item's context (a model "
+        "that keeps its answer on most of them does not read the context and is flagged "
+        f"<i>degenerate</i> instead of scored); perplexity on {corpus['heldout_windows']} held-out windows. "
+        "Accuracies carry their 95% Wilson interval in brackets; the column header gives n.</p>"
+    )
 
 
 def heads_kept_part(model: str, teacher: pl.DataFrame, heads: pl.DataFrame, hy: dict) -> str:
     """The teacher beside the heads-kept sweep at the configured state size."""
-    labelled = pl.concat([teacher.with_columns(pl.lit("all (teacher)").alias("heads kept")),
-                          heads.with_columns(pl.col("heads_kept").cast(pl.String).alias("heads kept"))],
-                         how="diagonal_relaxed")
+    labelled = pl.concat(
+        [
+            teacher.with_columns(pl.lit("all (teacher)").alias("heads kept")),
+            heads.with_columns(pl.col("heads_kept").cast(pl.String).alias("heads kept")),
+        ],
+        how="diagonal_relaxed",
+    )
     shown = _metric_table(labelled, "heads kept")
     knowledge = hy.get("knowledge_heads_kept")
     only_kv = sorted(set(hy["heads_kept"]) - set(knowledge)) if knowledge is not None else []
-    kv_note = (f"<p class='note'>The students with k = {', '.join(map(str, only_kv))} are scored on KV retrieval "
-               "only (blank for the other tasks); the knowledge tasks on k = "
-               f"{', '.join(map(str, sorted(knowledge)))} (<code>hybrid.knowledge_heads_kept</code>).</p>"
-               if only_kv else "")
-    return (f"<h3>{html.escape(model)}: attention heads kept vs knowledge / retrieval-heavy "
-            f"(state size {hy['state_size']})</h3>" + table(shown, left=("heads kept",), fmt=_fmt(shown))
-            + kv_note + not_scored_note(heads))
+    kv_note = (
+        f"<p class='note'>The students with k = {', '.join(map(str, only_kv))} are scored on KV retrieval "
+        "only (blank for the other tasks); the knowledge tasks on k = "
+        f"{', '.join(map(str, sorted(knowledge)))} (<code>hybrid.knowledge_heads_kept</code>).</p>"
+        if only_kv
+        else ""
+    )
+    return (
+        f"<h3>{html.escape(model)}: attention heads kept vs knowledge / retrieval-heavy "
+        f"(state size {hy['state_size']})</h3>"
+        + table(shown, left=("heads kept",), fmt=_fmt(shown))
+        + kv_note
+        + not_scored_note(heads)
+    )
 
 
 def not_scored_note(scores: pl.DataFrame) -> str:
@@ -237,10 +310,15 @@ def not_scored_note(scores: pl.DataFrame) -> str:
     rows = scores.filter(pl.col("metric") == NOT_SCORED).unique("task", keep="first").sort("task")
     if rows.is_empty():
         return ""
-    listed = "".join(f"<li>{html.escape(TASK_COLUMNS.get(r['task'], r['task']))}: {html.escape(r['skipped_reason'])}"
-                     "</li>" for r in rows.iter_rows(named=True))
-    return ("<p class='note'>Not scored for the students (blank above; "
-            f"<code>hybrid.skip_where_teacher_degenerate</code>, <code>hybrid.skip_where_teacher_at_chance</code>):</p><ul class='note'>{listed}</ul>")
+    listed = "".join(
+        f"<li>{html.escape(TASK_COLUMNS.get(r['task'], r['task']))}: {html.escape(r['skipped_reason'])}</li>"
+        for r in rows.iter_rows(named=True)
+    )
+    return (
+        "<p class='note'>Not scored for the students (blank above; "
+        f"<code>hybrid.skip_where_teacher_degenerate</code>, "
+        f"<code>hybrid.skip_where_teacher_at_chance</code>):</p><ul class='note'>{listed}</ul>"
+    )
 
 
 def _apart(a: dict, b: dict) -> bool:
@@ -263,8 +341,11 @@ def heads_kept_summary(teacher: pl.DataFrame, heads: pl.DataFrame, goal_k: int =
     def cell(row):
         return acc_text(row["value"], row["ci_low"], row["ci_high"], row.get("degenerate"))
 
-    verdict = ("the two intervals are apart: keeping the heads changes retrieval" if _apart(k0, kept)
-               else "the two intervals overlap: no difference can be claimed at this n")
+    verdict = (
+        "the two intervals are apart: keeping the heads changes retrieval"
+        if _apart(k0, kept)
+        else "the two intervals overlap: no difference can be claimed at this n"
+    )
     readable = t["value"] and not (t.get("degenerate") or kept.get("degenerate"))
     ratio = f" ({kept['value'] / t['value']:.0%} of the teacher's)" if readable else ""
     ppl = dict(heads.filter(pl.col("metric") == "perplexity").select("heads_kept", "value").iter_rows())
@@ -273,8 +354,10 @@ def heads_kept_summary(teacher: pl.DataFrame, heads: pl.DataFrame, goal_k: int =
     if len(teacher_ppl):
         parts = [f"k = {k} {ppl[k]:.1f} ({ppl[k] / teacher_ppl[0]:.2f}×)" for k in (0, kept["heads_kept"]) if k in ppl]
         ppl_text = f" Held-out perplexity: teacher {teacher_ppl[0]:.1f}, {', '.join(parts)}."
-    return (f"<p><b>KV-retrieval {where}</b> (n = {t['n']}): teacher {cell(t)}, pure SSM (k = 0) {cell(k0)}, "
-            f"k = {kept['heads_kept']} {cell(kept)}{ratio}; {verdict}.{ppl_text}</p>")
+    return (
+        f"<p><b>KV-retrieval {where}</b> (n = {t['n']}): teacher {cell(t)}, pure SSM (k = 0) {cell(k0)}, "
+        f"k = {kept['heads_kept']} {cell(kept)}{ratio}; {verdict}.{ppl_text}</p>"
+    )
 
 
 def state_size_part(model: str, students: pl.DataFrame, hy: dict) -> str:
@@ -286,13 +369,17 @@ def state_size_part(model: str, students: pl.DataFrame, hy: dict) -> str:
         state = students.filter(pl.col("heads_kept") == k).sort("state_size")
         if state["state_size"].n_unique() <= 1:
             continue
-        state = state.filter(((pl.col("task") == "kv_retrieval") & (pl.col("group") == str(size))
-                              & (pl.col("metric") == "acc")) | (pl.col("metric") == "perplexity"))
+        state = state.filter(
+            ((pl.col("task") == "kv_retrieval") & (pl.col("group") == str(size)) & (pl.col("metric") == "acc"))
+            | (pl.col("metric") == "perplexity")
+        )
         st = _metric_table(state.with_columns(pl.col("state_size").alias("state size")), "state size")
-        parts.append(f"<h3>{html.escape(model)}: state size ({k} attention heads kept)</h3>"
-                     f"<p class='note'>KV-retrieval at {size} keys, where every student of the state-size sweep "
-                     "is scored (the heads-kept table above has the other sizes), and held-out perplexity.</p>"
-                     + table(st, fmt=_fmt(st)))
+        parts.append(
+            f"<h3>{html.escape(model)}: state size ({k} attention heads kept)</h3>"
+            f"<p class='note'>KV-retrieval at {size} keys, where every student of the state-size sweep "
+            "is scored (the heads-kept table above has the other sizes), and held-out perplexity.</p>"
+            + table(st, fmt=_fmt(st))
+        )
     return "".join(parts)
 
 
@@ -315,10 +402,18 @@ def plot_budget(budget: pl.DataFrame, teacher: pl.DataFrame, size: int, path) ->
     if len(t_ppl):
         ax_ppl.axhline(t_ppl[0], ls="--", color="gray", label="teacher")
         ax_ppl.axhline(1.5 * t_ppl[0], ls=":", color="gray", label="1.5 × teacher")
-    ax_acc.set(xlabel="tokens seen by end-to-end distillation", ylabel="accuracy (95% interval)", ylim=(-0.02, 1.02),
-               title=f"KV-retrieval at {size} keys vs distillation tokens")
-    ax_ppl.set(xlabel="tokens seen by end-to-end distillation", ylabel=PERPLEXITY, yscale="log",
-               title="perplexity vs distillation tokens")
+    ax_acc.set(
+        xlabel="tokens seen by end-to-end distillation",
+        ylabel="accuracy (95% interval)",
+        ylim=(-0.02, 1.02),
+        title=f"KV-retrieval at {size} keys vs distillation tokens",
+    )
+    ax_ppl.set(
+        xlabel="tokens seen by end-to-end distillation",
+        ylabel=PERPLEXITY,
+        yscale="log",
+        title="perplexity vs distillation tokens",
+    )
     ax_acc.legend(fontsize=8)
     ax_ppl.legend(fontsize=8)
     save_figure(fig, path)
@@ -332,22 +427,27 @@ def budget_goal(budget: pl.DataFrame, teacher: pl.DataFrame, size: int, share: f
         return ""
     goal = share * t["value"][0]
     sentences = []
-    for (variant, k), sub in budget.filter(pl.col("heads_kept") > 0).group_by("variant", "heads_kept",
-                                                                               maintain_order=True):
+    for (variant, _k), sub in budget.filter(pl.col("heads_kept") > 0).group_by(
+        "variant", "heads_kept", maintain_order=True
+    ):
         kv = _kv_at(sub, size).sort("kd_tokens")
         if kv.is_empty():
             continue
         ok = kv.filter((pl.col("value") >= goal) & ~pl.col("degenerate").fill_null(False))
         if len(ok):
             first = ok.row(0, named=True)
-            sentences.append(f"{variant} reaches {share:.0%} of the teacher's KV accuracy at {size} keys "
-                             f"({goal:.0%}) after {first['kd_tokens']:,} distillation tokens "
-                             f"({acc_text(first['value'], first['ci_low'], first['ci_high'])}).")
+            sentences.append(
+                f"{variant} reaches {share:.0%} of the teacher's KV accuracy at {size} keys "
+                f"({goal:.0%}) after {first['kd_tokens']:,} distillation tokens "
+                f"({acc_text(first['value'], first['ci_low'], first['ci_high'])})."
+            )
         else:
             last = kv.row(-1, named=True)
-            sentences.append(f"{variant} does not reach {share:.0%} of the teacher's KV accuracy at {size} keys "
-                             f"({goal:.0%}) on this curve: {acc_text(last['value'], last['ci_low'], last['ci_high'])} "
-                             f"after {last['kd_tokens']:,} tokens, its largest budget here.")
+            sentences.append(
+                f"{variant} does not reach {share:.0%} of the teacher's KV accuracy at {size} keys "
+                f"({goal:.0%}) on this curve: {acc_text(last['value'], last['ci_low'], last['ci_high'])} "
+                f"after {last['kd_tokens']:,} tokens, its largest budget here."
+            )
     return f"<p><b>Goal of {share:.0%} of the teacher:</b> {' '.join(sentences)}</p>" if sentences else ""
 
 
@@ -357,26 +457,35 @@ def budget_part(model: str, budget: pl.DataFrame, teacher: pl.DataFrame, size: i
     if sub.is_empty():
         return ""
     # every KV item here has `size` keys, so the 'all' accuracy repeats that column
-    labelled = sub.filter(~((pl.col("metric") == "acc") & (pl.col("group") == "all"))).sort("variant", "kd_tokens").with_columns(
-        pl.format("{}, {} tokens", "variant", "kd_tokens").alias("student, distillation tokens"))
+    labelled = (
+        sub.filter(~((pl.col("metric") == "acc") & (pl.col("group") == "all")))
+        .sort("variant", "kd_tokens")
+        .with_columns(pl.format("{}, {} tokens", "variant", "kd_tokens").alias("student, distillation tokens"))
+    )
     shown = _metric_table(labelled, "student, distillation tokens")
     figure = ""
     if ctx is not None:
         plot_budget(sub, teacher, size, ctx.figures["hybrid_budget"])
         figure = ctx.figure("hybrid_budget")
-    return (f"<h3>{html.escape(model)}: accuracy vs distillation budget</h3>"
-            f"<p>Each student scored on the KV items of {size} keys after 0 (layer alignment only), then "
-            "increasing numbers of end-to-end distillation tokens, from checkpoints of its own distillation "
-            "run.</p>"
-            + table(shown, left=("student, distillation tokens",), fmt=_fmt(shown)) + figure
-            + budget_goal(sub, teacher, size))
+    return (
+        f"<h3>{html.escape(model)}: accuracy vs distillation budget</h3>"
+        f"<p>Each student scored on the KV items of {size} keys after 0 (layer alignment only), then "
+        "increasing numbers of end-to-end distillation tokens, from checkpoints of its own distillation "
+        "run.</p>"
+        + table(shown, left=("student, distillation tokens",), fmt=_fmt(shown))
+        + figure
+        + budget_goal(sub, teacher, size)
+    )
 
 
-RECIPE = ("<p>The recipe: SSM heads initialised from their attention heads; stage 1 starts them from the "
-          "teacher heads' attention profiles (first-token share, local skip, decay) and aligns them layer by layer; stage 2 distills end to end on all training windows with the positions "
-          "that predict an answer token (KV values, MMLU letters) weighted. Each row below removes one "
-          "ingredient and retrains the same student for the budget in the title, beside the full recipe at that "
-          "budget; 'alignment only' is the budget curve's first point.</p>")
+RECIPE = (
+    "<p>The recipe: SSM heads initialised from their attention heads; stage 1 starts them from the "
+    "teacher heads' attention profiles (first-token share, local skip, decay) and aligns them layer by layer; stage "
+    "2 distills end to end on all training windows with the positions "
+    "that predict an answer token (KV values, MMLU letters) weighted. Each row below removes one "
+    "ingredient and retrains the same student for the budget in the title, beside the full recipe at that "
+    "budget; 'alignment only' is the budget curve's first point.</p>"
+)
 
 
 def ablation_part(model: str, scores: pl.DataFrame, budget: pl.DataFrame, ablation: pl.DataFrame, hy: dict) -> str:
@@ -388,22 +497,33 @@ def ablation_part(model: str, scores: pl.DataFrame, budget: pl.DataFrame, ablati
     variant, size = hy["ablation"]["variant"], str(hy["budget_curve"]["dict_size"])
     label = "recipe"
     # the KV items of the budget curve's dictionary size only: the ablations were scored on those
-    keep = (((pl.col("task") == "kv_retrieval") & (pl.col("group") == size)) | (pl.col("task") == "heldout")
-            | (pl.col("metric") == "context_swap_agreement")) & (pl.col("variant") == variant) & (pl.col("model") == model)
+    keep = (
+        (
+            ((pl.col("task") == "kv_retrieval") & (pl.col("group") == size))
+            | (pl.col("task") == "heldout")
+            | (pl.col("metric") == "context_swap_agreement")
+        )
+        & (pl.col("variant") == variant)
+        & (pl.col("model") == model)
+    )
     steps = hy["ablation"].get("kd_steps")
     if steps is None:  # the ablations trained as long as the student: compare with the student
         full, at = scores.filter(keep), "all distillation steps"
     else:  # the ablations trained for one budget of the curve: compare with the recipe there
         full = budget.filter(keep & (pl.col("kd_steps") == steps)) if not budget.is_empty() else budget
-        at = f"{steps} distillation step{'' if steps == 1 else 's'}" + (f", {full['kd_tokens'][0]:,} tokens" if len(full) else "")
+        at = f"{steps} distillation step{'' if steps == 1 else 's'}" + (
+            f", {full['kd_tokens'][0]:,} tokens" if len(full) else ""
+        )
     rows = [full.with_columns(pl.lit("full recipe").alias(label))]
     if not budget.is_empty():
         aligned = budget.filter(keep & (pl.col("kd_steps") == 0))
         rows.append(aligned.with_columns(pl.lit("alignment only (0 distillation tokens)").alias(label)))
     rows.append(sub.filter(keep).with_columns(pl.col("description").alias(label)))
     shown = _metric_table(pl.concat(rows, how="diagonal_relaxed"), label)
-    return (f"<h3>{html.escape(model)}: the distillation recipe, ingredient by ingredient ({html.escape(variant)}, "
-            f"{html.escape(at)})</h3>" + RECIPE + table(shown, left=(label,), fmt=_fmt(shown)))
+    return (
+        f"<h3>{html.escape(model)}: the distillation recipe, ingredient by ingredient ({html.escape(variant)}, "
+        f"{html.escape(at)})</h3>" + RECIPE + table(shown, left=(label,), fmt=_fmt(shown))
+    )
 
 
 def swap_part(model: str, swap: pl.DataFrame, students: pl.DataFrame, teacher: pl.DataFrame, hy: dict) -> str:
@@ -413,11 +533,12 @@ def swap_part(model: str, swap: pl.DataFrame, students: pl.DataFrame, teacher: p
         return ""
     pure = students.filter((pl.col("heads_kept") == 0) & (pl.col("state_size") == hy["state_size"]))
     rows = _metric_table(pl.concat([pure, sw, teacher], how="diagonal_relaxed"), "variant")
-    return (f"<h3>{html.escape(model)}: layer swap</h3>"
-            f"<p>The pure SSM with the critical layer — layer {sw['swapped_layer'][0]}, home of the "
-            "top-ranked head — run as the teacher's attention again (all its heads), nothing "
-            "retrained.</p>" + table(rows, left=("variant",), fmt=_fmt(rows)) + swap_verdict(pure, sw)
-            + not_scored_note(sw))
+    return (
+        f"<h3>{html.escape(model)}: layer swap</h3>"
+        f"<p>The pure SSM with the critical layer — layer {sw['swapped_layer'][0]}, home of the "
+        "top-ranked head — run as the teacher's attention again (all its heads), nothing "
+        "retrained.</p>" + table(rows, left=("variant",), fmt=_fmt(rows)) + swap_verdict(pure, sw) + not_scored_note(sw)
+    )
 
 
 def swap_verdict(pure: pl.DataFrame, swapped: pl.DataFrame) -> str:
@@ -428,19 +549,30 @@ def swap_verdict(pure: pl.DataFrame, swapped: pl.DataFrame) -> str:
         return ""
     b, a = before.row(0, named=True), after.row(0, named=True)
     if not _apart(b, a):
-        verdict = ("the intervals overlap: the swap recovers no retrieval here, which contradicts the study "
-                   "(its swap took MMLU from 33% to 50%)")
+        verdict = (
+            "the intervals overlap: the swap recovers no retrieval here, which contradicts the study "
+            "(its swap took MMLU from 33% to 50%)"
+        )
     elif a["value"] > b["value"]:
         verdict = "the intervals are apart: the swap recovers retrieval, as in the study (MMLU 33% → 50%)"
     else:
         verdict = "the intervals are apart: the swap lowers retrieval, which contradicts the study (MMLU 33% → 50%)"
     cell = lambda row: acc_text(row["value"], row["ci_low"], row["ci_high"], row.get("degenerate"))  # noqa: E731
-    return (f"<p><b>KV-retrieval over all sizes</b> (n = {a['n']}): pure SSM {cell(b)}, with the layer as "
-            f"attention {cell(a)}; {verdict}.</p>")
+    return (
+        f"<p><b>KV-retrieval over all sizes</b> (n = {a['n']}): pure SSM {cell(b)}, with the layer as "
+        f"attention {cell(a)}; {verdict}.</p>"
+    )
 
 
-def model_part(model: str, scores: pl.DataFrame, swap: pl.DataFrame, budget: pl.DataFrame, ablation: pl.DataFrame,
-               hy: dict, ctx: SectionContext | None) -> str:
+def model_part(
+    model: str,
+    scores: pl.DataFrame,
+    swap: pl.DataFrame,
+    budget: pl.DataFrame,
+    ablation: pl.DataFrame,
+    hy: dict,
+    ctx: SectionContext | None,
+) -> str:
     """One teacher's students: heads-kept table (and, for `ctx`, the figures), summary, budget
     curve, state sizes, swap."""
     sub = scores.filter(pl.col("model") == model)
@@ -451,29 +583,45 @@ def model_part(model: str, scores: pl.DataFrame, swap: pl.DataFrame, budget: pl.
     if ctx is not None:
         plot_heads(heads, teacher, ctx.figures["hybrid_heads"])
         figure = ctx.figure("hybrid_heads")
-    return (heads_kept_part(model, teacher, heads, hy) + figure + heads_kept_summary(teacher, heads)
-            + budget_part(model, budget, teacher, hy["budget_curve"]["dict_size"], ctx) + ablation_part(model, sub, budget, ablation, hy)
-            + state_size_part(model, students, hy)
-            + swap_part(model, swap, students, teacher, hy))
+    return (
+        heads_kept_part(model, teacher, heads, hy)
+        + figure
+        + heads_kept_summary(teacher, heads)
+        + budget_part(model, budget, teacher, hy["budget_curve"]["dict_size"], ctx)
+        + ablation_part(model, sub, budget, ablation, hy)
+        + state_size_part(model, students, hy)
+        + swap_part(model, swap, students, teacher, hy)
+    )
 
 
 def answer_rows_part(answer_rows: pl.DataFrame) -> str:
     if answer_rows.is_empty():
         return ""
-    skipped = (answer_rows.filter(pl.col("skipped_reason").is_not_null()) if "skipped_reason" in answer_rows.columns
-               else answer_rows.clear())
-    cells = answer_rows.filter(pl.col("condition").is_not_null()).rename({"acc": "value"}).sort(
-        "model", "attention_heads", "task")
+    skipped = (
+        answer_rows.filter(pl.col("skipped_reason").is_not_null())
+        if "skipped_reason" in answer_rows.columns
+        else answer_rows.clear()
+    )
+    cells = (
+        answer_rows.filter(pl.col("condition").is_not_null())
+        .rename({"acc": "value"})
+        .sort("model", "attention_heads", "task")
+    )
     wide = accuracy_pivot(cells, "condition", ["model", "variant", "attention_heads", "task"]) if len(cells) else cells
-    note = "".join(f"<li>{html.escape(r['model'])} {html.escape(r['variant'])}, "
-                   f"{html.escape(TASK_COLUMNS.get(r['task'], r['task']))}: {html.escape(r['skipped_reason'])}</li>"
-                   for r in skipped.sort("model", "variant", "task").iter_rows(named=True))
+    note = "".join(
+        f"<li>{html.escape(r['model'])} {html.escape(r['variant'])}, "
+        f"{html.escape(TASK_COLUMNS.get(r['task'], r['task']))}: {html.escape(r['skipped_reason'])}</li>"
+        for r in skipped.sort("model", "variant", "task").iter_rows(named=True)
+    )
     note = f"<p class='note'>Not run:</p><ul class='note'>{note}</ul>" if note else ""
-    return ("<h3>Aggregation lives in attention: answer rows of the attention heads masked</h3>"
-            "<p>In each hybrid, every attention head's answer rows (the last context token and the choice "
-            "tokens) are masked to see only themselves; SSM heads are untouched. The study (Zamba2): "
-            "retrieval-heavy tasks drop sharply, knowledge tasks stay. Accuracy with its 95% interval.</p>"
-            + (table(wide, left=("model", "variant", "task")) if len(wide) else "") + note)
+    return (
+        "<h3>Aggregation lives in attention: answer rows of the attention heads masked</h3>"
+        "<p>In each hybrid, every attention head's answer rows (the last context token and the choice "
+        "tokens) are masked to see only themselves; SSM heads are untouched. The study (Zamba2): "
+        "retrieval-heavy tasks drop sharply, knowledge tasks stay. Accuracy with its 95% interval.</p>"
+        + (table(wide, left=("model", "variant", "task")) if len(wide) else "")
+        + note
+    )
 
 
 def memory_table(sub: pl.DataFrame) -> str:
@@ -484,7 +632,8 @@ def memory_table(sub: pl.DataFrame) -> str:
     out = wide.select("variant", *[pl.col(c).alias(f"L = {c}") for c in lens])
     if len(teacher_bytes):
         out = out.with_columns(
-            [(pl.col(f"L = {c}") / teacher_bytes[c][0]).alias(f"× teacher (L = {c})") for c in lens[-1:]])
+            [(pl.col(f"L = {c}") / teacher_bytes[c][0]).alias(f"× teacher (L = {c})") for c in lens[-1:]]
+        )
     fmts = {f"L = {c}": _bytes for c in lens}
     fmts.update({c: (lambda v: f"{v:.2f}") for c in out.columns if c.startswith("×")})
     return table(out, left=("variant",), fmt=fmts)
@@ -497,17 +646,21 @@ def memory_part(memory: pl.DataFrame, hy: dict, reference: bool) -> str:
     parts = []
     formula = memory.filter(pl.col("source") == "formula")
     for model in sorted(formula["model"].unique()):
-        parts.append(f"<h3>{html.escape(model)}: inference memory (KV cache + SSM state)</h3>"
-                     f"<p>Computed from each configuration for one sequence at "
-                     f"{hy['memory']['bytes_per_value']} bytes per value: K/V of every group with a kept "
-                     "head, and per SSM head an N×P state, the first token's P-vector value and the last three "
-                     "tokens' values (the local skip).</p>")
+        parts.append(
+            f"<h3>{html.escape(model)}: inference memory (KV cache + SSM state)</h3>"
+            f"<p>Computed from each configuration for one sequence at "
+            f"{hy['memory']['bytes_per_value']} bytes per value: K/V of every group with a kept "
+            "head, and per SSM head an N×P state, the first token's P-vector value and the last three "
+            "tokens' values (the local skip).</p>"
+        )
         parts.append(memory_table(formula.filter(pl.col("model") == model)))
         measured = memory.filter((pl.col("source") == "measured") & (pl.col("model") == model))
         for row in measured.iter_rows(named=True):
-            parts.append(f"<p>Measured check: after a prefill of {row['seq_len']} tokens the recurrent cache of "
-                         f"<code>{html.escape(row['variant'])}</code> held {row['total_bytes']:,} bytes (fp32 "
-                         f"tensors); the formula gives {row['formula_bytes']:,}.</p>")
+            parts.append(
+                f"<p>Measured check: after a prefill of {row['seq_len']} tokens the recurrent cache of "
+                f"<code>{html.escape(row['variant'])}</code> held {row['total_bytes']:,} bytes (fp32 "
+                f"tensors); the formula gives {row['formula_bytes']:,}.</p>"
+            )
     if reference:
         parts.append(REFERENCE_MEMORY)
     return "".join(parts)
@@ -517,11 +670,19 @@ def render_hybrid(ctx: SectionContext) -> str:
     """The students: heads kept, state size, layer swap, answer rows, memory and training curves
     (placeholder figures when the hybrid phase is off)."""
     skipped = [name for name, spec in ctx.config["models"].items() if "hybrid" in spec.get("skip", [])]
-    skipped_note = (f"<p>No students of {', '.join(f'<code>{html.escape(m)}</code>' for m in skipped)}: "
-                    "<code>skip: [hybrid]</code> in the config (students replace Llama-shaped attention head by "
-                    "head; the README's family table lists the families they are built for).</p>" if skipped else "")
+    skipped_note = (
+        f"<p>No students of {', '.join(f'<code>{html.escape(m)}</code>' for m in skipped)}: "
+        "<code>skip: [hybrid]</code> in the config (students replace Llama-shaped attention head by "
+        "head; the README's family table lists the families they are built for).</p>"
+        if skipped
+        else ""
+    )
     if not ctx.paths("hybrid_scores"):
-        why = "hybrid.enabled: false" if not ctx.config["hybrid"].get("enabled", True) else "every model has skip: [hybrid]"
+        why = (
+            "hybrid.enabled: false"
+            if not ctx.config["hybrid"].get("enabled", True)
+            else "every model has skip: [hybrid]"
+        )
         for name in ("hybrid_heads", "hybrid_budget", "hybrid_training", "hybrid_align_heads"):
             placeholder_figure(ctx.figures[name], f"hybrid phase not run ({why})")
         # under its own heading, so the note does not read as part of the section before it
@@ -535,8 +696,9 @@ def render_hybrid(ctx: SectionContext) -> str:
     if budget.is_empty():
         placeholder_figure(ctx.figures["hybrid_budget"], "no budget curve (hybrid.budget_curve.variants: [])")
     ablation = ctx.frame("hybrid_ablation")
-    parts += [model_part(model, scores, swap, budget, ablation, hy, ctx if model == models[0] else None)
-              for model in models]
+    parts += [
+        model_part(model, scores, swap, budget, ablation, hy, ctx if model == models[0] else None) for model in models
+    ]
     parts.append(answer_rows_part(ctx.frame("hybrid_answer_rows")))
     if ctx.show_reference:
         parts += [REFERENCE_HEADS, REFERENCE_STATE]

@@ -15,8 +15,12 @@ from gna.report.htmlkit import SectionContext, acc_text, errorbar, pct, placehol
 from gna.students.spec import TEACHER_VARIANT, variant_name
 
 # (task, group) of each column of the view, and its name
-COLUMNS = {("kv_retrieval", "all"): "KV retrieval", ("facts_cloze", "all"): "facts cloze (knowledge)",
-           ("facts_choice", "all"): "facts choice", ("facts_choice", "known"): "facts choice, known items"}
+COLUMNS = {
+    ("kv_retrieval", "all"): "KV retrieval",
+    ("facts_cloze", "all"): "facts cloze (knowledge)",
+    ("facts_choice", "all"): "facts choice",
+    ("facts_choice", "known"): "facts choice, known items",
+}
 
 
 def _acc(frame: pl.DataFrame, task: str, group: str) -> dict | None:
@@ -79,10 +83,12 @@ def view_table(conds: list[tuple[str, pl.DataFrame]]) -> pl.DataFrame:
 # falls, rises or holds (Bick et al.: one head's removal takes MMLU letter to chance while cloze
 # knowledge stays; SSMs keep knowledge but fail the letter format; hybrids and the critical
 # layer's attention bring it back)
-STUDY = {"topk": {"kv": "falls", "cloze": "holds", "choice": "falls"},
-         "ssm": {"kv": "falls", "cloze": "holds", "choice": "falls"},
-         "hybrid": {"kv": "rises", "cloze": "holds", "choice": "rises"},
-         "swap": {"kv": "rises", "cloze": "holds", "choice": "rises"}}
+STUDY = {
+    "topk": {"kv": "falls", "cloze": "holds", "choice": "falls"},
+    "ssm": {"kv": "falls", "cloze": "holds", "choice": "falls"},
+    "hybrid": {"kv": "rises", "cloze": "holds", "choice": "rises"},
+    "swap": {"kv": "rises", "cloze": "holds", "choice": "rises"},
+}
 KIND = {"kv_retrieval": "kv", "facts_cloze": "cloze", "facts_choice": "choice"}
 
 
@@ -106,14 +112,17 @@ def against_study(measured: str, reported: str | None) -> str:
     return f" — <b>contradicts the study</b>, which reports that it {'stays' if reported == 'holds' else reported}"
 
 
-def change_sentence(name: str, before: dict | None, after: dict | None, what: str,
-                    reported: str | None = None) -> str | None:
+def change_sentence(
+    name: str, before: dict | None, after: dict | None, what: str, reported: str | None = None
+) -> str | None:
     """'<name>: a → b' under <what> with the verdict the two 95% intervals allow, and how it
     stands to what the study reports (`reported`: falls, rises or holds)."""
     if before is None or after is None:
         return None
-    cells = (f"{html.escape(name)}: {acc_text(before['value'], before['ci_low'], before['ci_high'])} → "
-             f"{acc_text(after['value'], after['ci_low'], after['ci_high'])}")
+    cells = (
+        f"{html.escape(name)}: {acc_text(before['value'], before['ci_low'], before['ci_high'])} → "
+        f"{acc_text(after['value'], after['ci_low'], after['ci_high'])}"
+    )
     measured = verdict(before, after)
     if measured == "holds":
         text = f"no change the intervals can show with {what} ({100 * (after['value'] - before['value']):+.0f} points)"
@@ -143,8 +152,9 @@ def findings(conds: list[tuple[str, pl.DataFrame]]) -> list[str]:
     out = []
     for before, after, what, kind in pairs:
         for (task, group), name in COLUMNS.items():
-            sentence = change_sentence(name, _acc(before, task, group), _acc(after, task, group), what,
-                                       STUDY[kind][KIND[task]])
+            sentence = change_sentence(
+                name, _acc(before, task, group), _acc(after, task, group), what, STUDY[kind][KIND[task]]
+            )
             if sentence:
                 out.append(sentence)
     return out
@@ -179,10 +189,13 @@ def formats_part(formats: pl.DataFrame) -> str:
     if formats.is_empty():
         return ""
     shown = formats.with_columns(
-        pl.struct("acc", "ci_low", "ci_high").map_elements(lambda r: acc_text(r["acc"], r["ci_low"], r["ci_high"]),
-                                                           return_dtype=pl.String).alias("accuracy"),
-        pl.when(pl.col("distinct_predictions") == 1).then(pl.lit("yes: one answer for every item"))
-        .otherwise(pl.lit("no")).alias("degenerate"),
+        pl.struct("acc", "ci_low", "ci_high")
+        .map_elements(lambda r: acc_text(r["acc"], r["ci_low"], r["ci_high"]), return_dtype=pl.String)
+        .alias("accuracy"),
+        pl.when(pl.col("distinct_predictions") == 1)
+        .then(pl.lit("yes: one answer for every item"))
+        .otherwise(pl.lit("no"))
+        .alias("degenerate"),
         pl.when(pl.col("chosen")).then(pl.lit("✓")).otherwise(pl.lit("")).alias("in the study"),
     ).select("model", "format", "shots", "n", "accuracy", "chance", "degenerate", "prompt_tokens", "in the study")
     sentences = []
@@ -190,23 +203,35 @@ def formats_part(formats: pl.DataFrame) -> str:
         rows = formats.filter((pl.col("model") == model) & pl.col("answer").is_not_null())
         above = rows.filter(pl.col("ci_low") > pl.col("chance"))
         best = rows.sort("acc", descending=True).row(0, named=True)
-        text = (f"{html.escape(model)}: {len(above)} of {len(rows)} multiple-choice formats are above chance "
-                f"(interval clear of {pct(best['chance'])}); the most accurate is {html.escape(best['format'])} with "
-                f"{best['shots']} shots, {acc_text(best['acc'], best['ci_low'], best['ci_high'])}")
+        text = (
+            f"{html.escape(model)}: {len(above)} of {len(rows)} multiple-choice formats are above chance "
+            f"(interval clear of {pct(best['chance'])}); the most accurate is {html.escape(best['format'])} with "
+            f"{best['shots']} shots, {acc_text(best['acc'], best['ci_low'], best['ci_high'])}"
+        )
         chosen = rows.filter(pl.col("chosen"))
         if len(chosen) and not chosen["chosen"].is_null().any() and chosen.row(0, named=True) != best:
             run = chosen.row(0, named=True)
-            text += (f"; the format the study runs ({run['shots']} shots, "
-                     f"{acc_text(run['acc'], run['ci_low'], run['ci_high'])}) "
-                     + ("lies within its interval: the two cannot be told apart at this n"
-                        if run["ci_high"] >= best["ci_low"] else
-                        "is <b>less accurate by the intervals</b>: choose the other in <code>tasks.facts.choice</code>"))
+            text += (
+                f"; the format the study runs ({run['shots']} shots, "
+                f"{acc_text(run['acc'], run['ci_low'], run['ci_high'])}) "
+                + (
+                    "lies within its interval: the two cannot be told apart at this n"
+                    if run["ci_high"] >= best["ci_low"]
+                    else "is <b>less accurate by the intervals</b>: choose the other in <code>tasks.facts.choice</code>"
+                )
+            )
         sentences.append(text + ".")
-    return ("<h3>Which multiple-choice format the model can answer</h3>"
-            "<p>The same facts in every multiple-choice format of <code>tasks.facts.compare</code>, beside the cloze form; "
-            "the format marked ✓ (<code>tasks.facts.choice</code>) is the one every experiment runs.</p>"
-            + table(shown, left=("model", "format", "degenerate"), fmt={"chance": pct, "prompt_tokens": lambda v: f"{v:.0f}"})
-            + "<ul>" + "".join(f"<li>{s}</li>" for s in sentences) + "</ul>")
+    return (
+        "<h3>Which multiple-choice format the model can answer</h3>"
+        "<p>The same facts in every multiple-choice format of <code>tasks.facts.compare</code>, beside the cloze form; "
+        "the format marked ✓ (<code>tasks.facts.choice</code>) is the one every experiment runs.</p>"
+        + table(
+            shown, left=("model", "format", "degenerate"), fmt={"chance": pct, "prompt_tokens": lambda v: f"{v:.0f}"}
+        )
+        + "<ul>"
+        + "".join(f"<li>{s}</li>" for s in sentences)
+        + "</ul>"
+    )
 
 
 def render_knowledge(ctx: SectionContext) -> str:
@@ -220,14 +245,16 @@ def render_knowledge(ctx: SectionContext) -> str:
     per_model = {}
     baseline = ctx.frame("baseline")
     models = baseline["model"].unique(maintain_order=True).to_list() if not baseline.is_empty() else []
-    parts = ["<h2>Knowledge vs retrieval</h2>",
-             "<p>The study's contrast on facts the model can know: the same fact asked in <b>cloze</b> form "
-             f"(knowledge only) and as <b>multiple choice</b> with its four options listed (knowledge plus picking "
-             f"the option in context; answer as the option's {html.escape(facts['choice']['answer'])}, "
-             f"{facts['choice']['shots']} shots). <b>Known items</b>: those whose cloze answer the model gets right by "
-             f"at least {facts['known_margin']:g} nats over the best wrong option (a student: its teacher's), so the "
-             "multiple-choice score there measures the in-context step on knowledge the model has.</p>",
-             formats_part(formats)]
+    parts = [
+        "<h2>Knowledge vs retrieval</h2>",
+        "<p>The study's contrast on facts the model can know: the same fact asked in <b>cloze</b> form "
+        f"(knowledge only) and as <b>multiple choice</b> with its four options listed (knowledge plus picking "
+        f"the option in context; answer as the option's {html.escape(facts['choice']['answer'])}, "
+        f"{facts['choice']['shots']} shots). <b>Known items</b>: those whose cloze answer the model gets right by "
+        f"at least {facts['known_margin']:g} nats over the best wrong option (a student: its teacher's), so the "
+        "multiple-choice score there measures the in-context step on knowledge the model has.</p>",
+        formats_part(formats),
+    ]
     for model in models:
         if model.endswith(f"-{TEACHER_VARIANT}"):
             continue

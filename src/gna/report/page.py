@@ -13,11 +13,10 @@ from pathlib import Path
 import polars as pl
 import yaml
 
-from gna.report import (baseline_section, gna_section, heads_section, hybrid_section, knowledge_section,
-                        prune_section)
-from gna.report.htmlkit import CSS, SectionContext, read_caption, table
 from gna.core.io import write_text
 from gna.core.provenance import config_hash, workflow_code_hash
+from gna.report import baseline_section, gna_section, heads_section, hybrid_section, knowledge_section, prune_section
+from gna.report.htmlkit import CSS, SectionContext, read_caption, table
 from gna.report.registry import FIGURES, SECTIONS, Section
 from gna.report.run_record import RUN_RECORD
 
@@ -25,8 +24,10 @@ from gna.report.run_record import RUN_RECORD
 RUN_RECORD_LINK = "../" + Path(RUN_RECORD).relative_to("data").as_posix()
 # the sections' render modules, imported (not looked up by name) so that the report rule's code
 # fingerprint covers them: a section whose module is missing here fails instead of going unhashed
-RENDER_MODULES = {module.__name__: module for module in (baseline_section, gna_section, heads_section, hybrid_section,
-                                                         knowledge_section, prune_section)}
+RENDER_MODULES = {
+    module.__name__: module
+    for module in (baseline_section, gna_section, heads_section, hybrid_section, knowledge_section, prune_section)
+}
 
 
 def render_function(section: Section):
@@ -49,10 +50,12 @@ def provenance_table(config: dict, workflow_dir: str | Path) -> str:
         "config hash": config_hash(config),
         "precision": precision_text(config),
     }
-    return (table(pl.DataFrame({"item": list(prov), "value": list(prov.values())}), left=("item", "value"))
-            + f"<p>When and where the run ran (machine, Python and torch builds), its git commit and the wall "
-              f"time and memory of every step: <a href='{RUN_RECORD_LINK}'>the run record</a> "
-              f"(<code>{RUN_RECORD}</code>).</p>")
+    return (
+        table(pl.DataFrame({"item": list(prov), "value": list(prov.values())}), left=("item", "value"))
+        + f"<p>When and where the run ran (machine, Python and torch builds), its git commit and the wall "
+        f"time and memory of every step: <a href='{RUN_RECORD_LINK}'>the run record</a> "
+        f"(<code>{RUN_RECORD}</code>).</p>"
+    )
 
 
 def precision_text(config: dict) -> str:
@@ -60,16 +63,21 @@ def precision_text(config: dict) -> str:
     weights, matmuls = config["dtype"], config["eval"]["compute_dtype"]
     if matmuls == "float32" or matmuls == weights:
         return f"weights and evaluation in {weights}"
-    return (f"weights, residual stream, norms, attention, SSM scans and log-softmax in {weights}; the linear layers' "
-            f"matmuls, the output head's included, in {matmuls} when models are evaluated (eval.compute_dtype; "
-            "float32 is the reference)")
+    return (
+        f"weights, residual stream, norms, attention, SSM scans and log-softmax in {weights}; the linear layers' "
+        f"matmuls, the output head's included, in {matmuls} when models are evaluated (eval.compute_dtype; "
+        "float32 is the reference)"
+    )
 
 
 def closing_sections(config: dict) -> str:
     """The validated config, keys sorted: the same config gives the same report whatever order
     its file lists the keys in."""
-    return ("<h2>Config</h2><details><summary>the validated config of this run</summary><pre>"
-            + html.escape(yaml.safe_dump(config, sort_keys=True)) + "</pre></details>")
+    return (
+        "<h2>Config</h2><details><summary>the validated config of this run</summary><pre>"
+        + html.escape(yaml.safe_dump(config, sort_keys=True))
+        + "</pre></details>"
+    )
 
 
 def build_report(inputs: dict, html_path, figures: dict, options: dict, config: dict, workflow_dir) -> None:
@@ -78,15 +86,20 @@ def build_report(inputs: dict, html_path, figures: dict, options: dict, config: 
     inputs: {input key: path or paths} as gna.report.registry.report_inputs gives them (a key
     without paths leaves its part out); figures: {figure name: PNG path}; options: the config's
     `report` section; config: the whole validated config (shown, hashed, read by sections)."""
-    ctx = SectionContext(inputs=inputs, figures=figures, captions=captions(workflow_dir), options=options,
-                         config=config)
+    ctx = SectionContext(
+        inputs=inputs, figures=figures, captions=captions(workflow_dir), options=options, config=config
+    )
     title = html.escape(options["title"])
-    body = [f"<h1>{title}</h1>",
-            "<p>Regenerated from the pipeline's Parquet results; every number below was computed by this run "
-            "unless it sits in a table labelled <i>reference</i>.</p>",
-            provenance_table(config, workflow_dir)]
+    body = [
+        f"<h1>{title}</h1>",
+        "<p>Regenerated from the pipeline's Parquet results; every number below was computed by this run "
+        "unless it sits in a table labelled <i>reference</i>.</p>",
+        provenance_table(config, workflow_dir),
+    ]
     body += [render_function(section)(ctx) for section in SECTIONS]
     body.append(closing_sections(config))
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
-            f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>")
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
+        f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>"
+    )
     write_text(page, html_path)

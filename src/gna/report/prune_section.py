@@ -50,11 +50,21 @@ def plot_individual(individual: pl.DataFrame, path) -> None:
             sns.lineplot(data=removed.to_pandas(), x="removed_layer", y="value", hue="task", marker="o", ms=4, ax=ax)
             palette = dict(zip(removed["task"].unique(maintain_order=True), sns.color_palette()))
             # the minimal model's own score, for the tasks whose removals were scored
-            for row in sub.filter((pl.col("removed_layer") == -1) & pl.col("task").is_in(list(palette))).iter_rows(named=True):
+            for row in sub.filter((pl.col("removed_layer") == -1) & pl.col("task").is_in(list(palette))).iter_rows(
+                named=True
+            ):
                 ax.axhline(row["value"], ls=":", lw=1, color=palette[row["task"]])
         elif not sub.is_empty():
-            ax.text(0.5, 0.5, "no removal scored:\nthe minimal model is at chance on every task", ha="center",
-                    va="center", transform=ax.transAxes, fontsize=9, color="grey")
+            ax.text(
+                0.5,
+                0.5,
+                "no removal scored:\nthe minimal model is at chance on every task",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                fontsize=9,
+                color="grey",
+            )
         accuracy_axis(ax, f"{model}: remove one layer of the minimal model", "removed layer")
     save_figure(fig, path)
 
@@ -67,34 +77,57 @@ def _collapse_sentence(model: str, sub: pl.DataFrame, task: str) -> str:
     ks = rows["layers_kept"].to_list()
     drops = [(values[i + 1] - values[i], ks[i]) for i in range(len(values) - 1)]
     drop, k = max(drops)
-    return (f"<b>{html.escape(model)}</b>, {task}: the largest single step is from {pct(values[ks.index(k) + 1])} "
-            f"with {k + 1} layers to {pct(values[ks.index(k)])} with {k}.")
+    return (
+        f"<b>{html.escape(model)}</b>, {task}: the largest single step is from {pct(values[ks.index(k) + 1])} "
+        f"with {k + 1} layers to {pct(values[ks.index(k)])} with {k}."
+    )
 
 
 def gradual_part(gradual: pl.DataFrame, ctx: SectionContext) -> str:
     """The largest step per model and task, the figure, the tasks scored on the full model only,
     and the accuracy per number of layers kept."""
     g = _overall(_every_depth(gradual))
-    sentences = [_collapse_sentence(model, g.filter(pl.col("model") == model), task)
-                 for model in sorted(g["model"].unique()) for task in sorted(g["task"].unique())]
-    wide = (g.select("model", "task", "layers_kept", "value", "n")
-            .pivot(on="task", index=["model", "layers_kept"], values="value").sort(["model", "layers_kept"]))
-    return ("<ul>" + "".join(f"<li>{s}</li>" for s in sentences if s) + "</ul>" + ctx.figure("prune_gradual")
-            + skipped_tasks_note(_overall(gradual), "the full model", "no shorter prefix", "prune.skip_at_chance")
-            + "<details><summary>table: accuracy per number of layers kept</summary>"
-            + table(wide, left=("model",), fmt={c: pct for c in wide.columns if c not in ("model", "layers_kept")})
-            + "</details>")
+    sentences = [
+        _collapse_sentence(model, g.filter(pl.col("model") == model), task)
+        for model in sorted(g["model"].unique())
+        for task in sorted(g["task"].unique())
+    ]
+    wide = (
+        g.select("model", "task", "layers_kept", "value", "n")
+        .pivot(on="task", index=["model", "layers_kept"], values="value")
+        .sort(["model", "layers_kept"])
+    )
+    return (
+        "<ul>"
+        + "".join(f"<li>{s}</li>" for s in sentences if s)
+        + "</ul>"
+        + ctx.figure("prune_gradual")
+        + skipped_tasks_note(_overall(gradual), "the full model", "no shorter prefix", "prune.skip_at_chance")
+        + "<details><summary>table: accuracy per number of layers kept</summary>"
+        + table(wide, left=("model",), fmt={c: pct for c in wide.columns if c not in ("model", "layers_kept")})
+        + "</details>"
+    )
 
 
 def minimal_part(minimal: list[dict]) -> str:
     """Each model's minimal model: layers kept and the retrieval score that defines it."""
     if not minimal:
         return ""
-    mm = pl.DataFrame([{"model": m["model"], "layers kept": f"{m['layers_kept']} of {m['n_layers']}",
-                        "defined by": f"{m['task']} {m['metric']} ≥ {m['fraction']:.0%} of full",
-                        "full model": m["full_value"], "minimal model": m["value"]} for m in minimal])
-    return "<h3>Minimal model</h3>" + table(mm, left=("model", "layers kept", "defined by"),
-                                            fmt={"full model": pct, "minimal model": pct})
+    mm = pl.DataFrame(
+        [
+            {
+                "model": m["model"],
+                "layers kept": f"{m['layers_kept']} of {m['n_layers']}",
+                "defined by": f"{m['task']} {m['metric']} ≥ {m['fraction']:.0%} of full",
+                "full model": m["full_value"],
+                "minimal model": m["value"],
+            }
+            for m in minimal
+        ]
+    )
+    return "<h3>Minimal model</h3>" + table(
+        mm, left=("model", "layers kept", "defined by"), fmt={"full model": pct, "minimal model": pct}
+    )
 
 
 def _critical_layers(ind: pl.DataFrame, minimal: list[dict]) -> str:
@@ -106,9 +139,11 @@ def _critical_layers(ind: pl.DataFrame, minimal: list[dict]) -> str:
         worst = sub.filter(pl.col("removed_layer") >= 0).sort("value").head(3)
         if base.is_empty() or worst.is_empty():  # no removals scored (e.g. the task at chance)
             continue
-        crit.append(f"<li><b>{html.escape(m['model'])}</b>, {m['task']}: minimal model {pct(base[0])}; "
-                    + ", ".join(f"without layer {r['removed_layer']}: {pct(r['value'])}" for r in worst.iter_rows(named=True))
-                    + "</li>")
+        crit.append(
+            f"<li><b>{html.escape(m['model'])}</b>, {m['task']}: minimal model {pct(base[0])}; "
+            + ", ".join(f"without layer {r['removed_layer']}: {pct(r['value'])}" for r in worst.iter_rows(named=True))
+            + "</li>"
+        )
     return "<ul>" + "".join(crit) + "</ul>" if crit else ""
 
 
@@ -117,28 +152,48 @@ def individual_part(individual: pl.DataFrame, minimal: list[dict], ctx: SectionC
     ind = _overall(individual)
     if ind.is_empty():
         return ""
-    wide = (ind.select("model", "task", "removed_layer", "value")
-            .pivot(on="task", index=["model", "removed_layer"], values="value").sort(["model", "removed_layer"]))
-    return ("<h3>Individual layer removal on the minimal model</h3>" + ctx.figure("prune_individual")
-            + _critical_layers(ind, minimal) + skipped_tasks_note(ind, "the minimal model", "no single-layer removals",
-                                                               "prune.skip_at_chance")
-            + "<details><summary>table: accuracy with one layer removed (−1 = none removed)</summary>"
-            + table(wide, left=("model",), fmt={c: pct for c in wide.columns if c not in ("model", "removed_layer")})
-            + "</details>")
+    wide = (
+        ind.select("model", "task", "removed_layer", "value")
+        .pivot(on="task", index=["model", "removed_layer"], values="value")
+        .sort(["model", "removed_layer"])
+    )
+    return (
+        "<h3>Individual layer removal on the minimal model</h3>"
+        + ctx.figure("prune_individual")
+        + _critical_layers(ind, minimal)
+        + skipped_tasks_note(ind, "the minimal model", "no single-layer removals", "prune.skip_at_chance")
+        + "<details><summary>table: accuracy with one layer removed (−1 = none removed)</summary>"
+        + table(wide, left=("model",), fmt={c: pct for c in wide.columns if c not in ("model", "removed_layer")})
+        + "</details>"
+    )
 
 
 def render_prune(ctx: SectionContext) -> str:
     """Gradual pruning, the minimal model and single-layer removal (empty without pruning results)."""
     if not ctx.paths("prune_gradual"):
         return ""
-    gradual, individual, minimal = ctx.frame("prune_gradual"), ctx.frame("prune_individual"), ctx.records("prune_minimal")
+    gradual, individual, minimal = (
+        ctx.frame("prune_gradual"),
+        ctx.frame("prune_individual"),
+        ctx.records("prune_minimal"),
+    )
     plot_gradual(gradual, {m["model"]: m for m in minimal}, ctx.figures["prune_gradual"])
     plot_individual(individual, ctx.figures["prune_individual"])
-    intro = ("<h2>Layer pruning</h2>"
-             "<p>Gradual pruning keeps decoder layers 0..k-1 (plus the final norm and the LM head) for every k; "
-             "individual removal takes the <i>minimal model</i> — the smallest prefix whose retrieval score "
-             "stays within the configured fraction of the full model's — and removes one layer at a time. "
-             "The study's finding to look for: knowledge (cloze) fades smoothly while the retrieval-heavy task "
-             "collapses at a specific depth, and a few single layers are critical.</p>")
-    return "\n".join(part for part in (intro, gradual_part(gradual, ctx), minimal_part(minimal),
-                                        individual_part(individual, minimal, ctx)) if part)
+    intro = (
+        "<h2>Layer pruning</h2>"
+        "<p>Gradual pruning keeps decoder layers 0..k-1 (plus the final norm and the LM head) for every k; "
+        "individual removal takes the <i>minimal model</i> — the smallest prefix whose retrieval score "
+        "stays within the configured fraction of the full model's — and removes one layer at a time. "
+        "The study's finding to look for: knowledge (cloze) fades smoothly while the retrieval-heavy task "
+        "collapses at a specific depth, and a few single layers are critical.</p>"
+    )
+    return "\n".join(
+        part
+        for part in (
+            intro,
+            gradual_part(gradual, ctx),
+            minimal_part(minimal),
+            individual_part(individual, minimal, ctx),
+        )
+        if part
+    )

@@ -41,8 +41,10 @@ class Input:
             return self.pattern
         if self.switch and not switches[self.switch]:
             return []
-        return [self.pattern.format(**dict(zip(names, combo)))
-                for combo in itertools.product(*(values[name] for name in names))]
+        return [
+            self.pattern.format(**dict(zip(names, combo)))
+            for combo in itertools.product(*(values[name] for name in names))
+        ]
 
 
 @dataclass(frozen=True)
@@ -84,35 +86,62 @@ def _results(phase: str, names: tuple[str, ...], model: str = "model") -> tuple[
 
 SECTIONS: tuple[Section, ...] = (
     Section("models", (Input("models", "data/models/{model}"),), (), "gna.report.baseline_section:render_models"),
-    Section("baseline",
-            (Input("baseline", "data/results/baseline.parquet"), Input("kv_task", "data/tasks/kv_retrieval.parquet")),
-            _figures("Baseline", "baseline_kv", "baseline_mmlu"), "gna.report.baseline_section:render_baseline"),
-    Section("prune",
-            (*_results("prune", ("gradual", "individual")),
-             Input("prune_minimal", "data/results/prune/{model}/minimal_model.json")),
-            _figures("Layer pruning", "prune_gradual", "prune_individual"), "gna.report.prune_section:render_prune"),
-    Section("heads", (*_results("heads", ("sweep", "ranking", "topk", "kept", "dictsize")),
-                      Input("heads_attribution", "data/results/heads/{model}/attribution.parquet", "attribution")),
-            _figures("Heads", "heads_heatmap", "heads_topk", "heads_dictsize", "heads_attribution"),
-            "gna.report.heads_section:render_heads"),
-    Section("gna", _results("gna", ("roles", "maps", "masking"), model="gna_model"),
-            _figures("Gather-and-Aggregate", "gna_maps", "gna_maps_mmlu"), "gna.report.gna_section:render_gna"),
-    Section("hybrid",
-            (Input("hybrid_scores", "data/results/hybrid/{hybrid_model}/{scored_variant}.parquet", "hybrid"),
-             Input("hybrid_swap", "data/results/hybrid/{hybrid_model}/swap.parquet", "hybrid_swap"),
-             Input("hybrid_answer_rows", "data/results/hybrid/{hybrid_model}/answer-rows-{answer_row_variant}.parquet",
-                   "hybrid"),
-             Input("hybrid_memory", "data/results/hybrid/{hybrid_model}/memory.parquet", "hybrid"),
-             Input("hybrid_align", "data/distill/{hybrid_model}/align-n{state_size}.parquet", "hybrid"),
-             Input("hybrid_align_heads", "data/distill/{hybrid_model}/align-n{state_size}-heads.parquet", "hybrid"),
-             Input("hybrid_kd", "data/distill/{hybrid_model}/kd-{student_variant}.parquet", "hybrid"),
-             Input("hybrid_budget", "data/results/hybrid/{hybrid_model}/budget-{budget_variant}.parquet", "hybrid"),
-             Input("hybrid_ablation", "data/results/hybrid/{hybrid_model}/ablation-{ablation}.parquet", "hybrid")),
-            _figures("SSM and hybrid students", "hybrid_heads", "hybrid_budget", "hybrid_training",
-                     "hybrid_align_heads"),
-            "gna.report.hybrid_section:render_hybrid"),
-    Section("knowledge", (Input("facts_formats", "data/results/facts/{model}/formats.parquet", "facts_choice"),),
-            _figures("Knowledge vs retrieval", "knowledge_view"), "gna.report.knowledge_section:render_knowledge"),
+    Section(
+        "baseline",
+        (Input("baseline", "data/results/baseline.parquet"), Input("kv_task", "data/tasks/kv_retrieval.parquet")),
+        _figures("Baseline", "baseline_kv", "baseline_mmlu"),
+        "gna.report.baseline_section:render_baseline",
+    ),
+    Section(
+        "prune",
+        (
+            *_results("prune", ("gradual", "individual")),
+            Input("prune_minimal", "data/results/prune/{model}/minimal_model.json"),
+        ),
+        _figures("Layer pruning", "prune_gradual", "prune_individual"),
+        "gna.report.prune_section:render_prune",
+    ),
+    Section(
+        "heads",
+        (
+            *_results("heads", ("sweep", "ranking", "topk", "kept", "dictsize")),
+            Input("heads_attribution", "data/results/heads/{model}/attribution.parquet", "attribution"),
+        ),
+        _figures("Heads", "heads_heatmap", "heads_topk", "heads_dictsize", "heads_attribution"),
+        "gna.report.heads_section:render_heads",
+    ),
+    Section(
+        "gna",
+        _results("gna", ("roles", "maps", "masking"), model="gna_model"),
+        _figures("Gather-and-Aggregate", "gna_maps", "gna_maps_mmlu"),
+        "gna.report.gna_section:render_gna",
+    ),
+    Section(
+        "hybrid",
+        (
+            Input("hybrid_scores", "data/results/hybrid/{hybrid_model}/{scored_variant}.parquet", "hybrid"),
+            Input("hybrid_swap", "data/results/hybrid/{hybrid_model}/swap.parquet", "hybrid_swap"),
+            Input(
+                "hybrid_answer_rows",
+                "data/results/hybrid/{hybrid_model}/answer-rows-{answer_row_variant}.parquet",
+                "hybrid",
+            ),
+            Input("hybrid_memory", "data/results/hybrid/{hybrid_model}/memory.parquet", "hybrid"),
+            Input("hybrid_align", "data/distill/{hybrid_model}/align-n{state_size}.parquet", "hybrid"),
+            Input("hybrid_align_heads", "data/distill/{hybrid_model}/align-n{state_size}-heads.parquet", "hybrid"),
+            Input("hybrid_kd", "data/distill/{hybrid_model}/kd-{student_variant}.parquet", "hybrid"),
+            Input("hybrid_budget", "data/results/hybrid/{hybrid_model}/budget-{budget_variant}.parquet", "hybrid"),
+            Input("hybrid_ablation", "data/results/hybrid/{hybrid_model}/ablation-{ablation}.parquet", "hybrid"),
+        ),
+        _figures("SSM and hybrid students", "hybrid_heads", "hybrid_budget", "hybrid_training", "hybrid_align_heads"),
+        "gna.report.hybrid_section:render_hybrid",
+    ),
+    Section(
+        "knowledge",
+        (Input("facts_formats", "data/results/facts/{model}/formats.parquet", "facts_choice"),),
+        _figures("Knowledge vs retrieval", "knowledge_view"),
+        "gna.report.knowledge_section:render_knowledge",
+    ),
 )
 
 FIGURES: tuple[Figure, ...] = tuple(figure for section in SECTIONS for figure in section.figures)

@@ -21,12 +21,25 @@ from gna.report.htmlkit import CSS, table
 RUN_RECORD = "data/run/index.html"
 
 # the study's phases, by the rules that make them (a rule's benchmark records are under its name)
-PHASE_OF_RULE_PREFIX = {"fetch_": "models and tasks", "prepare_model": "models and tasks", "kv_task": "models and tasks",
-                        "mmlu_task": "models and tasks", "lmeval_crosscheck_task": "models and tasks",
-                        "facts_task": "models and tasks", "facts_known": "models and tasks",
-                        "facts_formats": "baseline", "baseline": "baseline", "collect_baseline": "baseline", "lm_eval": "baseline",
-                        "prune_": "pruning", "minimal_model": "pruning", "heads_": "heads",
-                        "gna_": "gather & aggregate", "distill_": "students", "hybrid_": "students"}
+PHASE_OF_RULE_PREFIX = {
+    "fetch_": "models and tasks",
+    "prepare_model": "models and tasks",
+    "kv_task": "models and tasks",
+    "mmlu_task": "models and tasks",
+    "lmeval_crosscheck_task": "models and tasks",
+    "facts_task": "models and tasks",
+    "facts_known": "models and tasks",
+    "facts_formats": "baseline",
+    "baseline": "baseline",
+    "collect_baseline": "baseline",
+    "lm_eval": "baseline",
+    "prune_": "pruning",
+    "minimal_model": "pruning",
+    "heads_": "heads",
+    "gna_": "gather & aggregate",
+    "distill_": "students",
+    "hybrid_": "students",
+}
 STEP_SCHEMA = {"step": pl.String, "seconds": pl.Float64, "peak RSS (MB)": pl.Float64}
 
 
@@ -35,8 +48,13 @@ def timings(benchmark_dir: str | Path) -> pl.DataFrame:
     rows = []
     for tsv in sorted(Path(benchmark_dir).rglob("*.tsv")):
         frame = pl.read_csv(tsv, separator="\t")
-        rows.append({"step": str(tsv.relative_to(benchmark_dir).with_suffix("")),
-                     "seconds": float(frame["s"][0]), "peak RSS (MB)": float(frame["max_rss"][0])})
+        rows.append(
+            {
+                "step": str(tsv.relative_to(benchmark_dir).with_suffix("")),
+                "seconds": float(frame["s"][0]),
+                "peak RSS (MB)": float(frame["max_rss"][0]),
+            }
+        )
     return pl.DataFrame(rows, schema=STEP_SCHEMA)
 
 
@@ -46,24 +64,31 @@ def part_timings(logs_dir: str | Path) -> pl.DataFrame:
     rows = []
     for path in sorted(Path(logs_dir).rglob("*.timings.json")):
         step = str(path.relative_to(logs_dir)).removesuffix(".timings.json")
-        rows += [{"step": step, "part": part, "seconds": float(seconds)}
-                 for part, seconds in json.loads(path.read_text()).items()]
+        rows += [
+            {"step": step, "part": part, "seconds": float(seconds)}
+            for part, seconds in json.loads(path.read_text()).items()
+        ]
     return pl.DataFrame(rows, schema={"step": pl.String, "part": pl.String, "seconds": pl.Float64})
 
 
 def work_counts(logs_dir: str | Path) -> pl.DataFrame:
     """Layer-tokens each step ran (gna.core.work), from the `<step>.work.json` files under `logs_dir`."""
-    rows = [{"step": str(path.relative_to(logs_dir)).removesuffix(".work.json"),
-             "layer-tokens (M)": json.loads(path.read_text())["layer_tokens"] / 1e6}
-            for path in sorted(Path(logs_dir).rglob("*.work.json"))]
+    rows = [
+        {
+            "step": str(path.relative_to(logs_dir)).removesuffix(".work.json"),
+            "layer-tokens (M)": json.loads(path.read_text())["layer_tokens"] / 1e6,
+        }
+        for path in sorted(Path(logs_dir).rglob("*.work.json"))
+    ]
     return pl.DataFrame(rows, schema={"step": pl.String, "layer-tokens (M)": pl.Float64})
 
 
 def with_work(steps: pl.DataFrame, logs_dir: str | Path) -> pl.DataFrame:
     """`steps` (timings) with each step's layer-tokens and seconds per billion of them (null for a
     step that counts none: downloads, tables, the lm-eval cross-check, the report)."""
-    return (steps.join(work_counts(logs_dir), on="step", how="left", maintain_order="left")
-            .with_columns((pl.col("seconds") / pl.col("layer-tokens (M)")).alias("s per M layer-tokens")))
+    return steps.join(work_counts(logs_dir), on="step", how="left", maintain_order="left").with_columns(
+        (pl.col("seconds") / pl.col("layer-tokens (M)")).alias("s per M layer-tokens")
+    )
 
 
 def phase_of(step: str) -> str:
@@ -78,14 +103,18 @@ def phase_timings(steps: pl.DataFrame) -> pl.DataFrame:
     aggs = [pl.len().alias("steps"), pl.col("seconds").sum(), pl.col("peak RSS (MB)").max()]
     if "layer-tokens (M)" in steps.columns:
         aggs.append(pl.col("layer-tokens (M)").sum())
-    by_phase = (steps.with_columns(pl.col("step").map_elements(phase_of, return_dtype=pl.String).alias("phase"))
-                .group_by("phase", maintain_order=True).agg(*aggs))
+    by_phase = (
+        steps.with_columns(pl.col("step").map_elements(phase_of, return_dtype=pl.String).alias("phase"))
+        .group_by("phase", maintain_order=True)
+        .agg(*aggs)
+    )
     total = steps.select(pl.lit("all").alias("phase"), *aggs)
     return pl.concat([by_phase, total])
 
 
-def write_run_record(out_path: str | Path, benchmark_dir: str | Path, logs_dir: str | Path, config: dict,
-                     workflow_dir: str | Path) -> None:
+def write_run_record(
+    out_path: str | Path, benchmark_dir: str | Path, logs_dir: str | Path, config: dict, workflow_dir: str | Path
+) -> None:
     """Write the run record page `out_path`: time, commit, config hash and machine, then the
     per-phase and per-step timings (timings, phase_timings) and the timed parts (part_timings)."""
     mach = machine()
@@ -94,29 +123,46 @@ def write_run_record(out_path: str | Path, benchmark_dir: str | Path, logs_dir: 
         "git commit": git_commit(workflow_dir),
         "config hash": config_hash(config),
         "python / torch": f"{mach['python']} / {mach['torch']}",
-        "machine": f"{mach['platform']}, {mach['cpu']}, {mach['cpu_count']} CPUs, CUDA {'yes' if mach['cuda'] else 'no'}",
+        "machine": f"{mach['platform']}, {mach['cpu']}, {mach['cpu_count']} CPUs, "
+        f"CUDA {'yes' if mach['cuda'] else 'no'}",
     }
-    fmt = {"seconds": lambda v: f"{v:.1f}", "peak RSS (MB)": lambda v: f"{v:.0f}",
-           "layer-tokens (M)": lambda v: "" if v is None else f"{v:.2f}",
-           "s per M layer-tokens": lambda v: "" if v is None else f"{v:.1f}"}
-    body = ["<h1>Run record</h1>",
-            "<p>How the latest run of this folder went: wall time and peak memory per study phase and of "
-            "each step, from Snakemake's benchmark records, beside the work each step did (layer-tokens: tokens "
-            "through decoder layers, forward; a count that does not depend on the machine) (the sum of wall times is the run's length on one "
-            "job at a time). A step run in an earlier invocation keeps its record. These numbers describe the "
-            "machine, not the results, so they are kept out of the results and the report.</p>",
-            table(pl.DataFrame({"item": list(about), "value": list(about.values())}), left=("item", "value"))]
+    fmt = {
+        "seconds": lambda v: f"{v:.1f}",
+        "peak RSS (MB)": lambda v: f"{v:.0f}",
+        "layer-tokens (M)": lambda v: "" if v is None else f"{v:.2f}",
+        "s per M layer-tokens": lambda v: "" if v is None else f"{v:.1f}",
+    }
+    body = [
+        "<h1>Run record</h1>",
+        "<p>How the latest run of this folder went: wall time and peak memory per study phase and of "
+        "each step, from Snakemake's benchmark records, beside the work each step did (layer-tokens: tokens "
+        "through decoder layers, forward; a count that does not depend on the machine) (the sum of wall times is the "
+        "run's length on one "
+        "job at a time). A step run in an earlier invocation keeps its record. These numbers describe the "
+        "machine, not the results, so they are kept out of the results and the report.</p>",
+        table(pl.DataFrame({"item": list(about), "value": list(about.values())}), left=("item", "value")),
+    ]
     steps, parts = with_work(timings(benchmark_dir), logs_dir), part_timings(logs_dir)
     if steps.is_empty():
-        body.append("<p>No benchmark records: no step has run in this folder (results restored with "
-                    "<code>make pull</code> carry no timings).</p>")
+        body.append(
+            "<p>No benchmark records: no step has run in this folder (results restored with "
+            "<code>make pull</code> carry no timings).</p>"
+        )
     else:
-        body += ["<h2>Per phase</h2>", table(phase_timings(steps), left=("phase",), fmt=fmt),
-                 "<h2>Per step</h2>", table(steps, left=("step",), fmt=fmt)]
+        body += [
+            "<h2>Per phase</h2>",
+            table(phase_timings(steps), left=("phase",), fmt=fmt),
+            "<h2>Per step</h2>",
+            table(steps, left=("step",), fmt=fmt),
+        ]
     if not parts.is_empty():
-        body += ["<h2>Parts of steps</h2><p>Steps that time their parts separately (e.g. the attribution "
-                 "pre-ranking and the exact verification of its top heads).</p>",
-                 table(parts, left=("step", "part"), fmt=fmt)]
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>Run record</title>"
-            f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>")
+        body += [
+            "<h2>Parts of steps</h2><p>Steps that time their parts separately (e.g. the attribution "
+            "pre-ranking and the exact verification of its top heads).</p>",
+            table(parts, left=("step", "part"), fmt=fmt),
+        ]
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>Run record</title>"
+        f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>"
+    )
     write_text(page, out_path)

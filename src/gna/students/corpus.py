@@ -20,8 +20,10 @@ def answered_mmlu(pool: pl.DataFrame, seed: int) -> list[tuple[str, str]]:
     """(question in letter format, its answer letter) for each MMLU question of `pool`."""
     if not len(pool):
         return []
-    return [(row["context"], row["choices"][row["target"]])
-            for row in build_mmlu(pool, pool, "letter", 0, seed).iter_rows(named=True)]
+    return [
+        (row["context"], row["choices"][row["target"]])
+        for row in build_mmlu(pool, pool, "letter", 0, seed).iter_rows(named=True)
+    ]
 
 
 def corpus_kv_seed(split: str, seed: int) -> str:
@@ -33,8 +35,10 @@ def corpus_kv_seed(split: str, seed: int) -> str:
 def answered_kv(sizes: list[int], n: int, seed: int | str, template: str) -> list[tuple[str, str]]:
     """At least `n` (KV-retrieval prompt, its answer) pairs spread over dictionary `sizes`."""
     per_size = max(1, math.ceil(n / len(sizes)))
-    return [(row["context"], row["choices"][row["target"]])
-            for row in build_kv_retrieval(sizes, per_size, seed, template).iter_rows(named=True)]
+    return [
+        (row["context"], row["choices"][row["target"]])
+        for row in build_kv_retrieval(sizes, per_size, seed, template).iter_rows(named=True)
+    ]
 
 
 def answer_tokens(tok, context: str, answer: str) -> tuple[list[int], list[bool]]:
@@ -48,8 +52,15 @@ def answer_tokens(tok, context: str, answer: str) -> tuple[list[int], list[bool]
     return full, [i >= shared for i in range(len(full))]
 
 
-def token_windows(tok, mmlu_docs: list[tuple[str, str]], kv_docs: list[tuple[str, str]], kv_share: float,
-                  seq_len: int, n_windows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def token_windows(
+    tok,
+    mmlu_docs: list[tuple[str, str]],
+    kv_docs: list[tuple[str, str]],
+    kv_share: float,
+    seq_len: int,
+    n_windows: int,
+    seed: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Documents (context, answer) drawn at random (KV with probability kv_share), joined by EOS
     and cut into `n_windows` windows of `seq_len` tokens. Returns (ids [n_windows, seq_len],
     predicts_answer [n_windows, seq_len] bool: the next token is an answer token)."""
@@ -67,10 +78,12 @@ def token_windows(tok, mmlu_docs: list[tuple[str, str]], kv_docs: list[tuple[str
         stream += ids + [sep]
         is_answer += answer + [False]
     if len(stream) < need:
-        raise ValueError(f"distillation corpus too small: {len(stream)} tokens, {need} needed for {n_windows} "
-                         f"windows of {seq_len} (lower hybrid.corpus.train_windows / heldout_windows / seq_len)")
+        raise ValueError(
+            f"distillation corpus too small: {len(stream)} tokens, {need} needed for {n_windows} "
+            f"windows of {seq_len} (lower hybrid.corpus.train_windows / heldout_windows / seq_len)"
+        )
     ids = torch.tensor(stream[:need]).view(n_windows, seq_len)
-    predicts = torch.tensor(is_answer[1:need + 1] + [False] * (need + 1 - len(is_answer)))[:need]
+    predicts = torch.tensor(is_answer[1 : need + 1] + [False] * (need + 1 - len(is_answer)))[:need]
     return ids, predicts.view(n_windows, seq_len)
 
 
@@ -81,8 +94,10 @@ def check_no_evaluation_items(corpus_texts, evaluation_texts, what: str) -> None
     evaluation = set(evaluation_texts)
     leaked = [t for t in corpus_texts if t in evaluation]
     if leaked:
-        raise ValueError(f"distillation corpus: {len(leaked)} {what} are evaluation items (first: {leaked[0][:80]!r}); "
-                         "the corpus must never contain what the students are scored on")
+        raise ValueError(
+            f"distillation corpus: {len(leaked)} {what} are evaluation items (first: {leaked[0][:80]!r}); "
+            "the corpus must never contain what the students are scored on"
+        )
 
 
 def split_pool(pool: pl.DataFrame, heldout_share: float) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -122,8 +137,9 @@ def build_corpus(tok, mmlu_pool: pl.DataFrame, corpus: dict, template: str, seed
     return out
 
 
-def run_corpus_check(mmlu_path: str, kv_path: str, out_path: str, corpus: dict, seed: int, mmlu: dict,
-                     template: str) -> dict:
+def run_corpus_check(
+    mmlu_path: str, kv_path: str, out_path: str, corpus: dict, seed: int, mmlu: dict, template: str
+) -> dict:
     """Check that the distillation corpus (corpus_documents, from the MMLU questions outside the
     evaluation subset `mmlu` {n, seed, topics}) holds no evaluation item: no MMLU question of the
     subset (by text) and no KV prompt of the evaluation table `kv_path`; raises otherwise

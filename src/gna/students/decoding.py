@@ -20,6 +20,7 @@ log = logging.getLogger("gna.students.decoding")
 
 # -- recurrent inference over the whole model ------------------------------------------------
 
+
 @torch.inference_mode()
 def prefill(model, ids: torch.Tensor):
     """Run a hybrid on ids [B, L] keeping what generation needs; returns (last logits, caches)."""
@@ -50,14 +51,28 @@ def step(model, token: torch.Tensor, position: int, caches: list[dict]):
 
 def cache_nbytes(caches: list[dict]) -> int:
     """Bytes held by the K/V tensors and SSM states of `prefill`'s caches."""
-    return sum(t.numel() * t.element_size() for c in caches for key, t in c.items()
-               if key in ("k", "v", "state", "first", "recent"))
+    return sum(
+        t.numel() * t.element_size()
+        for c in caches
+        for key, t in c.items()
+        if key in ("k", "v", "state", "first", "recent")
+    )
 
 
 # -- inference memory from the configuration --------------------------------------------------
 
-def inference_memory(n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, kept: list[tuple[int, int]] | None,
-                     state_size: int, seq_len: int, bytes_per_value: int = 2, batch: int = 1) -> dict:
+
+def inference_memory(
+    n_layers: int,
+    n_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
+    kept: list[tuple[int, int]] | None,
+    state_size: int,
+    seq_len: int,
+    bytes_per_value: int = 2,
+    batch: int = 1,
+) -> dict:
     """Bytes of KV cache and SSM state for one sequence of `seq_len` tokens.
 
     kept=None is the teacher (every head attention). A K/V group is cached when any of its
@@ -74,16 +89,32 @@ def inference_memory(n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int
     return {"kv_cache_bytes": kv, "ssm_state_bytes": state, "total_bytes": kv + state}
 
 
-def memory_rows(name: str, cfg, kept: list | None, state_size: int, seq_lens: list[int],
-                bytes_per_value: int) -> list[dict]:
+def memory_rows(
+    name: str, cfg, kept: list | None, state_size: int, seq_lens: list[int], bytes_per_value: int
+) -> list[dict]:
     """inference_memory of one variant (kept=None: the teacher) at each length, as table rows."""
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     rows = []
     for length in seq_lens:
-        mem = inference_memory(cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, head_dim,
-                               kept, state_size, length, bytes_per_value)
-        rows.append({"variant": name, "heads_kept": None if kept is None else len(kept),
-                     "state_size": None if kept is None else state_size, "seq_len": length, **mem})
+        mem = inference_memory(
+            cfg.num_hidden_layers,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            head_dim,
+            kept,
+            state_size,
+            length,
+            bytes_per_value,
+        )
+        rows.append(
+            {
+                "variant": name,
+                "heads_kept": None if kept is None else len(kept),
+                "state_size": None if kept is None else state_size,
+                "seq_len": length,
+                **mem,
+            }
+        )
     return rows
 
 
@@ -97,6 +128,7 @@ def measured_cache(model, length: int, seed: int = 0) -> int:
 
 
 # -- the memory table -------------------------------------------------------------------------
+
 
 def formula_table(cfg, specs: list[dict], seq_lens: list[int], bytes_per_value: int) -> pl.DataFrame:
     """The formula's rows (source 'formula'): the teacher, then each student spec in order."""
@@ -115,14 +147,24 @@ def largest_cache(specs: dict[str, dict]) -> str:
 def measured_check(cfg, spec: dict, measured: int, length: int, bytes_per_value: int) -> pl.DataFrame:
     """One row (source 'measured'): the measured cache bytes of student `spec` at `length`
     tokens as total_bytes, beside the formula's bytes (formula_bytes)."""
-    expected = memory_rows(spec["variant"], cfg, spec["kept_heads"], spec["state_size"], [length],
-                           bytes_per_value)[0]
-    return pl.DataFrame([{**expected, "source": "measured", "total_bytes": measured,
-                          "kv_cache_bytes": None, "ssm_state_bytes": None, "formula_bytes": expected["total_bytes"]}])
+    expected = memory_rows(spec["variant"], cfg, spec["kept_heads"], spec["state_size"], [length], bytes_per_value)[0]
+    return pl.DataFrame(
+        [
+            {
+                **expected,
+                "source": "measured",
+                "total_bytes": measured,
+                "kv_cache_bytes": None,
+                "ssm_state_bytes": None,
+                "formula_bytes": expected["total_bytes"],
+            }
+        ]
+    )
 
 
-def run_hybrid_memory(model_name: str, model_dir: str, student_dirs: list[str], out_path: str,
-                      memory: dict) -> pl.DataFrame:
+def run_hybrid_memory(
+    model_name: str, model_dir: str, student_dirs: list[str], out_path: str, memory: dict
+) -> pl.DataFrame:
     """The memory table of a teacher and its students: formula_table at `memory["seq_lens"]`
     with `memory["bytes_per_value"]`, then measured_check of the largest_cache student at
     `memory["check_len"]` tokens (fp32 as loaded); written to `out_path` with a model column."""
@@ -134,10 +176,16 @@ def run_hybrid_memory(model_name: str, model_dir: str, student_dirs: list[str], 
     folder = largest_cache(specs)
     student, _ = load_student(folder)
     measured = measured_cache(student, memory["check_len"])
-    check = measured_check(cfg, specs[folder], measured, memory["check_len"],
-                           torch.finfo(next(student.parameters()).dtype).bits // 8)
-    log.info("measured cache of %s at %d tokens: %d bytes (formula %d)", specs[folder]["variant"],
-             memory["check_len"], measured, check["formula_bytes"][0])
+    check = measured_check(
+        cfg, specs[folder], measured, memory["check_len"], torch.finfo(next(student.parameters()).dtype).bits // 8
+    )
+    log.info(
+        "measured cache of %s at %d tokens: %d bytes (formula %d)",
+        specs[folder]["variant"],
+        memory["check_len"],
+        measured,
+        check["formula_bytes"][0],
+    )
     frame = pl.concat([frame, check], how="diagonal_relaxed").with_columns(pl.lit(model_name).alias("model"))
     write_parquet(frame, out_path)
     return frame

@@ -28,26 +28,28 @@ import torch
 from tqdm.auto import tqdm
 
 from gna.core import work
+from gna.core.io import atomic_dir, read_parquet, write_parquet
+from gna.core.tensor_files import read_tensors, write_tensors
+from gna.engine.device import device_of
 from gna.engine.precision import COMPUTE_DTYPES, frozen_weights_in
 from gna.engine.stack import UnsupportedModel
 from gna.models.families import check_student_family, skip_hint
+from gna.models.prepare import load_model
 from gna.students.corpus import build_corpus
 from gna.students.mixer import HybridMixer, mixers
-from gna.core.io import atomic_dir, read_parquet, write_parquet
-from gna.models.prepare import load_model
 from gna.students.spec import hybrid_spec, make_hybrid, ranked_heads, save_student, variant_name
 from gna.tasks.tables import load_mmlu_jsonl, select_mmlu
-from gna.core.tensor_files import read_tensors, write_tensors
-from gna.engine.device import device_of
 
 log = logging.getLogger("gna.students.distill")
 
 
 # -- teacher ----------------------------------------------------------------------------------
 
+
 @torch.inference_mode()
-def teacher_activations(model, ids: torch.Tensor, top_k: int, hidden_windows: int | None = None, batch: int = 4,
-                        progress: bool = True) -> dict:
+def teacher_activations(
+    model, ids: torch.Tensor, top_k: int, hidden_windows: int | None = None, batch: int = 4, progress: bool = True
+) -> dict:
     """The teacher's top-k next-token log-probs at every position of the windows `ids` [n, T],
     and the hidden state entering each layer (float16, [layers, hidden_windows, T, d]) of the
     first `hidden_windows` windows (None: all) — what layer alignment needs, while end-to-end
@@ -64,8 +66,8 @@ def teacher_activations(model, ids: torch.Tensor, top_k: int, hidden_windows: in
     try:
         for start in tqdm(range(0, len(ids), batch), desc="teacher activations", disable=not progress):
             captured.clear()
-            logits = model(input_ids=ids[start: start + batch], use_cache=False).logits.float()
-            work.add(ids[start: start + batch].numel(), len(layers))
+            logits = model(input_ids=ids[start : start + batch], use_cache=False).logits.float()
+            work.add(ids[start : start + batch].numel(), len(layers))
             if start < n_hidden:
                 hidden.append(torch.stack(captured)[:, : n_hidden - start])
             lp, ix = torch.log_softmax(logits, -1).topk(top_k, dim=-1)
@@ -74,11 +76,25 @@ def teacher_activations(model, ids: torch.Tensor, top_k: int, hidden_windows: in
     finally:
         for h in hooks:
             h.remove()
-    return {"hidden": torch.cat(hidden, dim=1).contiguous(), "top_logp": torch.cat(top_lp), "top_idx": torch.cat(top_ix)}
+    return {
+        "hidden": torch.cat(hidden, dim=1).contiguous(),
+        "top_logp": torch.cat(top_lp),
+        "top_idx": torch.cat(top_ix),
+    }
 
 
-def run_distill_teacher(model_dir: str, mmlu_path: str, out_path: str, corpus: dict, top_k: int, seed: int,
-                        mmlu: dict, template: str, dtype: str = "float32", compute_dtype: str = "float32") -> None:
+def run_distill_teacher(
+    model_dir: str,
+    mmlu_path: str,
+    out_path: str,
+    corpus: dict,
+    top_k: int,
+    seed: int,
+    mmlu: dict,
+    template: str,
+    dtype: str = "float32",
+    compute_dtype: str = "float32",
+) -> None:
     """Build the corpus (gna.students.corpus.build_corpus, from the MMLU questions outside the evaluation
     subset `mmlu` {n, seed, topics}) and write the teacher file `out_path`: teacher_activations
     on the train windows (hidden of the first corpus["align_windows"], top_logp, top_idx) plus
@@ -91,17 +107,31 @@ def run_distill_teacher(model_dir: str, mmlu_path: str, out_path: str, corpus: d
         raise UnsupportedModel(f"{err}; {skip_hint(Path(model_dir).name, 'hybrid')}") from None
     _, pool = select_mmlu(load_mmlu_jsonl(mmlu_path), mmlu["n"], mmlu["seed"], mmlu["topics"])
     windows = build_corpus(tok, pool, corpus, template, seed)
-    log.info("corpus: %d train windows (%d answer positions; the first %d also for alignment) and %d held-out "
-             "windows of %d tokens (%d MMLU questions outside the evaluation subset)", len(windows["train"]),
-             int(windows["train_answers"].sum()), min(corpus["align_windows"], len(windows["train"])),
-             len(windows["heldout"]), corpus["seq_len"], len(pool))
+    log.info(
+        "corpus: %d train windows (%d answer positions; the first %d also for alignment) and %d held-out "
+        "windows of %d tokens (%d MMLU questions outside the evaluation subset)",
+        len(windows["train"]),
+        int(windows["train_answers"].sum()),
+        min(corpus["align_windows"], len(windows["train"])),
+        len(windows["heldout"]),
+        corpus["seq_len"],
+        len(pool),
+    )
     acts = teacher_activations(model, windows["train"].to(device_of(model)), top_k, corpus["align_windows"])
-    write_tensors({**acts, "train_ids": windows["train"], "train_answers": windows["train_answers"],
-                   "heldout_ids": windows["heldout"]}, out_path)
+    write_tensors(
+        {
+            **acts,
+            "train_ids": windows["train"],
+            "train_answers": windows["train_answers"],
+            "heldout_ids": windows["heldout"],
+        },
+        out_path,
+    )
     log.info("teacher hidden states %s (float16)", tuple(acts["hidden"].shape))
 
 
 # -- stage 1: layer-local alignment -----------------------------------------------------------
+
 
 def _schedule(step: int, steps: int, warmup: int) -> float:
     if step < warmup:
@@ -117,15 +147,25 @@ def _output_metric(mixer: HybridMixer) -> torch.Tensor:
     eye = torch.eye(p, device=w.device)
     blocks = []
     for h in range(mixer.num_heads):
-        wh = w[:, h * p: (h + 1) * p]
+        wh = w[:, h * p : (h + 1) * p]
         gram = wh.T @ wh
         blocks.append(torch.linalg.cholesky(gram + 1e-6 * gram.diagonal().mean() * eye))
     return torch.stack(blocks)  # [H, P, P]
 
 
-def align_layers(model, hidden: torch.Tensor, state_size: int, steps: int, batch: int, lr: float, seed: int,
-                 progress: bool = True, log_every: int = 10, first_token: bool = True,
-                 compute_dtype: str = "float32") -> tuple[dict, pl.DataFrame]:
+def align_layers(
+    model,
+    hidden: torch.Tensor,
+    state_size: int,
+    steps: int,
+    batch: int,
+    lr: float,
+    seed: int,
+    progress: bool = True,
+    log_every: int = 10,
+    first_token: bool = True,
+    compute_dtype: str = "float32",
+) -> tuple[dict, pl.DataFrame]:
     """Fit one SSM head per attention head of every layer (the pure-SSM student, k = 0).
 
     hidden: [layers, n, T, d] teacher hidden states entering each layer. first_token: False
@@ -191,13 +231,13 @@ def attention_targets(base, ms, metrics, hidden: torch.Tensor, batch: int) -> to
     out = None
     for i, (layer, m, metric) in enumerate(zip(base.layers, ms, metrics)):
         for start in range(0, n_seq, batch):
-            u = layer.input_layernorm(hidden[i, start: start + batch].float())
+            u = layer.input_layernorm(hidden[i, start : start + batch].float())
             rope = base.rotary_emb(u, position_ids=pos.expand(len(u), -1))
             heads = m.attention_output(u, rope, None, list(range(m.num_heads)))
             target = torch.einsum("blhp,hpq->blhq", heads.float(), metric).to(torch.float16)
             if out is None:
                 out = target.new_empty(n_layers, n_seq, *target.shape[1:])
-            out[i, start: start + len(u)] = target
+            out[i, start : start + len(u)] = target
     return out
 
 
@@ -227,8 +267,10 @@ def init_from_teacher_maps(ms, base, hidden, pos, n_seq: int = 4, skip: int = 8)
         if start < width:  # windows too short to see the local profile
             continue
         beside_first = (1 - probs[..., 0]).clamp_min(1e-6)
-        at_offset = [(torch.diagonal(probs[..., start - j:], dim1=-2, dim2=-1) / beside_first).mean(dim=(0, 2))
-                     for j in range(width + 1)]
+        at_offset = [
+            (torch.diagonal(probs[..., start - j :], dim1=-2, dim2=-1) / beside_first).mean(dim=(0, 2))
+            for j in range(width + 1)
+        ]
         m.D.copy_(at_offset[0])
         m.local.copy_(torch.stack(at_offset[1:], dim=-1))
         rows = torch.arange(start, length, device=u.device)[:, None]
@@ -268,29 +310,53 @@ def head_errors(model, hidden: torch.Tensor, n_seq: int = 4) -> pl.DataFrame:
         pred = torch.einsum("blhp,hpq->blhq", m.ssm_output(u, None).float(), metric)
         err = (pred - target).square().sum(dim=(0, 1, 3)) / target.square().sum(dim=(0, 1, 3)).clamp_min(1e-12)
         first = first_token_attention(m, u, rope, m.ssm_heads)
-        rows += [{"layer": m.layer_idx, "head": h, "rel_error": float(e), "teacher_first_token_attention": float(f)}
-                 for h, e, f in zip(m.ssm_heads, err, first)]
+        rows += [
+            {"layer": m.layer_idx, "head": h, "rel_error": float(e), "teacher_first_token_attention": float(f)}
+            for h, e, f in zip(m.ssm_heads, err, first)
+        ]
     return pl.DataFrame(rows)
 
 
-def run_distill_align(model_name: str, model_dir: str, teacher_path: str, state_size: int, weights_path: str,
-                      curve_path: str, heads_path: str, align: dict, seed: int, dtype: str = "float32") -> None:
+def run_distill_align(
+    model_name: str,
+    model_dir: str,
+    teacher_path: str,
+    state_size: int,
+    weights_path: str,
+    curve_path: str,
+    heads_path: str,
+    align: dict,
+    seed: int,
+    dtype: str = "float32",
+) -> None:
     """align_layers at `state_size` on the teacher file's hidden states, with `align` {steps,
     batch, lr, compute_dtype}: writes the aligned SSM heads to `weights_path`, the loss curve to `curve_path` and
     the per-head errors after alignment (head_errors of the pure SSM) to `heads_path`, each with
     model and state_size columns."""
     model, _ = load_model(model_dir, dtype)
     hidden = read_tensors(teacher_path, ["hidden"], device_of(model))["hidden"]
-    state, curve = align_layers(model, hidden, state_size, align["steps"], align["batch"], align["lr"], seed,
-                                compute_dtype=align.get("compute_dtype", "float32"))
+    state, curve = align_layers(
+        model,
+        hidden,
+        state_size,
+        align["steps"],
+        align["batch"],
+        align["lr"],
+        seed,
+        compute_dtype=align.get("compute_dtype", "float32"),
+    )
     write_tensors(state, weights_path)
     labels = [pl.lit(model_name).alias("model"), pl.lit(state_size).alias("state_size")]
     write_parquet(curve.with_columns(*labels), curve_path)
     errors = head_errors(load_aligned(make_hybrid(copy.deepcopy(model), [], state_size), state), hidden)
     write_parquet(errors.with_columns(*labels), heads_path)
     if not errors.is_empty():
-        log.info("n=%d: relative error of the SSM heads after alignment: median %.3f, worst %.3f", state_size,
-                 errors["rel_error"].median(), errors["rel_error"].max())
+        log.info(
+            "n=%d: relative error of the SSM heads after alignment: median %.3f, worst %.3f",
+            state_size,
+            errors["rel_error"].median(),
+            errors["rel_error"].max(),
+        )
 
 
 @torch.no_grad()
@@ -304,15 +370,21 @@ def load_aligned(model, aligned: dict):
             if key == "norm_weight":
                 full = full.reshape(-1, p)
             if full.shape[0] != m.num_heads * rows:
-                raise ValueError(f"aligned state for layer {m.layer_idx} {key}: shape {tuple(full.shape)} does "
-                                 f"not fit {m.num_heads} heads with state size {n}")
-            idx = torch.cat([torch.arange(h * rows, (h + 1) * rows, device=full.device) for h in m.ssm_heads]) \
-                if m.ssm_heads else torch.zeros(0, dtype=torch.long, device=full.device)
+                raise ValueError(
+                    f"aligned state for layer {m.layer_idx} {key}: shape {tuple(full.shape)} does "
+                    f"not fit {m.num_heads} heads with state size {n}"
+                )
+            idx = (
+                torch.cat([torch.arange(h * rows, (h + 1) * rows, device=full.device) for h in m.ssm_heads])
+                if m.ssm_heads
+                else torch.zeros(0, dtype=torch.long, device=full.device)
+            )
             param.copy_(full[idx])
     return model
 
 
 # -- stage 2: end-to-end knowledge distillation --------------------------------------------------
+
 
 def answer_weights(predicts_answer: torch.Tensor, answer_weight: float) -> torch.Tensor:
     """Per-position KD weights: `answer_weight` where the next token is an answer token (a KV
@@ -339,8 +411,9 @@ def _cross_entropy_per_position(logits: torch.Tensor, target: torch.Tensor, top_
     return -(target * logp.gather(-1, top_idx.long())).sum(-1)
 
 
-def kd_loss(logits: torch.Tensor, target: torch.Tensor, top_idx: torch.Tensor,
-            weights: torch.Tensor | None = None) -> torch.Tensor:
+def kd_loss(
+    logits: torch.Tensor, target: torch.Tensor, top_idx: torch.Tensor, weights: torch.Tensor | None = None
+) -> torch.Tensor:
     """Cross-entropy of the student's next-token distribution (`logits` [B, T, V]) to the
     teacher's renormalised top-k (`target` probabilities at `top_idx`, [B, T, k]), averaged over
     positions with `weights` [B, T] (default 1). The reference of kd_backward."""
@@ -376,8 +449,15 @@ class _TopKCrossEntropy(torch.autograd.Function):
 KD_HEAD_ROWS = 256
 
 
-def kd_backward(student, ids: torch.Tensor, target: torch.Tensor, top_idx: torch.Tensor, weights: torch.Tensor,
-                low: torch.dtype | None = None, head_rows: int = KD_HEAD_ROWS) -> float:
+def kd_backward(
+    student,
+    ids: torch.Tensor,
+    target: torch.Tensor,
+    top_idx: torch.Tensor,
+    weights: torch.Tensor,
+    low: torch.dtype | None = None,
+    head_rows: int = KD_HEAD_ROWS,
+) -> float:
     """Forward and backward of kd_loss(student(ids).logits, target, top_idx, weights), the
     output head and loss (_TopKCrossEntropy) taken `head_rows` positions at a time: the decoder
     runs once, each slice's logits and gradient are freed before the next, and the gradient
@@ -405,10 +485,21 @@ def kd_backward(student, ids: torch.Tensor, target: torch.Tensor, top_idx: torch
     return loss
 
 
-def distill_logits(student, ids: torch.Tensor, top_logp: torch.Tensor, top_idx: torch.Tensor, steps: int,
-                   batch: int, lr: float, seed: int, weights: torch.Tensor | None = None,
-                   checkpoints: list[int] = (), compute_dtype: str = "float32", progress: bool = True,
-                   desc: str = "kd") -> tuple[pl.DataFrame, dict[int, dict]]:
+def distill_logits(
+    student,
+    ids: torch.Tensor,
+    top_logp: torch.Tensor,
+    top_idx: torch.Tensor,
+    steps: int,
+    batch: int,
+    lr: float,
+    seed: int,
+    weights: torch.Tensor | None = None,
+    checkpoints: list[int] = (),
+    compute_dtype: str = "float32",
+    progress: bool = True,
+    desc: str = "kd",
+) -> tuple[pl.DataFrame, dict[int, dict]]:
     """Train the student's SSM parameters to match the teacher's top-k next-token
     distribution at every position (cross-entropy to the renormalised teacher top-k, averaged
     with per-position `weights` [n, T], default 1). Returns the loss curve and a snapshot of
@@ -434,8 +525,10 @@ def distill_logits(student, ids: torch.Tensor, top_logp: torch.Tensor, top_idx: 
     student.train()
     low = COMPUTE_DTYPES[compute_dtype]
     try:
-        with frozen_weights_in(student, low), \
-                tqdm(range(steps), desc=desc, disable=not progress, mininterval=2.0) as bar:
+        with (
+            frozen_weights_in(student, low),
+            tqdm(range(steps), desc=desc, disable=not progress, mininterval=2.0) as bar,
+        ):
             for step in bar:
                 for g in opt.param_groups:
                     g["lr"] = lr * _schedule(step, steps, warmup)
@@ -455,9 +548,22 @@ def distill_logits(student, ids: torch.Tensor, top_logp: torch.Tensor, top_idx: 
     return pl.DataFrame(curve), saved
 
 
-def run_distill_kd(model_name: str, model_dir: str, teacher_path: str, aligned_path: str, ranking_path: str,
-                   heads_kept: int, state_size: int, student_dir: str, curve_path: str, checkpoints_path: str,
-                   kd: dict, checkpoints: list[int], seed: int, dtype: str = "float32") -> None:
+def run_distill_kd(
+    model_name: str,
+    model_dir: str,
+    teacher_path: str,
+    aligned_path: str,
+    ranking_path: str,
+    heads_kept: int,
+    state_size: int,
+    student_dir: str,
+    curve_path: str,
+    checkpoints_path: str,
+    kd: dict,
+    checkpoints: list[int],
+    seed: int,
+    dtype: str = "float32",
+) -> None:
     """Build the student keeping the `heads_kept` best-ranked heads as attention (its SSM heads
     from the aligned file), distill_logits it on the teacher file with `kd` {steps, batch, lr,
     answer_weight, compute_dtype}, and write the student folder `student_dir` (gna.students.spec), the KD
@@ -471,15 +577,37 @@ def run_distill_kd(model_name: str, model_dir: str, teacher_path: str, aligned_p
     del model
     data = read_tensors(teacher_path, ["train_ids", "train_answers", "top_logp", "top_idx"], on)
     weights = answer_weights(data["train_answers"], kd["answer_weight"])
-    curve, saved = distill_logits(student, data["train_ids"], data["top_logp"], data["top_idx"], kd["steps"],
-                                  kd["batch"], kd["lr"], seed, weights=weights,
-                                  checkpoints=[c for c in checkpoints if c < kd["steps"]],
-                                  compute_dtype=kd["compute_dtype"], desc=f"kd k={heads_kept} n={state_size}")
-    spec = hybrid_spec(student, teacher=model_name, heads_kept=heads_kept, variant=variant_name(heads_kept, state_size),
-                       kept_ranked=[list(h) for h in kept], kd_steps=kd["steps"],
-                       kd_tokens=kd["steps"] * kd["batch"] * data["train_ids"].shape[1])
+    curve, saved = distill_logits(
+        student,
+        data["train_ids"],
+        data["top_logp"],
+        data["top_idx"],
+        kd["steps"],
+        kd["batch"],
+        kd["lr"],
+        seed,
+        weights=weights,
+        checkpoints=[c for c in checkpoints if c < kd["steps"]],
+        compute_dtype=kd["compute_dtype"],
+        desc=f"kd k={heads_kept} n={state_size}",
+    )
+    spec = hybrid_spec(
+        student,
+        teacher=model_name,
+        heads_kept=heads_kept,
+        variant=variant_name(heads_kept, state_size),
+        kept_ranked=[list(h) for h in kept],
+        kd_steps=kd["steps"],
+        kd_tokens=kd["steps"] * kd["batch"] * data["train_ids"].shape[1],
+    )
     with atomic_dir(student_dir) as tmp:
         save_student(student, tok, tmp, spec)
     write_tensors({f"{step}/{key}": v for step, state in saved.items() for key, v in state.items()}, checkpoints_path)
-    write_parquet(curve.with_columns(pl.lit(model_name).alias("model"), pl.lit(heads_kept).alias("heads_kept"),
-                                     pl.lit(state_size).alias("state_size")), curve_path)
+    write_parquet(
+        curve.with_columns(
+            pl.lit(model_name).alias("model"),
+            pl.lit(heads_kept).alias("heads_kept"),
+            pl.lit(state_size).alias("state_size"),
+        ),
+        curve_path,
+    )

@@ -28,8 +28,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from gna.engine.precision import linear_group
-from gna.engine.ssm import (TreeLayout, local_matrix, local_mix, local_mix_causal, materialize, ssd_recurrent, ssd_scan,
-                            ssd_tree, tree_layout)
+from gna.engine.ssm import (
+    TreeLayout,
+    local_matrix,
+    local_mix,
+    local_mix_causal,
+    materialize,
+    ssd_recurrent,
+    ssd_scan,
+    ssd_tree,
+    tree_layout,
+)
 
 C_INIT_SCALE = 0.03
 SINK_INIT = 0.3  # teacher heads put about a third of their attention on the first token
@@ -99,7 +108,7 @@ class HybridMixer(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(attn, "head_dim", None) or config.hidden_size // self.num_heads
         self.group = self.num_heads // self.num_kv_heads
-        self.scaling = self.head_dim ** -0.5
+        self.scaling = self.head_dim**-0.5
         self.state_size = int(state_size)
         self.ssm_heads = sorted(int(h) for h in ssm_heads)
         bad = [h for h in self.ssm_heads if not 0 <= h < self.num_heads]
@@ -134,20 +143,20 @@ class HybridMixer(nn.Module):
             # normalisation a sum over many positions would otherwise start far too large
             c_scale = self.scaling * C_INIT_SCALE
             for dst, src, rows, scale in ((self.C_proj, self.q_proj, h, c_scale), (self.B_proj, self.k_proj, g, 1.0)):
-                block = src.weight[rows * p: (rows + 1) * p]
+                block = src.weight[rows * p : (rows + 1) * p]
                 take = min(n, p)
-                w = dst.weight[j * n: (j + 1) * n]
+                w = dst.weight[j * n : (j + 1) * n]
                 w[:take] = block[:take] * scale
                 if n > p:  # extra state dimensions start small and random
                     # drawn on the CPU, so a seed gives the same student on any device
                     noise = torch.randn(n - take, w.shape[1], generator=gen, device="cpu").to(w.device)
                     w[take:] = noise * block.std() * 0.1
                 if dst.bias is not None:
-                    dst.bias[j * n: j * n + take] = src.bias[rows * p: rows * p + take] * scale
-                    dst.bias[j * n + take: (j + 1) * n] = 0
-            self.x_proj.weight[j * p: (j + 1) * p] = self.v_proj.weight[g * p: (g + 1) * p]
+                    dst.bias[j * n : j * n + take] = src.bias[rows * p : rows * p + take] * scale
+                    dst.bias[j * n + take : (j + 1) * n] = 0
+            self.x_proj.weight[j * p : (j + 1) * p] = self.v_proj.weight[g * p : (g + 1) * p]
             if self.x_proj.bias is not None:
-                self.x_proj.bias[j * p: (j + 1) * p] = self.v_proj.bias[g * p: (g + 1) * p]
+                self.x_proj.bias[j * p : (j + 1) * p] = self.v_proj.bias[g * p : (g + 1) * p]
         # per-step decays exp(-dt), dt log-spaced in [0.001, 0.1] across heads (Mamba's init)
         s = len(self.ssm_heads)
         dt = torch.exp(torch.linspace(math.log(1e-3), math.log(1e-1), max(s, 1), device=self.D.device))[:s]
@@ -173,11 +182,18 @@ class HybridMixer(nn.Module):
     def ssm_state(self) -> dict[str, nn.Parameter]:
         """The SSM parameters by name (the only parameters distillation trains); each holds one
         block of rows per SSM head, in `ssm_heads` order (norm_weight: one row per head)."""
-        named = {"C_proj.weight": self.C_proj.weight, "B_proj.weight": self.B_proj.weight,
-                 "x_proj.weight": self.x_proj.weight, "decay_proj.weight": self.decay_proj.weight,
-                 "decay_proj.bias": self.decay_proj.bias, "D": self.D, "local": self.local,
-                 "norm_weight": self.norm_weight,
-                 "sink_proj.weight": self.sink_proj.weight, "sink_proj.bias": self.sink_proj.bias}
+        named = {
+            "C_proj.weight": self.C_proj.weight,
+            "B_proj.weight": self.B_proj.weight,
+            "x_proj.weight": self.x_proj.weight,
+            "decay_proj.weight": self.decay_proj.weight,
+            "decay_proj.bias": self.decay_proj.bias,
+            "D": self.D,
+            "local": self.local,
+            "norm_weight": self.norm_weight,
+            "sink_proj.weight": self.sink_proj.weight,
+            "sink_proj.bias": self.sink_proj.bias,
+        }
         for key in ("C_proj", "B_proj", "x_proj"):
             bias = getattr(self, key).bias
             if bias is not None:
@@ -203,15 +219,17 @@ class HybridMixer(nn.Module):
         # v's dtype for the attention itself (what autocast does too; a bf16 teacher needs it)
         return _rope(q, cos, sin).to(v.dtype), _rope(k, cos, sin).to(v.dtype), v
 
-    def attention_output(self, u, position_embeddings, allowed, heads: list[int], return_kv: bool = False,
-                         per_head=None):
+    def attention_output(
+        self, u, position_embeddings, allowed, heads: list[int], return_kv: bool = False, per_head=None
+    ):
         """Softmax attention of query `heads` with the teacher's weights: [B, L, len(heads), P].
         per_head: optional [B, len(heads), L, L] bool mask replacing `allowed` head by head."""
         q, k, v = self._qkv(u, position_embeddings, heads)
         groups = [h // self.group for h in heads]
         mask = per_head if per_head is not None else (None if allowed is None else allowed[:, None])
-        out = F.scaled_dot_product_attention(q, k[:, groups], v[:, groups], attn_mask=mask, is_causal=mask is None,
-                                             scale=self.scaling)
+        out = F.scaled_dot_product_attention(
+            q, k[:, groups], v[:, groups], attn_mask=mask, is_causal=mask is None, scale=self.scaling
+        )
         out = out.transpose(1, 2)
         return (out, k, v) if return_kv else out
 
@@ -234,8 +252,9 @@ class HybridMixer(nn.Module):
         (linear_group)."""
         b, length, _ = u.shape
         s, n, p = len(self.ssm_heads), self.state_size, self.head_dim
-        x, Bm, Cm, decay, sink = linear_group([self.x_proj, self.B_proj, self.C_proj, self.decay_proj, self.sink_proj],
-                                              self.ssm_dtype(u))
+        x, Bm, Cm, decay, sink = linear_group(
+            [self.x_proj, self.B_proj, self.C_proj, self.decay_proj, self.sink_proj], self.ssm_dtype(u)
+        )
         x, Bm, Cm = x.reshape(b, length, s, p), Bm.reshape(b, length, s, n), Cm.reshape(b, length, s, n)
         log_a = -F.softplus(decay)
         share = torch.sigmoid(sink) if self.first_token_share else torch.zeros_like(sink)
@@ -244,8 +263,15 @@ class HybridMixer(nn.Module):
             log_a, share = log_a[:, :, which], share[:, :, which]
         return x, log_a, Bm, Cm, share
 
-    def ssm_output(self, u, allowed, which: list[int] | None = None, chunk: int = 128, restrict=None,
-                   layout: TreeLayout | None = None):
+    def ssm_output(
+        self,
+        u,
+        allowed,
+        which: list[int] | None = None,
+        chunk: int = 128,
+        restrict=None,
+        layout: TreeLayout | None = None,
+    ):
         """SSM heads `which`: [B, L, len(which), P]. restrict: optional [B, len(which), L, L] bool
         mask applied to each head's materialised matrix (the head's output is recomputed from the
         masked matrix; the decays still follow the sequence layout `allowed`). layout: `allowed`'s
@@ -317,8 +343,10 @@ class HybridMixer(nn.Module):
         if active:
             heads = [self.ssm_heads[j] for j in active]
             x, log_a, Bm, Cm, share = self.ssm_inputs(u, active)
-            T = (materialize(log_a, Bm, Cm, self.D[active], structure)
-                 + local_matrix(self.local[active], structure, length)).abs()  # the local skip is part of the mix
+            T = (
+                materialize(log_a, Bm, Cm, self.D[active], structure)
+                + local_matrix(self.local[active], structure, length)
+            ).abs()  # the local skip is part of the mix
             share = share.transpose(1, 2)  # [B, S, L]
             if per_head is not None:
                 T = T * per_head[:, heads]
@@ -343,9 +371,13 @@ class HybridMixer(nn.Module):
         heads = hidden_states.new_zeros(b, length, self.num_heads, self.head_dim, dtype=_matmul_dtype(hidden_states))
         attn = self.attention_heads
         if attn:
-            heads[:, :, attn] = self.attention_output(hidden_states, position_embeddings, allowed, attn,
-                                                      per_head=None if per_head is None else per_head[:, attn]
-                                                      ).to(heads.dtype)  # bf16 under autocast
+            heads[:, :, attn] = self.attention_output(
+                hidden_states,
+                position_embeddings,
+                allowed,
+                attn,
+                per_head=None if per_head is None else per_head[:, attn],
+            ).to(heads.dtype)  # bf16 under autocast
         active = self.active_ssm
         if active:
             ssm = [self.ssm_heads[j] for j in active]
@@ -353,8 +385,9 @@ class HybridMixer(nn.Module):
             if restrict is not None and bool((restrict == allowed[:, None]).all()):
                 restrict = None  # per-head masks that leave the SSM heads the whole layout (masking other heads)
             layout = layout_of(attention_mask, allowed) if allowed is not None and restrict is None else None
-            heads[:, :, ssm] = self.ssm_output(hidden_states, allowed, active, restrict=restrict,
-                                               layout=layout).to(heads.dtype)
+            heads[:, :, ssm] = self.ssm_output(hidden_states, allowed, active, restrict=restrict, layout=layout).to(
+                heads.dtype
+            )
         if self.capture:
             self.captured = self.head_maps(hidden_states, position_embeddings, allowed, per_head)
         return self.o_proj(heads.reshape(b, length, -1)), None
@@ -378,9 +411,10 @@ class HybridMixer(nn.Module):
             y = y + local_mix_causal(x, local)
             first = self.first_value(u, active)
             heads[:, :, [self.ssm_heads[j] for j in active]] = self.with_first_token(
-                self.normalize(y, active), share, first, first_position=True).to(heads.dtype)
+                self.normalize(y, active), share, first, first_position=True
+            ).to(heads.dtype)
             # the last LOCAL_WIDTH values, oldest first (zeros before the first token)
-            recent = torch.cat([x.new_zeros(b, local.shape[1], *x.shape[2:]), x], dim=1)[:, -local.shape[1]:]
+            recent = torch.cat([x.new_zeros(b, local.shape[1], *x.shape[2:]), x], dim=1)[:, -local.shape[1] :]
             cache["state"], cache["first"], cache["recent"] = state, first, recent
         return self.o_proj(heads.reshape(b, length, -1)), cache
 
@@ -406,8 +440,10 @@ class HybridMixer(nn.Module):
             x, log_a, Bm, Cm, share = self.ssm_inputs(u, active)
             y, cache["state"] = ssd_recurrent(x, log_a, Bm, Cm, self.D[active], cache["state"])
             recent, local = cache["recent"], self.local[active]
-            y = y + sum(local[:, j - 1][None, None, :, None] * recent[:, -j:recent.shape[1] - j + 1]
-                        for j in range(1, local.shape[1] + 1))
+            y = y + sum(
+                local[:, j - 1][None, None, :, None] * recent[:, -j : recent.shape[1] - j + 1]
+                for j in range(1, local.shape[1] + 1)
+            )
             cache["recent"] = torch.cat([recent[:, 1:], x], dim=1)
             heads[:, :, [self.ssm_heads[j] for j in active]] = self.with_first_token(
                 self.normalize(y, active), share, cache["first"], first_position=False
@@ -416,6 +452,7 @@ class HybridMixer(nn.Module):
 
 
 # -- the mixers of a model ----------------------------------------------------------------
+
 
 def layers_of(model):
     from gna.engine.stack import decoder_layers

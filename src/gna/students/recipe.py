@@ -27,8 +27,18 @@ from gna.students.student_evaluation import kv_items
 log = logging.getLogger("gna.students.recipe")
 
 
-def ablated_student(teacher, kept: list[tuple[int, int]], state_size: int, ablation: str, aligned: dict,
-                    data: dict, align: dict, kd: dict, align_windows: int, seed: int):
+def ablated_student(
+    teacher,
+    kept: list[tuple[int, int]],
+    state_size: int,
+    ablation: str,
+    aligned: dict,
+    data: dict,
+    align: dict,
+    kd: dict,
+    align_windows: int,
+    seed: int,
+):
     """A student trained by the recipe with `ablation` (a key of ABLATIONS) removed, made from
     `teacher` in place (the teacher's forward is in the teacher file; no copy is held beside the
     student). aligned: the recipe's aligned SSM heads at `state_size`; data: the teacher file's
@@ -36,8 +46,17 @@ def ablated_student(teacher, kept: list[tuple[int, int]], state_size: int, ablat
     if ablation not in ABLATIONS:
         raise ValueError(f"unknown distillation ablation {ablation!r}; allowed: {', '.join(ABLATIONS)}")
     if ablation == "no_first_token":  # aligned again, from the teacher before it becomes the student
-        aligned, _ = align_layers(teacher, data["hidden"], state_size, align["steps"], align["batch"], align["lr"],
-                                  seed, first_token=False, compute_dtype=align.get("compute_dtype", "float32"))
+        aligned, _ = align_layers(
+            teacher,
+            data["hidden"],
+            state_size,
+            align["steps"],
+            align["batch"],
+            align["lr"],
+            seed,
+            first_token=False,
+            compute_dtype=align.get("compute_dtype", "float32"),
+        )
     student = make_hybrid(teacher, kept, state_size)
     if ablation == "init_only":
         return student
@@ -50,31 +69,64 @@ def ablated_student(teacher, kept: list[tuple[int, int]], state_size: int, ablat
     weights = answer_weights(data["train_answers"], 1 if ablation == "no_answer_weight" else kd["answer_weight"])
     if ablation == "small_corpus":
         ids, top_logp, top_idx, weights = (t[:align_windows] for t in (ids, top_logp, top_idx, weights))
-    distill_logits(student, ids, top_logp, top_idx, kd["steps"], kd["batch"], kd["lr"], seed, weights=weights,
-                   compute_dtype=kd["compute_dtype"], desc=f"kd, {ablation}")
+    distill_logits(
+        student,
+        ids,
+        top_logp,
+        top_idx,
+        kd["steps"],
+        kd["batch"],
+        kd["lr"],
+        seed,
+        weights=weights,
+        compute_dtype=kd["compute_dtype"],
+        desc=f"kd, {ablation}",
+    )
     return student
 
 
-def run_hybrid_ablation(model_name: str, ablation: str, variant: str, model_dir: str, teacher_path: str,
-                        aligned_path: str, ranking_path: str, kv_path: str, out_path: str, align: dict, kd: dict,
-                        align_windows: int, seed: int, dict_size: int, swap_items: int | None, batch_size: int,
-                        dtype: str = "float32", compute_dtype: str = "float32") -> pl.DataFrame:
+def run_hybrid_ablation(
+    model_name: str,
+    ablation: str,
+    variant: str,
+    model_dir: str,
+    teacher_path: str,
+    aligned_path: str,
+    ranking_path: str,
+    kv_path: str,
+    out_path: str,
+    align: dict,
+    kd: dict,
+    align_windows: int,
+    seed: int,
+    dict_size: int,
+    swap_items: int | None,
+    batch_size: int,
+    dtype: str = "float32",
+    compute_dtype: str = "float32",
+) -> pl.DataFrame:
     """Train student `variant` by the recipe without `ablation` (ablated_student), score it on
-    the KV items of `dict_size` keys (`swap_items` degeneracy checks; linear layers in `compute_dtype`) and on the teacher file's
-    held-out windows; tidy rows with ablation and description columns to `out_path`."""
+    the KV items of `dict_size` keys (`swap_items` degeneracy checks; linear layers in `compute_dtype`) and on the
+    teacher file's held-out windows; tidy rows with ablation and description columns to `out_path`."""
     teacher, tok = load_model(model_dir, dtype)
     heads_kept, state_size = parse_variant(variant)
     kept = ranked_heads(read_parquet(ranking_path), heads_kept, model_name)
     needed = ["train_ids", "train_answers", "top_logp", "top_idx", "heldout_ids"]
     on = device_of(teacher)
     data = read_tensors(teacher_path, needed + (["hidden"] if ablation == "no_first_token" else []), on)
-    student = ablated_student(teacher, kept, state_size, ablation, read_tensors(aligned_path, None, on), data, align, kd,
-                              align_windows, seed)
+    student = ablated_student(
+        teacher, kept, state_size, ablation, read_tensors(aligned_path, None, on), data, align, kd, align_windows, seed
+    )
     linears_computed_in(student.eval(), compute_dtype)
     frame, _ = score_model(student, tok, kv_items(kv_path, dict_size), data["heldout_ids"], batch_size, swap_items)
-    frame = frame.with_columns(pl.lit(model_name).alias("model"), pl.lit(variant).alias("variant"),
-                               pl.lit(heads_kept).alias("heads_kept"), pl.lit(state_size).alias("state_size"),
-                               pl.lit(ablation).alias("ablation"), pl.lit(ABLATIONS[ablation]).alias("description"))
+    frame = frame.with_columns(
+        pl.lit(model_name).alias("model"),
+        pl.lit(variant).alias("variant"),
+        pl.lit(heads_kept).alias("heads_kept"),
+        pl.lit(state_size).alias("state_size"),
+        pl.lit(ablation).alias("ablation"),
+        pl.lit(ABLATIONS[ablation]).alias("description"),
+    )
     write_parquet(frame, out_path)
     acc = frame.filter((pl.col("metric") == "acc") & (pl.col("group") == "all"))["value"]
     log.info("%s %s: acc %.3f", variant, ablation, acc[0] if len(acc) else float("nan"))

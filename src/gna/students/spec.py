@@ -20,7 +20,8 @@ import re
 from pathlib import Path
 
 from gna.engine.device import compute_device
-from gna.models.folders import STUDENT_SPEC_FILE as SPEC_FILE, is_student
+from gna.models.folders import STUDENT_SPEC_FILE as SPEC_FILE
+from gna.models.folders import is_student
 
 STUDENT_MARK = "-hybrid-"
 VARIANT_PATTERN = r"k\d+-n\d+"  # also the workflow's wildcard constraint for a variant
@@ -36,6 +37,7 @@ ABLATIONS = {
 
 
 # -- names --------------------------------------------------------------------------------------
+
 
 def variant_name(heads_kept, state_size) -> str:
     """'k{heads_kept}-n{state_size}' (also with Snakemake wildcards: variant_name('{k}', '{n}'))."""
@@ -126,13 +128,16 @@ def ablation_kd(hybrid: dict) -> dict:
     curve, variant = hybrid["budget_curve"], hybrid["ablation"]["variant"]
     budgets = checkpoint_steps(hybrid["kd"]["steps"], curve["points"])[1:]
     if variant not in curve["variants"] or steps not in budgets:
-        raise ValueError(f"config key 'hybrid.ablation.kd_steps': {steps} must be a budget of the budget curve of "
-                         f"{variant} (hybrid.budget_curve.variants {curve['variants']}); allowed: "
-                         f"{', '.join(map(str, budgets))} or null (hybrid.kd.steps)")
+        raise ValueError(
+            f"config key 'hybrid.ablation.kd_steps': {steps} must be a budget of the budget curve of "
+            f"{variant} (hybrid.budget_curve.variants {curve['variants']}); allowed: "
+            f"{', '.join(map(str, budgets))} or null (hybrid.kd.steps)"
+        )
     return {**hybrid["kd"], "steps": steps}
 
 
 # -- which heads are SSM heads ----------------------------------------------------------------------
+
 
 def ranked_heads(ranking, k: int, model_name: str = "the model") -> list[tuple[int, int]]:
     """The `k` best (layer, head) of a head ranking table (columns rank, layer, head)."""
@@ -149,6 +154,7 @@ def ssm_heads_for(n_layers: int, n_heads: int, kept: list[tuple[int, int]]) -> d
 
 
 # -- building, saving, loading -------------------------------------------------------------------
+
 
 def make_hybrid(model, kept: list[tuple[int, int]], state_size: int):
     """Turn `model` (a Llama-family transformer, modified in place) into a hybrid keeping the
@@ -192,8 +198,9 @@ def read_spec(model_dir: Path) -> dict:
     return json.loads((Path(model_dir) / SPEC_FILE).read_text())
 
 
-def load_any(model_dir: str | Path, dtype: str = "float32", device: str | None = "auto",
-             compute_dtype: str | None = None):
+def load_any(
+    model_dir: str | Path, dtype: str = "float32", device: str | None = "auto", compute_dtype: str | None = None
+):
     """(model in eval mode on `device`, tokenizer) of a prepared folder or a student's
     (load_student); `compute_dtype` as in gna.models.prepare.load_model."""
     from gna.engine.precision import linears_computed_in
@@ -226,7 +233,9 @@ def load_student(model_dir: Path, dtype=None, device: str | None = "auto"):
     # a tied embedding is stored once under one of its two names
     tied = {"lm_head.weight", "model.embed_tokens.weight"} if model.config.tie_word_embeddings else set()
     if unexpected or not (set(missing) <= tied and len(missing) < 2):
-        raise ValueError(f"{model_dir}: student weights do not match its {SPEC_FILE} "
-                         f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})")
+        raise ValueError(
+            f"{model_dir}: student weights do not match its {SPEC_FILE} "
+            f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
+        )
     model.to(compute_device(device)).eval()
     return model, AutoTokenizer.from_pretrained(model_dir)

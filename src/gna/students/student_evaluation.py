@@ -7,15 +7,15 @@ import logging
 
 import polars as pl
 
-from gna.engine.scoring import chance_accuracy, summarize_task
-from gna.phases.evaluation import score_model
-from gna.students.mixer import swapped_to_attention
 from gna.core.io import read_parquet, write_parquet
-from gna.students.distill import restore, snapshot
-from gna.students.spec import NOT_SCORED, TEACHER_VARIANT, load_any, parse_variant, ranked_heads, read_spec
-from gna.tasks.tables import load_item_scores, load_task_tables
 from gna.core.tensor_files import read_tensors
 from gna.engine.device import device_of
+from gna.engine.scoring import chance_accuracy, summarize_task
+from gna.phases.evaluation import score_model
+from gna.students.distill import restore, snapshot
+from gna.students.mixer import swapped_to_attention
+from gna.students.spec import NOT_SCORED, TEACHER_VARIANT, load_any, parse_variant, ranked_heads, read_spec
+from gna.tasks.tables import load_item_scores, load_task_tables
 
 log = logging.getLogger("gna.students.student_evaluation")
 
@@ -24,8 +24,11 @@ def label_variant(frame: pl.DataFrame, variant: str) -> pl.DataFrame:
     """`frame` with the variant's columns: variant, heads_kept and state_size (null for the
     teacher)."""
     heads_kept, state_size = (None, None) if variant == TEACHER_VARIANT else parse_variant(variant)
-    return frame.with_columns(pl.lit(variant).alias("variant"), pl.lit(heads_kept, pl.Int64).alias("heads_kept"),
-                              pl.lit(state_size, pl.Int64).alias("state_size"))
+    return frame.with_columns(
+        pl.lit(variant).alias("variant"),
+        pl.lit(heads_kept, pl.Int64).alias("heads_kept"),
+        pl.lit(state_size, pl.Int64).alias("state_size"),
+    )
 
 
 def swap_label(variant: str, layer: int) -> str:
@@ -35,13 +38,17 @@ def swap_label(variant: str, layer: int) -> str:
 
 def log_scores(frame: pl.DataFrame) -> None:
     """Log each task's overall accuracy and perplexity."""
-    for row in frame.filter(pl.col("group") == "all").filter(pl.col("metric").is_in(["acc", "perplexity"])).iter_rows(
-            named=True):
+    for row in (
+        frame.filter(pl.col("group") == "all")
+        .filter(pl.col("metric").is_in(["acc", "perplexity"]))
+        .iter_rows(named=True)
+    ):
         log.info("%s %s %s: %.3f", row["variant"], row["task"], row["metric"], row["value"])
 
 
-def write_scores(frame: pl.DataFrame, items: pl.DataFrame, model_name: str, summary_path: str,
-                 answers_path: str) -> None:
+def write_scores(
+    frame: pl.DataFrame, items: pl.DataFrame, model_name: str, summary_path: str, answers_path: str
+) -> None:
     """Write a scored variant's summary and its per-item answers (variant columns copied), each
     with a model column, and log the summary."""
     labels = frame.select("variant", *[c for c in ("heads_kept", "state_size", "swapped_layer") if c in frame.columns])
@@ -61,13 +68,23 @@ def teacher_degenerate_tasks(teacher_summary: pl.DataFrame) -> pl.DataFrame:
     schema = {"task": pl.String, "n": pl.Int64, "value": pl.Float64, "skipped_reason": pl.String}
     if "degenerate" not in teacher_summary.columns:
         return pl.DataFrame(schema=schema)
-    return (teacher_summary.filter((pl.col("group") == "all") & (pl.col("metric") == "context_swap_agreement")
-                                   & pl.col("degenerate").fill_null(False))
-            .select("task", "n", "value").sort("task")
-            .with_columns(pl.format("the teacher keeps its answer on {}% of {} items when another item's context is "
-                                    "swapped in (degenerate), so no student can be compared with it on this task",
-                                    (pl.col("value") * 100).round(0).cast(pl.Int64), pl.col("n"))
-                          .alias("skipped_reason")))
+    return (
+        teacher_summary.filter(
+            (pl.col("group") == "all")
+            & (pl.col("metric") == "context_swap_agreement")
+            & pl.col("degenerate").fill_null(False)
+        )
+        .select("task", "n", "value")
+        .sort("task")
+        .with_columns(
+            pl.format(
+                "the teacher keeps its answer on {}% of {} items when another item's context is "
+                "swapped in (degenerate), so no student can be compared with it on this task",
+                (pl.col("value") * 100).round(0).cast(pl.Int64),
+                pl.col("n"),
+            ).alias("skipped_reason")
+        )
+    )
 
 
 def teacher_at_chance_tasks(teacher_summary: pl.DataFrame, tables: dict[str, pl.DataFrame]) -> pl.DataFrame:
@@ -82,17 +99,25 @@ def teacher_at_chance_tasks(teacher_summary: pl.DataFrame, tables: dict[str, pl.
             continue
         chance = chance_accuracy(tables[row["task"]])
         if row["ci_low"] <= chance <= row["ci_high"]:
-            rows.append({"task": row["task"], "n": row["n"], "value": row["value"], "skipped_reason":
-                         f"the teacher's accuracy {row['value']:.1%} [{row['ci_low']:.1%}, {row['ci_high']:.1%}] "
-                         f"(n = {row['n']}) contains chance {chance:.1%}, so no student can be compared with it "
-                         "on this task"})
-    return pl.DataFrame(rows, schema={"task": pl.String, "n": pl.Int64, "value": pl.Float64,
-                                      "skipped_reason": pl.String})
+            rows.append(
+                {
+                    "task": row["task"],
+                    "n": row["n"],
+                    "value": row["value"],
+                    "skipped_reason": f"the teacher's accuracy {row['value']:.1%} "
+                    f"[{row['ci_low']:.1%}, {row['ci_high']:.1%}] "
+                    f"(n = {row['n']}) contains chance {chance:.1%}, so no student can be compared with it "
+                    "on this task",
+                }
+            )
+    return pl.DataFrame(
+        rows, schema={"task": pl.String, "n": pl.Int64, "value": pl.Float64, "skipped_reason": pl.String}
+    )
 
 
-def skip_where_teacher_cannot_compare(tables: dict[str, pl.DataFrame], teacher_summary_path: str | None,
-                                      checks: tuple[str, ...] = TEACHER_CHECKS
-                                      ) -> tuple[dict[str, pl.DataFrame], pl.DataFrame | None]:
+def skip_where_teacher_cannot_compare(
+    tables: dict[str, pl.DataFrame], teacher_summary_path: str | None, checks: tuple[str, ...] = TEACHER_CHECKS
+) -> tuple[dict[str, pl.DataFrame], pl.DataFrame | None]:
     """(the tables a student is scored on, rows recording the others): with the teacher's
     summary (`teacher_summary_path`, its hybrid_score), a task on which the teacher is
     degenerate (check "degenerate": teacher_degenerate_tasks) or at chance ("at_chance":
@@ -106,11 +131,16 @@ def skip_where_teacher_cannot_compare(tables: dict[str, pl.DataFrame], teacher_s
     if teacher_summary_path is None or not checks:
         return tables, None
     summary = read_parquet(teacher_summary_path)
-    found = {"degenerate": lambda: teacher_degenerate_tasks(summary),
-             "at_chance": lambda: teacher_at_chance_tasks(summary, tables)}
-    flagged = (pl.concat([found[c]() for c in TEACHER_CHECKS if c in checks])
-               .filter(pl.col("task").is_in(list(tables))).unique("task", keep="first", maintain_order=True)
-               .sort("task"))
+    found = {
+        "degenerate": lambda: teacher_degenerate_tasks(summary),
+        "at_chance": lambda: teacher_at_chance_tasks(summary, tables),
+    }
+    flagged = (
+        pl.concat([found[c]() for c in TEACHER_CHECKS if c in checks])
+        .filter(pl.col("task").is_in(list(tables)))
+        .unique("task", keep="first", maintain_order=True)
+        .sort("task")
+    )
     if flagged.is_empty():
         return tables, None
     reasons = flagged.with_columns(pl.lit("all").alias("group"), pl.lit(NOT_SCORED).alias("metric"))
@@ -123,53 +153,91 @@ def _with_reasons(frame: pl.DataFrame, reasons: pl.DataFrame | None) -> pl.DataF
     return frame if reasons is None else pl.concat([frame, reasons], how="diagonal_relaxed")
 
 
-def run_hybrid_score(model_name: str, variant: str, model_dir: str, teacher_path: str, task_paths: list[str],
-                     summary_path: str, answers_path: str, max_items: int | None, swap_items: int | None,
-                     batch_size: int, dtype: str = "float32", compute_dtype: str = "float32", baseline_paths: list[str] = (),
-                     teacher_summary_path: str | None = None, teacher_checks: tuple[str, ...] = TEACHER_CHECKS,
-                     kv_dict_size: int | None = None, swap_dict_size: int | None = None) -> pl.DataFrame:
+def run_hybrid_score(
+    model_name: str,
+    variant: str,
+    model_dir: str,
+    teacher_path: str,
+    task_paths: list[str],
+    summary_path: str,
+    answers_path: str,
+    max_items: int | None,
+    swap_items: int | None,
+    batch_size: int,
+    dtype: str = "float32",
+    compute_dtype: str = "float32",
+    baseline_paths: list[str] = (),
+    teacher_summary_path: str | None = None,
+    teacher_checks: tuple[str, ...] = TEACHER_CHECKS,
+    kv_dict_size: int | None = None,
+    swap_dict_size: int | None = None,
+) -> pl.DataFrame:
     """score_model of the teacher or one student (`variant`) on the task tables (each cut to
     `max_items`; None: all, the teacher's baseline items) with `swap_items` per task checked
     for degeneracy, and on the teacher file's held-out windows. The label_variant'ed summary
     goes to `summary_path`, the per-item answers to `answers_path`. `baseline_paths`: the
     model's per-item baseline scores (the teacher's), read instead of scoring its items again.
     `teacher_summary_path` (a student's): tasks on which the teacher fails `teacher_checks`
-    (degenerate, at chance) are not scored (skip_where_teacher_cannot_compare). `kv_dict_size`: KV retrieval on the items of that
-    dictionary size only (kv_items; the state-size sweep's students). `swap_dict_size`: KV
-    retrieval's degeneracy check on the items of that dictionary size (the budget curve's, which
-    then reads its last point from these results: budget_point_from_scores)."""
+    (degenerate, at chance) are not scored (skip_where_teacher_cannot_compare). `kv_dict_size`: KV retrieval on the
+    items of that dictionary size only (kv_items; the state-size sweep's students). `swap_dict_size`: KV retrieval's
+    degeneracy check on the items of that dictionary size (the budget curve's, which then reads its last point from
+    these results: budget_point_from_scores)."""
     model, tok = load_any(model_dir, dtype, compute_dtype=compute_dtype)
     tables = load_task_tables(task_paths, max_items)
     if kv_dict_size is not None and "kv_retrieval" in tables:
         tables["kv_retrieval"] = at_dict_size(tables["kv_retrieval"], kv_dict_size, "kv_retrieval")
     tables, reasons = skip_where_teacher_cannot_compare(tables, teacher_summary_path, teacher_checks)
     heldout = read_tensors(teacher_path, ["heldout_ids"], device_of(model))["heldout_ids"]
-    frame, items = score_model(model, tok, tables, heldout, batch_size, swap_items,
-                               scored=load_item_scores(baseline_paths), swap_from=kv_swap_pool(tables, swap_dict_size))
+    frame, items = score_model(
+        model,
+        tok,
+        tables,
+        heldout,
+        batch_size,
+        swap_items,
+        scored=load_item_scores(baseline_paths),
+        swap_from=kv_swap_pool(tables, swap_dict_size),
+    )
     frame = label_variant(_with_reasons(frame, reasons), variant)
     write_scores(frame, items, model_name, summary_path, answers_path)
     return frame
 
 
-def run_hybrid_swap(model_name: str, variant: str, model_dir: str, ranking_path: str, teacher_path: str,
-                    task_paths: list[str], summary_path: str, answers_path: str, max_items: int | None,
-                    swap_items: int | None, batch_size: int, dtype: str = "float32", compute_dtype: str = "float32",
-                    teacher_summary_path: str | None = None, teacher_checks: tuple[str, ...] = TEACHER_CHECKS,
-                    swap_dict_size: int | None = None) -> pl.DataFrame:
+def run_hybrid_swap(
+    model_name: str,
+    variant: str,
+    model_dir: str,
+    ranking_path: str,
+    teacher_path: str,
+    task_paths: list[str],
+    summary_path: str,
+    answers_path: str,
+    max_items: int | None,
+    swap_items: int | None,
+    batch_size: int,
+    dtype: str = "float32",
+    compute_dtype: str = "float32",
+    teacher_summary_path: str | None = None,
+    teacher_checks: tuple[str, ...] = TEACHER_CHECKS,
+    swap_dict_size: int | None = None,
+) -> pl.DataFrame:
     """The layer swap: score_model of student `variant` with every head of the top-ranked
     head's layer run as the teacher's attention; variant swap_label and swapped_layer columns;
     summary and answers written as by run_hybrid_score (tasks skipped and KV's degeneracy check
     drawn as there)."""
     model, tok = load_any(model_dir, dtype, compute_dtype=compute_dtype)
-    tables, reasons = skip_where_teacher_cannot_compare(load_task_tables(task_paths, max_items), teacher_summary_path,
-                                                        teacher_checks)
+    tables, reasons = skip_where_teacher_cannot_compare(
+        load_task_tables(task_paths, max_items), teacher_summary_path, teacher_checks
+    )
     heldout = read_tensors(teacher_path, ["heldout_ids"], device_of(model))["heldout_ids"]
     critical = ranked_heads(read_parquet(ranking_path), 1, model_name)[0][0]
     with swapped_to_attention(model, [critical]):
-        frame, items = score_model(model, tok, tables, heldout, batch_size, swap_items,
-                                   swap_from=kv_swap_pool(tables, swap_dict_size))
-    frame = _with_reasons(frame, reasons).with_columns(pl.lit(swap_label(variant, critical)).alias("variant"),
-                               pl.lit(critical).alias("swapped_layer"))
+        frame, items = score_model(
+            model, tok, tables, heldout, batch_size, swap_items, swap_from=kv_swap_pool(tables, swap_dict_size)
+        )
+    frame = _with_reasons(frame, reasons).with_columns(
+        pl.lit(swap_label(variant, critical)).alias("variant"), pl.lit(critical).alias("swapped_layer")
+    )
     write_scores(frame, items, model_name, summary_path, answers_path)
     return frame
 
@@ -188,8 +256,10 @@ def at_dict_size(table: pl.DataFrame, dict_size: int, source: str) -> pl.DataFra
     (the file) where there are none."""
     picked = table.filter(pl.col("dict_size") == dict_size)
     if picked.is_empty():
-        raise ValueError(f"{source}: no KV-retrieval items of dictionary size {dict_size} "
-                         f"(hybrid.budget_curve.dict_size); the task has sizes {sorted(table['dict_size'].unique())}")
+        raise ValueError(
+            f"{source}: no KV-retrieval items of dictionary size {dict_size} "
+            f"(hybrid.budget_curve.dict_size); the task has sizes {sorted(table['dict_size'].unique())}"
+        )
     return picked
 
 
@@ -221,18 +291,33 @@ def budget_point_from_scores(summary_path: str, answers_path: str, table: pl.Dat
         return None
     summary = read_parquet(summary_path)
     heldout = summary.filter(pl.col("task") == "heldout").select("task", "group", "n", "metric", "value")
-    return pl.concat([summarize_task(items.drop("variant", "heads_kept", "state_size", "model", strict=False)), heldout], how="diagonal_relaxed")
+    return pl.concat(
+        [summarize_task(items.drop("variant", "heads_kept", "state_size", "model", strict=False)), heldout],
+        how="diagonal_relaxed",
+    )
 
 
-def run_hybrid_budget(model_name: str, variant: str, model_dir: str, checkpoints_path: str, teacher_path: str,
-                      kv_path: str, out_path: str, dict_size: int, swap_items: int | None, batch_size: int,
-                      dtype: str = "float32", compute_dtype: str = "float32", summary_path: str | None = None,
-                      answers_path: str | None = None) -> pl.DataFrame:
+def run_hybrid_budget(
+    model_name: str,
+    variant: str,
+    model_dir: str,
+    checkpoints_path: str,
+    teacher_path: str,
+    kv_path: str,
+    out_path: str,
+    dict_size: int,
+    swap_items: int | None,
+    batch_size: int,
+    dtype: str = "float32",
+    compute_dtype: str = "float32",
+    summary_path: str | None = None,
+    answers_path: str | None = None,
+) -> pl.DataFrame:
     """The distillation budget curve of student `variant`: score_model on the KV items of
-    `dict_size` keys (kv_items; `swap_items` degeneracy checks) and held-out perplexity after each KD step count saved in
-    `checkpoints_path` and after the full budget (the student itself: read from its hybrid_score
-    results `summary_path`, `answers_path` where they hold it, budget_point_from_scores). Tidy
-    rows with kd_steps and kd_tokens (tokens seen by distillation) to `out_path`."""
+    `dict_size` keys (kv_items; `swap_items` degeneracy checks) and held-out perplexity after each KD step count saved
+    in `checkpoints_path` and after the full budget (the student itself: read from its hybrid_score results
+    `summary_path`, `answers_path` where they hold it, budget_point_from_scores). Tidy rows with kd_steps and kd_tokens
+    (tokens seen by distillation) to `out_path`."""
     model, tok = load_any(model_dir, dtype, compute_dtype=compute_dtype)
     spec = read_spec(model_dir)
     tokens_per_step = spec["kd_tokens"] / max(1, spec["kd_steps"])
@@ -240,8 +325,11 @@ def run_hybrid_budget(model_name: str, variant: str, model_dir: str, checkpoints
     states[spec["kd_steps"]] = snapshot(model)
     tables = kv_items(kv_path, dict_size)
     heldout = read_tensors(teacher_path, ["heldout_ids"], device_of(model))["heldout_ids"]
-    last = (budget_point_from_scores(summary_path, answers_path, tables["kv_retrieval"])
-            if summary_path is not None and answers_path is not None else None)
+    last = (
+        budget_point_from_scores(summary_path, answers_path, tables["kv_retrieval"])
+        if summary_path is not None and answers_path is not None
+        else None
+    )
     frames = []
     for step in sorted(states):
         if step == spec["kd_steps"] and last is not None:
@@ -250,10 +338,13 @@ def run_hybrid_budget(model_name: str, variant: str, model_dir: str, checkpoints
         else:
             restore(model, states[step])
             frame, _ = score_model(model, tok, tables, heldout, batch_size, swap_items)
-        frames.append(frame.with_columns(pl.lit(step).alias("kd_steps"),
-                                         pl.lit(round(step * tokens_per_step)).alias("kd_tokens")))
+        frames.append(
+            frame.with_columns(pl.lit(step).alias("kd_steps"), pl.lit(round(step * tokens_per_step)).alias("kd_tokens"))
+        )
         acc = frame.filter((pl.col("metric") == "acc") & (pl.col("group") == "all"))["value"]
         log.info("%s after %d KD steps: acc %.3f", variant, step, acc[0] if len(acc) else float("nan"))
-    out = label_variant(pl.concat(frames, how="diagonal_relaxed"), variant).with_columns(pl.lit(model_name).alias("model"))
+    out = label_variant(pl.concat(frames, how="diagonal_relaxed"), variant).with_columns(
+        pl.lit(model_name).alias("model")
+    )
     write_parquet(out, out_path)
     return out

@@ -7,20 +7,30 @@ import logging
 
 import polars as pl
 
-from gna.students.spec import load_any
-from gna.students.student_evaluation import TEACHER_CHECKS, skip_where_teacher_cannot_compare
 from gna.core.io import read_parquet, write_parquet
 from gna.phases.masking import answer_rows_experiment
+from gna.students.spec import load_any
+from gna.students.student_evaluation import TEACHER_CHECKS, skip_where_teacher_cannot_compare
 from gna.tasks.tables import load_task_tables
 
 log = logging.getLogger("gna.students.student_masking")
 
 
-def run_hybrid_answer_rows(model_name: str, variant: str, model_dir: str, task_paths: list[str], out_path: str,
-                           max_items: int | None, batch_size: int, dtype: str = "float32", compute_dtype: str = "float32",
-                           teacher_summary_path: str | None = None,
-                           teacher_checks: tuple[str, ...] = TEACHER_CHECKS,
-                           answers_path: str | None = None, skip_at_chance: bool = False) -> pl.DataFrame:
+def run_hybrid_answer_rows(
+    model_name: str,
+    variant: str,
+    model_dir: str,
+    task_paths: list[str],
+    out_path: str,
+    max_items: int | None,
+    batch_size: int,
+    dtype: str = "float32",
+    compute_dtype: str = "float32",
+    teacher_summary_path: str | None = None,
+    teacher_checks: tuple[str, ...] = TEACHER_CHECKS,
+    answers_path: str | None = None,
+    skip_at_chance: bool = False,
+) -> pl.DataFrame:
     """gna.phases.masking.answer_rows_experiment on student `variant` over the task tables (each cut
     to `max_items`), with model and variant columns, written to `out_path`. With the teacher's
     summary, a task on which the teacher fails `teacher_checks` (skip_where_teacher_cannot_compare:
@@ -30,19 +40,21 @@ def run_hybrid_answer_rows(model_name: str, variant: str, model_dir: str, task_p
     skip_at_chance: the masked condition is not run where the unmodified student is at chance
     (answer_rows_experiment)."""
     model, tok = load_any(model_dir, dtype, compute_dtype=compute_dtype)
-    tables, reasons = skip_where_teacher_cannot_compare(load_task_tables(task_paths, max_items), teacher_summary_path,
-                                                        teacher_checks)
+    tables, reasons = skip_where_teacher_cannot_compare(
+        load_task_tables(task_paths, max_items), teacher_summary_path, teacher_checks
+    )
     scored = None
     if answers_path is not None:
         answers = read_parquet(answers_path)
         scored = {task: answers.filter(pl.col("task") == task) for task in tables}
-    frame = (answer_rows_experiment(model, tables, tok, batch_size, scored, skip_at_chance) if tables
-             else pl.DataFrame())
+    frame = answer_rows_experiment(model, tables, tok, batch_size, scored, skip_at_chance) if tables else pl.DataFrame()
     for row in frame.iter_rows(named=True):
         log.info("%s %s: acc %.3f", row["task"], row["condition"], row["acc"])
     if reasons is not None:
-        frame = pl.concat([frame, reasons.select("task", pl.lit(None, pl.String).alias("condition"), "skipped_reason")],
-                          how="diagonal_relaxed")
+        frame = pl.concat(
+            [frame, reasons.select("task", pl.lit(None, pl.String).alias("condition"), "skipped_reason")],
+            how="diagonal_relaxed",
+        )
     frame = frame.with_columns(pl.lit(model_name).alias("model"), pl.lit(variant).alias("variant"))
     write_parquet(frame, out_path)
     return frame

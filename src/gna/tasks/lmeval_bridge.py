@@ -34,9 +34,7 @@ CROSSCHECK_TASK = "gna_mmlu_letter"
 # lm-eval renders `description` as a Jinja template against each doc, so the topic can vary
 # per item while keeping the header in the description (once, before any few-shot examples).
 MMLU_DESCRIPTION = "The following are multiple choice questions (with answers) about {{topic}}.\n\n"
-MMLU_DOC_TO_TEXT = (
-    "{{question.strip()}}\nA. {{answer_a}}\nB. {{answer_b}}\nC. {{answer_c}}\nD. {{answer_d}}\nAnswer:"
-)
+MMLU_DOC_TO_TEXT = "{{question.strip()}}\nA. {{answer_a}}\nB. {{answer_b}}\nC. {{answer_c}}\nD. {{answer_d}}\nAnswer:"
 FRAME_COLUMNS = ("model", "task", "metric", "filter", "value", "stderr", "n")
 
 
@@ -45,7 +43,7 @@ FRAME_COLUMNS = ("model", "task", "metric", "filter", "value", "stderr", "n")
 # batch 8 peaked at 12 GB)
 LOGIT_BYTES = 12
 ASSUMED_TOKENS = 2048  # the longest request of a task whose items are not ours to measure
-RESERVED_MB = 1000     # the process, the tokenizer, lm-eval's own tables
+RESERVED_MB = 1000  # the process, the tokenizer, lm-eval's own tables
 
 
 def fitting_batch_size(model, requested: int, memory_mb: int | None, longest_tokens: int) -> int:
@@ -59,13 +57,24 @@ def fitting_batch_size(model, requested: int, memory_mb: int | None, longest_tok
     per_sequence = longest_tokens * vocab * LOGIT_BYTES
     fits = int(spare // per_sequence) if spare > 0 else 0
     if fits < 1:
-        log.warning("lm-eval's logits of one %d-token request over %d vocabulary entries (%.0f MB) do not fit in "
-                    "the job's %d MB next to the weights; raise the rule's mem_mb", longest_tokens, vocab,
-                    per_sequence / 2**20, memory_mb)
+        log.warning(
+            "lm-eval's logits of one %d-token request over %d vocabulary entries (%.0f MB) do not fit in "
+            "the job's %d MB next to the weights; raise the rule's mem_mb",
+            longest_tokens,
+            vocab,
+            per_sequence / 2**20,
+            memory_mb,
+        )
     batch = max(1, min(requested, fits))
     if batch < requested:
-        log.info("lm-eval batch size %d instead of %d: %d-token requests over %d vocabulary entries in %d MB",
-                 batch, requested, longest_tokens, vocab, memory_mb)
+        log.info(
+            "lm-eval batch size %d instead of %d: %d-token requests over %d vocabulary entries in %d MB",
+            batch,
+            requested,
+            longest_tokens,
+            vocab,
+            memory_mb,
+        )
     return batch
 
 
@@ -86,8 +95,13 @@ def make_lm(model, tok, batch_size: int = 8):
     from gna.engine.scoring import starts_with_bos
 
     # BOS exactly where the engine puts it, so the cross-check compares the same token sequences
-    return HFLM(pretrained=model, tokenizer=tok, batch_size=int(batch_size), device=str(model.device),
-                add_bos_token=starts_with_bos(tok))
+    return HFLM(
+        pretrained=model,
+        tokenizer=tok,
+        batch_size=int(batch_size),
+        device=str(model.device),
+        add_bos_token=starts_with_bos(tok),
+    )
 
 
 def _task_manager(include_path: str | Path | None, include_defaults: bool):
@@ -97,8 +111,7 @@ def _task_manager(include_path: str | Path | None, include_defaults: bool):
         raise ValueError("run_tasks: include_defaults=False needs an include_path with task YAMLs")
     if include_path is not None and not Path(include_path).is_dir():
         raise FileNotFoundError(f"lm-eval include_path is not a directory: {include_path}")
-    return TaskManager(include_path=str(include_path) if include_path else None,
-                       include_defaults=include_defaults)
+    return TaskManager(include_path=str(include_path) if include_path else None, include_defaults=include_defaults)
 
 
 def check_task_names(task_manager, tasks: list[str], searched: str = "lm-eval's task index") -> None:
@@ -111,13 +124,23 @@ def check_task_names(task_manager, tasks: list[str], searched: str = "lm-eval's 
         raise ValueError(
             f"unknown lm-eval task(s) {unknown} (searched {searched}); list the known names with "
             "`lm-eval ls tasks` (add `--include_path DIR` for local YAML tasks) or "
-            "`lm_eval.tasks.TaskManager(include_path=...).all_tasks`")
+            "`lm_eval.tasks.TaskManager(include_path=...).all_tasks`"
+        )
 
 
-def run_tasks(model, tok, tasks: list[str], include_path: str | Path | None = None,
-              include_defaults: bool = True, limit: int | None = None,
-              num_fewshot: int | None = None, batch_size: int = 8, log_samples: bool = False,
-              memory_mb: int | None = None, longest_tokens: int = ASSUMED_TOKENS) -> dict:
+def run_tasks(
+    model,
+    tok,
+    tasks: list[str],
+    include_path: str | Path | None = None,
+    include_defaults: bool = True,
+    limit: int | None = None,
+    num_fewshot: int | None = None,
+    batch_size: int = 8,
+    log_samples: bool = False,
+    memory_mb: int | None = None,
+    longest_tokens: int = ASSUMED_TOKENS,
+) -> dict:
     """Evaluate `tasks` with lm_eval.simple_evaluate; returns its raw results dict. The batch
     size is reduced where the logits of `longest_tokens`-token requests would not fit in
     `memory_mb` (fitting_batch_size).
@@ -131,13 +154,19 @@ def run_tasks(model, tok, tasks: list[str], include_path: str | Path | None = No
     task_manager = _task_manager(include_path, include_defaults)
     searched = " and ".join(
         ([f"include_path={include_path}"] if include_path else [])
-        + (["lm-eval's built-in tasks"] if include_defaults else []))
+        + (["lm-eval's built-in tasks"] if include_defaults else [])
+    )
     check_task_names(task_manager, tasks, searched)
     batch_size = fitting_batch_size(model, batch_size, memory_mb, longest_tokens)
     lm = make_lm(model, tok, batch_size=batch_size)
     results = lm_eval.simple_evaluate(
-        model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit, batch_size=batch_size,
-        log_samples=log_samples, task_manager=task_manager,
+        model=lm,
+        tasks=tasks,
+        num_fewshot=num_fewshot,
+        limit=limit,
+        batch_size=batch_size,
+        log_samples=log_samples,
+        task_manager=task_manager,
     )
     if results is None:  # only non-zero ranks in a distributed run
         raise RuntimeError("lm_eval.simple_evaluate returned no results")
@@ -155,8 +184,8 @@ def results_to_frame(results: dict, model_name: str) -> pl.DataFrame:
 
     Metric keys "acc,none" -> metric "acc", filter "none"; "*_stderr" entries become the
     `stderr` column of their metric (null where lm-eval reports "N/A"); keys without a
-    ",filter" part ("alias", "name", "sample_len") and non-numeric values are skipped. `n` is lm-eval's effective sample count (for a group, the sum
-    over its subtasks that are in the results)."""
+    ",filter" part ("alias", "name", "sample_len") and non-numeric values are skipped. `n` is lm-eval's effective
+    sample count (for a group, the sum over its subtasks that are in the results)."""
     per_task = results.get("results", {})
     n_samples = results.get("n-samples", {})
     group_subtasks = results.get("group_subtasks", {})
@@ -177,10 +206,26 @@ def results_to_frame(results: dict, model_name: str) -> pl.DataFrame:
             stderr = _number(metrics.get(f"{name}_stderr,{filt}"))
             if stderr is not None and math.isnan(stderr):
                 stderr = None
-            rows.append({"model": model_name, "task": task, "metric": name, "filter": filt,
-                         "value": float(value), "stderr": stderr, "n": n_of(task)})
-    schema = {"model": pl.String, "task": pl.String, "metric": pl.String, "filter": pl.String,
-              "value": pl.Float64, "stderr": pl.Float64, "n": pl.Int64}
+            rows.append(
+                {
+                    "model": model_name,
+                    "task": task,
+                    "metric": name,
+                    "filter": filt,
+                    "value": float(value),
+                    "stderr": stderr,
+                    "n": n_of(task),
+                }
+            )
+    schema = {
+        "model": pl.String,
+        "task": pl.String,
+        "metric": pl.String,
+        "filter": pl.String,
+        "value": pl.Float64,
+        "stderr": pl.Float64,
+        "n": pl.Int64,
+    }
     return pl.DataFrame(rows, schema=schema).sort(["task", "metric", "filter"])
 
 
@@ -197,8 +242,16 @@ def _yaml_dumper():
     return Dumper
 
 
-MMLU_ITEM_COLUMNS = ("question_id", "question", "answer_a", "answer_b", "answer_c", "answer_d",
-                     "correct_answer", "topic")
+MMLU_ITEM_COLUMNS = (
+    "question_id",
+    "question",
+    "answer_a",
+    "answer_b",
+    "answer_c",
+    "answer_d",
+    "correct_answer",
+    "topic",
+)
 
 
 def _check_mmlu_items(items: pl.DataFrame, task_name: str) -> None:
@@ -222,8 +275,14 @@ def _write_mmlu_task_yaml(task_name: str, data_file: Path, yaml_dir: Path) -> Pa
 
     yaml_path = yaml_dir / f"{task_name}.yaml"
     with open(yaml_path, "w") as handle:
-        yaml.dump(_mmlu_task_config(task_name, data_file), handle, Dumper=_yaml_dumper(), sort_keys=False,
-                  allow_unicode=True, width=1000)
+        yaml.dump(
+            _mmlu_task_config(task_name, data_file),
+            handle,
+            Dumper=_yaml_dumper(),
+            sort_keys=False,
+            allow_unicode=True,
+            width=1000,
+        )
     return yaml_path
 
 
@@ -246,8 +305,7 @@ def _mmlu_task_config(task_name: str, data_file: Path) -> dict:
     }
 
 
-def write_local_mmlu_task(items: pl.DataFrame, task_dir: Path, task_name: str,
-                          final_dir: Path | None = None) -> Path:
+def write_local_mmlu_task(items: pl.DataFrame, task_dir: Path, task_name: str, final_dir: Path | None = None) -> Path:
     """Write `task_dir/{task_name}.jsonl` and `task_dir/{task_name}.yaml`; return the YAML path.
 
     `items` are rows of tasks.load_mmlu_jsonl / select_mmlu (question_id, question,

@@ -26,8 +26,9 @@ LETTERS = ("A", "B", "C", "D")
 KV_VALUES = tuple(str(v) for v in range(10, 100))
 
 
-def kv_prompt(pairs: list[tuple[str, str]], query: str, template: str,
-              example: tuple[str, str] | None) -> tuple[str, str]:
+def kv_prompt(
+    pairs: list[tuple[str, str]], query: str, template: str, example: tuple[str, str] | None
+) -> tuple[str, str]:
     """(context, continuation prefix) for one dictionary. The study's wording asks in prose;
     the lookup form repeats the dictionary's own `key:value` format, which small models solve."""
     lines = "\n".join(f"{k}:{v}" for k, v in pairs)
@@ -49,18 +50,26 @@ def build_kv_retrieval(sizes: list[int], n_per_size: int, seed: int | str, templ
         if not 2 <= size <= len(KV_VALUES):
             raise ValueError(f"KV dictionary size {size} out of range 2..{len(KV_VALUES)}")
         rng = random.Random(f"kv-{seed}-{size}")
-        for i in range(n_per_size):
+        for _ in range(n_per_size):
             keys = rng.sample(KEY_WORDS, size)
             values = rng.sample(KV_VALUES, size)
             pairs = list(zip(keys, values))
             target = rng.randrange(size)
             example = pairs[rng.choice([j for j in range(size) if j != target])]
             context, sep = kv_prompt(pairs, keys[target], template, example)
-            rows.append({
-                "task": "kv_retrieval", "item_id": len(rows), "group": str(size),
-                "context": context, "choices": [sep + v for v in values], "target": target,
-                "dict_size": size, "query_key": keys[target], "template": template,
-            })
+            rows.append(
+                {
+                    "task": "kv_retrieval",
+                    "item_id": len(rows),
+                    "group": str(size),
+                    "context": context,
+                    "choices": [sep + v for v in values],
+                    "target": target,
+                    "dict_size": size,
+                    "query_key": keys[target],
+                    "template": template,
+                }
+            )
     return pl.DataFrame(rows)
 
 
@@ -142,14 +151,22 @@ def build_mmlu(subset: pl.DataFrame, pool: pl.DataFrame, fmt: str, num_fewshot: 
         else:
             shot_text = "".join(
                 f"Question: {s['question'].strip()}\nAnswer: {s['answer_' + s['correct_answer'].lower()]}\n\n"
-                for s in shots)
+                for s in shots
+            )
             context = shot_text + f"Question: {row['question'].strip()}\nAnswer:"
             choices = [f" {row['answer_' + L.lower()]}" for L in LETTERS]
-        rows.append({
-            "task": f"mmlu_{fmt}", "item_id": len(rows), "group": row["topic"],
-            "context": context, "choices": choices, "target": LETTERS.index(row["correct_answer"]),
-            "question_id": row["question_id"], "topic": row["topic"],
-        })
+        rows.append(
+            {
+                "task": f"mmlu_{fmt}",
+                "item_id": len(rows),
+                "group": row["topic"],
+                "context": context,
+                "choices": choices,
+                "target": LETTERS.index(row["correct_answer"]),
+                "question_id": row["question_id"],
+                "topic": row["topic"],
+            }
+        )
     return pl.DataFrame(rows)
 
 
@@ -162,8 +179,9 @@ def write_kv_task(kv: dict, out_path: str | Path) -> pl.DataFrame:
     return table
 
 
-def write_mmlu_task(mmlu_path: str | Path, sha256: str | None, mmlu: dict, fmt: str,
-                    out_path: str | Path) -> pl.DataFrame:
+def write_mmlu_task(
+    mmlu_path: str | Path, sha256: str | None, mmlu: dict, fmt: str, out_path: str | Path
+) -> pl.DataFrame:
     """Build MMLU in format `fmt` from the file `mmlu_path` (checked against `sha256`) and the
     `tasks.mmlu` config keys n, seed, topics, num_fewshot; write it to `out_path` as Parquet."""
     subset, pool = select_mmlu_file(mmlu_path, sha256, mmlu)
@@ -203,8 +221,9 @@ def load_item_scores(paths: list[str]) -> dict[str, pl.DataFrame]:
     scores = {}
     for path in paths:
         items = read_parquet(path).drop("model", strict=False)
-        scores.update({task: part for (task,), part in items.partition_by("task", as_dict=True,
-                                                                          maintain_order=True).items()})
+        scores.update(
+            {task: part for (task,), part in items.partition_by("task", as_dict=True, maintain_order=True).items()}
+        )
     return scores
 
 
@@ -215,9 +234,10 @@ def context_swapped(table: pl.DataFrame, max_items: int | None) -> pl.DataFrame:
     its prediction on most of them; one that does not keeps it. Items without a partner dropped."""
     subset = subset_evenly(table, max_items).with_row_index("_row")
     subset = subset.with_columns(pl.col("choices").list.len().alias("_n_choices"))
-    swapped = subset.with_columns(pl.col("context").shift(-1).over("_n_choices").alias("_next"),
-                                  pl.col("context").first().over("_n_choices").alias("_first"),
-                                  pl.len().over("_n_choices").alias("_count"))
-    swapped = swapped.filter(pl.col("_count") > 1).with_columns(
-        pl.coalesce("_next", "_first").alias("context"))
+    swapped = subset.with_columns(
+        pl.col("context").shift(-1).over("_n_choices").alias("_next"),
+        pl.col("context").first().over("_n_choices").alias("_first"),
+        pl.len().over("_n_choices").alias("_count"),
+    )
+    swapped = swapped.filter(pl.col("_count") > 1).with_columns(pl.coalesce("_next", "_first").alias("context"))
     return swapped.sort("_row").drop("_row", "_n_choices", "_next", "_first", "_count")

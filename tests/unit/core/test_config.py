@@ -2,8 +2,8 @@ import copy
 
 import pytest
 import yaml
-
 from conftest import REPO
+
 from gna.core.config import ConfigError, load_schema, validate_config
 
 SCHEMA = load_schema(REPO / "config" / "schema.yaml")
@@ -47,7 +47,10 @@ def test_defaults_are_filled():
         (lambda c: c.update(bogus=1), "config key 'bogus' is not allowed"),
         (lambda c: c["tasks"]["kv_retrieval"].update(sizes=["x"]), "tasks.kv_retrieval.sizes[0]"),
         (lambda c: c["tasks"]["kv_retrieval"].update(n_per_size="ten"), "tasks.kv_retrieval.n_per_size"),
-        (lambda c: c["models"]["smollm2-135m"].update(source="ftp"), "allowed values: pypi-file, hf, local, tiny-random"),
+        (
+            lambda c: c["models"]["smollm2-135m"].update(source="ftp"),
+            "allowed values: pypi-file, hf, local, tiny-random",
+        ),
         (lambda c: c["models"]["smollm2-135m"].pop("sha256"), "'sha256' is a required property"),
         (lambda c: c["models"].update(x={"source": "hf", "id": "a/b", "revison": "v1"}), "models.x.revison"),
         (lambda c: c["tasks"]["kv_retrieval"].update(template="prose"), "allowed values: lookup, study"),
@@ -57,13 +60,17 @@ def test_defaults_are_filled():
         (lambda c: c["models"].update({"../evil": c["models"]["smollm2-135m"]}), "config key 'models': '../evil'"),
         (lambda c: c["models"].update({"a/b": c["models"]["smollm2-135m"]}), "'a/b' does not match"),
         (lambda c: c["tasks"]["kv_retrieval"].update(n_per_size=10**9), "is greater than the maximum of 10000"),
-        (lambda c: c["models"].update(t={"source": "tiny-random", "heads": 4, "kv_heads": 3}),
-         "config key 'models.t': heads (4) must be a multiple of kv_heads (3)"),
+        (
+            lambda c: c["models"].update(t={"source": "tiny-random", "heads": 4, "kv_heads": 3}),
+            "config key 'models.t': heads (4) must be a multiple of kv_heads (3)",
+        ),
         (lambda c: c.setdefault("heads", {}).update(sweep_mode="fast"), "config key 'heads.sweep_mode'"),
         (lambda c: c.setdefault("heads", {}).update(verify_budget=0), "config key 'heads.verify_budget'"),
         (lambda c: c.setdefault("heads", {}).update(verify_order="abs"), "allowed values: signed, magnitude, graddrop"),
-        (lambda c: c.setdefault("heads", {}).update(top_k=[0, 1, 2], control_k=[5]),
-         "config key 'heads.control_k': [5] not in heads.top_k"),
+        (
+            lambda c: c.setdefault("heads", {}).update(top_k=[0, 1, 2], control_k=[5]),
+            "config key 'heads.control_k': [5] not in heads.top_k",
+        ),
     ],
 )
 def test_bad_config_names_the_key(mutate, expected):

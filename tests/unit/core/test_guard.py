@@ -30,8 +30,10 @@ def repo(tmp_path: Path) -> Path:
         (tmp_path / name).write_bytes(data)
         _cache(tmp_path, data)
     listing = json.dumps([{"md5": file_md5(tmp_path / f"data/results/{n}"), "relpath": n} for n in ("a.txt", "b.txt")])
-    outs = [{"path": "data/results", "md5": _cache(tmp_path, listing.encode()) + ".dir"},
-            {"path": "data/summary.txt", "md5": file_md5(tmp_path / "data/summary.txt")}]
+    outs = [
+        {"path": "data/results", "md5": _cache(tmp_path, listing.encode()) + ".dir"},
+        {"path": "data/summary.txt", "md5": file_md5(tmp_path / "data/summary.txt")},
+    ]
     # the listing is cached under its own md5 + ".dir"
     dir_md5 = outs[0]["md5"][:-4]
     cached = tmp_path / ".dvc/cache/files/md5" / dir_md5[:2] / dir_md5[2:]
@@ -57,9 +59,11 @@ def test_edited_deleted_and_added_files_are_set_aside_and_restored_or_left_to_co
     (root / "data/results/b.txt").unlink()
     (root / "data/results/c.txt").write_bytes(b"by hand\n")
     found = {f.path.relative_to(root).as_posix(): (f.what, f.action) for f in guard(root)}
-    assert found == {"data/results/a.txt": ("edited", "restored from the DVC cache"),
-                     "data/results/b.txt": ("deleted", "restored from the DVC cache"),
-                     "data/results/c.txt": ("added", "to be computed again")}
+    assert found == {
+        "data/results/a.txt": ("edited", "restored from the DVC cache"),
+        "data/results/b.txt": ("deleted", "restored from the DVC cache"),
+        "data/results/c.txt": ("added", "to be computed again"),
+    }
     assert (root / "data/results/a.txt").read_bytes() == b"alpha\n" and (root / "data/results/b.txt").exists()
     assert not (root / "data/results/c.txt").exists()
     assert (root / SET_ASIDE / "data/results/a.txt").read_bytes() == b"ALPHA\n"
@@ -89,13 +93,17 @@ def test_a_fresh_clone_has_nothing_to_guard(tmp_path):
 
 
 def test_a_job_records_its_outputs_only_when_it_succeeds(tmp_path):
-    script = ("import sys\nfrom pathlib import Path\nfrom gna.core.runtime import setup\n"
-              "setup(None, outputs=['data/out.txt'])\nPath('data').mkdir(exist_ok=True)\n"
-              "Path('data/out.txt').write_text('x')\nif sys.argv[1] == 'fail': raise RuntimeError('boom')\n")
+    script = (
+        "import sys\nfrom pathlib import Path\nfrom gna.core.runtime import setup\n"
+        "setup(None, outputs=['data/out.txt'])\nPath('data').mkdir(exist_ok=True)\n"
+        "Path('data/out.txt').write_text('x')\nif sys.argv[1] == 'fail': raise RuntimeError('boom')\n"
+    )
     for mode in ("fail", "ok"):
         proc = subprocess.run([sys.executable, "-c", script, mode], cwd=tmp_path, capture_output=True, text=True)
-        recorded = (tmp_path / "data/run/written/data/out.txt.md5")
+        recorded = tmp_path / "data/run/written/data/out.txt.md5"
         if mode == "fail":
             assert proc.returncode != 0 and "boom" in proc.stderr and not recorded.exists()
         else:
-            assert proc.returncode == 0 and json.loads(recorded.read_text())["md5"] == file_md5(tmp_path / "data/out.txt")
+            assert proc.returncode == 0 and json.loads(recorded.read_text())["md5"] == file_md5(
+                tmp_path / "data/out.txt"
+            )

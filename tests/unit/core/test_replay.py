@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from golden import outcomes
+
 from gna.core.replay import Names, read_plan, record_plan, replay, write_plan
 
 REPO = Path(__file__).resolve().parents[3]
@@ -21,14 +21,19 @@ def test_smoke_plan_is_the_workflows(tmp_path):
     recorded = json.loads(json.dumps(record_plan(REPO / "config" / "smoke.yaml", tmp_path / "work")))
     assert recorded == read_plan(PLAN), (
         "the smoke config's jobs differ from tests/data/smoke_plan.json (gpu_check replays it): "
-        "refresh it with `make smoke-plan`")
+        "refresh it with `make smoke-plan`"
+    )
     assert {job["rule"] for job in recorded["jobs"]} >= EARLY_RULES | {"report", "distill_kd", "hybrid_score"}
+    assert str(REPO) not in PLAN.read_text(), "the plan holds this checkout's path: it must run from any folder"
 
 
 def test_names_read_like_snakemakes():
     names = Names({"items": ["a", "b", "c", "d"], "names": {"model": [0, None], "tables": [1, 3]}})
     assert names.model == "a" and list(names.tables) == ["b", "c"] and names[3] == "d" and list(names) == list("abcd")
-    assert [(k, v if isinstance(v, str) else list(v)) for k, v in names.items()] == [("model", "a"), ("tables", ["b", "c"])]
+    assert [(k, v if isinstance(v, str) else list(v)) for k, v in names.items()] == [
+        ("model", "a"),
+        ("tables", ["b", "c"]),
+    ]
 
 
 def early_plan(tmp_path: Path, edit=None) -> Path:
@@ -56,8 +61,10 @@ def test_failed_and_skipped_jobs_stop_their_dependents(tmp_path):
     def break_kv(plan):
         for job in plan["jobs"]:
             if job["rule"] == "kv_task":
-                job["params"]["items"] = [{**p, "template": "no-such-template"} if isinstance(p, dict) and "template" in p
-                                          else p for p in job["params"]["items"]]
+                job["params"]["items"] = [
+                    {**p, "template": "no-such-template"} if isinstance(p, dict) and "template" in p else p
+                    for p in job["params"]["items"]
+                ]
 
     plan = early_plan(tmp_path, break_kv)
     if not any("no-such-template" in json.dumps(j["params"]) for j in read_plan(plan)["jobs"]):

@@ -4,15 +4,19 @@ that loads a model has an entry, and requests grow with the model."""
 import re
 
 import pytest
-
 from conftest import REPO
+
 from gna.core.resources import DEFAULT_PARAMS_B, RULE_MEMORY, mem_mb, model_params_b
 from gna.models.tiny import tiny_random_model
 
 
-@pytest.mark.parametrize("spec", [{"source": "tiny-random"},
-                                  {"source": "tiny-random", "layers": 3, "hidden": 48, "heads": 4, "kv_heads": 2,
-                                   "intermediate": 80}])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"source": "tiny-random"},
+        {"source": "tiny-random", "layers": 3, "hidden": 48, "heads": 4, "kv_heads": 2, "intermediate": 80},
+    ],
+)
 def test_tiny_random_size_is_its_parameter_count(spec):
     model, _ = tiny_random_model(spec)
     assert model_params_b(spec) * 1e9 == pytest.approx(sum(p.numel() for p in model.parameters()), rel=0.01)

@@ -5,8 +5,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
+
 from gna.core.sharing import UNTRACKED, RemoteError, check_remote, ensure_tracked_folders, tracked_outs
 from gna.report.run_record import RUN_RECORD
 
@@ -22,7 +22,8 @@ def test_dvc_tracks_each_phase_and_nothing_that_describes_the_run():
 def test_missing_phase_folders_are_created_empty_and_file_outs_left_alone(tmp_path):
     (tmp_path / "dvc.yaml").write_text(
         "stages:\n  s:\n    cmd: x\n    outs:\n      - data/a:\n          persist: true\n      - data/b\n"
-        "      - data/c.parquet:\n          persist: true\n")
+        "      - data/c.parquet:\n          persist: true\n"
+    )
     (tmp_path / "data/a").mkdir(parents=True)
     (tmp_path / "data/a/x").write_text("kept")
     assert ensure_tracked_folders(tmp_path / "dvc.yaml", tmp_path) == [tmp_path / "data/b"]
@@ -52,7 +53,10 @@ def test_each_unusable_remote_is_named_with_what_to_configure(tmp_path):
     empty = _dvc_project(tmp_path / "empty", str(tmp_path / "empty-parent"))
     assert check_remote(empty, "push").name == "lab"
     closed = _dvc_project(tmp_path / "closed", "s3://bucket/x")
-    subprocess.run([sys.executable, "-m", "dvc", "remote", "modify", "lab", "endpointurl", "http://127.0.0.1:9"],
-                   cwd=closed, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "dvc", "remote", "modify", "lab", "endpointurl", "http://127.0.0.1:9"],
+        cwd=closed,
+        check=True,
+    )
     with pytest.raises(RemoteError, match=r"DVC remote 'lab' \(s3://bucket/x\) cannot be reached"):
         check_remote(closed, "pull")

@@ -5,10 +5,9 @@ import subprocess
 import sys
 
 from gna.core import work
-from gna.engine.scoring import score_removals, score_table
-from gna.engine.stack import decoder_layers
 from gna.engine.packing import collate, pack
-from gna.engine.scoring import encode_table
+from gna.engine.scoring import encode_table, score_removals, score_table
+from gna.engine.stack import decoder_layers
 from gna.tasks.tables import build_kv_retrieval
 
 KV = build_kv_retrieval([3], 4, 0, "lookup")
@@ -31,7 +30,9 @@ def test_scoring_counts_every_token_through_every_layer_it_runs(tiny_llama):
 
 
 def test_a_job_writes_its_count_beside_its_log(tmp_path):
-    script = ("from gna.core import work\nfrom gna.core.runtime import setup\n"
-              f"setup({str(tmp_path / 'step.log')!r})\nwork.add(1000, 3)\n")
+    script = (
+        "from gna.core import work\nfrom gna.core.runtime import setup\n"
+        f"setup({str(tmp_path / 'step.log')!r})\nwork.add(1000, 3)\n"
+    )
     subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)
     assert json.loads((tmp_path / "step.work.json").read_text()) == {"layer_tokens": 3000}

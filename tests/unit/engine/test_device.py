@@ -87,6 +87,7 @@ def _phase_calls():
     """(name, call(model, tok) -> result) for the compute of every phase that loads a model."""
     import copy
 
+    from gna.phases.evaluation import score_model
     from gna.phases.gather_aggregate import head_roles, kv_row_segments
     from gna.phases.head_ablation import attribution_scores, sweep_heads
     from gna.phases.masking import answer_rows_experiment, masking_experiment
@@ -94,7 +95,6 @@ def _phase_calls():
     from gna.students.decoding import measured_cache
     from gna.students.distill import align_layers, distill_logits, head_errors, teacher_activations
     from gna.students.spec import make_hybrid
-    from gna.phases.evaluation import score_model
 
     kv = build_kv_retrieval([3, 5], 2, 0, "lookup")
     tables = {"kv_retrieval": kv}
@@ -105,23 +105,44 @@ def _phase_calls():
 
     def distill(model, tok):
         acts = teacher_activations(model, ids.to(device_of(model)), top_k=4, progress=False)
-        curve, _ = distill_logits(student(model), ids.to(device_of(model)), acts["top_logp"], acts["top_idx"], 2, 2,
-                                  1e-3, seed=0, progress=False)
+        curve, _ = distill_logits(
+            student(model),
+            ids.to(device_of(model)),
+            acts["top_logp"],
+            acts["top_idx"],
+            2,
+            2,
+            1e-3,
+            seed=0,
+            progress=False,
+        )
         aligned = align_layers(model, acts["hidden"], 4, steps=2, batch=2, lr=1e-2, seed=0, progress=False)[1]
-        return curve.drop("seconds", strict=False), aligned.drop("seconds", strict=False), head_errors(
-            student(model), acts["hidden"])
+        return (
+            curve.drop("seconds", strict=False),
+            aligned.drop("seconds", strict=False),
+            head_errors(student(model), acts["hidden"]),
+        )
 
     return [
         ("head sweep", lambda m, t: sweep_heads(m, t, kv, heads=[(0, 0), (2, 1)], progress=False)),
         ("attribution", lambda m, t: attribution_scores(m, t, kv, progress=False)),
-        ("pruning", lambda m, t: (gradual(m, t, tables, progress=False),
-                                  individual(m, t, tables, kept_layers=[0, 2], progress=False))),
+        (
+            "pruning",
+            lambda m, t: (
+                gradual(m, t, tables, progress=False),
+                individual(m, t, tables, kept_layers=[0, 2], progress=False),
+            ),
+        ),
         ("G&A roles", lambda m, t: head_roles(m, t, kv, kv_row_segments, progress=False)),
-        ("G&A masking", lambda m, t: masking_experiment(m, t, kv, kv_row_segments, {"gather": (1, 2),
-                                                                                    "aggregate": (2, 0)})),
+        (
+            "G&A masking",
+            lambda m, t: masking_experiment(m, t, kv, kv_row_segments, {"gather": (1, 2), "aggregate": (2, 0)}),
+        ),
         ("answer rows", lambda m, t: answer_rows_experiment(student(m), tables, t)),
-        ("student scoring", lambda m, t: score_model(student(m), t, tables, ids.to(device_of(m)), 2, None,
-                                                     progress=False)),
+        (
+            "student scoring",
+            lambda m, t: score_model(student(m), t, tables, ids.to(device_of(m)), 2, None, progress=False),
+        ),
         ("layer swap", lambda m, t: _swapped_scores(student(m), t, kv)),
         ("distillation", distill),
         ("decoding memory", lambda m, t: measured_cache(student(m), 12)),
@@ -153,8 +174,10 @@ def _adam_steps_under_meta() -> bool:
 @pytest.mark.parametrize("name", [name for name, _ in _phase_calls()])
 def test_every_phase_places_its_tensors_on_the_model_device(tiny_llama, name):
     if name == "distillation" and not _adam_steps_under_meta():
-        pytest.skip(f"torch {torch.__version__}'s AdamW creates its step counter on the default device ('meta' "
-                    "here) and calls .item() on it: torch's tensor, not the engine's")
+        pytest.skip(
+            f"torch {torch.__version__}'s AdamW creates its step counter on the default device ('meta' "
+            "here) and calls .item() on it: torch's tensor, not the engine's"
+        )
     model, tok = tiny_llama
     call = dict(_phase_calls())[name]
     torch.manual_seed(0)

@@ -107,8 +107,9 @@ def test_bf16_scoring_agrees_with_float32(tiny_llama):
     assert reference["item_id"].to_list() == fast["item_id"].to_list()
     diff = (reference["logp_target"] - fast["logp_target"]).abs().max()
     assert 0 < diff < BF16_LOGP_TOL, diff
-    head_effect = _smallest_head_effect(model, lambda m: score_table(m, tok, table, batch_size=4,
-                                                                      progress=False)["logp_target"])
+    head_effect = _smallest_head_effect(
+        model, lambda m: score_table(m, tok, table, batch_size=4, progress=False)["logp_target"]
+    )
     assert BF16_LOGP_TOL < head_effect, head_effect  # the weakest head's ablation would fail the check above
     assert pl.Series(reference["pred"] == fast["pred"]).mean() >= 5 / 6
 
@@ -218,15 +219,16 @@ def _ops_run(fn) -> set[str]:
     return {event.key for event in prof.key_averages()}
 
 
-needs_onednn = pytest.mark.skipif(not float32_kernel_available(torch.device("cpu")),
-                                  reason="PyTorch built without oneDNN")
+needs_onednn = pytest.mark.skipif(
+    not float32_kernel_available(torch.device("cpu")), reason="PyTorch built without oneDNN"
+)
 
 
 @needs_onednn
 def test_float32_linear_agrees_with_f_linear_and_passes_gradients():
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(3, 37, 300, generator=gen)
-    weight = torch.randn(200, 300, generator=gen) / 300 ** 0.5
+    weight = torch.randn(200, 300, generator=gen) / 300**0.5
     torch.testing.assert_close(float32_linear(x, weight), torch.nn.functional.linear(x, weight), rtol=1e-5, atol=1e-5)
     assert "mkldnn::_linear_pointwise" in _ops_run(lambda: float32_linear(x, weight))
     assert "mkldnn::_linear_pointwise" not in _ops_run(lambda: torch.nn.functional.linear(x, weight))

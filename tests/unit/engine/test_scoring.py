@@ -1,8 +1,8 @@
 import numpy as np
 import polars as pl
 import pytest
-
 from conftest import MINI_MMLU
+
 from gna.core.stats import wilson_interval
 from gna.engine.scoring import encode, score_table, score_table_ref, summarize, summarize_task
 from gna.tasks.tables import build_kv_retrieval, build_mmlu, load_mmlu_jsonl, select_mmlu
@@ -52,16 +52,26 @@ def test_summary_metrics_match_per_item(tiny_llama):
         if row["metric"] == "mean_logp_target":
             assert row["ci_low"] is None and row["ci_high"] is None
         else:
-            assert (row["ci_low"], row["ci_high"]) == pytest.approx(
-                wilson_interval(row["value"] * row["n"], row["n"]))
+            assert (row["ci_low"], row["ci_high"]) == pytest.approx(wilson_interval(row["value"] * row["n"], row["n"]))
 
 
 def _answers(preds, swapped, correct):
     n = len(preds)
-    return pl.DataFrame({"task": ["kv_retrieval"] * n, "item_id": list(range(n)), "group": ["4"] * n,
-                         "target": [0] * n, "pred": preds, "correct": correct, "pred_norm": preds,
-                         "correct_norm": correct, "greedy_match": [False] * n, "logp_target": [-1.0] * n,
-                         "pred_swapped": swapped})
+    return pl.DataFrame(
+        {
+            "task": ["kv_retrieval"] * n,
+            "item_id": list(range(n)),
+            "group": ["4"] * n,
+            "target": [0] * n,
+            "pred": preds,
+            "correct": correct,
+            "pred_norm": preds,
+            "correct_norm": correct,
+            "greedy_match": [False] * n,
+            "logp_target": [-1.0] * n,
+            "pred_swapped": swapped,
+        }
+    )
 
 
 def test_a_model_that_ignores_the_context_is_flagged_degenerate():
@@ -76,15 +86,17 @@ def test_a_model_that_ignores_the_context_is_flagged_degenerate():
 
 
 def test_baseline_summary_adds_chance_format_and_engine(tiny_llama):
-    from gna.phases.evaluation import baseline_summary
     from gna.engine.scoring import summarize_task
+    from gna.phases.evaluation import baseline_summary
 
     model, tok = tiny_llama
     for name, groups in (("kv", ["3", "5", "all"]), ("letter", ["all"])):
         table = _tables()[name]
         items = score_table(model, tok, table, progress=False)
         summary = baseline_summary("tiny", table, items)
-        assert summary.select("task", "group", "n", "metric", "value", "ci_low", "ci_high").equals(summarize_task(items))
+        assert summary.select("task", "group", "n", "metric", "value", "ci_low", "ci_high").equals(
+            summarize_task(items)
+        )
         assert list(dict.fromkeys(summary["group"])) == groups
         chance = dict(zip(summary["group"], summary["chance"]))
         assert chance["all"] == pytest.approx(sum(1 / len(c) for c in table["choices"]) / len(table))
@@ -102,8 +114,14 @@ def test_layer_masks_replace_the_packed_mask_only_where_given(tiny_llama):
     table = _tables()["kv"]
     flat = lambda f: np.concatenate(f["logprobs"].to_list())  # noqa: E731
     plain = score_table(model, tok, table, batch_size=2, progress=False)
-    same = score_table(model, tok, table, batch_size=2, progress=False,
-                       layer_masks=lambda batch, rows: {layer: batch.mask for layer in range(3)})
+    same = score_table(
+        model,
+        tok,
+        table,
+        batch_size=2,
+        progress=False,
+        layer_masks=lambda batch, rows: {layer: batch.mask for layer in range(3)},
+    )
     assert np.array_equal(flat(plain), flat(same))
     seen = []
 
@@ -130,14 +148,17 @@ def test_bos_is_put_first_where_the_tokenizer_puts_it_by_default(tiny_llama):
     model, plain = tiny_llama
     bos_tok = byte_level_tokenizer()
     bos_tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
-        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos_tok.bos_token_id)])
+        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos_tok.bos_token_id)]
+    )
     assert not getattr(bos_tok, "add_bos_token", False) and bos_tok("ab")["input_ids"][0] == bos_tok.bos_token_id
     assert starts_with_bos(bos_tok) and not starts_with_bos(plain)
     row = build_kv_retrieval([3], 1, 0, "lookup").row(0, named=True)
     with_bos, without = encode(bos_tok, row["context"], row["choices"]), encode(plain, row["context"], row["choices"])
     assert with_bos.context == [bos_tok.bos_token_id] + without.context and with_bos.choices == without.choices
-    seg, seg_plain = kv_segments(bos_tok, row["context"], row["query_key"]), kv_segments(plain, row["context"],
-                                                                                        row["query_key"])
+    seg, seg_plain = (
+        kv_segments(bos_tok, row["context"], row["query_key"]),
+        kv_segments(plain, row["context"], row["query_key"]),
+    )
     assert len(seg.tokens) == len(with_bos.context) and seg.answer == seg_plain.answer + 1
     assert seg.spans == [(a + 1, b + 1) for a, b in seg_plain.spans]
     assert attention_maps(model, bos_tok, row["context"]).shape[-1] == len(with_bos.context)

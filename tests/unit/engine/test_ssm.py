@@ -8,12 +8,22 @@ import pytest
 import torch
 
 from gna.engine.device import device_of
+from gna.engine.packing import collate, pack
+from gna.engine.ssm import (
+    causal_predecessors,
+    local_matrix,
+    local_mix,
+    local_mix_causal,
+    materialize,
+    ssd_chunked,
+    ssd_masked,
+    ssd_recurrent,
+    ssd_tree,
+    tree_layout,
+)
 from gna.students.decoding import cache_nbytes, inference_memory, prefill, step
 from gna.students.mixer import mixers, swapped_to_attention
 from gna.students.spec import load_any, load_student, make_hybrid, save_student
-from gna.engine.packing import collate, pack
-from gna.engine.ssm import (causal_predecessors, local_matrix, local_mix, local_mix_causal, materialize, ssd_chunked, ssd_masked,
-                            ssd_recurrent, ssd_tree, tree_layout)
 
 
 def _inputs(b=2, length=37, h=3, p=5, n=4, seed=0):
@@ -53,7 +63,7 @@ def test_masked_scan_on_packed_choices_equals_separate_sequences():
     ctx, c1, c2 = 6, 4, 3
     x, log_a, Bm, Cm, D = _inputs(b=1, length=ctx + c1 + c2)
     item = pack(list(range(ctx)), [list(range(c1 + 1)), list(range(c2 + 1))])
-    allowed = (collate([item]).mask[:, 0] == 0)
+    allowed = collate([item]).mask[:, 0] == 0
     y = ssd_masked(x, log_a, Bm, Cm, D, allowed)
     for start, n in ((ctx, c1), (ctx + c1, c2)):
         idx = list(range(ctx)) + list(range(start, start + n))
@@ -67,8 +77,12 @@ def _scoring_batch():
     """A collated batch as the scorer builds it: contexts of different lengths, multi-token
     choices of different lengths (a tree after the context), single-token choices (plain
     causal), right padding."""
-    items = [pack(list(range(9)), [[1, 2, 3, 4], [5, 6], [7, 8, 9]]), pack(list(range(5)), [[1], [2]]),
-             pack(list(range(13)), [[4, 5, 6]]), pack(list(range(3)), [[1, 2, 3], [4, 5, 6, 7, 8]])]
+    items = [
+        pack(list(range(9)), [[1, 2, 3, 4], [5, 6], [7, 8, 9]]),
+        pack(list(range(5)), [[1], [2]]),
+        pack(list(range(13)), [[4, 5, 6]]),
+        pack(list(range(3)), [[1, 2, 3], [4, 5, 6, 7, 8]]),
+    ]
     return collate(items).mask[:, 0] == 0
 
 
@@ -85,8 +99,9 @@ def test_tree_scan_equals_masked_scan_on_scoring_batches(chunk):
     torch.testing.assert_close(ssd_tree(x, log_a, Bm, Cm, D, layout, chunk), ssd_masked(x, log_a, Bm, Cm, D, allowed))
     causal = torch.ones(2, 11, 11, dtype=torch.bool).tril()
     x, log_a, Bm, Cm, D = _inputs(b=2, length=11)
-    torch.testing.assert_close(ssd_tree(x, log_a, Bm, Cm, D, tree_layout(causal), chunk),
-                               ssd_recurrent(x, log_a, Bm, Cm, D)[0])
+    torch.testing.assert_close(
+        ssd_tree(x, log_a, Bm, Cm, D, tree_layout(causal), chunk), ssd_recurrent(x, log_a, Bm, Cm, D)[0]
+    )
 
 
 def test_tree_layout_not_found_where_rows_do_not_follow_one_path():
@@ -116,8 +131,9 @@ def test_local_skip_gather_equals_its_matrix_and_the_definition():
     x = _inputs(b=1, length=13)[0]
     causal = causal_predecessors(13, 3)
     torch.testing.assert_close(local_mix(x, weights, *causal), _local_ref(x, weights, list(range(13))))
-    torch.testing.assert_close(local_mix(x, weights, *causal),
-                               torch.einsum("bhls,bshp->blhp", local_matrix(weights, None, 13), x))
+    torch.testing.assert_close(
+        local_mix(x, weights, *causal), torch.einsum("bhls,bshp->blhp", local_matrix(weights, None, 13), x)
+    )
     ctx, c1, c2 = 6, 4, 3
     allowed = collate([pack(list(range(ctx)), [list(range(c1 + 1)), list(range(c2 + 1))])]).mask[:, 0] == 0
     packed = local_mix(x, weights, *tree_layout(allowed).predecessors(3))
@@ -127,8 +143,10 @@ def test_local_skip_gather_equals_its_matrix_and_the_definition():
         torch.testing.assert_close(packed[:, path], _local_ref(x, weights, path))
     batch = _scoring_batch()  # trunks, choices at every depth, padding
     xb = _inputs(b=batch.shape[0], length=batch.shape[1])[0]
-    torch.testing.assert_close(local_mix(xb, weights, *tree_layout(batch).predecessors(3)),
-                               torch.einsum("bhls,bshp->blhp", local_matrix(weights, batch, batch.shape[1]), xb))
+    torch.testing.assert_close(
+        local_mix(xb, weights, *tree_layout(batch).predecessors(3)),
+        torch.einsum("bhls,bshp->blhp", local_matrix(weights, batch, batch.shape[1]), xb),
+    )
     assert not torch.allclose(packed[:, ctx + c1], local_mix(x, weights, *causal)[:, ctx + c1])  # it bites
 
 
@@ -146,8 +164,9 @@ def test_causal_local_skip_by_shifts_equals_the_gathered_one():
         grads_slow = torch.autograd.grad(slow.float().square().sum(), [x, weights])
         assert torch.equal(fast, slow) and fast.dtype == slow.dtype
         for fast_grad, slow_grad in zip(grads_fast, grads_slow):
-            torch.testing.assert_close(fast_grad, slow_grad, rtol=1e-6 if fast_grad.dtype == torch.float32 else 1e-2,
-                                       atol=1e-6)
+            torch.testing.assert_close(
+                fast_grad, slow_grad, rtol=1e-6 if fast_grad.dtype == torch.float32 else 1e-2, atol=1e-6
+            )
     assert not torch.equal(local_mix_causal(x, weights), torch.zeros_like(x))  # it bites
 
 
@@ -213,7 +232,7 @@ def test_recurrent_decoding_equals_full_forward(hybrid):
     logits, caches = prefill(student, ids[:, :-3])
     torch.testing.assert_close(logits[:, -1], full[:, -4], rtol=1e-4, atol=1e-4)
     for t in range(ids.shape[1] - 3, ids.shape[1]):
-        logits = step(student, ids[:, t: t + 1], t, caches)
+        logits = step(student, ids[:, t : t + 1], t, caches)
         torch.testing.assert_close(logits[:, -1], full[:, t], rtol=1e-4, atol=1e-4)
 
 
@@ -223,8 +242,16 @@ def test_measured_cache_matches_the_memory_formula(tiny_llama, hybrid):
     cfg = model.config
     ids = torch.randint(0, 200, (1, 50))
     _, caches = prefill(student, ids)
-    expected = inference_memory(cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
-                                cfg.hidden_size // cfg.num_attention_heads, KEPT, 8, 50, bytes_per_value=4)
+    expected = inference_memory(
+        cfg.num_hidden_layers,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.hidden_size // cfg.num_attention_heads,
+        KEPT,
+        8,
+        50,
+        bytes_per_value=4,
+    )
     assert cache_nbytes(caches) == expected["total_bytes"]
     assert expected["kv_cache_bytes"] > 0 and expected["ssm_state_bytes"] > 0
     teacher = inference_memory(3, 4, 2, 12, None, 8, 50, bytes_per_value=4)
@@ -286,11 +313,12 @@ def test_ablating_an_ssm_head_equals_zeroing_its_output_columns(hybrid):
     surgery = copy.deepcopy(student)
     p = m.head_dim
     with torch.no_grad():
-        mixers(surgery)[1].o_proj.weight[:, head * p: (head + 1) * p] = 0
+        mixers(surgery)[1].o_proj.weight[:, head * p : (head + 1) * p] = 0
         torch.testing.assert_close(surgery(input_ids=ids).logits, ablated)
 
 
 # -- G&A tools on students: implicit-attention maps and per-head masks on SSM heads -------------
+
 
 def test_student_maps_attention_heads_match_teacher_and_ssm_rows_are_normalised(tiny_llama, hybrid):
     from gna.phases.gather_aggregate import attention_maps
@@ -312,17 +340,19 @@ def test_student_maps_attention_heads_match_teacher_and_ssm_rows_are_normalised(
 def test_per_head_masks_on_a_student_reproduce_it_and_restricting_an_ssm_head_bites(hybrid):
     import numpy as np
 
+    from gna.engine.scoring import score_table
     from gna.phases.gather_aggregate import kv_row_segments
     from gna.phases.masking import score_masked
-    from gna.engine.scoring import score_table
     from gna.tasks.tables import build_kv_retrieval
 
     student, tok = hybrid
     kv = build_kv_retrieval([3, 5], 3, 0, "lookup")
     flat = lambda f: np.concatenate(f["logprobs"].to_list())  # noqa: E731
     plain = flat(score_table(student, tok, kv, progress=False))
-    for heads in ({"gather": (1, 2), "aggregate": (2, 1)},  # SSM heads (layer 1 and 2: heads 1, 2 are SSM)
-                  {"gather": (0, 1), "aggregate": (2, 3)}):  # kept attention heads
+    for heads in (
+        {"gather": (1, 2), "aggregate": (2, 1)},  # SSM heads (layer 1 and 2: heads 1, 2 are SSM)
+        {"gather": (0, 1), "aggregate": (2, 3)},
+    ):  # kept attention heads
         same = flat(score_masked(student, tok, kv, kv_row_segments, heads, restrict=False))
         assert np.array_equal(same, plain)
         masked = flat(score_masked(student, tok, kv, kv_row_segments, heads, restrict=True))
@@ -330,8 +360,8 @@ def test_per_head_masks_on_a_student_reproduce_it_and_restricting_an_ssm_head_bi
 
 
 def test_answer_rows_masking_on_a_hybrid(hybrid, tiny_llama):
-    from gna.phases.masking import answer_rows_experiment, answer_rows_mask
     from gna.engine.packing import collate, pack
+    from gna.phases.masking import answer_rows_experiment, answer_rows_mask
     from gna.tasks.tables import build_kv_retrieval
 
     student, tok = hybrid
@@ -366,8 +396,9 @@ def test_answer_rows_read_the_unmodified_scores_they_are_given(hybrid):
     assert read.drop("mean_logp").equals(plain.drop("mean_logp"))
     assert read["mean_logp"].to_list() == pytest.approx(plain["mean_logp"].to_list(), abs=1e-5)
     # they are read, not recomputed: shifted scores shift the unmodified row only
-    shifted = answer_rows_experiment(student, part, tok, batch_size=2,
-                                     scored={"kv_retrieval": answers.with_columns(pl.col("logp_target") - 1)})
+    shifted = answer_rows_experiment(
+        student, part, tok, batch_size=2, scored={"kv_retrieval": answers.with_columns(pl.col("logp_target") - 1)}
+    )
     assert shifted["mean_logp"][0] == pytest.approx(plain["mean_logp"][0] - 1, abs=1e-5)
     assert shifted["mean_logp"][1] == plain["mean_logp"][1]
     # scores that lack an item of the table: the unmodified student is scored
@@ -384,17 +415,22 @@ def test_answer_rows_are_not_masked_where_the_unmodified_student_is_at_chance(hy
     kv = build_kv_retrieval([3], 12, 0, "lookup")
     answers = score_table(student, tok, kv, batch_size=4, progress=False)
     # 1 of 12 right on 3 keys (chance 1/3): at chance, so only the unmodified row, with the reason
-    at_chance = answers.with_columns(pl.col("item_id").cum_count().alias("_i")).with_columns(
-        correct=pl.col("_i") == 1).drop("_i")
-    frame = answer_rows_experiment(student, {"kv_retrieval": kv}, tok, batch_size=4,
-                                   scored={"kv_retrieval": at_chance}, skip_at_chance=True)
+    at_chance = (
+        answers.with_columns(pl.col("item_id").cum_count().alias("_i"))
+        .with_columns(correct=pl.col("_i") == 1)
+        .drop("_i")
+    )
+    frame = answer_rows_experiment(
+        student, {"kv_retrieval": kv}, tok, batch_size=4, scored={"kv_retrieval": at_chance}, skip_at_chance=True
+    )
     assert frame["condition"].to_list() == ["unmodified"]
     assert "not distinguishable from chance at n=12" in frame["skipped_reason"][0]
     assert frame["skipped_reason"][0].endswith("the masked condition not run")
     # every item right: clear of chance, so both conditions run and no reason is recorded
     clear = answers.with_columns(correct=pl.lit(True))
-    frame = answer_rows_experiment(student, {"kv_retrieval": kv}, tok, batch_size=4,
-                                   scored={"kv_retrieval": clear}, skip_at_chance=True)
+    frame = answer_rows_experiment(
+        student, {"kv_retrieval": kv}, tok, batch_size=4, scored={"kv_retrieval": clear}, skip_at_chance=True
+    )
     assert frame["condition"].to_list() == ["unmodified", "attention answer rows masked"]
     assert frame["skipped_reason"].null_count() == 2
     # without the policy the masked condition runs at chance too

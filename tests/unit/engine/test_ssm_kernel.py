@@ -77,8 +77,14 @@ INTERPRETED = textwrap.dedent("""
 def test_the_kernel_equals_the_torch_scan_under_tritons_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     env.pop(KERNEL_ENV, None)
-    proc = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=900,
-                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))))
+    proc = subprocess.run(
+        [sys.executable, "-c", INTERPRETED],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))),
+    )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout[-3000:] + proc.stderr[-3000:]
 
 

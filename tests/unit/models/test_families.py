@@ -62,9 +62,11 @@ def test_pruning_gradual_and_individual_equal_the_pruned_models_forward(family):
     # per-layer adapters by it: only a prefix of its layers is a model its own forward can run
     gone = n - 1 if arch == "zamba2" else 1
     removed = score_removals(model, tok, KV, list(range(n)), [gone], progress=False)
-    for keep, fast in ((list(range(1)), depths.filter(depths["depth"] == 1)),
-                       (list(range(n - 1)), depths.filter(depths["depth"] == n - 1)),
-                       ([i for i in range(n) if i != gone], removed)):
+    for keep, fast in (
+        (list(range(1)), depths.filter(depths["depth"] == 1)),
+        (list(range(n - 1)), depths.filter(depths["depth"] == n - 1)),
+        ([i for i in range(n) if i != gone], removed),
+    ):
         with pruned_layers(model, keep):
             ref = score_table_ref(model, tok, KV)
         assert np.abs(_flat(fast) - _flat(ref)).max() <= 1e-4, keep

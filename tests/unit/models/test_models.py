@@ -104,7 +104,11 @@ def test_hf_source_resolves_a_hub_id_through_the_hf_cache(tmp_path):
     m2, t2 = load_model(tmp_path / "out")
     assert torch.equal(_logits(m1, t1), _logits(m2, t2))
     # an id that is not in the cache fails with the hub's own error, naming the id
-    proc = subprocess.run([sys.executable, "-c", code.replace("gna-test/tiny-llama", "gna-test/absent"),
-                           str(tmp_path / "out2")], env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code.replace("gna-test/tiny-llama", "gna-test/absent"), str(tmp_path / "out2")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode != 0 and "gna-test/absent" in proc.stderr
     assert not (tmp_path / "out2").exists()

@@ -1,10 +1,17 @@
 import polars as pl
 import pytest
 import torch
-
 from conftest import MINI_MMLU
-from gna.phases.gather_aggregate import (attention_maps, head_roles, kv_row_segments, kv_segments, map_frame,
-                                  mmlu_letter_segments, role_scores)
+
+from gna.phases.gather_aggregate import (
+    attention_maps,
+    head_roles,
+    kv_row_segments,
+    kv_segments,
+    map_frame,
+    mmlu_letter_segments,
+    role_scores,
+)
 from gna.tasks.tables import build_kv_retrieval, build_mmlu, load_mmlu_jsonl, select_mmlu
 
 
@@ -66,9 +73,9 @@ def test_maps_and_roles_on_a_model(tiny_llama):
 def test_unrestricted_head_masks_reproduce_the_model_and_restriction_bites(tiny_llama):
     import numpy as np
 
-    from gna.phases.masking import head_mask, masking_experiment, score_masked
     from gna.engine.packing import collate, pack
     from gna.engine.scoring import encode, score_table
+    from gna.phases.masking import head_mask, masking_experiment, score_masked
 
     model, tok = tiny_llama
     kv = build_kv_retrieval([3, 5], 3, 0, "lookup")
@@ -94,9 +101,14 @@ def test_unrestricted_head_masks_reproduce_the_model_and_restriction_bites(tiny_
     assert result["acc"][0] == plain["correct"].mean()
 
 
-ROLES_TABLE = pl.DataFrame({"layer": [0, 1, 1, 2, 2], "head": [0, 2, 3, 0, 1],
-                            "role": ["gather", "gather", "other", "aggregate", "aggregate"],
-                            "rank": [5, 2, 1, 4, 3]})
+ROLES_TABLE = pl.DataFrame(
+    {
+        "layer": [0, 1, 1, 2, 2],
+        "head": [0, 2, 3, 0, 1],
+        "role": ["gather", "gather", "other", "aggregate", "aggregate"],
+        "rank": [5, 2, 1, 4, 3],
+    }
+)
 
 
 def test_best_role_heads_choose_by_rank():
@@ -123,8 +135,8 @@ def test_heads_label_says_ssm_or_attention_only_for_students():
 
 
 def test_choice_masking_is_gated_by_accuracy(tiny_llama):
-    from gna.phases.masking import choice_masking
     from gna.engine.scoring import score_table
+    from gna.phases.masking import choice_masking
 
     model, tok = tiny_llama
     subset, pool = select_mmlu(load_mmlu_jsonl(MINI_MMLU), 3, 0, [])
@@ -142,8 +154,8 @@ def test_choice_masking_is_gated_by_accuracy(tiny_llama):
 def test_choice_masking_skips_a_table_at_chance_by_its_interval(tiny_llama):
     """The facts' choice form, option lines as segments: with skip_at_chance an accuracy whose
     interval contains chance runs (a) only, whatever min_acc allows; without it all three run."""
-    from gna.phases.masking import choice_masking
     from gna.engine.scoring import at_chance, score_table
+    from gna.phases.masking import choice_masking
     from gna.tasks.facts import build_facts, read_local_facts
 
     model, tok = tiny_llama
@@ -162,9 +174,9 @@ def test_masking_reads_condition_a_from_the_models_own_scores(tiny_llama):
     """(a) of a knowledge table and the choice table's gate are the model's per-item scores: given
     them (a baseline's, a student's answers), the result is the one scored here; and they are
     read, not recomputed (doctored scores show through)."""
-    from gna.phases.masking import choice_masking, masking_experiment
     from gna.engine.scoring import score_table
     from gna.phases.gather_aggregate import kv_row_segments
+    from gna.phases.masking import choice_masking, masking_experiment
     from gna.tasks.facts import build_facts, read_local_facts
 
     model, tok = tiny_llama
@@ -178,7 +190,8 @@ def test_masking_reads_condition_a_from_the_models_own_scores(tiny_llama):
     plain = masking_experiment(model, tok, kv, kv_row_segments, heads, **args)
     assert masking_experiment(model, tok, kv, kv_row_segments, heads, scored=scored, **args).equals(plain)
     assert choice_masking(model, tok, choice, heads, 0.0, skip_at_chance=True, scored=scored).equals(
-        choice_masking(model, tok, choice, heads, 0.0, skip_at_chance=True))
+        choice_masking(model, tok, choice, heads, 0.0, skip_at_chance=True)
+    )
     doctored = {t: s.with_columns(pl.lit(True).alias("correct")) for t, s in scored.items()}
     read = masking_experiment(model, tok, kv, kv_row_segments, heads, scored=doctored, **args)
     assert read.filter(pl.col("task") == "facts_cloze")["acc"][0] == 1.0

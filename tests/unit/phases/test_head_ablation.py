@@ -3,14 +3,24 @@ import polars as pl
 import pytest
 import torch
 
-from gna.phases.head_tables import critical_heads, dict_size_curves, heads_kept, remove_top_k
-from gna.phases.head_ablation import (attribution_scores, compare_attribution, rank_attribution, rank_heads,
-                                      spearman,
-                                      sweep_cost, sweep_heads, sweep_heads_naive, sweep_heads_verified, top_heads,
-                                      within_budget, attribution_cost)
 from gna.engine.ablation import score_ablations
 from gna.engine.hooks import ablate_heads, active_hooks, all_heads, head_sites
 from gna.engine.scoring import score_table
+from gna.phases.head_ablation import (
+    attribution_cost,
+    attribution_scores,
+    compare_attribution,
+    rank_attribution,
+    rank_heads,
+    spearman,
+    sweep_cost,
+    sweep_heads,
+    sweep_heads_naive,
+    sweep_heads_verified,
+    top_heads,
+    within_budget,
+)
+from gna.phases.head_tables import critical_heads, dict_size_curves, heads_kept, remove_top_k
 from gna.tasks.tables import build_kv_retrieval
 
 KV = build_kv_retrieval([3, 5], 3, 0, "lookup")
@@ -48,7 +58,7 @@ def test_query_head_ablation_equals_zeroing_its_o_proj_columns(tiny_llama):
     saved = o_proj.weight.detach().clone()
     try:
         with torch.no_grad():
-            o_proj.weight[:, 2 * site.head_dim: 3 * site.head_dim] = 0
+            o_proj.weight[:, 2 * site.head_dim : 3 * site.head_dim] = 0
         surgery = _logits(model, tok)
     finally:
         with torch.no_grad():
@@ -73,8 +83,9 @@ def test_fast_sweep_equals_full_forward_per_head(tiny_llama):
 
     with ablate_heads(model, [(1, 2)]):
         hf = score_table_ref(model, tok, KV)
-    np.testing.assert_allclose(np.concatenate(naive[(1, 2)]["logprobs"].to_list()),
-                               np.concatenate(hf["logprobs"].to_list()), atol=1e-4)
+    np.testing.assert_allclose(
+        np.concatenate(naive[(1, 2)]["logprobs"].to_list()), np.concatenate(hf["logprobs"].to_list()), atol=1e-4
+    )
 
 
 @pytest.mark.parametrize("layers", [None, [0, 2]])
@@ -89,8 +100,9 @@ def test_ablations_sharing_one_pass_equal_a_full_forward_each(tiny_llama, layers
         with ablate_heads(model, heads):
             ref = score_table(model, tok, KV, progress=False, layers=layers)
         assert fast[key]["pred"].to_list() == ref["pred"].to_list()
-        np.testing.assert_allclose(np.concatenate(fast[key]["logprobs"].to_list()),
-                                   np.concatenate(ref["logprobs"].to_list()), atol=1e-5)
+        np.testing.assert_allclose(
+            np.concatenate(fast[key]["logprobs"].to_list()), np.concatenate(ref["logprobs"].to_list()), atol=1e-5
+        )
     assert not np.allclose(fast["two"]["logp_target"], fast["none"]["logp_target"])
     with pytest.raises(ValueError, match=r"cannot ablate heads of layers \[1\]: not among the layers run"):
         score_ablations(model, tok, KV, {"x": [(1, 0)]}, [0, 2], progress=False)
@@ -113,10 +125,12 @@ def test_head_tables(tiny_llama):
     model, tok = tiny_llama
     ranking = rank_heads(sweep_heads(model, tok, KV, progress=False))
     tables = {"kv_retrieval": KV}
-    topk = remove_top_k(model, tok, ranking, tables, [0, 2], random_draws=2, control_tasks=["kv_retrieval"],
-                        seed=1, progress=False)
-    again = remove_top_k(model, tok, ranking, tables, [0, 2], random_draws=2, control_tasks=["kv_retrieval"],
-                         seed=1, progress=False)
+    topk = remove_top_k(
+        model, tok, ranking, tables, [0, 2], random_draws=2, control_tasks=["kv_retrieval"], seed=1, progress=False
+    )
+    again = remove_top_k(
+        model, tok, ranking, tables, [0, 2], random_draws=2, control_tasks=["kv_retrieval"], seed=1, progress=False
+    )
     assert topk.equals(again)
     assert set(topk.filter(pl.col("condition") == "random")["draw"]) == {0, 1}
     k0 = topk.filter((pl.col("k") == 0) & (pl.col("metric") == "acc") & (pl.col("group") == "all"))["value"][0]
@@ -146,8 +160,17 @@ def test_head_tables_score_a_task_at_chance_unablated_only(tiny_llama):
     assert skipped.drop("skipped_reason").equals(every.filter(pl.col("k") == 0).drop("skipped_reason"))
     # judged on the given baseline scores: all correct is above chance, so every condition runs
     right = score_table(model, tok, KV, progress=False).with_columns(pl.lit(True).alias("correct"))
-    ran = remove_top_k(model, tok, ranking, tables, [0, 1, 2], scored={"kv_retrieval": right}, skip_at_chance=True,
-                       always_scored=(), **args)
+    ran = remove_top_k(
+        model,
+        tok,
+        ranking,
+        tables,
+        [0, 1, 2],
+        scored={"kv_retrieval": right},
+        skip_at_chance=True,
+        always_scored=(),
+        **args,
+    )
     assert set(ran["k"]) == {0, 1, 2} and ran["skipped_reason"].is_null().all()
     kept_layers = [0, 1, 2]
     all_kept = heads_kept(model, tok, ranking, kept_layers, tables, progress=False)
@@ -210,12 +233,23 @@ def test_ssm_heads(family):
     tok = byte_level_tokenizer()
     torch.manual_seed(0)
     if family == "mamba2":
-        model = Mamba2ForCausalLM(Mamba2Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_heads=4,
-                                               head_dim=16, state_size=8, n_groups=1, expand=2)).eval()
+        model = Mamba2ForCausalLM(
+            Mamba2Config(
+                vocab_size=len(tok),
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_heads=4,
+                head_dim=16,
+                state_size=8,
+                n_groups=1,
+                expand=2,
+            )
+        ).eval()
         kind, n = "ssm", 4
     else:
-        model = MambaForCausalLM(MambaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
-                                             state_size=8, expand=2)).eval()
+        model = MambaForCausalLM(
+            MambaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, state_size=8, expand=2)
+        ).eval()
         kind, n = "ssm-channels", 16
     sites = head_sites(model)
     assert [s.kind for s in sites] == [kind, kind] and sites[0].n_heads == n
@@ -261,12 +295,25 @@ def test_attribution_comparison():
     """The estimate ranks heads (est_rank), joins the exact drops, and reports the rank
     correlation and the recall of the exact top 10 in the estimate's top n; no timings (not results)."""
     heads = [(layer, head) for layer in range(3) for head in range(4)]
-    est = pl.DataFrame({"layer": [l for l, _ in heads], "head": [h for _, h in heads], "kind": "attention",
-                        "logp_drop_est": [float(i) for i in range(12)]})
+    est = pl.DataFrame(
+        {
+            "layer": [l for l, _ in heads],
+            "head": [h for _, h in heads],
+            "kind": "attention",
+            "logp_drop_est": [float(i) for i in range(12)],
+        }
+    )
     # exact drops agree in order except that the two largest are swapped
     drops = [float(i) for i in range(10)] + [11.0, 10.0]
-    exact = pl.DataFrame({"layer": [l for l, _ in heads], "head": [h for _, h in heads], "acc_drop": 0.0,
-                          "logp_drop": drops, "rank": [12 - sorted(drops).index(d) for d in drops]})
+    exact = pl.DataFrame(
+        {
+            "layer": [l for l, _ in heads],
+            "head": [h for _, h in heads],
+            "acc_drop": 0.0,
+            "logp_drop": drops,
+            "rank": [12 - sorted(drops).index(d) for d in drops],
+        }
+    )
     ranked = rank_attribution(est)
     assert ranked["est_rank"].to_list() == list(range(1, 13)) and top_heads(ranked, 2) == [(2, 3), (2, 2)]
     result = compare_attribution(ranked, exact, top_n=5)
@@ -282,6 +329,7 @@ def test_attribution_comparison():
 def _attribution_with_layer_gradient_dropped(model, tok, layer):
     """Reference for one GradDrop term: the plain estimate on the model whose layer `layer` passes
     its own output's value but only the residual path's gradient (out = in + (f(in) - in).detach())."""
+
     def hook(module, args, kwargs, out):
         h = kwargs.get("hidden_states", args[0] if args else None)
         value = out[0] if isinstance(out, tuple) else out
@@ -311,8 +359,15 @@ def test_graddrop_equals_dropping_each_layers_gradient_by_a_hook(tiny_llama):
 
 
 def test_estimate_orders():
-    est = pl.DataFrame({"layer": [0, 0, 1], "head": [0, 1, 0], "kind": "attention",
-                        "logp_drop_est": [0.5, -2.0, 1.0], "graddrop_est": [3.0, 1.0, 2.0]})
+    est = pl.DataFrame(
+        {
+            "layer": [0, 0, 1],
+            "head": [0, 1, 0],
+            "kind": "attention",
+            "logp_drop_est": [0.5, -2.0, 1.0],
+            "graddrop_est": [3.0, 1.0, 2.0],
+        }
+    )
     assert top_heads(rank_attribution(est), 3) == [(1, 0), (0, 0), (0, 1)]
     assert top_heads(rank_attribution(est, "magnitude"), 3) == [(0, 1), (1, 0), (0, 0)]
     assert top_heads(rank_attribution(est, "graddrop"), 3) == [(0, 0), (1, 0), (0, 1)]
@@ -325,7 +380,7 @@ def test_the_budget_counts_layer_runs_and_keeps_the_order():
     heads = [(3, 0), (3, 1), (2, 0), (0, 0), (1, 0), (0, 1), (1, 1), (2, 1)]
     ranked = pl.DataFrame({"layer": [l for l, _ in heads], "head": [h for _, h in heads]})
     assert sweep_cost(heads, 4) == 20
-    assert within_budget(ranked, 4, 0.6) == []            # 12 - 12: nothing left to verify
+    assert within_budget(ranked, 4, 0.6) == []  # 12 - 12: nothing left to verify
     assert within_budget(ranked, 4, 0.8) == [(3, 0), (3, 1), (2, 0)]  # 16 - 12 = 4 = 1 + 1 + 2; stops at (0, 0)
     assert within_budget(ranked, 4, 1.0) == [(3, 0), (3, 1), (2, 0), (0, 0)]
     # GradDrop's backward from each layer's input costs 2 * (1 + 2 + 3) = 12 more: nothing fits
@@ -333,8 +388,14 @@ def test_the_budget_counts_layer_runs_and_keeps_the_order():
 
 
 def test_ties_in_the_estimate_are_broken_by_magnitude_then_position():
-    est = pl.DataFrame({"layer": [1, 0, 0, 1], "head": [1, 1, 0, 0], "logp_drop_est": [0.0, -0.5, 0.0, 0.5],
-                        "graddrop_est": [1.0, 1.0, 1.0, 1.0]})
+    est = pl.DataFrame(
+        {
+            "layer": [1, 0, 0, 1],
+            "head": [1, 1, 0, 0],
+            "logp_drop_est": [0.0, -0.5, 0.0, 0.5],
+            "graddrop_est": [1.0, 1.0, 1.0, 1.0],
+        }
+    )
     assert top_heads(rank_attribution(est, "graddrop"), 4) == [(0, 1), (1, 0), (0, 0), (1, 1)]
     assert rank_attribution(est.reverse(), "signed").equals(rank_attribution(est, "signed"))
 
@@ -367,10 +428,18 @@ def test_sweep_phase_in_each_mode_says_what_it_measured(tiny_llama, tmp_path):
     model.save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
     sweep = {"sweep_dict_size": 3, "sweep_n": 3, "seed": 0}
-    out = {mode: (tmp_path / f"{mode}-sweep.parquet", tmp_path / f"{mode}-ranking.parquet") for mode in ("exact", "verified")}
+    out = {
+        mode: (tmp_path / f"{mode}-sweep.parquet", tmp_path / f"{mode}-ranking.parquet")
+        for mode in ("exact", "verified")
+    }
     run_heads_sweep("t", str(tmp_path / "m"), *map(str, out["exact"]), sweep | {"mode": "exact"}, "lookup")
-    run_heads_sweep("t", str(tmp_path / "m"), *map(str, out["verified"]),
-                    sweep | {"mode": "verified", "budget": 0.6, "order": "magnitude"}, "lookup")
+    run_heads_sweep(
+        "t",
+        str(tmp_path / "m"),
+        *map(str, out["verified"]),
+        sweep | {"mode": "verified", "budget": 0.6, "order": "magnitude"},
+        "lookup",
+    )
     exact, verified = (pl.read_parquet(out[m][0]) for m in ("exact", "verified"))
     assert set(exact["mode"]) == {"exact"} and set(verified["mode"]) == {"verified"}
     assert set(exact["heads_total"]) == set(verified["heads_total"]) == {len(all_heads(model))} == {len(exact) - 1}
@@ -389,7 +458,9 @@ def test_top_k_zero_is_read_from_the_baseline_scores(tiny_llama):
     read = remove_top_k(model, tok, ranking, tables, [0, 1], scored={"kv_retrieval": baseline}, **args)
     assert read.equals(scored)
     # a ranking shorter than a k (a verified sweep) is refused, not silently cut to fewer heads
-    with pytest.raises(ValueError, match="heads.top_k: removing the top 5 heads needs 5 ranked heads; the ranking has 3"):
+    with pytest.raises(
+        ValueError, match="heads.top_k: removing the top 5 heads needs 5 ranked heads; the ranking has 3"
+    ):
         remove_top_k(model, tok, ranking.head(3), tables, [0, 1, 5], **args)
     # the k = 0 rows come from the given scores (here all made wrong), the others are scored
     wrong = baseline.with_columns(pl.lit(False).alias("correct"))
@@ -397,4 +468,5 @@ def test_top_k_zero_is_read_from_the_baseline_scores(tiny_llama):
     acc = marked.filter((pl.col("metric") == "acc") & (pl.col("group") == "all"))
     assert acc.filter(pl.col("k") == 0)["value"].to_list() == [0.0]
     assert acc.filter(pl.col("k") == 1).equals(
-        scored.filter((pl.col("metric") == "acc") & (pl.col("group") == "all") & (pl.col("k") == 1)))
+        scored.filter((pl.col("metric") == "acc") & (pl.col("group") == "all") & (pl.col("k") == 1))
+    )

@@ -18,14 +18,14 @@ import copy
 
 import polars as pl
 import torch
-from polars.testing import assert_frame_equal
-
 from conftest import MINI_MMLU, REPO
 from golden import cpu_kind
+from polars.testing import assert_frame_equal
+
 from gna.core.stats import wilson_interval
 from gna.phases.gather_aggregate import kv_row_segments, mmlu_row_segments
-from gna.students.spec import make_hybrid
 from gna.phases.masking import masking_experiment
+from gna.students.spec import make_hybrid
 from gna.tasks.tables import build_kv_retrieval, build_mmlu, load_mmlu_jsonl, select_mmlu
 
 GOLDEN = REPO / "tests" / "data" / "golden_masking.parquet"
@@ -43,9 +43,13 @@ def test_masking_experiment_equals_recorded_results(tiny_llama):
     teacher_letter = masking_experiment(model, tok, letter, mmlu_row_segments, HEADS, batch_size=4)
     student = make_hybrid(copy.deepcopy(model), [HEADS["aggregate"]], 4)
     student_kv = masking_experiment(student, tok, kv, kv_row_segments, HEADS, batch_size=4, knowledge=cloze)
-    actual = pl.concat([teacher_kv.with_columns(pl.lit("teacher").alias("model")),
-                        teacher_letter.with_columns(pl.lit("teacher").alias("model")),
-                        student_kv.with_columns(pl.lit("student").alias("model"))])
+    actual = pl.concat(
+        [
+            teacher_kv.with_columns(pl.lit("teacher").alias("model")),
+            teacher_letter.with_columns(pl.lit("teacher").alias("model")),
+            student_kv.with_columns(pl.lit("student").alias("model")),
+        ]
+    )
     # `note` (null where (b) and (c) ran) and the interval came after the recording; every other
     # column is as recorded
     assert actual["note"].null_count() == len(actual)
@@ -55,8 +59,9 @@ def test_masking_experiment_equals_recorded_results(tiny_llama):
     if cpu_kind() == RECORDED_ON and torch.__version__ == RECORDED_TORCH:
         assert_frame_equal(actual.drop("note", "ci_low", "ci_high"), golden, check_exact=True)
     else:
-        assert_frame_equal(actual.drop("note", "ci_low", "ci_high", "mean_logp"), golden.drop("mean_logp"),
-                           check_exact=True)
+        assert_frame_equal(
+            actual.drop("note", "ci_low", "ci_high", "mean_logp"), golden.drop("mean_logp"), check_exact=True
+        )
         assert_frame_equal(actual.select("mean_logp"), golden.select("mean_logp"), check_exact=False, rel_tol=1e-5)
 
 
@@ -81,10 +86,14 @@ def test_masking_leaves_out_what_cannot_show_a_loss_where_the_model_is_at_chance
     subset, pool = select_mmlu(load_mmlu_jsonl(MINI_MMLU), 6, 7, None)
     cloze = build_mmlu(subset, pool, "cloze", 0, 7)
     full = masking_experiment(model, tok, kv, kv_row_segments, HEADS, batch_size=4, knowledge=cloze)
-    skipped = masking_experiment(model, tok, kv, kv_row_segments, HEADS, batch_size=4, knowledge=cloze,
-                                 skip_at_chance=True)
+    skipped = masking_experiment(
+        model, tok, kv, kv_row_segments, HEADS, batch_size=4, knowledge=cloze, skip_at_chance=True
+    )
     assert list(zip(skipped["task"], skipped["condition"])) == [
-        ("kv_retrieval", "(a) unmodified"), ("kv_retrieval", "(b) G&A heads ablated"), ("mmlu_cloze", "(a) unmodified")]
+        ("kv_retrieval", "(a) unmodified"),
+        ("kv_retrieval", "(b) G&A heads ablated"),
+        ("mmlu_cloze", "(a) unmodified"),
+    ]
     notes = skipped["note"].to_list()
     assert "contains chance 25.0%" in notes[0] and notes[0].endswith("(c) not run")
     assert notes[1] is None and notes[2].endswith("(b) not run")
@@ -92,8 +101,13 @@ def test_masking_leaves_out_what_cannot_show_a_loss_where_the_model_is_at_chance
     assert_frame_equal(skipped.drop("note"), kept.drop("note"), check_exact=False, rel_tol=1e-6)
 
     kv_right, cloze_right = _relabelled_to_own_picks(model, tok, kv), _relabelled_to_own_picks(model, tok, cloze)
-    above = masking_experiment(model, tok, kv_right, kv_row_segments, HEADS, batch_size=4, knowledge=cloze_right,
-                               skip_at_chance=True)
+    above = masking_experiment(
+        model, tok, kv_right, kv_row_segments, HEADS, batch_size=4, knowledge=cloze_right, skip_at_chance=True
+    )
     assert above.filter(pl.col("condition") == "(a) unmodified")["acc"].to_list() == [1.0, 1.0]
-    assert_frame_equal(above, masking_experiment(model, tok, kv_right, kv_row_segments, HEADS, batch_size=4,
-                                                 knowledge=cloze_right), check_exact=False, rel_tol=1e-6)
+    assert_frame_equal(
+        above,
+        masking_experiment(model, tok, kv_right, kv_row_segments, HEADS, batch_size=4, knowledge=cloze_right),
+        check_exact=False,
+        rel_tol=1e-6,
+    )

@@ -4,11 +4,10 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
+from gna.engine.scoring import at_chance, score_removals, score_table, score_table_ref
 from gna.engine.stack import pruned_layers
 from gna.phases.pruning import gradual, individual, minimal_prefix
-from gna.tasks.tables import subset_evenly
-from gna.engine.scoring import at_chance, score_removals, score_table, score_table_ref
-from gna.tasks.tables import build_kv_retrieval
+from gna.tasks.tables import build_kv_retrieval, subset_evenly
 
 KV = build_kv_retrieval([3, 5], 3, 0, "lookup")
 
@@ -46,8 +45,11 @@ def test_pruned_model_equals_a_model_built_by_hand(tiny_llama):
     cfg["num_hidden_layers"] = k
     cfg.pop("layer_types", None)
     by_hand = LlamaForCausalLM(type(model.config)(**cfg)).eval()
-    state = {name: w for name, w in model.state_dict().items()
-             if not name.startswith("model.layers.") or int(name.split(".")[2]) < k}
+    state = {
+        name: w
+        for name, w in model.state_dict().items()
+        if not name.startswith("model.layers.") or int(name.split(".")[2]) < k
+    }
     by_hand.load_state_dict(state, strict=True)
     with pruned_layers(model, list(range(k))):
         assert torch.allclose(_logits(model, ids), _logits(by_hand, ids), atol=1e-6, rtol=0)
@@ -63,7 +65,7 @@ def test_pruned_model_cache_stays_aligned(tiny_llama):
         out = model(ids[:, :-3], use_cache=True)
         cache, steps = out.past_key_values, [out.logits[:, -1]]
         for t in range(ids.shape[1] - 3, ids.shape[1]):
-            out = model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+            out = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
             cache = out.past_key_values
             steps.append(out.logits[:, -1])
     assert torch.allclose(torch.stack(steps[1:], 1), full[:, -3:], atol=1e-5)
@@ -129,11 +131,15 @@ def test_gradual_pruning_scores_a_task_at_chance_on_the_full_model_only(tiny_lla
     # the full model's row is the same as with every depth scored
     assert g.drop("skipped_reason").equals(every.filter(pl.col("layers_kept") == n).drop("skipped_reason"))
     # the retrieval task that defines the minimal model is scored at every depth
-    assert gradual(model, tok, tables, progress=False, skip_at_chance=True, always_scored=("kv_retrieval",)).equals(every)
+    assert gradual(model, tok, tables, progress=False, skip_at_chance=True, always_scored=("kv_retrieval",)).equals(
+        every
+    )
     # the decision reads the full model's given scores (its baseline): scores above chance keep every depth
     full = score_table(model, tok, KV, progress=False)
     right = full.with_columns(pl.lit(True).alias("correct"))
-    assert gradual(model, tok, tables, progress=False, skip_at_chance=True, scored={"kv_retrieval": right}).equals(every)
+    assert gradual(model, tok, tables, progress=False, skip_at_chance=True, scored={"kv_retrieval": right}).equals(
+        every
+    )
     read = gradual(model, tok, tables, progress=False, skip_at_chance=True, scored={"kv_retrieval": full})
     assert read.equals(g)
 
@@ -148,8 +154,15 @@ def test_at_chance_is_the_interval_containing_one_over_the_choices():
 
 def test_minimal_prefix_needs_every_larger_prefix_to_pass():
     values = {1: 0.1, 2: 0.95, 3: 0.5, 4: 0.92, 5: 0.97, 6: 1.0}
-    frame = pl.DataFrame({"task": "kv_retrieval", "metric": "acc", "group": "all",
-                          "layers_kept": list(values), "value": list(values.values())})
+    frame = pl.DataFrame(
+        {
+            "task": "kv_retrieval",
+            "metric": "acc",
+            "group": "all",
+            "layers_kept": list(values),
+            "value": list(values.values()),
+        }
+    )
     best = minimal_prefix(frame, "kv_retrieval", "acc", 0.9)
     assert best["layers_kept"] == 4 and best["kept_layers"] == [0, 1, 2, 3] and best["full_value"] == 1.0
     assert minimal_prefix(frame, "kv_retrieval", "acc", 1.0)["layers_kept"] == 6
@@ -167,8 +180,15 @@ def test_minimal_model_phase_writes_the_prefix_with_the_model_name(tmp_path):
     from gna.phases.pruning import run_minimal_model
 
     values = {1: 0.2, 2: 0.9, 3: 1.0}
-    frame = pl.DataFrame({"task": "kv_retrieval", "metric": "acc", "group": "all",
-                          "layers_kept": list(values), "value": list(values.values())})
+    frame = pl.DataFrame(
+        {
+            "task": "kv_retrieval",
+            "metric": "acc",
+            "group": "all",
+            "layers_kept": list(values),
+            "value": list(values.values()),
+        }
+    )
     frame.write_parquet(tmp_path / "gradual.parquet")
     run_minimal_model("m", tmp_path / "gradual.parquet", tmp_path / "minimal.json", "kv_retrieval", "acc", 0.9)
     written = json.loads((tmp_path / "minimal.json").read_text())
@@ -196,8 +216,9 @@ def test_the_minimal_models_scores_are_read_from_gradual_pruning_exactly(tiny_ll
     assert prefix_scores(None, kept) == {}
     shifted = {"kv_retrieval": read["kv_retrieval"].with_columns(pl.col("logp_target") - 1)}
     plain = individual(model, tok, tables, kept, batch_size=2, progress=False, skip_at_chance=True)
-    assert individual(model, tok, tables, kept, batch_size=2, progress=False, skip_at_chance=True,
-                      scored=read).equals(plain)
+    assert individual(model, tok, tables, kept, batch_size=2, progress=False, skip_at_chance=True, scored=read).equals(
+        plain
+    )
     # read, not recomputed: shifted scores move the minimal model's own row only
     moved = individual(model, tok, tables, kept, batch_size=2, progress=False, skip_at_chance=True, scored=shifted)
     assert not moved.equals(plain)
@@ -205,4 +226,5 @@ def test_the_minimal_models_scores_are_read_from_gradual_pruning_exactly(tiny_ll
     ranking = pl.DataFrame({"layer": [0, 1], "head": [0, 1], "rank": [1, 2]})
     args = dict(batch_size=2, progress=False, skip_at_chance=True, always_scored=())
     assert heads_kept(model, tok, ranking, kept, tables, scored=read, **args).equals(
-        heads_kept(model, tok, ranking, kept, tables, **args))
+        heads_kept(model, tok, ranking, kept, tables, **args)
+    )

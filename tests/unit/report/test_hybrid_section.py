@@ -2,13 +2,27 @@
 
 import polars as pl
 
-from gna.report.hybrid_section import (ablation_part, answer_rows_part, budget_goal, heads_kept_summary, state_size_part,
-                                       swap_verdict)
+from gna.report.hybrid_section import (
+    ablation_part,
+    answer_rows_part,
+    budget_goal,
+    heads_kept_summary,
+    state_size_part,
+    swap_verdict,
+)
 
 
 def kv10(value, low, high, n=50, **extra) -> dict:
-    return {"task": "kv_retrieval", "group": "10", "metric": "acc", "n": n, "value": value, "ci_low": low,
-            "ci_high": high, **extra}
+    return {
+        "task": "kv_retrieval",
+        "group": "10",
+        "metric": "acc",
+        "n": n,
+        "value": value,
+        "ci_low": low,
+        "ci_high": high,
+        **extra,
+    }
 
 
 def ppl(value, **extra) -> dict:
@@ -19,8 +33,16 @@ TEACHER = pl.DataFrame([kv10(1.0, 0.93, 1.0), ppl(16.0)])
 
 
 def students(k10: tuple, k20: tuple) -> pl.DataFrame:
-    return pl.DataFrame([kv10(0.04, 0.01, 0.13, heads_kept=0), kv10(*k10, heads_kept=10), kv10(*k20, heads_kept=20),
-                         ppl(32.0, heads_kept=0), ppl(24.0, heads_kept=10), ppl(20.0, heads_kept=20)])
+    return pl.DataFrame(
+        [
+            kv10(0.04, 0.01, 0.13, heads_kept=0),
+            kv10(*k10, heads_kept=10),
+            kv10(*k20, heads_kept=20),
+            ppl(32.0, heads_kept=0),
+            ppl(24.0, heads_kept=10),
+            ppl(20.0, heads_kept=20),
+        ]
+    )
 
 
 def test_summary_names_the_goal_student_and_whether_intervals_are_apart():
@@ -32,11 +54,14 @@ def test_summary_names_the_goal_student_and_whether_intervals_are_apart():
 
 
 def test_budget_goal_gives_the_first_budget_that_reaches_the_goal_or_says_none_does():
-    rows = [kv10(v, lo, hi, variant="k10-n16", heads_kept=10, kd_tokens=t, degenerate=False)
-            for v, lo, hi, t in ((0.5, 0.36, 0.64, 0), (0.85, 0.73, 0.93, 1000), (0.95, 0.87, 0.99, 2000))]
+    rows = [
+        kv10(v, lo, hi, variant="k10-n16", heads_kept=10, kd_tokens=t, degenerate=False)
+        for v, lo, hi, t in ((0.5, 0.36, 0.64, 0), (0.85, 0.73, 0.93, 1000), (0.95, 0.87, 0.99, 2000))
+    ]
     budget = pl.DataFrame(rows)
-    assert "k10-n16 reaches 80% of the teacher's KV accuracy at 10 keys (80%) after 1,000" in \
-        budget_goal(budget, TEACHER, 10)
+    assert "k10-n16 reaches 80% of the teacher's KV accuracy at 10 keys (80%) after 1,000" in budget_goal(
+        budget, TEACHER, 10
+    )
     short = budget.filter(pl.col("kd_tokens") == 0)
     assert "k10-n16 does not reach 80%" in budget_goal(short, TEACHER, 10)
 
@@ -47,20 +72,32 @@ def test_ablations_at_a_budget_are_compared_with_the_recipe_at_that_budget():
     hy = {"ablation": {"variant": "k10-n16", "kd_steps": 14}, "budget_curve": {"dict_size": 10}}
     common = {"model": "m", "variant": "k10-n16", "degenerate": False}
     scores = pl.DataFrame([kv10(0.96, 0.87, 0.99, **common)])
-    budget = pl.DataFrame([kv10(v, v - 0.1, v + 0.05, kd_steps=s, kd_tokens=s * 1000, **common)
-                           for v, s in ((0.46, 0), (0.88, 14), (0.96, 42))])
+    budget = pl.DataFrame(
+        [
+            kv10(v, v - 0.1, v + 0.05, kd_steps=s, kd_tokens=s * 1000, **common)
+            for v, s in ((0.46, 0), (0.88, 14), (0.96, 42))
+        ]
+    )
     ablation = pl.DataFrame([kv10(0.6, 0.45, 0.73, description="without layer alignment", **common)])
     page = ablation_part("m", scores, budget, ablation, hy)
     assert "14 distillation steps, 14,000 tokens" in page
     assert "88.0%" in page and "96.0%" not in page and "60.0%" in page and "46.0%" in page
-    untrained_budget = ablation_part("m", scores, budget, ablation, {**hy, "ablation": {"variant": "k10-n16",
-                                                                                         "kd_steps": None}})
+    untrained_budget = ablation_part(
+        "m", scores, budget, ablation, {**hy, "ablation": {"variant": "k10-n16", "kd_steps": None}}
+    )
     assert "96.0%" in untrained_budget and "all distillation steps" in untrained_budget
 
 
 def kv_all(value, low, high, n=200) -> dict:
-    return {"task": "kv_retrieval", "group": "all", "metric": "acc", "n": n, "value": value, "ci_low": low,
-            "ci_high": high}
+    return {
+        "task": "kv_retrieval",
+        "group": "all",
+        "metric": "acc",
+        "n": n,
+        "value": value,
+        "ci_low": low,
+        "ci_high": high,
+    }
 
 
 def test_swap_verdict_says_plainly_whether_it_contradicts_the_study():
@@ -76,7 +113,10 @@ def test_swap_verdict_says_plainly_whether_it_contradicts_the_study():
 def test_state_size_table_shows_the_one_dictionary_size_every_student_is_scored_at():
     kv = {"task": "kv_retrieval", "metric": "acc", "n": 50, "ci_low": 0.0, "ci_high": 0.2}
     rows = [kv | {"group": "10", "value": 0.1, "state_size": n} for n in (4, 16, 64)]
-    rows += [kv | {"group": "40", "value": 0.05, "state_size": 16}, kv | {"group": "all", "value": 0.08, "state_size": 16}]
+    rows += [
+        kv | {"group": "40", "value": 0.05, "state_size": 16},
+        kv | {"group": "all", "value": 0.08, "state_size": 16},
+    ]
     rows += [ppl(30.0 - n / 8, state_size=n) for n in (4, 16, 64)]
     scores = pl.DataFrame([r | {"heads_kept": 0} for r in rows])
     html_text = state_size_part("m", scores, {"state_sweep_heads_kept": [0], "budget_curve": {"dict_size": 10}})
@@ -85,11 +125,27 @@ def test_state_size_table_shows_the_one_dictionary_size_every_student_is_scored_
 
 
 def test_answer_rows_lists_tasks_not_run_with_their_reason():
-    ran = [{"model": "m", "variant": "k10-n16", "attention_heads": 10, "task": "kv_retrieval", "condition": c,
-            "acc": a, "n": 100, "ci_low": a - 0.05, "ci_high": a + 0.05} for c, a in
-           (("unmodified", 0.98), ("attention answer rows masked", 0.07))]
-    skipped = {"model": "m", "variant": "k10-n16", "task": "mmlu_cloze", "condition": None,
-               "skipped_reason": "the teacher keeps its answer on 80% of 50 items"}
+    ran = [
+        {
+            "model": "m",
+            "variant": "k10-n16",
+            "attention_heads": 10,
+            "task": "kv_retrieval",
+            "condition": c,
+            "acc": a,
+            "n": 100,
+            "ci_low": a - 0.05,
+            "ci_high": a + 0.05,
+        }
+        for c, a in (("unmodified", 0.98), ("attention answer rows masked", 0.07))
+    ]
+    skipped = {
+        "model": "m",
+        "variant": "k10-n16",
+        "task": "mmlu_cloze",
+        "condition": None,
+        "skipped_reason": "the teacher keeps its answer on 80% of 50 items",
+    }
     text = answer_rows_part(pl.DataFrame(ran + [skipped], infer_schema_length=None))
     assert "attention answer rows masked" in text and "Not run" in text
     assert "the teacher keeps its answer on 80% of 50 items" in text

@@ -8,14 +8,14 @@ from pathlib import Path
 import polars as pl
 import pytest
 import yaml
-
 from conftest import REPO
+
 from gna.core.config import load_schema, validate_config
-from gna.report.htmlkit import read_caption, rst_to_html
 from gna.core.provenance import import_closure
+from gna.report.htmlkit import read_caption, rst_to_html
 from gna.report.page import build_report, render_function
-from gna.report.run_record import part_timings, phase_timings, timings, with_work, write_run_record
 from gna.report.registry import FIGURES, SECTIONS, Input, report_figures, report_inputs
+from gna.report.run_record import part_timings, phase_timings, timings, with_work, write_run_record
 
 GOLDEN = REPO / "tests" / "data" / "smoke_results"
 # the smoke config's models, students and variants (config/smoke.yaml), as rules/report.smk passes them
@@ -30,8 +30,15 @@ SMOKE_VALUES = {
     "ablation": ["no_first_token", "small_corpus"],
     "state_size": [4, 8],
 }
-SECTION_TITLES = ["Models", "Baseline", "Layer pruning", "Per-head ablation", "Gather-and-Aggregate roles",
-                  "SSM and hybrid students", "Config"]
+SECTION_TITLES = [
+    "Models",
+    "Baseline",
+    "Layer pruning",
+    "Per-head ablation",
+    "Gather-and-Aggregate roles",
+    "SSM and hybrid students",
+    "Config",
+]
 
 
 def test_every_figure_has_its_caption_file_and_every_caption_a_figure():
@@ -59,13 +66,19 @@ def test_inputs_expand_like_snakemake_expand():
     put = Input("x", "r/{model}/{student_variant}.parquet")
     assert put.wildcards() == ["model", "student_variant"]
     assert put.paths({"model": ["a", "b"], "student_variant": ["k0-n8", "k2-n8"]}, {}) == [
-        "r/a/k0-n8.parquet", "r/a/k2-n8.parquet", "r/b/k0-n8.parquet", "r/b/k2-n8.parquet"]
+        "r/a/k0-n8.parquet",
+        "r/a/k2-n8.parquet",
+        "r/b/k0-n8.parquet",
+        "r/b/k2-n8.parquet",
+    ]
     assert Input("y", "r/baseline.parquet").paths({}, {}) == "r/baseline.parquet"
     assert Input("z", "r/{model}/swap.parquet", "hybrid_swap").paths({"model": ["a"]}, {"hybrid_swap": False}) == []
 
 
 def test_switched_off_hybrid_has_no_hybrid_inputs():
-    inputs = report_inputs(SMOKE_VALUES, {"hybrid": False, "hybrid_swap": False, "attribution": False, "facts_choice": False})
+    inputs = report_inputs(
+        SMOKE_VALUES, {"hybrid": False, "hybrid_swap": False, "attribution": False, "facts_choice": False}
+    )
     assert all(inputs[key] == [] for key in inputs if key.startswith("hybrid_"))
     assert inputs["facts_formats"] == []  # no multiple-choice facts: no format comparison
     assert inputs["heads_attribution"] == []  # a verified sweep: nothing exact to check attribution against
@@ -75,7 +88,8 @@ def test_switched_off_hybrid_has_no_hybrid_inputs():
 
 def test_rst_captions_become_html():
     assert rst_to_html("A *letter* and **bold**,\n``|T|`` & <x>.") == (
-        "A <i>letter</i> and <b>bold</b>, <code>|T|</code> &amp; &lt;x&gt;.")
+        "A <i>letter</i> and <b>bold</b>, <code>|T|</code> &amp; &lt;x&gt;."
+    )
     assert rst_to_html("one\nline\n\nsecond") == "<p>one line</p><p>second</p>"
 
 
@@ -86,18 +100,49 @@ def smoke_data(root: Path) -> Path:
     for folder in ("results", "distill"):
         shutil.copytree(GOLDEN / folder, data / folder)
     (data / "tasks").mkdir()
-    pl.DataFrame({"task": ["kv_retrieval"] * 2, "item_id": [0, 1], "group": ["3", "6"],
-                  "context": ["k1:v1\nk2:v2\nk3:v3\n\nLookup:\nk1:v1\nk2:", "…"], "choices": [["v1", "v2", "v3"]] * 2,
-                  "target": [1, 0], "dict_size": [3, 6], "query_key": ["k2", "k1"],
-                  "template": ["lookup"] * 2}).write_parquet(data / "tasks/kv_retrieval.parquet")
+    pl.DataFrame(
+        {
+            "task": ["kv_retrieval"] * 2,
+            "item_id": [0, 1],
+            "group": ["3", "6"],
+            "context": ["k1:v1\nk2:v2\nk3:v3\n\nLookup:\nk1:v1\nk2:", "…"],
+            "choices": [["v1", "v2", "v3"]] * 2,
+            "target": [1, 0],
+            "dict_size": [3, 6],
+            "query_key": ["k2", "k1"],
+            "template": ["lookup"] * 2,
+        }
+    ).write_parquet(data / "tasks/kv_retrieval.parquet")
     model = data / "models/tiny-llama"
     model.mkdir(parents=True)
-    (model / "gna_source.json").write_text(json.dumps({
-        "name": "tiny-llama", "spec": {"source": "tiny-random", "arch": "llama", "seed": 0}, "raw_file_sha256": None,
-        "architecture": "LlamaForCausalLM", "n_layers": 4, "n_params": 180928}))
-    (data / "results/prune/tiny-llama/minimal_model.json").write_text(json.dumps({
-        "fraction": 0.9, "full_value": 1 / 6, "kept_layers": [0], "layers_kept": 1, "metric": "acc",
-        "model": "tiny-llama", "n_layers": 4, "task": "kv_retrieval", "threshold": 0.15, "value": 1 / 6}))
+    (model / "gna_source.json").write_text(
+        json.dumps(
+            {
+                "name": "tiny-llama",
+                "spec": {"source": "tiny-random", "arch": "llama", "seed": 0},
+                "raw_file_sha256": None,
+                "architecture": "LlamaForCausalLM",
+                "n_layers": 4,
+                "n_params": 180928,
+            }
+        )
+    )
+    (data / "results/prune/tiny-llama/minimal_model.json").write_text(
+        json.dumps(
+            {
+                "fraction": 0.9,
+                "full_value": 1 / 6,
+                "kept_layers": [0],
+                "layers_kept": 1,
+                "metric": "acc",
+                "model": "tiny-llama",
+                "n_layers": 4,
+                "task": "kv_retrieval",
+                "threshold": 0.15,
+                "value": 1 / 6,
+            }
+        )
+    )
     bench = data / "benchmarks/heads_sweep"
     bench.mkdir(parents=True)
     (bench / "tiny-llama.tsv").write_text("s\th:m:s\tmax_rss\n12.5\t0:00:12\t800.0\n")
@@ -112,8 +157,10 @@ def render(root: Path, switches: dict, reorder: bool = False, skip: list[str] = 
     if reorder:  # the same config, its keys listed in another order
         raw = dict(reversed(list(raw.items())))
     config = validate_config(raw, load_schema(REPO / "config/schema.yaml"))
-    inputs = {key: [str(root / p) for p in paths] if isinstance(paths, list) else str(root / paths)
-              for key, paths in report_inputs(SMOKE_VALUES, switches).items()}
+    inputs = {
+        key: [str(root / p) for p in paths] if isinstance(paths, list) else str(root / paths)
+        for key, paths in report_inputs(SMOKE_VALUES, switches).items()
+    }
     figures = {name: str(root / path) for name, path in report_figures().items()}
     build_report(inputs, root / "index.html", figures, options=config["report"], config=config, workflow_dir=REPO)
     return root / "index.html"
@@ -122,7 +169,9 @@ def render(root: Path, switches: dict, reorder: bool = False, skip: list[str] = 
 @pytest.fixture(scope="module")
 def smoke_report(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
-    return root, render(root, {"hybrid": True, "hybrid_swap": True, "attribution": True, "facts_choice": True}).read_text()
+    return root, render(
+        root, {"hybrid": True, "hybrid_swap": True, "attribution": True, "facts_choice": True}
+    ).read_text()
 
 
 @pytest.mark.slow
@@ -177,7 +226,10 @@ def test_the_report_is_the_same_bytes_under_another_recorded_environment(smoke_r
 def test_the_cpu_is_named_with_its_family():
     from gna.core.provenance import cpu_name
 
-    info = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel name\t: AMD Ryzen 9 9950X 16-Core Processor\n"
+    info = (
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\n"
+        "model name\t: AMD Ryzen 9 9950X 16-Core Processor\n"
+    )
     assert cpu_name(info) == "AMD Ryzen 9 9950X 16-Core Processor, family 26"
     assert "family" not in cpu_name("model name\t: Apple M3\n")
 
@@ -187,7 +239,12 @@ def test_the_report_is_the_same_bytes_for_the_same_results(smoke_report, tmp_pat
     """Nothing of the run (time, machine, folder, timings, the config file's key order) is in the
     report, so DVC hashes it the same whenever the results are the same."""
     _, page = smoke_report
-    assert render(tmp_path, {"hybrid": True, "hybrid_swap": True, "attribution": True, "facts_choice": True}, reorder=True).read_text() == page
+    assert (
+        render(
+            tmp_path, {"hybrid": True, "hybrid_swap": True, "attribution": True, "facts_choice": True}, reorder=True
+        ).read_text()
+        == page
+    )
 
 
 def test_run_record_gathers_benchmark_records_and_timed_parts(tmp_path):
@@ -198,8 +255,10 @@ def test_run_record_gathers_benchmark_records_and_timed_parts(tmp_path):
     (logs / "heads_attribution").mkdir(parents=True)
     (logs / "heads_attribution/m.timings.json").write_text(json.dumps({"attribution": 1.5, "verify top 5": 0.5}))
     assert timings(bench).rows() == [("distill_kd/m-k0-n8", 3.0, 1200.0), ("heads_sweep/m", 12.5, 800.0)]
-    assert part_timings(logs).rows() == [("heads_attribution/m", "attribution", 1.5),
-                                         ("heads_attribution/m", "verify top 5", 0.5)]
+    assert part_timings(logs).rows() == [
+        ("heads_attribution/m", "attribution", 1.5),
+        ("heads_attribution/m", "verify top 5", 0.5),
+    ]
     (logs / "heads_sweep").mkdir(parents=True)
     (logs / "heads_sweep/m.work.json").write_text(json.dumps({"layer_tokens": 2_500_000}))
     work = with_work(timings(bench), logs)
@@ -207,8 +266,17 @@ def test_run_record_gathers_benchmark_records_and_timed_parts(tmp_path):
     assert phase_timings(work).filter(pl.col("phase") == "all")["layer-tokens (M)"][0] == 2.5
     write_run_record(tmp_path / "run/index.html", bench, logs, {"a": 1}, REPO)
     page = (tmp_path / "run/index.html").read_text()
-    for needle in ("git commit", " UTC", "heads_sweep/m", "students", "verify top 5", "Parts of steps",
-                   "layer-tokens (M)", "<td class=''>2.50</td>", "CPUs, CUDA"):
+    for needle in (
+        "git commit",
+        " UTC",
+        "heads_sweep/m",
+        "students",
+        "verify top 5",
+        "Parts of steps",
+        "layer-tokens (M)",
+        "<td class=''>2.50</td>",
+        "CPUs, CUDA",
+    ):
         assert needle in page, needle
     write_run_record(tmp_path / "empty.html", tmp_path / "none", tmp_path / "none", {}, REPO)
     assert "No benchmark records" in (tmp_path / "empty.html").read_text()
@@ -216,7 +284,9 @@ def test_run_record_gathers_benchmark_records_and_timed_parts(tmp_path):
 
 @pytest.mark.slow
 def test_report_without_the_hybrid_phase_draws_placeholders(tmp_path):
-    page = render(tmp_path, {"hybrid": False, "hybrid_swap": False, "attribution": True, "facts_choice": True}).read_text()
+    page = render(
+        tmp_path, {"hybrid": False, "hybrid_swap": False, "attribution": True, "facts_choice": True}
+    ).read_text()
     assert "<h2>SSM and hybrid students</h2>" not in page
     assert page.count("<figure>") == len(FIGURES) - 4
     for name in ("hybrid_heads", "hybrid_budget", "hybrid_training", "hybrid_align_heads"):
@@ -225,7 +295,9 @@ def test_report_without_the_hybrid_phase_draws_placeholders(tmp_path):
 
 @pytest.mark.slow
 def test_a_model_skipped_by_the_hybrid_phase_is_named_under_the_students_heading(tmp_path):
-    page = render(tmp_path, {"hybrid": False, "hybrid_swap": False, "attribution": True, "facts_choice": True}, skip=["hybrid"]).read_text()
+    page = render(
+        tmp_path, {"hybrid": False, "hybrid_swap": False, "attribution": True, "facts_choice": True}, skip=["hybrid"]
+    ).read_text()
     heading = page.index("<h2>SSM and hybrid students</h2>")
     assert page.index("No students of <code>tiny-llama</code>: <code>skip: [hybrid]</code>") > heading
 
@@ -233,8 +305,13 @@ def test_a_model_skipped_by_the_hybrid_phase_is_named_under_the_students_heading
 def test_phase_timings_sum_each_phase_and_the_total():
     """Steps are grouped by their rule's phase (unknown rules: 'other'); seconds add up,
     memory is the largest peak."""
-    steps = pl.DataFrame({"step": ["distill_kd/m-k0-n16", "hybrid_score/m-teacher", "heads_sweep/m", "custom/x"],
-                          "seconds": [10.0, 5.0, 100.0, 1.0], "peak RSS (MB)": [300.0, 900.0, 200.0, 50.0]})
+    steps = pl.DataFrame(
+        {
+            "step": ["distill_kd/m-k0-n16", "hybrid_score/m-teacher", "heads_sweep/m", "custom/x"],
+            "seconds": [10.0, 5.0, 100.0, 1.0],
+            "peak RSS (MB)": [300.0, 900.0, 200.0, 50.0],
+        }
+    )
     phases = {row["phase"]: row for row in phase_timings(steps).iter_rows(named=True)}
     assert phases["students"]["seconds"] == 15.0 and phases["students"]["peak RSS (MB)"] == 900.0
     assert phases["students"]["steps"] == 2 and phases["heads"]["seconds"] == 100.0
@@ -245,9 +322,13 @@ def test_phase_timings_sum_each_phase_and_the_total():
 def test_tasks_scored_on_the_minimal_model_only_are_listed_with_their_reason():
     from gna.report.htmlkit import skipped_tasks_note
 
-    rows = {"model": ["m", "m", "m"], "task": ["kv_retrieval", "mmlu_letter", "mmlu_letter"],
-            "removed_layer": [-1, -1, -1], "metric": ["acc"] * 3,
-            "skipped_reason": [None] + ["not distinguishable from chance at n=100: accuracy 26.0%"] * 2}
+    rows = {
+        "model": ["m", "m", "m"],
+        "task": ["kv_retrieval", "mmlu_letter", "mmlu_letter"],
+        "removed_layer": [-1, -1, -1],
+        "metric": ["acc"] * 3,
+        "skipped_reason": [None] + ["not distinguishable from chance at n=100: accuracy 26.0%"] * 2,
+    }
     listed = skipped_tasks_note(pl.DataFrame(rows), "the minimal model", "no removals", "prune.skip_at_chance")
     assert listed.count("<li>") == 1 and "<b>m</b>, mmlu_letter: not distinguishable from chance at n=100" in listed
     assert "Scored on the minimal model only (no removals; <code>prune.skip_at_chance</code>)" in listed
@@ -260,24 +341,56 @@ def test_gradual_pruning_draws_only_the_tasks_scored_at_every_depth_and_names_th
     from gna.report.htmlkit import SectionContext
     from gna.report.prune_section import gradual_part, plot_gradual
 
-    kv = [{"model": "m", "task": "kv_retrieval", "group": "all", "metric": "acc", "n": 80, "layers_kept": k,
-           "value": k / 3, "skipped_reason": None} for k in (1, 2, 3)]
-    cloze = [{"model": "m", "task": "mmlu_cloze", "group": "all", "metric": "acc", "n": 80, "layers_kept": 3,
-              "value": 0.26, "skipped_reason": "not distinguishable from chance at n=80: accuracy 26.0%"}]
+    kv = [
+        {
+            "model": "m",
+            "task": "kv_retrieval",
+            "group": "all",
+            "metric": "acc",
+            "n": 80,
+            "layers_kept": k,
+            "value": k / 3,
+            "skipped_reason": None,
+        }
+        for k in (1, 2, 3)
+    ]
+    cloze = [
+        {
+            "model": "m",
+            "task": "mmlu_cloze",
+            "group": "all",
+            "metric": "acc",
+            "n": 80,
+            "layers_kept": 3,
+            "value": 0.26,
+            "skipped_reason": "not distinguishable from chance at n=80: accuracy 26.0%",
+        }
+    ]
     plot_gradual(pl.DataFrame(kv + cloze), {}, tmp_path / "g.png")
-    ctx = SectionContext(inputs={}, figures={"prune_gradual": str(tmp_path / "g.png")},
-                         captions={"prune_gradual": "caption"}, options={}, config={})
+    ctx = SectionContext(
+        inputs={},
+        figures={"prune_gradual": str(tmp_path / "g.png")},
+        captions={"prune_gradual": "caption"},
+        options={},
+        config={},
+    )
     part = gradual_part(pl.DataFrame(kv + cloze), ctx)
     assert "Scored on the full model only" in part and "<b>m</b>, mmlu_cloze: not distinguishable" in part
-    assert "kv_retrieval</th>" in part and "mmlu_cloze</th>" not in part  # no column of the depth table: it was not scored per depth
+    assert (
+        "kv_retrieval</th>" in part and "mmlu_cloze</th>" not in part
+    )  # no column of the depth table: it was not scored per depth
 
 
 def test_tasks_the_students_were_not_scored_on_are_named_with_the_reason():
     from gna.report.hybrid_section import not_scored_note
 
-    rows = pl.DataFrame({"task": ["kv_retrieval", "mmlu_letter", "mmlu_letter", "heldout"],
-                         "metric": ["acc", "not_scored", "not_scored", "perplexity"],
-                         "skipped_reason": [None, "the teacher keeps its answer on 100% of 50 items", None, None]})
+    rows = pl.DataFrame(
+        {
+            "task": ["kv_retrieval", "mmlu_letter", "mmlu_letter", "heldout"],
+            "metric": ["acc", "not_scored", "not_scored", "perplexity"],
+            "skipped_reason": [None, "the teacher keeps its answer on 100% of 50 items", None, None],
+        }
+    )
     note = not_scored_note(rows)
     assert note.count("<li>") == 1 and "MMLU letter (retrieval-heavy): the teacher keeps its answer on 100%" in note
     assert not_scored_note(rows.filter(pl.col("metric") != "not_scored")) == ""

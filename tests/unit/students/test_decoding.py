@@ -6,8 +6,15 @@ from types import SimpleNamespace
 import polars as pl
 import pytest
 
-from gna.students.decoding import (formula_table, inference_memory, largest_cache, measured_cache, measured_check, memory_rows,
-                          run_hybrid_memory)
+from gna.students.decoding import (
+    formula_table,
+    inference_memory,
+    largest_cache,
+    measured_cache,
+    measured_check,
+    memory_rows,
+    run_hybrid_memory,
+)
 from gna.students.spec import hybrid_spec, make_hybrid, save_student
 
 CFG = SimpleNamespace(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, hidden_size=48)
@@ -16,15 +23,22 @@ CFG = SimpleNamespace(num_hidden_layers=3, num_attention_heads=4, num_key_value_
 def test_memory_rows_use_the_formula_per_length():
     rows = memory_rows("k1-n8", CFG, [(0, 1)], 8, [10, 20], 2)
     assert [r["seq_len"] for r in rows] == [10, 20]
-    assert rows[1] == {"variant": "k1-n8", "heads_kept": 1, "state_size": 8, "seq_len": 20,
-                       **inference_memory(3, 4, 2, 12, [(0, 1)], 8, 20, 2)}
+    assert rows[1] == {
+        "variant": "k1-n8",
+        "heads_kept": 1,
+        "state_size": 8,
+        "seq_len": 20,
+        **inference_memory(3, 4, 2, 12, [(0, 1)], 8, 20, 2),
+    }
     teacher = memory_rows("teacher", CFG, None, 0, [10], 2)[0]
     assert teacher["heads_kept"] is None and teacher["state_size"] is None and teacher["ssm_state_bytes"] == 0
 
 
 def test_formula_table_lists_the_teacher_then_each_student():
-    specs = [{"variant": "k0-n8", "kept_heads": [], "state_size": 8},
-             {"variant": "k2-n4", "kept_heads": [[0, 1], [2, 0]], "state_size": 4}]
+    specs = [
+        {"variant": "k0-n8", "kept_heads": [], "state_size": 8},
+        {"variant": "k2-n4", "kept_heads": [[0, 1], [2, 0]], "state_size": 4},
+    ]
     table = formula_table(CFG, specs, [16, 32], 2)
     assert table["variant"].to_list() == ["teacher", "teacher", "k0-n8", "k0-n8", "k2-n4", "k2-n4"]
     assert table["source"].unique().to_list() == ["formula"]
@@ -32,8 +46,11 @@ def test_formula_table_lists_the_teacher_then_each_student():
 
 
 def test_largest_cache_prefers_attention_heads_then_state():
-    specs = {"a": {"kept_heads": [[0, 0]], "state_size": 64}, "b": {"kept_heads": [[0, 0], [1, 0]], "state_size": 4},
-             "c": {"kept_heads": [[0, 1], [1, 1]], "state_size": 8}}
+    specs = {
+        "a": {"kept_heads": [[0, 0]], "state_size": 64},
+        "b": {"kept_heads": [[0, 0], [1, 0]], "state_size": 4},
+        "c": {"kept_heads": [[0, 1], [1, 1]], "state_size": 8},
+    }
     assert largest_cache(specs) == "c"
 
 
@@ -57,8 +74,18 @@ def test_run_hybrid_memory_measures_what_the_formula_says(tmp_path, tiny_llama):
     memory = {"seq_lens": [8, 16], "bytes_per_value": 2, "check_len": 12}
     frame = run_hybrid_memory("tiny", str(tmp_path / "teacher"), folders, str(tmp_path / "memory.parquet"), memory)
     assert pl.read_parquet(tmp_path / "memory.parquet").equals(frame)
-    assert frame.columns == ["variant", "heads_kept", "state_size", "seq_len", "kv_cache_bytes", "ssm_state_bytes",
-                             "total_bytes", "source", "formula_bytes", "model"]
+    assert frame.columns == [
+        "variant",
+        "heads_kept",
+        "state_size",
+        "seq_len",
+        "kv_cache_bytes",
+        "ssm_state_bytes",
+        "total_bytes",
+        "source",
+        "formula_bytes",
+        "model",
+    ]
     check = frame.filter(pl.col("source") == "measured").row(0, named=True)
     assert check["variant"] == "k2-n4" and check["total_bytes"] == check["formula_bytes"]
     assert measured_cache(make_hybrid(copy.deepcopy(model), [(0, 1), (2, 3)], 4), 12) == check["total_bytes"]

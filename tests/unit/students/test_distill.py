@@ -2,37 +2,79 @@
 student, and the hybrid phase's rule functions chained on a tiny teacher."""
 
 import copy
-import logging
 import json
+import logging
 
 import polars as pl
 import pytest
 import torch
-
 from conftest import MINI_MMLU
+
+from gna.core.io import write_parquet
+from gna.core.tensor_files import read_tensors, write_tensors
 from gna.engine.device import device_of
 from gna.engine.precision import frozen_weights_in
-from gna.students.corpus import (answer_tokens, answered_kv, check_no_evaluation_items, corpus_kv_seed, run_corpus_check,
-                                 split_pool, token_windows)
-from gna.students.distill import (align_layers, answer_weights, distill_logits, kd_backward, kd_loss, first_token_attention, head_errors,
-                                  init_from_teacher_maps, load_aligned,
-                                  restore, run_distill_align, run_distill_kd, run_distill_teacher, snapshot,
-                                  teacher_activations)
-from gna.students.mixer import captured_maps, mixers
-from gna.core.io import write_parquet
-from gna.models.prepare import load_model
-from gna.students.recipe import ablated_student, run_hybrid_ablation
-from gna.students.student_evaluation import (budget_point_from_scores, checkpoint_states, label_variant, run_hybrid_budget, run_hybrid_score,
-                                             run_hybrid_swap, swap_label)
-from gna.students.student_masking import run_hybrid_answer_rows
-from gna.students.spec import (NOT_SCORED, ablation_kd, checkpoint_steps, load_any, make_hybrid, read_spec,
-                               scored_dict_size, scored_tasks)
 from gna.engine.scoring import chance_accuracy
+from gna.models.prepare import load_model
+from gna.students.corpus import (
+    answer_tokens,
+    answered_kv,
+    check_no_evaluation_items,
+    corpus_kv_seed,
+    run_corpus_check,
+    split_pool,
+    token_windows,
+)
+from gna.students.distill import (
+    align_layers,
+    answer_weights,
+    distill_logits,
+    first_token_attention,
+    head_errors,
+    init_from_teacher_maps,
+    kd_backward,
+    kd_loss,
+    load_aligned,
+    restore,
+    run_distill_align,
+    run_distill_kd,
+    run_distill_teacher,
+    snapshot,
+    teacher_activations,
+)
+from gna.students.mixer import captured_maps, mixers
+from gna.students.recipe import ablated_student, run_hybrid_ablation
+from gna.students.spec import (
+    NOT_SCORED,
+    ablation_kd,
+    checkpoint_steps,
+    load_any,
+    make_hybrid,
+    read_spec,
+    scored_dict_size,
+    scored_tasks,
+)
+from gna.students.student_evaluation import (
+    budget_point_from_scores,
+    checkpoint_states,
+    label_variant,
+    run_hybrid_budget,
+    run_hybrid_score,
+    run_hybrid_swap,
+    swap_label,
+)
+from gna.students.student_masking import run_hybrid_answer_rows
 from gna.tasks.tables import build_kv_retrieval, load_task_tables
-from gna.core.tensor_files import read_tensors, write_tensors
 
-CORPUS = {"seq_len": 32, "train_windows": 6, "align_windows": 4, "heldout_windows": 2, "kv_sizes": [3, 5],
-          "kv_share": 0.5, "heldout_share": 0.2}
+CORPUS = {
+    "seq_len": 32,
+    "train_windows": 6,
+    "align_windows": 4,
+    "heldout_windows": 2,
+    "kv_sizes": [3, 5],
+    "kv_share": 0.5,
+    "heldout_share": 0.2,
+}
 KD = {"steps": 2, "batch": 2, "lr": 1e-3, "answer_weight": 5, "compute_dtype": "bfloat16"}
 
 
@@ -65,7 +107,9 @@ def test_answer_mask_marks_the_positions_that_predict_an_answer_token(tiny_llama
     stream, marks = windows.flatten().tolist(), predicts.flatten().tolist()
     doc = len(ids) + 1  # the document and its EOS separator
     for t in range(len(stream) - 1):
-        assert marks[t] == (t % doc in range(len(ids) - 1 - n_answer, len(ids) - 1))  # the next token is an answer token
+        assert marks[t] == (
+            t % doc in range(len(ids) - 1 - n_answer, len(ids) - 1)
+        )  # the next token is an answer token
 
 
 def test_corpus_kv_prompts_never_come_from_an_evaluation_seed():
@@ -78,20 +122,28 @@ def test_corpus_kv_prompts_never_come_from_an_evaluation_seed():
 def test_a_corpus_holding_an_evaluation_item_is_refused(tmp_path):
     """The corpus check: a KV prompt of the corpus among the evaluation items (here made so on
     purpose) stops it, naming the split; disjoint items pass and are counted."""
-    config = {"heldout_share": 0.5, "train_windows": 2, "heldout_windows": 1, "seq_len": 16, "kv_share": 1.0,
-              "kv_sizes": [3]}
+    config = {
+        "heldout_share": 0.5,
+        "train_windows": 2,
+        "heldout_windows": 1,
+        "seq_len": 16,
+        "kv_share": 1.0,
+        "kv_sizes": [3],
+    }
     mmlu = {"n": 4, "seed": 0, "topics": []}
     clean = build_kv_retrieval([3], 4, seed=0, template="lookup")
     write_parquet(clean, tmp_path / "kv.parquet")
-    counts = run_corpus_check(str(MINI_MMLU), str(tmp_path / "kv.parquet"), str(tmp_path / "check.json"), config,
-                              0, mmlu, "lookup")
+    counts = run_corpus_check(
+        str(MINI_MMLU), str(tmp_path / "kv.parquet"), str(tmp_path / "check.json"), config, 0, mmlu, "lookup"
+    )
     assert counts["evaluation_kv_prompts"] == 4 and counts["train_kv_prompts"] > 0
     assert json.loads((tmp_path / "check.json").read_text())["leaked"] == 0
     corpus_prompt = answered_kv([3], 2, corpus_kv_seed("train", 0), "lookup")[0][0]
     write_parquet(clean.with_columns(pl.lit(corpus_prompt).alias("context")), tmp_path / "kv.parquet")
     with pytest.raises(ValueError, match="train KV-retrieval prompts are evaluation items"):
-        run_corpus_check(str(MINI_MMLU), str(tmp_path / "kv.parquet"), str(tmp_path / "check2.json"), config, 0,
-                         mmlu, "lookup")
+        run_corpus_check(
+            str(MINI_MMLU), str(tmp_path / "kv.parquet"), str(tmp_path / "check2.json"), config, 0, mmlu, "lookup"
+        )
     with pytest.raises(ValueError, match="1 MMLU questions are evaluation items"):
         check_no_evaluation_items(["q1", "q2"], ["q2", "q3"], "MMLU questions")
 
@@ -100,12 +152,23 @@ def test_ssm_state_names_every_trained_parameter_once(tiny_llama):
     student = make_hybrid(copy.deepcopy(tiny_llama[0]), [(0, 1)], state_size=4)
     m = mixers(student)[0]
     named = m.ssm_state()
-    assert list(named) == ["C_proj.weight", "B_proj.weight", "x_proj.weight", "decay_proj.weight", "decay_proj.bias",
-                           "D", "local", "norm_weight", "sink_proj.weight", "sink_proj.bias"]  # the tiny Llama has no q/k/v biases
+    assert list(named) == [
+        "C_proj.weight",
+        "B_proj.weight",
+        "x_proj.weight",
+        "decay_proj.weight",
+        "decay_proj.bias",
+        "D",
+        "local",
+        "norm_weight",
+        "sink_proj.weight",
+        "sink_proj.bias",
+    ]  # the tiny Llama has no q/k/v biases
     assert [id(p) for p in m.ssm_params()] == [id(p) for p in named.values()]
     trained = {id(p) for m in mixers(student) for p in m.ssm_params()}
-    teacher = {id(p) for m in mixers(student) for proj in (m.q_proj, m.k_proj, m.v_proj, m.o_proj)
-               for p in proj.parameters()}
+    teacher = {
+        id(p) for m in mixers(student) for proj in (m.q_proj, m.k_proj, m.v_proj, m.o_proj) for p in proj.parameters()
+    }
     assert not trained & teacher
 
 
@@ -121,8 +184,8 @@ def test_load_aligned_copies_the_rows_of_each_ssm_head(tiny_llama):
     m, source = mixers(hybrid)[1], mixers(pure)[1]
     assert m.ssm_heads == [1, 3]
     n, p = 4, m.head_dim
-    torch.testing.assert_close(m.C_proj.weight, torch.cat([source.C_proj.weight[h * n: (h + 1) * n] for h in (1, 3)]))
-    torch.testing.assert_close(m.x_proj.weight, torch.cat([source.x_proj.weight[h * p: (h + 1) * p] for h in (1, 3)]))
+    torch.testing.assert_close(m.C_proj.weight, torch.cat([source.C_proj.weight[h * n : (h + 1) * n] for h in (1, 3)]))
+    torch.testing.assert_close(m.x_proj.weight, torch.cat([source.x_proj.weight[h * p : (h + 1) * p] for h in (1, 3)]))
     torch.testing.assert_close(m.D, source.D[[1, 3]])
     torch.testing.assert_close(m.local, source.local[[1, 3]])
     torch.testing.assert_close(m.norm_weight, source.norm_weight[[1, 3]])
@@ -157,16 +220,43 @@ def phase(tmp_path_factory, tiny_llama):
     write_parquet(pl.DataFrame({"rank": [1, 2, 3], "layer": [2, 0, 1], "head": [1, 3, 0]}), root / "ranking.parquet")
     write_parquet(build_kv_retrieval([3, 5], 2, seed=0, template="lookup"), root / "kv_retrieval.parquet")
     p = {name: str(root / name) for name in ("teacher", "ranking.parquet", "kv_retrieval.parquet")}
-    run_distill_teacher(p["teacher"], str(MINI_MMLU), str(root / "teacher.safetensors"), CORPUS, top_k=4, seed=1,
-                        mmlu={"n": 8, "seed": 7, "topics": []}, template="lookup")
-    run_distill_align("tiny", p["teacher"], str(root / "teacher.safetensors"), 4, str(root / "align.safetensors"),
-                      str(root / "align.parquet"), str(root / "align-heads.parquet"), {"steps": 2, "batch": 2, "lr": 1e-3},
-                      seed=1)
+    run_distill_teacher(
+        p["teacher"],
+        str(MINI_MMLU),
+        str(root / "teacher.safetensors"),
+        CORPUS,
+        top_k=4,
+        seed=1,
+        mmlu={"n": 8, "seed": 7, "topics": []},
+        template="lookup",
+    )
+    run_distill_align(
+        "tiny",
+        p["teacher"],
+        str(root / "teacher.safetensors"),
+        4,
+        str(root / "align.safetensors"),
+        str(root / "align.parquet"),
+        str(root / "align-heads.parquet"),
+        {"steps": 2, "batch": 2, "lr": 1e-3},
+        seed=1,
+    )
     for k in (0, 2):
-        run_distill_kd("tiny", p["teacher"], str(root / "teacher.safetensors"), str(root / "align.safetensors"),
-                       p["ranking.parquet"], k, 4, str(root / f"k{k}"), str(root / f"kd{k}.parquet"),
-                       str(root / f"kd{k}-checkpoints.safetensors"), KD, checkpoints=[0, 1, 2] if k == 2 else [],
-                       seed=1)
+        run_distill_kd(
+            "tiny",
+            p["teacher"],
+            str(root / "teacher.safetensors"),
+            str(root / "align.safetensors"),
+            p["ranking.parquet"],
+            k,
+            4,
+            str(root / f"k{k}"),
+            str(root / f"kd{k}.parquet"),
+            str(root / f"kd{k}-checkpoints.safetensors"),
+            KD,
+            checkpoints=[0, 1, 2] if k == 2 else [],
+            seed=1,
+        )
     return root, p
 
 
@@ -198,8 +288,17 @@ def test_scoring_rules_on_the_distilled_students(phase):
     root, p = phase
     tasks = [p["kv_retrieval.parquet"]]
     args = dict(max_items=4, batch_size=2)
-    scores = run_hybrid_score("tiny", "k2-n4", str(root / "k2"), str(root / "teacher.safetensors"), tasks,
-                              str(root / "score.parquet"), str(root / "answers.parquet"), swap_items=None, **args)
+    scores = run_hybrid_score(
+        "tiny",
+        "k2-n4",
+        str(root / "k2"),
+        str(root / "teacher.safetensors"),
+        tasks,
+        str(root / "score.parquet"),
+        str(root / "answers.parquet"),
+        swap_items=None,
+        **args,
+    )
     assert "perplexity" in scores["metric"].to_list() and set(scores["heads_kept"]) == {2}
     assert "context_swap_agreement" in scores["metric"].to_list() and "degenerate" in scores.columns
     answers = pl.read_parquet(root / "answers.parquet")
@@ -208,11 +307,30 @@ def test_scoring_rules_on_the_distilled_students(phase):
     acc = scores.filter((pl.col("metric") == "acc") & (pl.col("group") == "all"))["value"][0]
     assert acc == answers["correct"].mean()
     # a student saved and reloaded scores identically
-    again = run_hybrid_score("tiny", "k2-n4", str(root / "k2"), str(root / "teacher.safetensors"), tasks,
-                             str(root / "score2.parquet"), str(root / "answers2.parquet"), swap_items=None, **args)
+    again = run_hybrid_score(
+        "tiny",
+        "k2-n4",
+        str(root / "k2"),
+        str(root / "teacher.safetensors"),
+        tasks,
+        str(root / "score2.parquet"),
+        str(root / "answers2.parquet"),
+        swap_items=None,
+        **args,
+    )
     assert again.equals(scores)
-    swap = run_hybrid_swap("tiny", "k0-n4", str(root / "k0"), p["ranking.parquet"], str(root / "teacher.safetensors"),
-                           tasks, str(root / "swap.parquet"), str(root / "swap-answers.parquet"), swap_items=0, **args)
+    swap = run_hybrid_swap(
+        "tiny",
+        "k0-n4",
+        str(root / "k0"),
+        p["ranking.parquet"],
+        str(root / "teacher.safetensors"),
+        tasks,
+        str(root / "swap.parquet"),
+        str(root / "swap-answers.parquet"),
+        swap_items=0,
+        **args,
+    )
     assert set(swap["variant"]) == {"k0-n4 + attention layer 2"} and set(swap["swapped_layer"]) == {2}
     assert "context_swap_agreement" not in swap["metric"].to_list()
     assert set(pl.read_parquet(root / "swap-answers.parquet")["swapped_layer"]) == {2}
@@ -227,22 +345,52 @@ def test_the_teacher_is_read_from_its_baseline_not_scored_again(phase):
     root, p = phase
     from gna.phases.evaluation import run_baseline
 
-    run_baseline("tiny", p["teacher"], p["kv_retrieval.parquet"], str(root / "base.parquet"),
-                 str(root / "base.items.parquet"), batch_size=2)
+    run_baseline(
+        "tiny",
+        p["teacher"],
+        p["kv_retrieval.parquet"],
+        str(root / "base.parquet"),
+        str(root / "base.items.parquet"),
+        batch_size=2,
+    )
     args = dict(max_items=3, swap_items=2, batch_size=2)
-    scored = run_hybrid_score("tiny", "teacher", p["teacher"], str(root / "teacher.safetensors"),
-                              [p["kv_retrieval.parquet"]], str(root / "t1.parquet"), str(root / "t1a.parquet"), **args)
-    read = run_hybrid_score("tiny", "teacher", p["teacher"], str(root / "teacher.safetensors"),
-                            [p["kv_retrieval.parquet"]], str(root / "t2.parquet"), str(root / "t2a.parquet"),
-                            baseline_paths=[str(root / "base.items.parquet")], **args)
+    scored = run_hybrid_score(
+        "tiny",
+        "teacher",
+        p["teacher"],
+        str(root / "teacher.safetensors"),
+        [p["kv_retrieval.parquet"]],
+        str(root / "t1.parquet"),
+        str(root / "t1a.parquet"),
+        **args,
+    )
+    read = run_hybrid_score(
+        "tiny",
+        "teacher",
+        p["teacher"],
+        str(root / "teacher.safetensors"),
+        [p["kv_retrieval.parquet"]],
+        str(root / "t2.parquet"),
+        str(root / "t2a.parquet"),
+        baseline_paths=[str(root / "base.items.parquet")],
+        **args,
+    )
     assert read.equals(scored)
     assert pl.read_parquet(root / "t2a.parquet").equals(pl.read_parquet(root / "t1a.parquet"))
     # scores of other items are refused, not silently mixed in
     write_parquet(pl.read_parquet(root / "base.items.parquet").head(1), root / "short.items.parquet")
     with pytest.raises(ValueError, match="items have no earlier scores"):
-        run_hybrid_score("tiny", "teacher", p["teacher"], str(root / "teacher.safetensors"),
-                         [p["kv_retrieval.parquet"]], str(root / "t3.parquet"), str(root / "t3a.parquet"),
-                         baseline_paths=[str(root / "short.items.parquet")], **args)
+        run_hybrid_score(
+            "tiny",
+            "teacher",
+            p["teacher"],
+            str(root / "teacher.safetensors"),
+            [p["kv_retrieval.parquet"]],
+            str(root / "t3.parquet"),
+            str(root / "t3a.parquet"),
+            baseline_paths=[str(root / "short.items.parquet")],
+            **args,
+        )
 
 
 def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
@@ -251,15 +399,33 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
     student = (str(root / "k2"), str(root / "teacher.safetensors"))
     degenerate_only = {"teacher_checks": ("degenerate",)}  # the tiny teacher is at chance too
     # 2 of 4 items, of 3 and 5 keys: no item has a partner to swap contexts with, so no check (not a crash)
-    unchecked = run_hybrid_score("tiny", "teacher", p["teacher"], student[1], tasks, str(root / "u.parquet"),
-                                 str(root / "ua.parquet"), **(args | {"swap_items": 2}))
+    unchecked = run_hybrid_score(
+        "tiny",
+        "teacher",
+        p["teacher"],
+        student[1],
+        tasks,
+        str(root / "u.parquet"),
+        str(root / "ua.parquet"),
+        **(args | {"swap_items": 2}),
+    )
     assert "context_swap_agreement" not in unchecked["metric"].to_list() and "degenerate" not in unchecked.columns
-    teacher = run_hybrid_score("tiny", "teacher", p["teacher"], student[1], tasks, str(root / "t.parquet"),
-                               str(root / "ta.parquet"), **args)
+    teacher = run_hybrid_score(
+        "tiny", "teacher", p["teacher"], student[1], tasks, str(root / "t.parquet"), str(root / "ta.parquet"), **args
+    )
     for flag in (True, False):
         write_parquet(teacher.with_columns(pl.lit(flag).alias("degenerate")), root / f"teacher-{flag}.parquet")
-    skipped = run_hybrid_score("tiny", "k2-n4", *student, tasks, str(root / "s1.parquet"), str(root / "a1.parquet"),
-                               teacher_summary_path=str(root / "teacher-True.parquet"), **args, **degenerate_only)
+    skipped = run_hybrid_score(
+        "tiny",
+        "k2-n4",
+        *student,
+        tasks,
+        str(root / "s1.parquet"),
+        str(root / "a1.parquet"),
+        teacher_summary_path=str(root / "teacher-True.parquet"),
+        **args,
+        **degenerate_only,
+    )
     assert set(skipped["metric"]) == {"perplexity", NOT_SCORED}
     row = skipped.filter(pl.col("metric") == NOT_SCORED).row(0, named=True)
     agreement = teacher.filter((pl.col("metric") == "context_swap_agreement") & (pl.col("group") == "all"))
@@ -267,23 +433,62 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
     assert row["skipped_reason"].startswith("the teacher keeps its answer on") and row["heads_kept"] == 2
     assert pl.read_parquet(root / "a1.parquet").is_empty()
     # a teacher that reads the context leaves the student's scoring as it is without the check
-    kept = run_hybrid_score("tiny", "k2-n4", *student, tasks, str(root / "s2.parquet"), str(root / "a2.parquet"),
-                            teacher_summary_path=str(root / "teacher-False.parquet"), **args, **degenerate_only)
-    plain = run_hybrid_score("tiny", "k2-n4", *student, tasks, str(root / "s3.parquet"), str(root / "a3.parquet"),
-                             **args)
+    kept = run_hybrid_score(
+        "tiny",
+        "k2-n4",
+        *student,
+        tasks,
+        str(root / "s2.parquet"),
+        str(root / "a2.parquet"),
+        teacher_summary_path=str(root / "teacher-False.parquet"),
+        **args,
+        **degenerate_only,
+    )
+    plain = run_hybrid_score(
+        "tiny", "k2-n4", *student, tasks, str(root / "s3.parquet"), str(root / "a3.parquet"), **args
+    )
     assert kept.equals(plain) and NOT_SCORED not in plain["metric"].to_list()
     assert skipped.filter(pl.col("metric") == "perplexity")["value"][0] == pytest.approx(
-        plain.filter(pl.col("metric") == "perplexity")["value"][0])
-    swap = run_hybrid_swap("tiny", "k0-n4", str(root / "k0"), p["ranking.parquet"], student[1], tasks,
-                           str(root / "sw.parquet"), str(root / "swa.parquet"),
-                           teacher_summary_path=str(root / "teacher-True.parquet"), **args, **degenerate_only)
+        plain.filter(pl.col("metric") == "perplexity")["value"][0]
+    )
+    swap = run_hybrid_swap(
+        "tiny",
+        "k0-n4",
+        str(root / "k0"),
+        p["ranking.parquet"],
+        student[1],
+        tasks,
+        str(root / "sw.parquet"),
+        str(root / "swa.parquet"),
+        teacher_summary_path=str(root / "teacher-True.parquet"),
+        **args,
+        **degenerate_only,
+    )
     assert set(swap["metric"]) == {"perplexity", NOT_SCORED} and set(swap["swapped_layer"]) == {2}
-    rows = run_hybrid_answer_rows("tiny", "k2-n4", student[0], tasks, str(root / "rows.parquet"), max_items=4,
-                                  batch_size=2, teacher_summary_path=str(root / "teacher-True.parquet"), **degenerate_only)
+    rows = run_hybrid_answer_rows(
+        "tiny",
+        "k2-n4",
+        student[0],
+        tasks,
+        str(root / "rows.parquet"),
+        max_items=4,
+        batch_size=2,
+        teacher_summary_path=str(root / "teacher-True.parquet"),
+        **degenerate_only,
+    )
     assert rows["task"].to_list() == ["kv_retrieval"] and rows["condition"].null_count() == 1
     assert rows["skipped_reason"][0].startswith("the teacher keeps its answer on")
-    ran = run_hybrid_answer_rows("tiny", "k2-n4", student[0], tasks, str(root / "rows.parquet"), max_items=4,
-                                 batch_size=2, teacher_summary_path=str(root / "teacher-False.parquet"), **degenerate_only)
+    ran = run_hybrid_answer_rows(
+        "tiny",
+        "k2-n4",
+        student[0],
+        tasks,
+        str(root / "rows.parquet"),
+        max_items=4,
+        batch_size=2,
+        teacher_summary_path=str(root / "teacher-False.parquet"),
+        **degenerate_only,
+    )
     assert ran["condition"].to_list() == ["unmodified", "attention answer rows masked"]
 
 
@@ -291,97 +496,213 @@ def test_a_student_is_not_scored_where_its_teacher_is_at_chance(phase):
     root, p = phase
     tasks, args = [p["kv_retrieval.parquet"]], dict(max_items=4, swap_items=None, batch_size=2)
     student = (str(root / "k2"), str(root / "teacher.safetensors"))
-    teacher = run_hybrid_score("tiny", "teacher", p["teacher"], student[1], tasks, str(root / "t.parquet"),
-                               str(root / "ta.parquet"), **args)
+    teacher = run_hybrid_score(
+        "tiny", "teacher", p["teacher"], student[1], tasks, str(root / "t.parquet"), str(root / "ta.parquet"), **args
+    )
     chance = chance_accuracy(load_task_tables(tasks, 4)["kv_retrieval"])
     accuracy = (pl.col("metric") == "acc") & (pl.col("group") == "all")
     for name, (low, high) in {"at": (chance - 0.1, chance + 0.1), "above": (chance + 0.05, 1.0)}.items():
-        write_parquet(teacher.with_columns(pl.when(accuracy).then(low).otherwise(pl.col("ci_low")).alias("ci_low"),
-                                           pl.when(accuracy).then(high).otherwise(pl.col("ci_high")).alias("ci_high"),
-                                           pl.lit(False).alias("degenerate")), root / f"teacher-{name}.parquet")
-    skipped = run_hybrid_score("tiny", "k2-n4", *student, tasks, str(root / "c1.parquet"), str(root / "c1a.parquet"),
-                               teacher_summary_path=str(root / "teacher-at.parquet"), **args)
+        write_parquet(
+            teacher.with_columns(
+                pl.when(accuracy).then(low).otherwise(pl.col("ci_low")).alias("ci_low"),
+                pl.when(accuracy).then(high).otherwise(pl.col("ci_high")).alias("ci_high"),
+                pl.lit(False).alias("degenerate"),
+            ),
+            root / f"teacher-{name}.parquet",
+        )
+    skipped = run_hybrid_score(
+        "tiny",
+        "k2-n4",
+        *student,
+        tasks,
+        str(root / "c1.parquet"),
+        str(root / "c1a.parquet"),
+        teacher_summary_path=str(root / "teacher-at.parquet"),
+        **args,
+    )
     row = skipped.filter(pl.col("metric") == NOT_SCORED).row(0, named=True)
     assert row["task"] == "kv_retrieval" and row["n"] == 4
     assert f"contains chance {chance:.1%}" in row["skipped_reason"]
     # only the checks asked for apply; a teacher above chance leaves the scoring as it is
-    plain = run_hybrid_score("tiny", "k2-n4", *student, tasks, str(root / "c2.parquet"), str(root / "c2a.parquet"),
-                             **args)
+    plain = run_hybrid_score(
+        "tiny", "k2-n4", *student, tasks, str(root / "c2.parquet"), str(root / "c2a.parquet"), **args
+    )
     for summary, checks in (("at", ("degenerate",)), ("above", ("degenerate", "at_chance"))):
-        kept = run_hybrid_score("tiny", "k2-n4", *student, tasks, str(root / "c3.parquet"), str(root / "c3a.parquet"),
-                                teacher_summary_path=str(root / f"teacher-{summary}.parquet"), teacher_checks=checks,
-                                **args)
+        kept = run_hybrid_score(
+            "tiny",
+            "k2-n4",
+            *student,
+            tasks,
+            str(root / "c3.parquet"),
+            str(root / "c3a.parquet"),
+            teacher_summary_path=str(root / f"teacher-{summary}.parquet"),
+            teacher_checks=checks,
+            **args,
+        )
         assert kept.equals(plain)
     # degenerate and at chance: one row, the degeneracy's reason
-    write_parquet(pl.read_parquet(root / "teacher-at.parquet").with_columns(pl.lit(True).alias("degenerate")),
-                  root / "teacher-both.parquet")
-    both = run_hybrid_answer_rows("tiny", "k2-n4", student[0], tasks, str(root / "rows.parquet"), max_items=4,
-                                  batch_size=2, teacher_summary_path=str(root / "teacher-both.parquet"))
+    write_parquet(
+        pl.read_parquet(root / "teacher-at.parquet").with_columns(pl.lit(True).alias("degenerate")),
+        root / "teacher-both.parquet",
+    )
+    both = run_hybrid_answer_rows(
+        "tiny",
+        "k2-n4",
+        student[0],
+        tasks,
+        str(root / "rows.parquet"),
+        max_items=4,
+        batch_size=2,
+        teacher_summary_path=str(root / "teacher-both.parquet"),
+    )
     assert len(both) == 1 and both["skipped_reason"][0].startswith("the teacher keeps its answer on")
     with pytest.raises(ValueError, match="unknown teacher checks"):
-        run_hybrid_score("tiny", "k2-n4", *student, tasks, str(root / "c4.parquet"), str(root / "c4a.parquet"),
-                         teacher_summary_path=str(root / "teacher-at.parquet"), teacher_checks=("chance",), **args)
+        run_hybrid_score(
+            "tiny",
+            "k2-n4",
+            *student,
+            tasks,
+            str(root / "c4.parquet"),
+            str(root / "c4a.parquet"),
+            teacher_summary_path=str(root / "teacher-at.parquet"),
+            teacher_checks=("chance",),
+            **args,
+        )
 
 
 def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, caplog):
     root, p = phase
-    curve = run_hybrid_budget("tiny", "k2-n4", str(root / "k2"), str(root / "kd2-checkpoints.safetensors"),
-                              str(root / "teacher.safetensors"), p["kv_retrieval.parquet"],
-                              str(root / "budget.parquet"), dict_size=5, swap_items=2, batch_size=2)
+    curve = run_hybrid_budget(
+        "tiny",
+        "k2-n4",
+        str(root / "k2"),
+        str(root / "kd2-checkpoints.safetensors"),
+        str(root / "teacher.safetensors"),
+        p["kv_retrieval.parquet"],
+        str(root / "budget.parquet"),
+        dict_size=5,
+        swap_items=2,
+        batch_size=2,
+    )
     assert sorted(set(curve["kd_steps"])) == [0, 1, 2] and sorted(set(curve["kd_tokens"])) == [0, 64, 128]
     assert pl.read_parquet(root / "budget.parquet").equals(curve)
     # hybrid_score at the one dictionary size (the state-size sweep's scoring) is the last point
-    full = run_hybrid_score("tiny", "k2-n4", str(root / "k2"), str(root / "teacher.safetensors"),
-                            [p["kv_retrieval.parquet"]], str(root / "s.parquet"), str(root / "a.parquet"),
-                            max_items=None, swap_items=2, batch_size=2, kv_dict_size=5)
+    full = run_hybrid_score(
+        "tiny",
+        "k2-n4",
+        str(root / "k2"),
+        str(root / "teacher.safetensors"),
+        [p["kv_retrieval.parquet"]],
+        str(root / "s.parquet"),
+        str(root / "a.parquet"),
+        max_items=None,
+        swap_items=2,
+        batch_size=2,
+        kv_dict_size=5,
+    )
     assert set(pl.read_parquet(root / "a.parquet")["group"]) == {"5"}
     with pytest.raises(ValueError, match="no KV-retrieval items of dictionary size 4"):
-        run_hybrid_score("tiny", "k2-n4", str(root / "k2"), str(root / "teacher.safetensors"),
-                         [p["kv_retrieval.parquet"]], str(root / "s.parquet"), str(root / "a.parquet"),
-                         max_items=None, swap_items=2, batch_size=2, kv_dict_size=4)
+        run_hybrid_score(
+            "tiny",
+            "k2-n4",
+            str(root / "k2"),
+            str(root / "teacher.safetensors"),
+            [p["kv_retrieval.parquet"]],
+            str(root / "s.parquet"),
+            str(root / "a.parquet"),
+            max_items=None,
+            swap_items=2,
+            batch_size=2,
+            kv_dict_size=4,
+        )
     last = curve.filter(pl.col("kd_steps") == 2).drop("kd_steps", "kd_tokens", "model")
     assert last.sort("task", "group", "metric").equals(full.select(last.columns).sort("task", "group", "metric"))
     # scored on every size with its degeneracy check at the curve's size, the student's own
     # results give the last point: read, not scored again, and equal to scoring it
-    run_hybrid_score("tiny", "k2-n4", str(root / "k2"), str(root / "teacher.safetensors"), [p["kv_retrieval.parquet"]],
-                     str(root / "s5.parquet"), str(root / "a5.parquet"), max_items=None, swap_items=2, batch_size=2,
-                     swap_dict_size=5)
+    run_hybrid_score(
+        "tiny",
+        "k2-n4",
+        str(root / "k2"),
+        str(root / "teacher.safetensors"),
+        [p["kv_retrieval.parquet"]],
+        str(root / "s5.parquet"),
+        str(root / "a5.parquet"),
+        max_items=None,
+        swap_items=2,
+        batch_size=2,
+        swap_dict_size=5,
+    )
     answers = pl.read_parquet(root / "a5.parquet")
     assert answers.filter(pl.col("pred_swapped").is_not_null())["group"].to_list() == ["5", "5"]
     with caplog.at_level(logging.INFO, logger="gna.students.student_evaluation"):
-        read = run_hybrid_budget("tiny", "k2-n4", str(root / "k2"), str(root / "kd2-checkpoints.safetensors"),
-                                 str(root / "teacher.safetensors"), p["kv_retrieval.parquet"],
-                                 str(root / "budget-read.parquet"), dict_size=5, swap_items=2, batch_size=2,
-                                 summary_path=str(root / "s5.parquet"), answers_path=str(root / "a5.parquet"))
+        read = run_hybrid_budget(
+            "tiny",
+            "k2-n4",
+            str(root / "k2"),
+            str(root / "kd2-checkpoints.safetensors"),
+            str(root / "teacher.safetensors"),
+            p["kv_retrieval.parquet"],
+            str(root / "budget-read.parquet"),
+            dict_size=5,
+            swap_items=2,
+            batch_size=2,
+            summary_path=str(root / "s5.parquet"),
+            answers_path=str(root / "a5.parquet"),
+        )
     assert "after 2 KD steps: read from its scores" in caplog.text
     order = ["kd_steps", "task", "group", "metric"]
     assert read.select(sorted(curve.columns)).sort(order).equals(curve.select(sorted(curve.columns)).sort(order))
     # answers without the check on every item of that size are not read: the point is scored
-    run_hybrid_score("tiny", "k2-n4", str(root / "k2"), str(root / "teacher.safetensors"), [p["kv_retrieval.parquet"]],
-                     str(root / "s0.parquet"), str(root / "a0.parquet"), max_items=None, swap_items=0, batch_size=2)
+    run_hybrid_score(
+        "tiny",
+        "k2-n4",
+        str(root / "k2"),
+        str(root / "teacher.safetensors"),
+        [p["kv_retrieval.parquet"]],
+        str(root / "s0.parquet"),
+        str(root / "a0.parquet"),
+        max_items=None,
+        swap_items=0,
+        batch_size=2,
+    )
     kv = pl.read_parquet(p["kv_retrieval.parquet"])
     at = {size: kv.filter(pl.col("dict_size") == size) for size in (3, 5)}
     assert budget_point_from_scores(str(root / "s0.parquet"), str(root / "a0.parquet"), at[5]) is None
     assert budget_point_from_scores(str(root / "s5.parquet"), str(root / "a5.parquet"), at[3]) is None
     # nor answers on fewer items than the curve's (hybrid.eval_items cuts the tables)
-    run_hybrid_score("tiny", "k2-n4", str(root / "k2"), str(root / "teacher.safetensors"), [p["kv_retrieval.parquet"]],
-                     str(root / "s1.parquet"), str(root / "a1.parquet"), max_items=3, swap_items=2, batch_size=2,
-                     swap_dict_size=5)
+    run_hybrid_score(
+        "tiny",
+        "k2-n4",
+        str(root / "k2"),
+        str(root / "teacher.safetensors"),
+        [p["kv_retrieval.parquet"]],
+        str(root / "s1.parquet"),
+        str(root / "a1.parquet"),
+        max_items=3,
+        swap_items=2,
+        batch_size=2,
+        swap_dict_size=5,
+    )
     assert len(pl.read_parquet(root / "a1.parquet").filter(pl.col("group") == "5")) == 1
     assert budget_point_from_scores(str(root / "s1.parquet"), str(root / "a1.parquet"), at[5]) is None
     assert budget_point_from_scores(str(root / "s5.parquet"), str(root / "a5.parquet"), at[5]) is not None
     # step 0 is the aligned student: the same scores as a student built from the aligned file
     teacher = load_model(p["teacher"])[0]
-    aligned = load_aligned(make_hybrid(teacher, [(2, 1), (0, 3)], 4),
-                           read_tensors(str(root / "align.safetensors"), None, device_of(teacher)))
+    aligned = load_aligned(
+        make_hybrid(teacher, [(2, 1), (0, 3)], 4),
+        read_tensors(str(root / "align.safetensors"), None, device_of(teacher)),
+    )
     first = checkpoint_states(read_tensors(str(root / "kd2-checkpoints.safetensors")))[0]  # on the CPU
     for key, value in snapshot(aligned).items():
         assert torch.equal(first[key], value.cpu())
 
 
 def test_ablation_kd_steps_must_be_a_budget_of_the_ablated_students_curve():
-    hybrid = {"kd": {"steps": 42, "lr": 1e-3}, "budget_curve": {"variants": ["k10-n16"], "points": 3},
-              "ablation": {"variant": "k10-n16", "kd_steps": None}}
+    hybrid = {
+        "kd": {"steps": 42, "lr": 1e-3},
+        "budget_curve": {"variants": ["k10-n16"], "points": 3},
+        "ablation": {"variant": "k10-n16", "kd_steps": None},
+    }
     assert ablation_kd(hybrid) == {"steps": 42, "lr": 1e-3}
     hybrid["ablation"]["kd_steps"] = 14
     assert ablation_kd(hybrid) == {"steps": 14, "lr": 1e-3}
@@ -421,8 +742,19 @@ def test_distill_logits_with_unit_weights_is_the_unweighted_loss_and_keeps_snaps
     runs = []
     for weights in (None, answer_weights(torch.zeros(4, 12, dtype=torch.bool), 7.0)):
         student = make_hybrid(copy.deepcopy(model), [(1, 0)], 4)
-        curve, saved = distill_logits(student, ids, acts["top_logp"], acts["top_idx"], 3, 2, 1e-3, seed=0,
-                                      weights=weights, checkpoints=[0, 2, 3], progress=False)
+        curve, saved = distill_logits(
+            student,
+            ids,
+            acts["top_logp"],
+            acts["top_idx"],
+            3,
+            2,
+            1e-3,
+            seed=0,
+            weights=weights,
+            checkpoints=[0, 2, 3],
+            progress=False,
+        )
         runs.append((curve, saved, snapshot(student)))
     assert runs[0][0].equals(runs[1][0])
     curve, saved, final = runs[0]
@@ -432,8 +764,18 @@ def test_distill_logits_with_unit_weights_is_the_unweighted_loss_and_keeps_snaps
     marked = torch.zeros(4, 12, dtype=torch.bool)
     marked[:, 5] = True
     student = make_hybrid(copy.deepcopy(model), [(1, 0)], 4)
-    weighted, _ = distill_logits(student, ids, acts["top_logp"], acts["top_idx"], 3, 2, 1e-3, seed=0,
-                                 weights=answer_weights(marked, 7.0), progress=False)
+    weighted, _ = distill_logits(
+        student,
+        ids,
+        acts["top_logp"],
+        acts["top_idx"],
+        3,
+        2,
+        1e-3,
+        seed=0,
+        weights=answer_weights(marked, 7.0),
+        progress=False,
+    )
     assert weighted["loss"][0] != curve["loss"][0]
     # restore puts a snapshot back
     restore(student, saved[0])
@@ -446,8 +788,19 @@ def _kd_from(teacher, kept, aligned, ids, top_logp, top_idx, weights, kd, seed) 
     student = make_hybrid(copy.deepcopy(teacher), kept, 4)
     if aligned is not None:
         load_aligned(student, aligned)
-    distill_logits(student, ids, top_logp, top_idx, kd["steps"], kd["batch"], kd["lr"], seed, weights=weights,
-                   compute_dtype=kd["compute_dtype"], progress=False)
+    distill_logits(
+        student,
+        ids,
+        top_logp,
+        top_idx,
+        kd["steps"],
+        kd["batch"],
+        kd["lr"],
+        seed,
+        weights=weights,
+        compute_dtype=kd["compute_dtype"],
+        progress=False,
+    )
     return snapshot(student)
 
 
@@ -490,8 +843,9 @@ def test_each_ablation_removes_its_ingredient(phase, ablation):
             expected = _kd_from(teacher, kept, aligned, ids, top_logp, top_idx, None, kd, seed)
         else:  # only the first align_windows windows (those alignment saw), not all train windows
             assert len(ids) > align_windows
-            expected = _kd_from(teacher, kept, aligned, *(t[:align_windows] for t in (ids, top_logp, top_idx, weighted)),
-                                kd, seed)
+            expected = _kd_from(
+                teacher, kept, aligned, *(t[:align_windows] for t in (ids, top_logp, top_idx, weighted)), kd, seed
+            )
         assert _same(expected, state), f"{ablation}: not the recipe with its ingredient removed"
         assert not _same(recipe, state), f"{ablation}: the full recipe's student (the switch did nothing)"
     shares = [m.first_token_share for m in mixers(student)]
@@ -504,17 +858,45 @@ def test_each_ablation_removes_its_ingredient(phase, ablation):
 
 def test_ablation_rule_writes_scored_rows(phase):
     root, p = phase
-    frame = run_hybrid_ablation("tiny", "no_align", "k2-n4", p["teacher"], str(root / "teacher.safetensors"),
-                                str(root / "align.safetensors"), p["ranking.parquet"], p["kv_retrieval.parquet"],
-                                str(root / "ablation.parquet"), align={"steps": 1, "batch": 2, "lr": 1e-3},
-                                kd={**KD, "steps": 1}, align_windows=4, seed=1, dict_size=3, swap_items=2, batch_size=2)
+    frame = run_hybrid_ablation(
+        "tiny",
+        "no_align",
+        "k2-n4",
+        p["teacher"],
+        str(root / "teacher.safetensors"),
+        str(root / "align.safetensors"),
+        p["ranking.parquet"],
+        p["kv_retrieval.parquet"],
+        str(root / "ablation.parquet"),
+        align={"steps": 1, "batch": 2, "lr": 1e-3},
+        kd={**KD, "steps": 1},
+        align_windows=4,
+        seed=1,
+        dict_size=3,
+        swap_items=2,
+        batch_size=2,
+    )
     assert set(frame["ablation"]) == {"no_align"} and {"acc", "perplexity"} <= set(frame["metric"])
     assert set(frame.filter(pl.col("metric") == "acc")["group"]) == {"3", "all"}
     with pytest.raises(ValueError, match="no KV-retrieval items of dictionary size 7"):
-        run_hybrid_ablation("tiny", "init_only", "k2-n4", p["teacher"], str(root / "teacher.safetensors"),
-                            str(root / "align.safetensors"), p["ranking.parquet"], p["kv_retrieval.parquet"],
-                            str(root / "x.parquet"), align={"steps": 1, "batch": 2, "lr": 1e-3}, kd=KD,
-                            align_windows=4, seed=1, dict_size=7, swap_items=2, batch_size=2)
+        run_hybrid_ablation(
+            "tiny",
+            "init_only",
+            "k2-n4",
+            p["teacher"],
+            str(root / "teacher.safetensors"),
+            str(root / "align.safetensors"),
+            p["ranking.parquet"],
+            p["kv_retrieval.parquet"],
+            str(root / "x.parquet"),
+            align={"steps": 1, "batch": 2, "lr": 1e-3},
+            kd=KD,
+            align_windows=4,
+            seed=1,
+            dict_size=7,
+            swap_items=2,
+            batch_size=2,
+        )
     assert pl.read_parquet(root / "ablation.parquet").equals(frame)
 
 
@@ -529,8 +911,9 @@ def test_first_token_attention_equals_the_teachers_attention_maps(tiny_llama):
     for i, (layer, m) in enumerate(zip(base.layers, mixers(kept))):
         u = layer.input_layernorm(hidden[i])
         rope = base.rotary_emb(u, position_ids=torch.arange(12)[None].expand(2, -1))
-        torch.testing.assert_close(first_token_attention(m, u, rope, [0, 1, 2, 3]), maps[i][:, :, 1:, 0].mean(dim=(0, 2)),
-                                   atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(
+            first_token_attention(m, u, rope, [0, 1, 2, 3]), maps[i][:, :, 1:, 0].mean(dim=(0, 2)), atol=1e-3, rtol=1e-3
+        )
 
 
 def test_ssm_heads_start_from_the_teachers_attention_profile(tiny_llama):
@@ -648,8 +1031,12 @@ def test_bf16_distillation_step_agrees_with_the_float32_reference(tiny_llama):
     reference.requires_grad_(False)
     for p in trained(reference):
         p.requires_grad_(True)
-    ref_loss = kd_loss(reference(input_ids=ids, use_cache=False).logits, torch.softmax(acts["top_logp"].float(), -1),
-                       acts["top_idx"], weights)
+    ref_loss = kd_loss(
+        reference(input_ids=ids, use_cache=False).logits,
+        torch.softmax(acts["top_logp"].float(), -1),
+        acts["top_idx"],
+        weights,
+    )
     ref_grad = torch.cat([g.flatten() for g in torch.autograd.grad(ref_loss, trained(reference))])
     ref_loss = ref_loss.item()
     steps = {}
@@ -657,12 +1044,26 @@ def test_bf16_distillation_step_agrees_with_the_float32_reference(tiny_llama):
         student = make_hybrid(copy.deepcopy(model), [(1, 0)], 4)
         params, grads, dtypes = trained(student), {}, set()
         for i, p in enumerate(params):  # the gradient the step computes, before clipping
-            p.register_hook(lambda g, i=i: grads.__setitem__(i, g.detach().float().clone()))
+            p.register_hook(lambda g, i=i, grads=grads: grads.__setitem__(i, g.detach().float().clone()))
         m, head = mixers(student)[1], student.get_output_embeddings()
         student.base_model.layers[0].mlp.up_proj.register_forward_pre_hook(
-            lambda module, args: dtypes.add((module.weight.dtype, m.C_proj.weight.dtype, head.weight.dtype)))
-        curve, _ = distill_logits(student, ids, acts["top_logp"], acts["top_idx"], 1, 4, 0.0, seed=0, weights=weights,
-                                  compute_dtype=compute_dtype, progress=False)  # lr 0: one step over the whole batch
+            lambda module, args, m=m, head=head, dtypes=dtypes: dtypes.add(
+                (module.weight.dtype, m.C_proj.weight.dtype, head.weight.dtype)
+            )
+        )
+        curve, _ = distill_logits(
+            student,
+            ids,
+            acts["top_logp"],
+            acts["top_idx"],
+            1,
+            4,
+            0.0,
+            seed=0,
+            weights=weights,
+            compute_dtype=compute_dtype,
+            progress=False,
+        )  # lr 0: one step over the whole batch
         assert sorted(grads) == list(range(len(params))), "the step's backward did not reach every trained parameter"
         steps[compute_dtype] = (curve["loss"][0], torch.cat([grads[i].flatten() for i in range(len(params))]), dtypes)
     f32, bf16 = torch.float32, torch.bfloat16
@@ -703,8 +1104,12 @@ def test_bf16_alignment_agrees_with_the_float32_reference(tiny_llama):
     model, _ = tiny_llama
     ids = torch.randint(0, model.config.vocab_size, (4, 16), generator=torch.Generator().manual_seed(5))
     hidden = teacher_activations(model, ids, top_k=4, progress=False)["hidden"]
-    curves = [align_layers(model, hidden, 4, steps=5, batch=2, lr=1e-3, seed=0, progress=False, log_every=1,
-                           compute_dtype=dtype)[1] for dtype in ("float32", "bfloat16")]
+    curves = [
+        align_layers(
+            model, hidden, 4, steps=5, batch=2, lr=1e-3, seed=0, progress=False, log_every=1, compute_dtype=dtype
+        )[1]
+        for dtype in ("float32", "bfloat16")
+    ]
     for step in (0, 4):
         ref, fast = (c.filter(pl.col("step") == step)["loss"].to_numpy() for c in curves)
         assert abs(fast - ref).max() < 0.03 * abs(ref).max() + 1e-3
@@ -713,8 +1118,8 @@ def test_bf16_alignment_agrees_with_the_float32_reference(tiny_llama):
 def test_a_bfloat16_teacher_gets_float32_ssm_heads_that_align_distil_score_and_decode(tiny_llama):
     """The paper config's dtype: beside a bf16 teacher the SSM parameters stay float32 (they are
     trained), the teacher's states are promoted for them and the heads cast back."""
-    from gna.students.decoding import measured_cache
     from gna.engine.scoring import score_table
+    from gna.students.decoding import measured_cache
     from gna.tasks.tables import build_kv_retrieval
 
     model = copy.deepcopy(tiny_llama[0]).to(torch.bfloat16)

@@ -6,9 +6,23 @@ import json
 import polars as pl
 import pytest
 
-from gna.students.spec import (SPEC_FILE, TEACHER_VARIANT, hybrid_spec, is_student, make_hybrid, parse_variant,
-                          ranked_heads, read_spec, save_student, split_student_name, ssm_heads_for, student_name,
-                          student_variants, teacher_of, variant_name)
+from gna.students.spec import (
+    SPEC_FILE,
+    TEACHER_VARIANT,
+    hybrid_spec,
+    is_student,
+    make_hybrid,
+    parse_variant,
+    ranked_heads,
+    read_spec,
+    save_student,
+    split_student_name,
+    ssm_heads_for,
+    student_name,
+    student_variants,
+    teacher_of,
+    variant_name,
+)
 
 
 def test_variant_and_student_names_round_trip():

