@@ -9,9 +9,7 @@ rule baseline:
         summary="data/results/baseline/{model}/{task}.parquet",
         per_item="data/results/baseline/{model}/{task}.items.parquet",
     params:
-        batch_size=config["eval"]["batch_size"],
-        dtype=config["dtype"],
-        compute_dtype=config["eval"]["compute_dtype"],
+        evaluation=EVALUATION,
         code=code_of("baseline"),
     log:
         "data/logs/baseline/{model}/{task}.log",
@@ -33,9 +31,7 @@ rule lm_eval:
     params:
         options={k: v for k, v in config["lm_eval"].items() if k != "tasks"},
         include_path=(get_path(config["lm_eval"]["include_path"]) if config["lm_eval"]["include_path"] else None),
-        batch_size=config["eval"]["batch_size"],
-        dtype=config["dtype"],
-        compute_dtype=config["eval"]["compute_dtype"],
+        evaluation=EVALUATION,
         code=code_of("lm_eval"),
     log:
         "data/logs/lm_eval/{model}/{lmtask}.log",
@@ -71,9 +67,7 @@ rule lm_eval_crosscheck:
     output:
         "data/results/lmeval/{model}/crosscheck_mmlu_letter.parquet",
     params:
-        batch_size=config["eval"]["batch_size"],
-        dtype=config["dtype"],
-        compute_dtype=config["eval"]["compute_dtype"],
+        evaluation=EVALUATION,
         code=code_of("lm_eval_crosscheck"),
     log:
         "data/logs/lm_eval/{model}/crosscheck_mmlu_letter.log",
@@ -111,9 +105,7 @@ rule facts_formats:
         "data/results/facts/{model}/formats.parquet",
     params:
         facts={k: v for k, v in config["tasks"]["facts"].items() if k not in ("formats", "data", "known_margin")},
-        batch_size=config["eval"]["batch_size"],
-        dtype=config["dtype"],
-        compute_dtype=config["eval"]["compute_dtype"],
+        evaluation=EVALUATION,
         code=code_of("facts_formats"),
     log:
         "data/logs/facts_formats/{model}.log",

@@ -6,8 +6,10 @@ from pathlib import Path
 from gna.core.config import built_tasks, load_schema, validate_config
 from gna.core.provenance import script_fingerprint
 from gna.core.resources import mem_mb, model_params_b
+from gna.core.settings import Evaluation
 from gna.models.families import check_config_families
 from gna.models.sources import check_local_sources
+from gna.tasks.tables import kv_prompt_sets
 
 # `--configfile X` replaces the default config instead of merging model lists into it.
 if not workflow.overwrite_configfiles:
@@ -22,6 +24,12 @@ MODELS = list(config["models"])
 HYBRID_MODELS = [m for m in MODELS if "hybrid" not in config["models"][m].get("skip", [])]  # teachers of students
 TASKS = built_tasks(config)
 FACTS_TASKS = [t for t in TASKS if t.startswith("facts_")]
+# every KV-retrieval prompt set (data/tasks/<name>.parquet): the evaluation set and the phases' own
+KV_SETS = kv_prompt_sets(config)
+# how every model-loading rule loads and scores (dtype, eval.compute_dtype, eval.batch_size); rules
+# that do not batch take it without the batch size, so that editing it does not rerun them
+EVALUATION = Evaluation.from_config(config).as_params()
+EVALUATION_UNBATCHED = {k: v for k, v in EVALUATION.items() if k != "batch_size"}
 LM_EVAL_TASKS = config["lm_eval"]["tasks"]
 
 

@@ -11,14 +11,14 @@ rule gna_roles:
         teacher_roles=lambda wc: [f"data/results/gna/{teacher_of(wc.model)}/roles.parquet"]
         if wc.model in GNA_STUDENTS else [],
         mmlu_letter=["data/tasks/mmlu_letter.parquet"] if "letter" in config["tasks"]["mmlu"]["formats"] else [],
+        prompts="data/tasks/prompts/gna_roles.parquet",
+        map_prompt="data/tasks/prompts/gna_map.parquet",
     output:
         roles="data/results/gna/{model}/roles.parquet",
         maps="data/results/gna/{model}/maps.parquet",
     params:
-        gna=config["gna"],
-        template=config["tasks"]["kv_retrieval"]["template"],
-        dtype=config["dtype"],
-        compute_dtype=config["eval"]["compute_dtype"],
+        gna={k: config["gna"][k] for k in ("gather_min", "aggregate_min", "map_heads")},
+        evaluation=EVALUATION_UNBATCHED,
         code=code_of("gna_roles"),
     log:
         "data/logs/gna_roles/{model}.log",
@@ -56,14 +56,12 @@ rule gna_masking:
         choice=lambda wc: task_files([t for t in ("mmlu_letter", "facts_choice") if t in TASKS], wc.model),
         # condition (a) on those tables is a teacher's baseline: read, not scored again
         scores=get_masking_scores,
+        prompts="data/tasks/prompts/gna_masking.parquet",
     output:
         "data/results/gna/{model}/masking.parquet",
     params:
-        gna=config["gna"],
-        template=config["tasks"]["kv_retrieval"]["template"],
-        batch_size=config["eval"]["batch_size"],
-        dtype=config["dtype"],
-        compute_dtype=config["eval"]["compute_dtype"],
+        gna={k: config["gna"][k] for k in ("knowledge_items", "mmlu_min_acc", "skip_at_chance")},
+        evaluation=EVALUATION,
         code=code_of("gna_masking"),
     log:
         "data/logs/gna_masking/{model}.log",

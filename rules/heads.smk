@@ -4,18 +4,15 @@
 rule heads_sweep:
     input:
         model="data/models/{model}",
+        prompts="data/tasks/prompts/head_sweep.parquet",
     output:
         sweep="data/results/heads/{model}/sweep.parquet",
         ranking="data/results/heads/{model}/ranking.parquet",
     params:
-        sweep={k: config["heads"][k] for k in ("sweep_dict_size", "sweep_n", "seed")}
-        | {"mode": config["heads"]["sweep_mode"], **({"budget": config["heads"]["verify_budget"],
-                                                     "order": config["heads"]["verify_order"]}
-                                                    if config["heads"]["sweep_mode"] == "verified" else {})},
-        template=config["tasks"]["kv_retrieval"]["template"],
-        batch_size=config["eval"]["batch_size"],
-        dtype=config["dtype"],
-        compute_dtype=config["eval"]["compute_dtype"],
+        sweep={"mode": config["heads"]["sweep_mode"], **({"budget": config["heads"]["verify_budget"],
+                                                         "order": config["heads"]["verify_order"]}
+                                                        if config["heads"]["sweep_mode"] == "verified" else {})},
+        evaluation=EVALUATION,
         code=code_of("heads_sweep"),
     log:
         "data/logs/heads_sweep/{model}.log",
@@ -33,16 +30,13 @@ rule heads_attribution:
     input:
         model="data/models/{model}",
         ranking="data/results/heads/{model}/ranking.parquet",
+        prompts="data/tasks/prompts/head_sweep.parquet",
     output:
         "data/results/heads/{model}/attribution.parquet",
     params:
-        sweep={k: config["heads"][k] for k in ("sweep_dict_size", "sweep_n", "seed")},
         top_n=config["heads"]["attribution_top_n"],
         order=config["heads"]["verify_order"],
-        template=config["tasks"]["kv_retrieval"]["template"],
-        batch_size=config["eval"]["batch_size"],
-        dtype=config["dtype"],
-        compute_dtype=config["eval"]["compute_dtype"],
+        evaluation=EVALUATION,
         code=code_of("heads_attribution"),
     log:
         log="data/logs/heads_attribution/{model}.log",
@@ -76,9 +70,7 @@ rule heads_topk:
         max_items=config["heads"]["table_max_items"],
         seed=config["heads"]["seed"],
         skip_at_chance=config["heads"]["skip_at_chance"],
-        batch_size=config["eval"]["batch_size"],
-        dtype=config["dtype"],
-        compute_dtype=config["eval"]["compute_dtype"],
+        evaluation=EVALUATION,
         code=code_of("heads_topk"),
     log:
         "data/logs/heads_topk/{model}.log",
@@ -105,9 +97,7 @@ rule heads_kept:
     params:
         max_items=config["heads"]["table_max_items"],
         skip_at_chance=config["heads"]["skip_at_chance"],
-        batch_size=config["eval"]["batch_size"],
-        dtype=config["dtype"],
-        compute_dtype=config["eval"]["compute_dtype"],
+        evaluation=EVALUATION,
         code=code_of("heads_kept"),
     log:
         "data/logs/heads_kept/{model}.log",
@@ -125,16 +115,11 @@ rule heads_dictsize:
     input:
         model="data/models/{model}",
         ranking="data/results/heads/{model}/ranking.parquet",
+        prompts="data/tasks/prompts/dict_size_curves.parquet",
     output:
         "data/results/heads/{model}/dictsize.parquet",
     params:
-        sizes=config["heads"]["dict_sizes"],
-        n=config["heads"]["dict_n"],
-        seed=config["heads"]["seed"],
-        template=config["tasks"]["kv_retrieval"]["template"],
-        batch_size=config["eval"]["batch_size"],
-        dtype=config["dtype"],
-        compute_dtype=config["eval"]["compute_dtype"],
+        evaluation=EVALUATION,
         code=code_of("heads_dictsize"),
     log:
         "data/logs/heads_dictsize/{model}.log",

@@ -83,8 +83,7 @@ rule distill_teacher:
         seed=HYBRID["seed"],
         mmlu=MMLU_SELECTION,
         template=config["tasks"]["kv_retrieval"]["template"],
-        dtype=config["dtype"],
-        compute_dtype=config["eval"]["compute_dtype"],
+        evaluation=EVALUATION_UNBATCHED,
         code=code_of("distill_teacher"),
     log:
         "data/logs/distill_teacher/{model}.log",
@@ -197,9 +196,7 @@ rule hybrid_score:
         swap_dict_size=HYBRID["budget_curve"]["dict_size"],
         swap_items=HYBRID["degeneracy_items"],
         teacher_checks=teacher_checks(),
-        batch_size=config["eval"]["batch_size"],
-        dtype=config["dtype"],
-        compute_dtype=config["eval"]["compute_dtype"],
+        evaluation=EVALUATION,
         code=code_of("hybrid_score"),
     log:
         "data/logs/hybrid_score/{model}-{variant}.log",
@@ -228,9 +225,7 @@ rule hybrid_budget:
     params:
         dict_size=HYBRID["budget_curve"]["dict_size"],
         swap_items=HYBRID["degeneracy_items"],
-        batch_size=config["eval"]["batch_size"],
-        dtype=config["dtype"],
-        compute_dtype=config["eval"]["compute_dtype"],
+        evaluation=EVALUATION,
         code=code_of("hybrid_budget"),
     log:
         "data/logs/hybrid_budget/{model}-{variant}.log",
@@ -262,9 +257,7 @@ rule hybrid_ablation:
         align_windows=HYBRID["corpus"]["align_windows"],
         seed=HYBRID["seed"],
         swap_items=HYBRID["degeneracy_items"],
-        batch_size=config["eval"]["batch_size"],
-        dtype=config["dtype"],
-        compute_dtype=config["eval"]["compute_dtype"],
+        evaluation=EVALUATION,
         code=code_of("hybrid_ablation"),
     log:
         "data/logs/hybrid_ablation/{model}-{ablation}.log",
@@ -295,9 +288,7 @@ rule hybrid_swap:
         max_items=HYBRID["eval_items"],
         swap_items=HYBRID["degeneracy_items"],
         teacher_checks=teacher_checks(),
-        batch_size=config["eval"]["batch_size"],
-        dtype=config["dtype"],
-        compute_dtype=config["eval"]["compute_dtype"],
+        evaluation=EVALUATION,
         code=code_of("hybrid_swap"),
     log:
         "data/logs/hybrid_swap/{model}.log",
@@ -346,9 +337,7 @@ rule hybrid_answer_rows:
         max_items=HYBRID["answer_rows_items"],
         teacher_checks=teacher_checks(),
         skip_at_chance=config["gna"]["skip_at_chance"],
-        batch_size=config["eval"]["batch_size"],
-        dtype=config["dtype"],
-        compute_dtype=config["eval"]["compute_dtype"],
+        evaluation=EVALUATION,
         code=code_of("hybrid_answer_rows"),
     log:
         "data/logs/hybrid_answer_rows/{model}-{variant}.log",

@@ -15,9 +15,7 @@ rule prune_gradual:
         max_items=config["prune"]["max_items"],
         skip_at_chance=config["prune"]["skip_at_chance"],
         retrieval_task=config["prune"]["retrieval_task"],
-        batch_size=config["eval"]["batch_size"],
-        dtype=config["dtype"],
-        compute_dtype=config["eval"]["compute_dtype"],
+        evaluation=EVALUATION,
         code=code_of("prune_gradual"),
     log:
         "data/logs/prune_gradual/{model}.log",
@@ -57,9 +55,7 @@ rule prune_individual:
         "data/results/prune/{model}/individual.parquet",
     params:
         max_items=config["prune"]["max_items"],
-        batch_size=config["eval"]["batch_size"],
-        dtype=config["dtype"],
-        compute_dtype=config["eval"]["compute_dtype"],
+        evaluation=EVALUATION,
         skip_at_chance=config["prune"]["skip_at_chance"],
         code=code_of("prune_individual"),
     log:

@@ -18,13 +18,15 @@ rule fetch_mmlu:
 
 
 rule kv_task:
+    wildcard_constraints:
+        kv_set=_alternation(KV_SETS),
     output:
-        "data/tasks/kv_retrieval.parquet",
+        "data/tasks/{kv_set}.parquet",
     params:
-        kv=config["tasks"]["kv_retrieval"],
+        kv=lambda wc: KV_SETS[wc.kv_set],
         code=code_of("kv_task"),
     log:
-        "data/logs/kv_task.log",
+        "data/logs/kv_task/{kv_set}.log",
     script:
         "../workflow_scripts/kv_task.py"
 

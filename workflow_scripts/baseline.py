@@ -1,6 +1,7 @@
 """Rule baseline: score one model on one task with our engine (per-item scores and a summary)."""
 
 from gna.core.runtime import setup
+from gna.core.settings import Evaluation
 from gna.phases.evaluation import run_baseline
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
@@ -10,7 +11,5 @@ run_baseline(
     snakemake.input.task,
     snakemake.output.summary,
     snakemake.output.per_item,
-    batch_size=snakemake.params.batch_size,
-    dtype=snakemake.params.dtype,
-    compute_dtype=snakemake.params.compute_dtype,
+    evaluation=Evaluation(**snakemake.params.evaluation),
 )

@@ -1,6 +1,7 @@
 """Rule distill_teacher: the distillation corpus and the teacher's activations on it."""
 
 from gna.core.runtime import setup
+from gna.core.settings import Evaluation
 from gna.students.distill import run_distill_teacher
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
@@ -14,6 +15,5 @@ run_distill_teacher(
     seed=p.seed,
     mmlu=p.mmlu,
     template=p.template,
-    dtype=p.dtype,
-    compute_dtype=p.compute_dtype,
+    evaluation=Evaluation(**p.evaluation),
 )

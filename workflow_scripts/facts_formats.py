@@ -1,6 +1,7 @@
 """Rule facts_formats: the facts' multiple-choice formats scored side by side with the cloze form."""
 
 from gna.core.runtime import setup
+from gna.core.settings import Evaluation
 from gna.phases.knowledge import run_facts_formats
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
@@ -12,7 +13,5 @@ run_facts_formats(
     snakemake.output[0],
     task_paths=snakemake.input.tasks,
     baseline_paths=snakemake.input.baseline,
-    batch_size=snakemake.params.batch_size,
-    dtype=snakemake.params.dtype,
-    compute_dtype=snakemake.params.compute_dtype,
+    evaluation=Evaluation(**snakemake.params.evaluation),
 )

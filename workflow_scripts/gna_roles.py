@@ -1,6 +1,7 @@
 """Rule gna_roles: G&A role scores of every head on KV prompts, and the maps of the chosen heads."""
 
 from gna.core.runtime import setup
+from gna.core.settings import Evaluation
 from gna.phases.gather_aggregate import run_gna_roles
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
@@ -10,10 +11,10 @@ run_gna_roles(
     snakemake.input.ranking,
     snakemake.input.teacher_roles,
     snakemake.input.mmlu_letter,
+    snakemake.input.prompts,
+    snakemake.input.map_prompt,
     snakemake.output.roles,
     snakemake.output.maps,
     gna=snakemake.params.gna,
-    template=snakemake.params.template,
-    dtype=snakemake.params.dtype,
-    compute_dtype=snakemake.params.compute_dtype,
+    evaluation=Evaluation(**snakemake.params.evaluation),
 )

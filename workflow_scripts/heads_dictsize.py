@@ -1,6 +1,7 @@
 """Rule heads_dictsize: KV accuracy per dictionary size with the #1 or #2 ranked head removed."""
 
 from gna.core.runtime import setup
+from gna.core.settings import Evaluation
 from gna.phases.head_tables import run_heads_dictsize
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
@@ -8,13 +9,8 @@ p = snakemake.params
 run_heads_dictsize(
     snakemake.wildcards.model,
     snakemake.input.model,
+    snakemake.input.prompts,
     snakemake.input.ranking,
     snakemake.output[0],
-    sizes=p.sizes,
-    n=p.n,
-    seed=p.seed,
-    template=p.template,
-    batch_size=p.batch_size,
-    dtype=p.dtype,
-    compute_dtype=p.compute_dtype,
+    evaluation=Evaluation(**p.evaluation),
 )

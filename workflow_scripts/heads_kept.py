@@ -1,6 +1,7 @@
 """Rule heads_kept: the minimal model with only the top head kept in each of two critical layers."""
 
 from gna.core.runtime import setup
+from gna.core.settings import Evaluation
 from gna.phases.head_tables import run_heads_kept
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
@@ -12,9 +13,7 @@ run_heads_kept(
     snakemake.input.tasks,
     snakemake.output[0],
     max_items=snakemake.params.max_items,
-    batch_size=snakemake.params.batch_size,
-    dtype=snakemake.params.dtype,
-    compute_dtype=snakemake.params.compute_dtype,
+    evaluation=Evaluation(**snakemake.params.evaluation),
     skip_at_chance=snakemake.params.skip_at_chance,
     gradual_items_path=snakemake.input.gradual_items,
 )

@@ -1,6 +1,7 @@
 """Rule heads_topk: every task with the top-k ranked heads removed, beside random-k controls."""
 
 from gna.core.runtime import setup
+from gna.core.settings import Evaluation
 from gna.phases.head_tables import run_heads_topk
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
@@ -16,9 +17,7 @@ run_heads_topk(
     control_tasks=p.control_tasks,
     max_items=p.max_items,
     seed=p.seed,
-    batch_size=p.batch_size,
-    dtype=p.dtype,
-    compute_dtype=p.compute_dtype,
+    evaluation=Evaluation(**p.evaluation),
     baseline_paths=list(snakemake.input.baseline),
     skip_at_chance=p.skip_at_chance,
     control_k=p.control_k,

@@ -1,6 +1,7 @@
 """Rule hybrid_ablation: one student trained with one ingredient of the distillation recipe removed, scored."""
 
 from gna.core.runtime import setup
+from gna.core.settings import Evaluation
 from gna.students.recipe import run_hybrid_ablation
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
@@ -22,7 +23,5 @@ run_hybrid_ablation(
     seed=p.seed,
     dict_size=p.dict_size,
     swap_items=p.swap_items,
-    batch_size=p.batch_size,
-    dtype=p.dtype,
-    compute_dtype=p.compute_dtype,
+    evaluation=Evaluation(**p.evaluation),
 )

@@ -1,6 +1,7 @@
 """Rule hybrid_budget: one student scored after increasing amounts of distillation (its KD checkpoints)."""
 
 from gna.core.runtime import setup
+from gna.core.settings import Evaluation
 from gna.students.student_evaluation import run_hybrid_budget
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
@@ -15,9 +16,7 @@ run_hybrid_budget(
     snakemake.output[0],
     dict_size=p.dict_size,
     swap_items=p.swap_items,
-    batch_size=p.batch_size,
-    dtype=p.dtype,
-    compute_dtype=p.compute_dtype,
+    evaluation=Evaluation(**p.evaluation),
     summary_path=snakemake.input.summary,
     answers_path=snakemake.input.answers,
 )

@@ -1,6 +1,7 @@
 """Rule hybrid_score: task scores, per-item answers and held-out perplexity of the teacher or one student."""
 
 from gna.core.runtime import setup
+from gna.core.settings import Evaluation
 from gna.students.student_evaluation import run_hybrid_score
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
@@ -15,9 +16,7 @@ run_hybrid_score(
     snakemake.output.answers,
     max_items=p.max_items,
     swap_items=p.swap_items,
-    batch_size=p.batch_size,
-    dtype=p.dtype,
-    compute_dtype=p.compute_dtype,
+    evaluation=Evaluation(**p.evaluation),
     baseline_paths=list(snakemake.input.baseline),
     teacher_summary_path=snakemake.input.teacher_summary or None,
     teacher_checks=p.teacher_checks,

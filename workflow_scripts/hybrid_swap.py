@@ -1,6 +1,7 @@
 """Rule hybrid_swap: the pure-SSM student scored with its most critical layer run as attention."""
 
 from gna.core.runtime import setup
+from gna.core.settings import Evaluation
 from gna.students.student_evaluation import run_hybrid_swap
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
@@ -16,9 +17,7 @@ run_hybrid_swap(
     snakemake.output.answers,
     max_items=p.max_items,
     swap_items=p.swap_items,
-    batch_size=p.batch_size,
-    dtype=p.dtype,
-    compute_dtype=p.compute_dtype,
+    evaluation=Evaluation(**p.evaluation),
     teacher_summary_path=snakemake.input.teacher_summary or None,
     teacher_checks=p.teacher_checks,
     swap_dict_size=p.swap_dict_size,

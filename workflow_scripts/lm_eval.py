@@ -1,6 +1,7 @@
 """Rule lm_eval: run one lm-evaluation-harness task on a prepared model; tidy Parquet of its metrics."""
 
 from gna.core.runtime import setup
+from gna.core.settings import Evaluation
 from gna.phases.evaluation import run_lm_eval_task
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
@@ -11,8 +12,6 @@ run_lm_eval_task(
     snakemake.output[0],
     options=snakemake.params.options,
     include_path=snakemake.params.include_path,
-    batch_size=snakemake.params.batch_size,
-    dtype=snakemake.params.dtype,
-    compute_dtype=snakemake.params.compute_dtype,
+    evaluation=Evaluation(**snakemake.params.evaluation),
     memory_mb=snakemake.resources.mem_mb,
 )

@@ -1,6 +1,7 @@
 """Rule prune_gradual: accuracy of every prefix of the model's layers on each pruning task."""
 
 from gna.core.runtime import setup
+from gna.core.settings import Evaluation
 from gna.phases.pruning import run_prune_gradual
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
@@ -10,9 +11,7 @@ run_prune_gradual(
     snakemake.input.tasks,
     snakemake.output.summary,
     max_items=snakemake.params.max_items,
-    batch_size=snakemake.params.batch_size,
-    dtype=snakemake.params.dtype,
-    compute_dtype=snakemake.params.compute_dtype,
+    evaluation=Evaluation(**snakemake.params.evaluation),
     skip_at_chance=snakemake.params.skip_at_chance,
     retrieval_task=snakemake.params.retrieval_task,
     baseline_paths=list(snakemake.input.baseline),

@@ -1,6 +1,7 @@
 """Rule prune_individual: remove each layer of the minimal model in turn and score every task."""
 
 from gna.core.runtime import setup
+from gna.core.settings import Evaluation
 from gna.phases.pruning import run_prune_individual
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
@@ -11,9 +12,7 @@ run_prune_individual(
     snakemake.input.minimal,
     snakemake.output[0],
     max_items=snakemake.params.max_items,
-    batch_size=snakemake.params.batch_size,
-    dtype=snakemake.params.dtype,
-    compute_dtype=snakemake.params.compute_dtype,
+    evaluation=Evaluation(**snakemake.params.evaluation),
     skip_at_chance=snakemake.params.skip_at_chance,
     gradual_items_path=snakemake.input.gradual_items,
 )

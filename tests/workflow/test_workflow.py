@@ -288,6 +288,29 @@ def test_task_size_edit_reruns_only_dependents(smoke):
     # masking reads condition (a) of the knowledge tasks from their answers, which hold the KV rows too
 
 
+def test_prompt_set_edit_reruns_only_its_readers(smoke):
+    """Each phase's KV prompts are their own data/tasks artifact: the masking's count rebuilds that set
+    and reruns the masking of the teacher and of the students, and nothing that reads another set."""
+    cfg = smoke_config()
+    cfg["gna"]["masking_n"] = 5
+    assert planned_jobs_of(smk(smoke, "-n", config=cfg)) == {"kv_task": 1, "gna_masking": 3, "report": 1, "all": 1}
+    cfg = smoke_config()
+    cfg["heads"]["sweep_n"] = 5  # the sweep's prompts: the sweep, its attribution, and all that reads the ranking
+    planned = planned_jobs_of(smk(smoke, "-n", config=cfg))
+    assert planned["kv_task"] == 1 and planned["heads_sweep"] == 1 and planned["heads_attribution"] == 1
+    assert "baseline" not in planned and "prune_gradual" not in planned
+
+
+def test_batch_size_edit_reruns_the_rules_that_batch_and_no_training(smoke):
+    """eval.batch_size reaches every rule through its Evaluation settings, but not the rules that do not
+    batch (the teacher's distillation file, the G&A roles): no student is trained again."""
+    cfg = smoke_config()
+    cfg["eval"]["batch_size"] = 3
+    planned = planned_jobs_of(smk(smoke, "-n", config=cfg))
+    assert planned["baseline"] == 5 and planned["heads_sweep"] == 1 and planned["hybrid_score"] == 4
+    assert not {"distill_teacher", "distill_align", "distill_kd", "gna_roles", "prepare_model"} & set(planned), planned
+
+
 def test_state_size_edit_reruns_only_the_affected_variants(smoke):
     cfg = smoke_config()
     cfg["hybrid"]["state_sizes"] = [4, 6]  # 8 stays as the heads-kept sweep's size; 6 replaces nothing else

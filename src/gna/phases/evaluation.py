@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from gna.core.io import read_parquet, write_parquet
 from gna.core.runtime import peak_rss_mb
+from gna.core.settings import Evaluation
 from gna.engine.scoring import chance_accuracy, known_items, score_table, summarize_task
 from gna.models.prepare import load_model
 from gna.tasks.lmeval_bridge import (
@@ -65,18 +66,16 @@ def run_baseline(
     task_path: str,
     summary_path: str,
     items_path: str,
-    batch_size: int = 8,
-    dtype: str = "float32",
-    compute_dtype: str = "float32",
+    evaluation: Evaluation = Evaluation(),
 ) -> pl.DataFrame:
     """Score the prepared model `model_dir` on the task table `task_path` with our engine; write
     its per-item scores to `items_path` and its baseline_summary to `summary_path`."""
     table = read_parquet(task_path)
     if table.is_empty():
         raise ValueError(f"task file has no items: {task_path}")
-    model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
+    model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     start = time.perf_counter()
-    items = score_table(model, tok, table, batch_size=batch_size, desc=f"{model_name} {table['task'][0]}")
+    items = score_table(model, tok, table, batch_size=evaluation.batch_size, desc=f"{model_name} {table['task'][0]}")
     seconds = time.perf_counter() - start
     summary = baseline_summary(model_name, table, items)
     write_parquet(items.with_columns(pl.lit(model_name).alias("model")), items_path)
@@ -101,9 +100,7 @@ def run_lm_eval_task(
     out_path: str,
     options: dict,
     include_path: str | None,
-    batch_size: int = 8,
-    dtype: str = "float32",
-    compute_dtype: str = "float32",
+    evaluation: Evaluation = Evaluation(),
     memory_mb: int | None = None,
     items_file: str | Path | None = None,
 ) -> pl.DataFrame:
@@ -112,7 +109,7 @@ def run_lm_eval_task(
     `options`: the `lm_eval` config keys include_defaults, limit, num_fewshot (absent: lm-eval's).
     `memory_mb`: the job's memory, which lm-eval's logits must fit in (a smaller batch where not;
     request lengths measured on `items_file` where the items are ours, else assumed)."""
-    model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
+    model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     start = time.perf_counter()
     longest = longest_request(tok, items_file) if items_file is not None else ASSUMED_TOKENS
     results = run_tasks(
@@ -123,7 +120,7 @@ def run_lm_eval_task(
         include_defaults=options.get("include_defaults", True),
         limit=options.get("limit"),
         num_fewshot=options.get("num_fewshot"),
-        batch_size=batch_size,
+        batch_size=evaluation.batch_size,
         memory_mb=memory_mb,
         longest_tokens=longest,
     )
@@ -151,9 +148,7 @@ def run_crosscheck(
     model_dir: str,
     task_dir: str,
     out_path: str,
-    batch_size: int = 8,
-    dtype: str = "float32",
-    compute_dtype: str = "float32",
+    evaluation: Evaluation = Evaluation(),
     memory_mb: int | None = None,
 ) -> pl.DataFrame:
     """run_lm_eval_task on our own MMLU letter items: the task CROSSCHECK_TASK that
@@ -170,9 +165,9 @@ def run_crosscheck(
             out_path,
             options={"include_defaults": False},
             include_path=yaml_dir,
-            batch_size=batch_size,
-            dtype=dtype,
-            compute_dtype=compute_dtype,
+            batch_size=evaluation.batch_size,
+            dtype=evaluation.dtype,
+            compute_dtype=evaluation.compute_dtype,
             memory_mb=memory_mb,
             items_file=Path(task_dir) / f"{CROSSCHECK_TASK}.jsonl",
         )

@@ -16,6 +16,7 @@ import polars as pl
 import torch
 
 from gna.core.io import read_parquet, write_parquet
+from gna.core.settings import Evaluation
 from gna.engine.device import device_of
 from gna.engine.hooks import head_sites
 from gna.engine.scoring import starts_with_bos
@@ -23,7 +24,7 @@ from gna.engine.stack import UnsupportedModel, family_of
 from gna.models.families import skip_hint
 from gna.students.mixer import captured_maps, mixers, ssm_heads_of
 from gna.students.spec import load_any
-from gna.tasks.tables import LETTERS, build_kv_retrieval, load_task_tables
+from gna.tasks.tables import LETTERS, load_task_tables
 
 log = logging.getLogger("gna.phases.gather_aggregate")
 ROLES = ("gather", "aggregate")
@@ -274,22 +275,23 @@ def run_gna_roles(
     ranking_path: str,
     teacher_roles_paths: list[str],
     mmlu_letter_paths: list[str],
+    prompts_path: str,
+    map_prompt_path: str,
     roles_path: str,
     maps_path: str,
     gna: dict,
-    template: str,
-    dtype: str = "float32",
-    compute_dtype: str = "float32",
+    evaluation: Evaluation = Evaluation(),
 ) -> pl.DataFrame:
-    """Phase gna_roles: head_roles of every head on KV prompts (`gna` config keys dict_size, n, seed,
-    gather_min, aggregate_min) joined with the ablation rank and acc_drop of `ranking_path`,
-    written to `roles_path`; and the map_frame of the map_heads (its roles from the teacher's
-    roles table when `teacher_roles_paths` names one, so teacher and students show the same heads)
-    on one KV sample (gna.map_dict_size) and on the shortest MMLU letter item if
-    `mmlu_letter_paths` names a table, written to `maps_path`. Both with a model column."""
-    model, tok = load_any(model_dir, dtype, compute_dtype=compute_dtype)
+    """Phase gna_roles: head_roles of every head on the KV prompts of `prompts_path`
+    (data/tasks/prompts/gna_roles; `gna` config keys gather_min, aggregate_min) joined with the
+    ablation rank and acc_drop of `ranking_path`, written to `roles_path`; and the map_frame of the
+    map_heads (its roles from the teacher's roles table when `teacher_roles_paths` names one, so
+    teacher and students show the same heads) on the KV prompt of `map_prompt_path`
+    (data/tasks/prompts/gna_map) and on the shortest MMLU letter item if `mmlu_letter_paths` names
+    a table, written to `maps_path`. Both with a model column."""
+    model, tok = load_any(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     ranking = read_parquet(ranking_path)
-    table = build_kv_retrieval([gna["dict_size"]], gna["n"], gna["seed"], template)
+    table = read_parquet(prompts_path)
     try:
         roles = head_roles(model, tok, table, kv_row_segments, gna["gather_min"], gna["aggregate_min"])
     except UnsupportedModel as err:
@@ -298,7 +300,7 @@ def run_gna_roles(
     write_parquet(roles.with_columns(pl.lit(model_name).alias("model")), roles_path)
     role_source = read_parquet(teacher_roles_paths[0]) if teacher_roles_paths else roles
     heads = map_heads(ranking, role_source, gna["map_heads"])
-    sample = build_kv_retrieval([gna["map_dict_size"]], 1, gna["seed"], template).row(0, named=True)
+    sample = read_parquet(map_prompt_path).row(0, named=True)
     maps = [map_frame(model, tok, sample, heads, kv_row_segments).with_columns(pl.lit("kv_retrieval").alias("task"))]
     for letter in load_task_tables(mmlu_letter_paths).values():
         maps.append(

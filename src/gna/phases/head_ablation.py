@@ -17,13 +17,13 @@ import torch
 from tqdm.auto import tqdm
 
 from gna.core.io import read_parquet, write_json, write_parquet
+from gna.core.settings import Evaluation
 from gna.engine.ablation import score_ablations
 from gna.engine.device import device_of
 from gna.engine.hooks import HeadSite, ablate_heads, all_heads, head_sites, site_of
 from gna.engine.scoring import run_batches, score_table
 from gna.engine.stack import check_engine, decoder_layers
 from gna.models.prepare import load_model
-from gna.tasks.tables import build_kv_retrieval
 
 log = logging.getLogger("gna.phases.head_ablation")
 
@@ -305,37 +305,31 @@ def compare_attribution(ranked_est: pl.DataFrame, exact: pl.DataFrame, top_n: in
     )
 
 
-def sweep_task(sweep: dict, template: str) -> pl.DataFrame:
-    """The KV-retrieval prompts of the head sweep, from the `heads` config keys sweep_dict_size,
-    sweep_n and seed."""
-    return build_kv_retrieval([sweep["sweep_dict_size"]], sweep["sweep_n"], sweep["seed"], template)
-
-
 SWEEP_MODES = ("exact", "verified")
 
 
 def run_heads_sweep(
     model_name: str,
     model_dir: str,
+    prompts_path: str,
     sweep_path: str,
     ranking_path: str,
     sweep: dict,
-    template: str,
-    batch_size: int = 8,
-    dtype: str = "float32",
-    compute_dtype: str = "float32",
+    evaluation: Evaluation = Evaluation(),
 ) -> pl.DataFrame:
-    """Phase heads_sweep on sweep_task: `sweep["mode"]` exact (sweep_heads over every head) or
-    verified (sweep_heads_verified with `sweep["budget"]` and `sweep["order"]`), written to
-    `sweep_path` with the mode and the model's number of heads, and its rank_heads to
-    `ranking_path` (both with a model column)."""
-    model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
-    table = sweep_task(sweep, template)
+    """Phase heads_sweep on the KV prompts of `prompts_path` (data/tasks/prompts/head_sweep):
+    `sweep["mode"]` exact (sweep_heads over every head) or verified (sweep_heads_verified with
+    `sweep["budget"]` and `sweep["order"]`), written to `sweep_path` with the mode and the model's
+    number of heads, and its rank_heads to `ranking_path` (both with a model column)."""
+    model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
+    table = read_parquet(prompts_path)
     mode = sweep.get("mode", "exact")
     if mode == "exact":
-        result = sweep_heads(model, tok, table, batch_size=batch_size)
+        result = sweep_heads(model, tok, table, batch_size=evaluation.batch_size)
     elif mode == "verified":
-        result = sweep_heads_verified(model, tok, table, sweep["budget"], sweep["order"], batch_size=batch_size)
+        result = sweep_heads_verified(
+            model, tok, table, sweep["budget"], sweep["order"], batch_size=evaluation.batch_size
+        )
     else:
         raise ValueError(f"heads.sweep_mode: unknown mode {mode!r}; one of {SWEEP_MODES}")
     ranking = rank_heads(result)
@@ -355,30 +349,27 @@ def run_heads_sweep(
 def run_heads_attribution(
     model_name: str,
     model_dir: str,
+    prompts_path: str,
     ranking_path: str,
     out_path: str,
     timings_path: str,
-    sweep: dict,
-    template: str,
     top_n: int,
-    batch_size: int = 8,
-    dtype: str = "float32",
-    compute_dtype: str = "float32",
+    evaluation: Evaluation = Evaluation(),
     order: str = "magnitude",
 ) -> pl.DataFrame:
-    """Phase heads_attribution: attribution_scores on sweep_task ranked by `order`
+    """Phase heads_attribution: attribution_scores on the sweep's prompts (`prompts_path`) ranked by `order`
     (rank_attribution), the exact sweep of the estimate's top `top_n` heads (the cost of verifying
     a pre-ranking), and compare_attribution against the exact ranking in `ranking_path`; written
     to `out_path` with a model column. The two parts' wall times go to `timings_path` (JSON, a
     log: timings are not results)."""
-    model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
-    table = sweep_task(sweep, template)
+    model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
+    table = read_parquet(prompts_path)
     start = time.perf_counter()
-    est = attribution_scores(model, tok, table, batch_size=batch_size, grad_drop=order == "graddrop")
+    est = attribution_scores(model, tok, table, batch_size=evaluation.batch_size, grad_drop=order == "graddrop")
     ranked = rank_attribution(est, order)
     t_attr = time.perf_counter() - start
     start = time.perf_counter()
-    sweep_heads(model, tok, table, heads=top_heads(ranked, top_n), batch_size=batch_size)
+    sweep_heads(model, tok, table, heads=top_heads(ranked, top_n), batch_size=evaluation.batch_size)
     t_verify = time.perf_counter() - start
     result = compare_attribution(ranked, read_parquet(ranking_path), top_n).with_columns(pl.lit(order).alias("order"))
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)

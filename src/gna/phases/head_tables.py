@@ -15,12 +15,13 @@ import random
 import polars as pl
 
 from gna.core.io import read_json, read_parquet, write_parquet
+from gna.core.settings import Evaluation
 from gna.engine.ablation import score_ablations
 from gna.engine.hooks import all_heads, head_sites, heads_per_layer
 from gna.engine.scoring import at_chance, known_items, known_or_scored, summarize_task
 from gna.models.prepare import load_model
 from gna.phases.pruning import prefix_scores
-from gna.tasks.tables import build_kv_retrieval, load_item_scores, load_task_tables
+from gna.tasks.tables import load_item_scores, load_task_tables
 
 log = logging.getLogger("gna.phases.head_tables")
 
@@ -281,9 +282,7 @@ def run_heads_topk(
     control_tasks: list[str],
     max_items: int | None,
     seed: int,
-    batch_size: int = 8,
-    dtype: str = "float32",
-    compute_dtype: str = "float32",
+    evaluation: Evaluation = Evaluation(),
     baseline_paths: list[str] = (),
     skip_at_chance: bool = False,
     control_k: list[int] | None = None,
@@ -293,7 +292,7 @@ def run_heads_topk(
     `task_paths` (each cut to `max_items`), written to `out_path` with a model column; k = 0 is
     read from the model's per-item baseline scores `baseline_paths` where given (and with
     skip_at_chance, whether a task is at chance)."""
-    model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
+    model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     result = remove_top_k(
         model,
         tok,
@@ -303,7 +302,7 @@ def run_heads_topk(
         random_draws,
         control_tasks,
         seed,
-        batch_size=batch_size,
+        batch_size=evaluation.batch_size,
         scored=load_item_scores(baseline_paths),
         skip_at_chance=skip_at_chance,
         control_k=control_k,
@@ -322,9 +321,7 @@ def run_heads_kept(
     task_paths: list[str],
     out_path: str,
     max_items: int | None,
-    batch_size: int = 8,
-    dtype: str = "float32",
-    compute_dtype: str = "float32",
+    evaluation: Evaluation = Evaluation(),
     skip_at_chance: bool = False,
     gradual_items_path: str | None = None,
 ) -> pl.DataFrame:
@@ -332,7 +329,7 @@ def run_heads_kept(
     minimal_model JSON) and the task tables `task_paths`; written to `out_path` with a model column.
     The minimal model's own scores are read from gradual pruning's per-item scores
     (`gradual_items_path`) where they hold the items (prefix_scores)."""
-    model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
+    model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     kept_layers = read_json(minimal_path)["kept_layers"]
     result = heads_kept(
         model,
@@ -340,7 +337,7 @@ def run_heads_kept(
         read_parquet(ranking_path),
         kept_layers,
         load_task_tables(task_paths, max_items),
-        batch_size=batch_size,
+        batch_size=evaluation.batch_size,
         skip_at_chance=skip_at_chance,
         scored=prefix_scores(gradual_items_path, kept_layers),
     )
@@ -352,21 +349,17 @@ def run_heads_kept(
 def run_heads_dictsize(
     model_name: str,
     model_dir: str,
+    prompts_path: str,
     ranking_path: str,
     out_path: str,
-    sizes: list[int],
-    n: int,
-    seed: int,
-    template: str,
-    batch_size: int = 8,
-    dtype: str = "float32",
-    compute_dtype: str = "float32",
+    evaluation: Evaluation = Evaluation(),
 ) -> pl.DataFrame:
-    """Phase heads_dictsize: dict_size_curves on fresh KV-retrieval prompts (`n` per size in
-    `sizes`, seeded); written to `out_path` with a model column."""
-    model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
-    table = build_kv_retrieval(sizes, n, seed, template)
-    result = dict_size_curves(model, tok, read_parquet(ranking_path), table, batch_size=batch_size)
+    """Phase heads_dictsize: dict_size_curves on the KV prompts of `prompts_path`
+    (data/tasks/prompts/dict_size_curves: several dictionary sizes); written to `out_path` with a
+    model column."""
+    model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
+    table = read_parquet(prompts_path)
+    result = dict_size_curves(model, tok, read_parquet(ranking_path), table, batch_size=evaluation.batch_size)
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
     log.info("dictionary-size curves: %d rows", len(result))
     return result

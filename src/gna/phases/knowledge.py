@@ -12,6 +12,7 @@ import logging
 import polars as pl
 
 from gna.core.io import read_parquet, write_parquet
+from gna.core.settings import Evaluation
 from gna.core.stats import wilson_interval
 from gna.engine.scoring import chance_accuracy, known_items, score_table
 from gna.models.prepare import load_model
@@ -101,17 +102,15 @@ def run_facts_formats(
     out_path: str,
     task_paths: list[str] = (),
     baseline_paths: list[str] = (),
-    batch_size: int = 8,
-    dtype: str = "float32",
-    compute_dtype: str = "float32",
+    evaluation: Evaluation = Evaluation(),
 ) -> pl.DataFrame:
     """Phase facts_formats: compare_formats of the prepared model `model_dir` on the facts table
     `facts_path`, written to `out_path` with a model column; the task tables `task_paths` are
     read with the model's per-item baseline scores `baseline_paths` (same order)."""
-    model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
+    model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     earlier = [(read_parquet(t), read_parquet(b)) for t, b in zip(task_paths, baseline_paths, strict=True)]
-    result = compare_formats(model, tok, read_parquet(facts_path), facts_cfg, batch_size, earlier).with_columns(
-        pl.lit(model_name).alias("model")
-    )
+    result = compare_formats(
+        model, tok, read_parquet(facts_path), facts_cfg, evaluation.batch_size, earlier
+    ).with_columns(pl.lit(model_name).alias("model"))
     write_parquet(result, out_path)
     return result

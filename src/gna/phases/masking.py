@@ -21,6 +21,7 @@ import polars as pl
 import torch
 
 from gna.core.io import read_parquet, write_parquet
+from gna.core.settings import Evaluation
 from gna.core.stats import wilson_interval
 from gna.engine.ablation import score_ablations
 from gna.engine.packing import PackedBatch
@@ -28,7 +29,7 @@ from gna.engine.scoring import at_chance, known_or_scored, score_table
 from gna.phases.gather_aggregate import ROLES, Segments, best_role_head, kv_row_segments, mmlu_row_segments
 from gna.students.mixer import mixers, ssm_heads_of
 from gna.students.spec import load_any
-from gna.tasks.tables import build_kv_retrieval, load_item_scores, load_task_tables
+from gna.tasks.tables import load_item_scores, load_task_tables
 
 log = logging.getLogger("gna.phases.masking")
 CONDITIONS = ("(a) unmodified", "(b) G&A heads ablated", "(c) G&A pattern only")
@@ -310,16 +311,15 @@ def run_gna_masking(
     roles_path: str,
     knowledge_paths: list[str],
     choice_paths: list[str],
+    prompts_path: str,
     out_path: str,
     gna: dict,
-    template: str,
-    batch_size: int = 8,
-    dtype: str = "float32",
-    compute_dtype: str = "float32",
+    evaluation: Evaluation = Evaluation(),
     scores_paths: list[str] = (),
 ) -> pl.DataFrame:
-    """Phase gna_masking: masking_experiment with the masking_heads of `roles_path` on fresh
-    KV-retrieval prompts (`gna` config keys dict_size, masking_n, seed + 1) and the knowledge tasks
+    """Phase gna_masking: masking_experiment with the masking_heads of `roles_path` on the KV
+    prompts of `prompts_path` (data/tasks/prompts/gna_masking: not those the roles were found on)
+    and the knowledge tasks
     (`knowledge_paths`: cloze tables, each cut to gna.knowledge_items), then choice_masking
     (gated by gna.mmlu_min_acc) on each multiple-choice table of `choice_paths`; gna.skip_at_chance leaves out the
     conditions that cannot show a loss where (a) is at chance; (a) of the knowledge and choice tables is read from the
@@ -334,9 +334,9 @@ def run_gna_masking(
         )
         result = pl.DataFrame(schema=RESULT_SCHEMA)
     else:
-        model, tok = load_any(model_dir, dtype, compute_dtype=compute_dtype)
+        model, tok = load_any(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
         ssm_heads = ssm_heads_of(model) if mixers(model) else None
-        table = build_kv_retrieval([gna["dict_size"]], gna["masking_n"], gna["seed"] + 1, template)
+        table = read_parquet(prompts_path)
         knowledge = list(load_task_tables(knowledge_paths, gna["knowledge_items"]).values())
         scored = load_item_scores(list(scores_paths))
         result = masking_experiment(
@@ -345,7 +345,7 @@ def run_gna_masking(
             table,
             kv_row_segments,
             heads,
-            batch_size=batch_size,
+            batch_size=evaluation.batch_size,
             knowledge=knowledge,
             ssm_heads=ssm_heads,
             skip_at_chance=gna["skip_at_chance"],
@@ -358,7 +358,7 @@ def run_gna_masking(
                 letter,
                 heads,
                 gna["mmlu_min_acc"],
-                batch_size,
+                evaluation.batch_size,
                 ssm_heads,
                 skip_at_chance=gna["skip_at_chance"],
                 scored=scored,

@@ -14,6 +14,7 @@ import logging
 import polars as pl
 
 from gna.core.io import read_json, read_parquet, write_json, write_parquet
+from gna.core.settings import Evaluation
 from gna.engine.scoring import at_chance, known_or_scored, score_removals, score_table, summarize_task
 from gna.models.prepare import load_model
 from gna.tasks.tables import load_item_scores, load_task_tables
@@ -191,9 +192,7 @@ def run_prune_gradual(
     task_paths: list[str],
     out_path: str,
     max_items: int | None,
-    batch_size: int = 8,
-    dtype: str = "float32",
-    compute_dtype: str = "float32",
+    evaluation: Evaluation = Evaluation(),
     skip_at_chance: bool = False,
     retrieval_task: str | None = None,
     baseline_paths: list[str] = (),
@@ -204,12 +203,12 @@ def run_prune_gradual(
     tasks on which the full model is
     at chance (judged on its baseline's per-item scores, `baseline_paths`) are scored on the
     full model only; never `retrieval_task`, which defines the minimal model."""
-    model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
+    model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     items = gradual_items(
         model,
         tok,
         load_task_tables(task_paths, max_items),
-        batch_size=batch_size,
+        batch_size=evaluation.batch_size,
         skip_at_chance=skip_at_chance,
         always_scored=(retrieval_task,) if retrieval_task else (),
         scored=load_item_scores(list(baseline_paths)),
@@ -249,9 +248,7 @@ def run_prune_individual(
     minimal_path: str,
     out_path: str,
     max_items: int | None,
-    batch_size: int = 8,
-    dtype: str = "float32",
-    compute_dtype: str = "float32",
+    evaluation: Evaluation = Evaluation(),
     skip_at_chance: bool = True,
     gradual_items_path: str | None = None,
 ) -> pl.DataFrame:
@@ -260,14 +257,14 @@ def run_prune_individual(
     model column. The minimal model's defining task (the JSON's `task`) is never skipped. The
     minimal model's own scores are read from gradual pruning's per-item scores
     (`gradual_items_path`) where they hold the items (prefix_scores)."""
-    model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
+    model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     minimal = read_json(minimal_path)
     result = individual(
         model,
         tok,
         load_task_tables(task_paths, max_items),
         minimal["kept_layers"],
-        batch_size=batch_size,
+        batch_size=evaluation.batch_size,
         skip_at_chance=skip_at_chance,
         always_scored=(minimal["task"],),
         scored=prefix_scores(gradual_items_path, minimal["kept_layers"]),

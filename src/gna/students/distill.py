@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from gna.core import work
 from gna.core.io import atomic_dir, read_parquet, write_parquet
+from gna.core.settings import Evaluation
 from gna.core.tensor_files import read_tensors, write_tensors
 from gna.engine.device import device_of
 from gna.engine.precision import COMPUTE_DTYPES, frozen_weights_in
@@ -92,15 +93,14 @@ def run_distill_teacher(
     seed: int,
     mmlu: dict,
     template: str,
-    dtype: str = "float32",
-    compute_dtype: str = "float32",
+    evaluation: Evaluation = Evaluation(),
 ) -> None:
     """Build the corpus (gna.students.corpus.build_corpus, from the MMLU questions outside the evaluation
     subset `mmlu` {n, seed, topics}) and write the teacher file `out_path`: teacher_activations
     on the train windows (hidden of the first corpus["align_windows"], top_logp, top_idx) plus
-    the windows (train_ids, train_answers, heldout_ids). `compute_dtype`: the teacher's linear
+    the windows (train_ids, train_answers, heldout_ids). `evaluation.compute_dtype`: the teacher's linear
     layers computed in it, as in every evaluation (gna.engine.precision.linears_computed_in)."""
-    model, tok = load_model(model_dir, dtype, compute_dtype=compute_dtype)
+    model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     try:
         check_student_family(model)
     except UnsupportedModel as err:

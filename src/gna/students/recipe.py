@@ -14,6 +14,7 @@ import logging
 import polars as pl
 
 from gna.core.io import read_parquet, write_parquet
+from gna.core.settings import Evaluation
 from gna.core.tensor_files import read_tensors
 from gna.engine.device import device_of
 from gna.engine.precision import linears_computed_in
@@ -101,14 +102,13 @@ def run_hybrid_ablation(
     seed: int,
     dict_size: int,
     swap_items: int | None,
-    batch_size: int,
-    dtype: str = "float32",
-    compute_dtype: str = "float32",
+    evaluation: Evaluation = Evaluation(),
 ) -> pl.DataFrame:
     """Train student `variant` by the recipe without `ablation` (ablated_student), score it on
-    the KV items of `dict_size` keys (`swap_items` degeneracy checks; linear layers in `compute_dtype`) and on the
-    teacher file's held-out windows; tidy rows with ablation and description columns to `out_path`."""
-    teacher, tok = load_model(model_dir, dtype)
+    the KV items of `dict_size` keys (`swap_items` degeneracy checks; linear layers in
+    `evaluation.compute_dtype`) and on the teacher file's held-out windows; tidy rows with ablation
+    and description columns to `out_path`."""
+    teacher, tok = load_model(model_dir, evaluation.dtype)
     heads_kept, state_size = parse_variant(variant)
     kept = ranked_heads(read_parquet(ranking_path), heads_kept, model_name)
     needed = ["train_ids", "train_answers", "top_logp", "top_idx", "heldout_ids"]
@@ -117,8 +117,10 @@ def run_hybrid_ablation(
     student = ablated_student(
         teacher, kept, state_size, ablation, read_tensors(aligned_path, None, on), data, align, kd, align_windows, seed
     )
-    linears_computed_in(student.eval(), compute_dtype)
-    frame, _ = score_model(student, tok, kv_items(kv_path, dict_size), data["heldout_ids"], batch_size, swap_items)
+    linears_computed_in(student.eval(), evaluation.compute_dtype)
+    frame, _ = score_model(
+        student, tok, kv_items(kv_path, dict_size), data["heldout_ids"], evaluation.batch_size, swap_items
+    )
     frame = frame.with_columns(
         pl.lit(model_name).alias("model"),
         pl.lit(variant).alias("variant"),

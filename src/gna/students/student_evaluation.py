@@ -8,6 +8,7 @@ import logging
 import polars as pl
 
 from gna.core.io import read_parquet, write_parquet
+from gna.core.settings import Evaluation
 from gna.core.tensor_files import read_tensors
 from gna.engine.device import device_of
 from gna.engine.scoring import chance_accuracy, summarize_task
@@ -163,9 +164,7 @@ def run_hybrid_score(
     answers_path: str,
     max_items: int | None,
     swap_items: int | None,
-    batch_size: int,
-    dtype: str = "float32",
-    compute_dtype: str = "float32",
+    evaluation: Evaluation = Evaluation(),
     baseline_paths: list[str] = (),
     teacher_summary_path: str | None = None,
     teacher_checks: tuple[str, ...] = TEACHER_CHECKS,
@@ -182,7 +181,7 @@ def run_hybrid_score(
     items of that dictionary size only (kv_items; the state-size sweep's students). `swap_dict_size`: KV retrieval's
     degeneracy check on the items of that dictionary size (the budget curve's, which then reads its last point from
     these results: budget_point_from_scores)."""
-    model, tok = load_any(model_dir, dtype, compute_dtype=compute_dtype)
+    model, tok = load_any(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     tables = load_task_tables(task_paths, max_items)
     if kv_dict_size is not None and "kv_retrieval" in tables:
         tables["kv_retrieval"] = at_dict_size(tables["kv_retrieval"], kv_dict_size, "kv_retrieval")
@@ -193,7 +192,7 @@ def run_hybrid_score(
         tok,
         tables,
         heldout,
-        batch_size,
+        evaluation.batch_size,
         swap_items,
         scored=load_item_scores(baseline_paths),
         swap_from=kv_swap_pool(tables, swap_dict_size),
@@ -214,9 +213,7 @@ def run_hybrid_swap(
     answers_path: str,
     max_items: int | None,
     swap_items: int | None,
-    batch_size: int,
-    dtype: str = "float32",
-    compute_dtype: str = "float32",
+    evaluation: Evaluation = Evaluation(),
     teacher_summary_path: str | None = None,
     teacher_checks: tuple[str, ...] = TEACHER_CHECKS,
     swap_dict_size: int | None = None,
@@ -225,7 +222,7 @@ def run_hybrid_swap(
     head's layer run as the teacher's attention; variant swap_label and swapped_layer columns;
     summary and answers written as by run_hybrid_score (tasks skipped and KV's degeneracy check
     drawn as there)."""
-    model, tok = load_any(model_dir, dtype, compute_dtype=compute_dtype)
+    model, tok = load_any(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     tables, reasons = skip_where_teacher_cannot_compare(
         load_task_tables(task_paths, max_items), teacher_summary_path, teacher_checks
     )
@@ -233,7 +230,13 @@ def run_hybrid_swap(
     critical = ranked_heads(read_parquet(ranking_path), 1, model_name)[0][0]
     with swapped_to_attention(model, [critical]):
         frame, items = score_model(
-            model, tok, tables, heldout, batch_size, swap_items, swap_from=kv_swap_pool(tables, swap_dict_size)
+            model,
+            tok,
+            tables,
+            heldout,
+            evaluation.batch_size,
+            swap_items,
+            swap_from=kv_swap_pool(tables, swap_dict_size),
         )
     frame = _with_reasons(frame, reasons).with_columns(
         pl.lit(swap_label(variant, critical)).alias("variant"), pl.lit(critical).alias("swapped_layer")
@@ -307,9 +310,7 @@ def run_hybrid_budget(
     out_path: str,
     dict_size: int,
     swap_items: int | None,
-    batch_size: int,
-    dtype: str = "float32",
-    compute_dtype: str = "float32",
+    evaluation: Evaluation = Evaluation(),
     summary_path: str | None = None,
     answers_path: str | None = None,
 ) -> pl.DataFrame:
@@ -318,7 +319,7 @@ def run_hybrid_budget(
     in `checkpoints_path` and after the full budget (the student itself: read from its hybrid_score results
     `summary_path`, `answers_path` where they hold it, budget_point_from_scores). Tidy rows with kd_steps and kd_tokens
     (tokens seen by distillation) to `out_path`."""
-    model, tok = load_any(model_dir, dtype, compute_dtype=compute_dtype)
+    model, tok = load_any(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     spec = read_spec(model_dir)
     tokens_per_step = spec["kd_tokens"] / max(1, spec["kd_steps"])
     states = checkpoint_states(read_tensors(checkpoints_path, None, device_of(model)))
@@ -337,7 +338,7 @@ def run_hybrid_budget(
             log.info("%s after %d KD steps: read from its scores (%s)", variant, step, summary_path)
         else:
             restore(model, states[step])
-            frame, _ = score_model(model, tok, tables, heldout, batch_size, swap_items)
+            frame, _ = score_model(model, tok, tables, heldout, evaluation.batch_size, swap_items)
         frames.append(
             frame.with_columns(pl.lit(step).alias("kd_steps"), pl.lit(round(step * tokens_per_step)).alias("kd_tokens"))
         )

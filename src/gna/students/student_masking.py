@@ -8,6 +8,7 @@ import logging
 import polars as pl
 
 from gna.core.io import read_parquet, write_parquet
+from gna.core.settings import Evaluation
 from gna.phases.masking import answer_rows_experiment
 from gna.students.spec import load_any
 from gna.students.student_evaluation import TEACHER_CHECKS, skip_where_teacher_cannot_compare
@@ -23,9 +24,7 @@ def run_hybrid_answer_rows(
     task_paths: list[str],
     out_path: str,
     max_items: int | None,
-    batch_size: int,
-    dtype: str = "float32",
-    compute_dtype: str = "float32",
+    evaluation: Evaluation = Evaluation(),
     teacher_summary_path: str | None = None,
     teacher_checks: tuple[str, ...] = TEACHER_CHECKS,
     answers_path: str | None = None,
@@ -39,7 +38,7 @@ def run_hybrid_answer_rows(
     hybrid_score), read for the unmodified condition instead of scoring those items again.
     skip_at_chance: the masked condition is not run where the unmodified student is at chance
     (answer_rows_experiment)."""
-    model, tok = load_any(model_dir, dtype, compute_dtype=compute_dtype)
+    model, tok = load_any(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     tables, reasons = skip_where_teacher_cannot_compare(
         load_task_tables(task_paths, max_items), teacher_summary_path, teacher_checks
     )
@@ -47,7 +46,11 @@ def run_hybrid_answer_rows(
     if answers_path is not None:
         answers = read_parquet(answers_path)
         scored = {task: answers.filter(pl.col("task") == task) for task in tables}
-    frame = answer_rows_experiment(model, tables, tok, batch_size, scored, skip_at_chance) if tables else pl.DataFrame()
+    frame = (
+        answer_rows_experiment(model, tables, tok, evaluation.batch_size, scored, skip_at_chance)
+        if tables
+        else pl.DataFrame()
+    )
     for row in frame.iter_rows(named=True):
         log.info("%s %s: acc %.3f", row["task"], row["condition"], row["acc"])
     if reasons is not None:

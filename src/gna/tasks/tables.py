@@ -170,9 +170,35 @@ def build_mmlu(subset: pl.DataFrame, pool: pl.DataFrame, fmt: str, num_fewshot: 
     return pl.DataFrame(rows)
 
 
+PROMPT_SETS_DIR = "prompts"  # data/tasks/prompts/<name>.parquet
+
+
+def kv_prompt_sets(config: dict) -> dict[str, dict]:
+    """Every KV-retrieval prompt set of a validated config, by its path under data/tasks without
+    .parquet, as write_kv_task specs (sizes, n_per_size, seed, template): the evaluation set
+    (tasks.kv_retrieval) and the phases' own sets, each built once by the kv_task rule so that a
+    change of its size or seed reruns exactly the rules that read it. Items of one size depend only
+    on the seed and that size (build_kv_retrieval)."""
+    kv, heads, gna = config["tasks"]["kv_retrieval"], config["heads"], config["gna"]
+
+    def prompts(sizes: list[int], n: int, seed: int) -> dict:
+        return {"sizes": sizes, "n_per_size": n, "seed": seed, "template": kv["template"]}
+
+    return {
+        "kv_retrieval": kv,
+        # every head's ablation is scored on these (heads_sweep) and estimated on them (heads_attribution)
+        f"{PROMPT_SETS_DIR}/head_sweep": prompts([heads["sweep_dict_size"]], heads["sweep_n"], heads["seed"]),
+        f"{PROMPT_SETS_DIR}/dict_size_curves": prompts(heads["dict_sizes"], heads["dict_n"], heads["seed"]),
+        f"{PROMPT_SETS_DIR}/gna_roles": prompts([gna["dict_size"]], gna["n"], gna["seed"]),
+        f"{PROMPT_SETS_DIR}/gna_map": prompts([gna["map_dict_size"]], 1, gna["seed"]),
+        # one seed past the roles' prompts: heads are masked on items they were not classified on
+        f"{PROMPT_SETS_DIR}/gna_masking": prompts([gna["dict_size"]], gna["masking_n"], gna["seed"] + 1),
+    }
+
+
 def write_kv_task(kv: dict, out_path: str | Path) -> pl.DataFrame:
-    """Build KV-retrieval from the `tasks.kv_retrieval` config keys (sizes, n_per_size, seed,
-    template) and write it to `out_path` as Parquet."""
+    """Build KV-retrieval from the spec `kv` (sizes, n_per_size, seed, template: the
+    `tasks.kv_retrieval` keys, or a kv_prompt_sets entry) and write it to `out_path` as Parquet."""
     table = build_kv_retrieval(kv["sizes"], kv["n_per_size"], kv["seed"], kv["template"])
     write_parquet(table, out_path)
     log.info("wrote %d items to %s", len(table), out_path)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from golden import outcomes
 
-from gna.core.replay import Names, read_plan, record_plan, replay, write_plan
+from gna.core.replay import Names, job_label, read_plan, record_plan, replay, write_plan
 
 REPO = Path(__file__).resolve().parents[3]
 PLAN = REPO / "tests" / "data" / "smoke_plan.json"
@@ -60,7 +60,7 @@ def test_replayed_jobs_give_the_golden_results(tmp_path):
 def test_failed_and_skipped_jobs_stop_their_dependents(tmp_path):
     def break_kv(plan):
         for job in plan["jobs"]:
-            if job["rule"] == "kv_task":
+            if job_label(job) == "kv_task[kv_set=kv_retrieval]":
                 job["params"]["items"] = [
                     {**p, "template": "no-such-template"} if isinstance(p, dict) and "template" in p else p
                     for p in job["params"]["items"]
@@ -70,7 +70,9 @@ def test_failed_and_skipped_jobs_stop_their_dependents(tmp_path):
     if not any("no-such-template" in json.dumps(j["params"]) for j in read_plan(plan)["jobs"]):
         pytest.fail("the kv_task job's params hold no template to break")
     results = {r["label"]: r for r in replay(plan, tmp_path / "work", skip_rules=("facts_task",), parallel=2)}
-    assert results["kv_task"]["status"] == "failed" and "no-such-template" in results["kv_task"]["error"]
+    broken = results["kv_task[kv_set=kv_retrieval]"]
+    assert broken["status"] == "failed" and "no-such-template" in broken["error"]
+    assert results["kv_task[kv_set=prompts/head_sweep]"]["status"] == "ok"
     assert results["baseline[model=tiny-llama, task=kv_retrieval]"]["status"] == "not run"
     assert results["facts_task[facts_fmt=cloze]"]["status"] == "skipped"
     assert results["baseline[model=tiny-llama, task=facts_cloze]"]["status"] == "not run"

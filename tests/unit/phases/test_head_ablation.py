@@ -423,29 +423,31 @@ def test_verified_sweep_is_exact_where_it_measures(tiny_llama):
 
 def test_sweep_phase_in_each_mode_says_what_it_measured(tiny_llama, tmp_path):
     from gna.phases.head_ablation import run_heads_sweep
+    from gna.tasks.tables import write_kv_task
 
     model, tok = tiny_llama
     model.save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
-    sweep = {"sweep_dict_size": 3, "sweep_n": 3, "seed": 0}
+    prompts = str(tmp_path / "prompts.parquet")
+    write_kv_task({"sizes": [3], "n_per_size": 3, "seed": 0, "template": "lookup"}, prompts)
     out = {
         mode: (tmp_path / f"{mode}-sweep.parquet", tmp_path / f"{mode}-ranking.parquet")
         for mode in ("exact", "verified")
     }
-    run_heads_sweep("t", str(tmp_path / "m"), *map(str, out["exact"]), sweep | {"mode": "exact"}, "lookup")
+    run_heads_sweep("t", str(tmp_path / "m"), prompts, *map(str, out["exact"]), {"mode": "exact"})
     run_heads_sweep(
         "t",
         str(tmp_path / "m"),
+        prompts,
         *map(str, out["verified"]),
-        sweep | {"mode": "verified", "budget": 0.6, "order": "magnitude"},
-        "lookup",
+        {"mode": "verified", "budget": 0.6, "order": "magnitude"},
     )
     exact, verified = (pl.read_parquet(out[m][0]) for m in ("exact", "verified"))
     assert set(exact["mode"]) == {"exact"} and set(verified["mode"]) == {"verified"}
     assert set(exact["heads_total"]) == set(verified["heads_total"]) == {len(all_heads(model))} == {len(exact) - 1}
     assert 1 < len(verified) < len(exact)
     with pytest.raises(ValueError, match="heads.sweep_mode: unknown mode 'fast'"):
-        run_heads_sweep("t", str(tmp_path / "m"), *map(str, out["exact"]), sweep | {"mode": "fast"}, "lookup")
+        run_heads_sweep("t", str(tmp_path / "m"), prompts, *map(str, out["exact"]), {"mode": "fast"})
 
 
 def test_top_k_zero_is_read_from_the_baseline_scores(tiny_llama):

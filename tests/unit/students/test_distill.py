@@ -11,6 +11,7 @@ import torch
 from conftest import MINI_MMLU
 
 from gna.core.io import write_parquet
+from gna.core.settings import Evaluation
 from gna.core.tensor_files import read_tensors, write_tensors
 from gna.engine.device import device_of
 from gna.engine.precision import frozen_weights_in
@@ -287,7 +288,7 @@ def test_distillation_writes_the_teacher_file_curves_and_students(phase):
 def test_scoring_rules_on_the_distilled_students(phase):
     root, p = phase
     tasks = [p["kv_retrieval.parquet"]]
-    args = dict(max_items=4, batch_size=2)
+    args = dict(max_items=4, evaluation=Evaluation(batch_size=2))
     scores = run_hybrid_score(
         "tiny",
         "k2-n4",
@@ -351,9 +352,9 @@ def test_the_teacher_is_read_from_its_baseline_not_scored_again(phase):
         p["kv_retrieval.parquet"],
         str(root / "base.parquet"),
         str(root / "base.items.parquet"),
-        batch_size=2,
+        evaluation=Evaluation(batch_size=2),
     )
-    args = dict(max_items=3, swap_items=2, batch_size=2)
+    args = dict(max_items=3, swap_items=2, evaluation=Evaluation(batch_size=2))
     scored = run_hybrid_score(
         "tiny",
         "teacher",
@@ -395,7 +396,7 @@ def test_the_teacher_is_read_from_its_baseline_not_scored_again(phase):
 
 def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
     root, p = phase
-    tasks, args = [p["kv_retrieval.parquet"]], dict(max_items=4, swap_items=None, batch_size=2)
+    tasks, args = [p["kv_retrieval.parquet"]], dict(max_items=4, swap_items=None, evaluation=Evaluation(batch_size=2))
     student = (str(root / "k2"), str(root / "teacher.safetensors"))
     degenerate_only = {"teacher_checks": ("degenerate",)}  # the tiny teacher is at chance too
     # 2 of 4 items, of 3 and 5 keys: no item has a partner to swap contexts with, so no check (not a crash)
@@ -472,7 +473,7 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
         tasks,
         str(root / "rows.parquet"),
         max_items=4,
-        batch_size=2,
+        evaluation=Evaluation(batch_size=2),
         teacher_summary_path=str(root / "teacher-True.parquet"),
         **degenerate_only,
     )
@@ -485,7 +486,7 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
         tasks,
         str(root / "rows.parquet"),
         max_items=4,
-        batch_size=2,
+        evaluation=Evaluation(batch_size=2),
         teacher_summary_path=str(root / "teacher-False.parquet"),
         **degenerate_only,
     )
@@ -494,7 +495,7 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
 
 def test_a_student_is_not_scored_where_its_teacher_is_at_chance(phase):
     root, p = phase
-    tasks, args = [p["kv_retrieval.parquet"]], dict(max_items=4, swap_items=None, batch_size=2)
+    tasks, args = [p["kv_retrieval.parquet"]], dict(max_items=4, swap_items=None, evaluation=Evaluation(batch_size=2))
     student = (str(root / "k2"), str(root / "teacher.safetensors"))
     teacher = run_hybrid_score(
         "tiny", "teacher", p["teacher"], student[1], tasks, str(root / "t.parquet"), str(root / "ta.parquet"), **args
@@ -552,7 +553,7 @@ def test_a_student_is_not_scored_where_its_teacher_is_at_chance(phase):
         tasks,
         str(root / "rows.parquet"),
         max_items=4,
-        batch_size=2,
+        evaluation=Evaluation(batch_size=2),
         teacher_summary_path=str(root / "teacher-both.parquet"),
     )
     assert len(both) == 1 and both["skipped_reason"][0].startswith("the teacher keeps its answer on")
@@ -582,7 +583,7 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
         str(root / "budget.parquet"),
         dict_size=5,
         swap_items=2,
-        batch_size=2,
+        evaluation=Evaluation(batch_size=2),
     )
     assert sorted(set(curve["kd_steps"])) == [0, 1, 2] and sorted(set(curve["kd_tokens"])) == [0, 64, 128]
     assert pl.read_parquet(root / "budget.parquet").equals(curve)
@@ -597,7 +598,7 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
         str(root / "a.parquet"),
         max_items=None,
         swap_items=2,
-        batch_size=2,
+        evaluation=Evaluation(batch_size=2),
         kv_dict_size=5,
     )
     assert set(pl.read_parquet(root / "a.parquet")["group"]) == {"5"}
@@ -612,7 +613,7 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
             str(root / "a.parquet"),
             max_items=None,
             swap_items=2,
-            batch_size=2,
+            evaluation=Evaluation(batch_size=2),
             kv_dict_size=4,
         )
     last = curve.filter(pl.col("kd_steps") == 2).drop("kd_steps", "kd_tokens", "model")
@@ -629,7 +630,7 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
         str(root / "a5.parquet"),
         max_items=None,
         swap_items=2,
-        batch_size=2,
+        evaluation=Evaluation(batch_size=2),
         swap_dict_size=5,
     )
     answers = pl.read_parquet(root / "a5.parquet")
@@ -645,7 +646,7 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
             str(root / "budget-read.parquet"),
             dict_size=5,
             swap_items=2,
-            batch_size=2,
+            evaluation=Evaluation(batch_size=2),
             summary_path=str(root / "s5.parquet"),
             answers_path=str(root / "a5.parquet"),
         )
@@ -663,7 +664,7 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
         str(root / "a0.parquet"),
         max_items=None,
         swap_items=0,
-        batch_size=2,
+        evaluation=Evaluation(batch_size=2),
     )
     kv = pl.read_parquet(p["kv_retrieval.parquet"])
     at = {size: kv.filter(pl.col("dict_size") == size) for size in (3, 5)}
@@ -680,7 +681,7 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
         str(root / "a1.parquet"),
         max_items=3,
         swap_items=2,
-        batch_size=2,
+        evaluation=Evaluation(batch_size=2),
         swap_dict_size=5,
     )
     assert len(pl.read_parquet(root / "a1.parquet").filter(pl.col("group") == "5")) == 1
@@ -874,7 +875,7 @@ def test_ablation_rule_writes_scored_rows(phase):
         seed=1,
         dict_size=3,
         swap_items=2,
-        batch_size=2,
+        evaluation=Evaluation(batch_size=2),
     )
     assert set(frame["ablation"]) == {"no_align"} and {"acc", "perplexity"} <= set(frame["metric"])
     assert set(frame.filter(pl.col("metric") == "acc")["group"]) == {"3", "all"}
@@ -895,7 +896,7 @@ def test_ablation_rule_writes_scored_rows(phase):
             seed=1,
             dict_size=7,
             swap_items=2,
-            batch_size=2,
+            evaluation=Evaluation(batch_size=2),
         )
     assert pl.read_parquet(root / "ablation.parquet").equals(frame)
 

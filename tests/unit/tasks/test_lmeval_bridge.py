@@ -6,6 +6,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from gna.core.settings import Evaluation
 from gna.engine.scoring import score_table
 from gna.models.tiny import tiny_random_model
 from gna.tasks import lmeval_bridge as bridge
@@ -216,7 +217,9 @@ def test_run_crosscheck_scores_the_crosscheck_task(setup, tmp_path):
     bridge.write_crosscheck_task(
         setup["task_dir"].parent / "mmlu.jsonl", None, {"n": 4, "seed": 0, "topics": []}, task_dir
     )
-    frame = run_crosscheck("tiny", str(model_dir), str(task_dir), tmp_path / "out.parquet", batch_size=4)
+    frame = run_crosscheck(
+        "tiny", str(model_dir), str(task_dir), tmp_path / "out.parquet", evaluation=Evaluation(batch_size=4)
+    )
     assert pl.read_parquet(tmp_path / "out.parquet").equals(frame)
     row = frame.row(0, named=True)
     assert (row["model"], row["task"], row["metric"], row["n"]) == ("tiny", bridge.CROSSCHECK_TASK, "acc", 4)
@@ -237,7 +240,9 @@ def test_crosscheck_reads_the_items_where_they_are_after_the_project_moves(setup
     moved.parent.mkdir()
     old.rename(moved)
     bridge.write_crosscheck_task(mmlu_file, None, {"n": 2, "seed": 1, "topics": []}, old)  # the stale copy
-    frame = run_crosscheck("tiny", str(model_dir), str(moved), tmp_path / "out" / "x.parquet", batch_size=4)
+    frame = run_crosscheck(
+        "tiny", str(model_dir), str(moved), tmp_path / "out" / "x.parquet", evaluation=Evaluation(batch_size=4)
+    )
     assert frame.filter(pl.col("metric") == "acc")["n"].to_list() == [4]
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["x.parquet"]  # the job-time YAML is gone
 
