@@ -2,10 +2,11 @@
 
 The engine needs nothing family-specific (gna.engine.stack records the model's own forward);
 what differs between families is which experiments make sense: G&A attention maps need
-attention weights in every layer, and hybrid students replace a Llama-shaped attention (separate
-q/k/v/o projections, rotary positions, no q/k norms, no soft-capping, no sliding window) head by
-head. `FAMILY_PHASES` is what tests/unit/models/test_families.py checks family by family and
-what the README's family table is generated from (`python -m gna.models.families`).
+attention weights in every layer, and hybrid students replace, head by head, an attention with
+separate q/k/v/o projections and rotary positions (q/k norms per head or over the projection,
+pre- or post-norm layers; no fused projections, soft-capping or sliding window yet).
+`FAMILY_PHASES` is what tests/unit/models/test_families.py checks family by family and what the
+README's family table is generated from (`python -m gna.models.families`).
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ from gna.engine.stack import UnsupportedModel, family_of, sliding_windows
 from gna.models.tiny import DEFAULT_WINDOW
 
 PHASES = ("prepare", "baseline", "pruning", "heads", "attribution", "gna", "students")
-STUDENT_FAMILIES = ("llama", "mistral", "qwen2")
+STUDENT_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "olmo2")
 WINDOWED = ("mistral", "qwen2", "gemma2", "gemma3")  # may declare sliding windows
 ATTENTION_ONLY = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "gpt_neox", "gpt2")
 SSM_FAMILIES = ("mamba", "falcon_mamba", "mamba2", "zamba2")
 
 REFUSED_BECAUSE = {
     "gna": "G&A maps need attention weights in every layer (the SSM layers have none)",
-    "students": "a hybrid student replaces Llama-shaped attention head by head "
-    "(separate q/k/v/o, rotary, no q/k norm, no soft-cap)",
+    "students": "a hybrid student replaces attention head by head where it has separate q/k/v/o "
+    "projections and rotary positions (no fused projections, learned positions or soft-capping yet)",
 }
 FAMILY_PHASES = {
     arch: tuple(

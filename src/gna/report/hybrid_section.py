@@ -672,8 +672,9 @@ def render_hybrid(ctx: SectionContext) -> str:
     skipped = [name for name, spec in ctx.config["models"].items() if "hybrid" in spec.get("skip", [])]
     skipped_note = (
         f"<p>No students of {', '.join(f'<code>{html.escape(m)}</code>' for m in skipped)}: "
-        "<code>skip: [hybrid]</code> in the config (students replace Llama-shaped attention head by "
-        "head; the README's family table lists the families they are built for).</p>"
+        "<code>skip: [hybrid]</code> in the config (students replace attention with separate q/k/v/o "
+        "projections and rotary positions head by head; the README's family table lists the families "
+        "they are built for).</p>"
         if skipped
         else ""
     )

@@ -12,7 +12,7 @@ import torch
 
 from gna.core.io import write_parquet
 from gna.engine.device import device_of
-from gna.students.mixer import LOCAL_WIDTH
+from gna.students.mixer import LOCAL_WIDTH, layer_forward
 from gna.students.spec import load_student, read_spec
 
 log = logging.getLogger("gna.students.decoding")
@@ -29,11 +29,17 @@ def prefill(model, ids: torch.Tensor):
     pos = torch.arange(ids.shape[1], device=ids.device)[None].expand(ids.shape[0], -1)
     rope = base.rotary_emb(h, position_ids=pos)
     caches = []
+
+    def attend(layer):
+        def run(u):
+            out, cache = layer.self_attn.prefill(u, rope)
+            caches.append(cache)
+            return out
+
+        return run
+
     for layer in base.layers:
-        out, cache = layer.self_attn.prefill(layer.input_layernorm(h), rope)
-        h = h + out
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
-        caches.append(cache)
+        h = layer_forward(layer, h, attend(layer))
     return model.get_output_embeddings()(base.norm(h[:, -1:])), caches
 
 
@@ -44,8 +50,7 @@ def step(model, token: torch.Tensor, position: int, caches: list[dict]):
     h = base.embed_tokens(token)
     rope = base.rotary_emb(h, position_ids=torch.full_like(token, position))
     for layer, cache in zip(base.layers, caches):
-        h = h + layer.self_attn.step(layer.input_layernorm(h), rope, cache)
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        h = layer_forward(layer, h, lambda u, layer=layer, cache=cache: layer.self_attn.step(u, rope, cache))
     return model.get_output_embeddings()(base.norm(h))
 
 

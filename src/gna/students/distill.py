@@ -37,7 +37,7 @@ from gna.engine.stack import UnsupportedModel
 from gna.models.families import check_student_family, skip_hint
 from gna.models.prepare import load_model
 from gna.students.corpus import build_corpus
-from gna.students.mixer import HybridMixer, mixers
+from gna.students.mixer import HybridMixer, mixer_input, mixers
 from gna.students.spec import hybrid_spec, make_hybrid, ranked_heads, save_student, variant_name
 from gna.tasks.tables import load_mmlu_jsonl, select_mmlu
 
@@ -203,7 +203,7 @@ def align_layers(
             opt.zero_grad(set_to_none=True)
             per_layer = []
             for i, (layer, m, metric) in enumerate(zip(base.layers, ms, metrics)):
-                u = layer.input_layernorm(hidden[i, pick].float())
+                u = mixer_input(layer, hidden[i, pick].float())
                 target = targets[i, pick].float()
                 with torch.autocast(u.device.type, dtype=torch.bfloat16, enabled=compute_dtype == "bfloat16"):
                     heads = m.ssm_output(u, None)
@@ -231,7 +231,7 @@ def attention_targets(base, ms, metrics, hidden: torch.Tensor, batch: int) -> to
     out = None
     for i, (layer, m, metric) in enumerate(zip(base.layers, ms, metrics)):
         for start in range(0, n_seq, batch):
-            u = layer.input_layernorm(hidden[i, start : start + batch].float())
+            u = mixer_input(layer, hidden[i, start : start + batch].float())
             rope = base.rotary_emb(u, position_ids=pos.expand(len(u), -1))
             heads = m.attention_output(u, rope, None, list(range(m.num_heads)))
             target = torch.einsum("blhp,hpq->blhq", heads.float(), metric).to(torch.float16)
@@ -253,7 +253,7 @@ def init_from_teacher_maps(ms, base, hidden, pos, n_seq: int = 4, skip: int = 8)
     for i, (layer, m) in enumerate(zip(base.layers, ms)):
         if not m.ssm_heads:
             continue
-        u = layer.input_layernorm(hidden[i, :n_seq].float())
+        u = mixer_input(layer, hidden[i, :n_seq].float())
         rope = base.rotary_emb(u, position_ids=pos.expand(len(u), -1))
         target = m.attention_output(u, rope, None, m.ssm_heads)
         m.norm_weight.copy_(target.square().mean(dim=(0, 1, 3)).sqrt()[:, None].expand_as(m.norm_weight))
@@ -303,7 +303,7 @@ def head_errors(model, hidden: torch.Tensor, n_seq: int = 4) -> pl.DataFrame:
     for i, (layer, m) in enumerate(zip(base.layers, mixers(model))):
         if not m.ssm_heads:
             continue
-        u = layer.input_layernorm(hidden[i, :n_seq].float())
+        u = mixer_input(layer, hidden[i, :n_seq].float())
         rope = base.rotary_emb(u, position_ids=pos.expand(len(u), -1))
         metric = _output_metric(m)[m.ssm_heads]
         target = torch.einsum("blhp,hpq->blhq", m.attention_output(u, rope, None, m.ssm_heads).float(), metric)

@@ -98,7 +98,9 @@ def _matmul_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 class HybridMixer(nn.Module):
-    """Drop-in replacement for a Llama-family attention module (same call signature)."""
+    """Drop-in replacement for an attention module with separate q/k/v/o projections and rotary
+    positions (same call signature): Llama, Mistral, Qwen2, and with their q/k norms Qwen3 (per
+    head) and OLMo-2 (over the whole projection)."""
 
     def __init__(self, attn: nn.Module, config, ssm_heads: list[int], state_size: int, layer_idx: int):
         super().__init__()
@@ -108,7 +110,9 @@ class HybridMixer(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(attn, "head_dim", None) or config.hidden_size // self.num_heads
         self.group = self.num_heads // self.num_kv_heads
-        self.scaling = self.head_dim**-0.5
+        self.scaling = getattr(attn, "scaling", None) or self.head_dim**-0.5
+        # the teacher's norms of q and k after their projections (None where the family has none)
+        self.q_norm, self.k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
         self.state_size = int(state_size)
         self.ssm_heads = sorted(int(h) for h in ssm_heads)
         bad = [h for h in self.ssm_heads if not 0 <= h < self.num_heads]
@@ -142,8 +146,15 @@ class HybridMixer(nn.Module):
             # C also carries 1/sqrt(P) like attention logits, and a small factor: without softmax's
             # normalisation a sum over many positions would otherwise start far too large
             c_scale = self.scaling * C_INIT_SCALE
-            for dst, src, rows, scale in ((self.C_proj, self.q_proj, h, c_scale), (self.B_proj, self.k_proj, g, 1.0)):
+            pairs = (
+                (self.C_proj, self.q_proj, self.q_norm, h, c_scale),
+                (self.B_proj, self.k_proj, self.k_norm, g, 1.0),
+            )
+            for dst, src, norm, rows, scale in pairs:
                 block = src.weight[rows * p : (rows + 1) * p]
+                if norm is not None:  # the norm's gain, per row (its division by the RMS is not linear)
+                    gain = norm.weight if norm.weight.numel() == p else norm.weight[rows * p : (rows + 1) * p]
+                    block = block * gain[:, None]
                 take = min(n, p)
                 w = dst.weight[j * n : (j + 1) * n]
                 w[:take] = block[:take] * scale
@@ -205,15 +216,24 @@ class HybridMixer(nn.Module):
         return [v for k, v in self.ssm_state().items() if self.first_token_share or not k.startswith("sink_proj")]
 
     # -- the two head kinds ------------------------------------------------------------------
-    def _qkv(self, u, position_embeddings, heads: list[int]):
+    def _heads_of(self, proj, norm, u, n: int):
+        """proj(u) as [B, L, n, P] after the teacher's norm of it: over the whole projection
+        (OLMo-2) before the split into heads, per head (Qwen3) after it."""
         b, length, _ = u.shape
-        p = self.head_dim
+        y = proj(u)
+        per_head = norm is not None and norm.weight.numel() == self.head_dim
+        if norm is not None and not per_head:
+            y = norm(y)
+        y = y.view(b, length, n, self.head_dim)
+        return norm(y) if per_head else y
+
+    def _qkv(self, u, position_embeddings, heads: list[int]):
         # each projection casts u to the teacher's dtype on its own (alignment passes float32
         # states to a bf16 teacher), as autocast does: their gradients then add up in float32
-        dt = self.q_proj.weight.dtype
-        q = self.q_proj(u.to(dt)).view(b, length, self.num_heads, p)[:, :, heads].transpose(1, 2)
-        k = self.k_proj(u.to(dt)).view(b, length, self.num_kv_heads, p).transpose(1, 2)
-        v = self.v_proj(u.to(dt)).view(b, length, self.num_kv_heads, p).transpose(1, 2)
+        u = u.to(self.q_proj.weight.dtype)
+        q = self._heads_of(self.q_proj, self.q_norm, u, self.num_heads)[:, :, heads].transpose(1, 2)
+        k = self._heads_of(self.k_proj, self.k_norm, u, self.num_kv_heads).transpose(1, 2)
+        v = self._heads_of(self.v_proj, None, u, self.num_kv_heads).transpose(1, 2)
         cos, sin = position_embeddings
         # rotated in the rotary tables' precision, as the teacher's own attention does, then in
         # v's dtype for the attention itself (what autocast does too; a bf16 teacher needs it)
@@ -426,9 +446,9 @@ class HybridMixer(nn.Module):
         attn = self.attention_heads
         if attn:
             cos, sin = position_embeddings
-            q = _rope(self.q_proj(u).view(b, 1, self.num_heads, p)[:, :, attn].transpose(1, 2), cos, sin)
-            k = _rope(self.k_proj(u).view(b, 1, self.num_kv_heads, p).transpose(1, 2), cos, sin)
-            v = self.v_proj(u).view(b, 1, self.num_kv_heads, p).transpose(1, 2)
+            q = _rope(self._heads_of(self.q_proj, self.q_norm, u, self.num_heads)[:, :, attn].transpose(1, 2), cos, sin)
+            k = _rope(self._heads_of(self.k_proj, self.k_norm, u, self.num_kv_heads).transpose(1, 2), cos, sin)
+            v = self._heads_of(self.v_proj, None, u, self.num_kv_heads).transpose(1, 2)
             groups = cache["groups"]
             cache["k"] = torch.cat([cache["k"], k[:, groups]], dim=2)
             cache["v"] = torch.cat([cache["v"], v[:, groups]], dim=2)
@@ -452,6 +472,25 @@ class HybridMixer(nn.Module):
 
 
 # -- the mixers of a model ----------------------------------------------------------------
+
+
+def mixer_input(layer, hidden: torch.Tensor) -> torch.Tensor:
+    """What a decoder layer's attention (its mixer) reads from the hidden state entering it: the
+    state after the layer's input norm (pre-norm layers: Llama, Qwen), the state itself in
+    post-norm layers (OLMo-2, whose norms follow attention and MLP)."""
+    norm = getattr(layer, "input_layernorm", None)
+    return hidden if norm is None else norm(hidden)
+
+
+def layer_forward(layer, hidden: torch.Tensor, attend) -> torch.Tensor:
+    """The decoder layer's residual step around `attend` (the mixer's output for mixer_input).
+    Llama's post_attention_layernorm is the MLP's input norm; in layers with a
+    post_feedforward_layernorm (OLMo-2) it is the norm of the attention's output instead."""
+    if getattr(layer, "post_feedforward_layernorm", None) is None:
+        hidden = hidden + attend(mixer_input(layer, hidden))
+        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    hidden = hidden + layer.post_attention_layernorm(attend(mixer_input(layer, hidden)))
+    return hidden + layer.post_feedforward_layernorm(layer.mlp(hidden))
 
 
 def layers_of(model):

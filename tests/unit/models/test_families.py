@@ -3,6 +3,7 @@ prepared from a saved HF folder and run through every phase that applies, agains
 own forward as the reference. Windowed families use a window of 8 tokens, shorter than every
 prompt here, so windowed layers are tested where they differ from full attention."""
 
+import copy
 import math
 
 import numpy as np
@@ -166,6 +167,42 @@ def test_students_are_built_for_supported_families_and_refused_by_name_otherwise
     # float32 recurrence of the choices (measured on an H100: 1.02e-4 for llama)
     tol = 1e-4 if device_of(student).type == "cpu" else 1e-3
     assert np.abs(_flat(fast) - _flat(ref)).max() <= tol
+
+
+def test_a_students_heads_compute_what_the_teachers_do_in_every_student_family(family, tmp_path):
+    """Per family: a student keeping every head is the teacher; a student with SSM heads saves and
+    reloads bit for bit, decodes step by step as its forward computes, and takes a KD step."""
+    from gna.students.decoding import prefill, step
+    from gna.students.distill import distill_logits, teacher_activations
+    from gna.students.spec import load_any, make_hybrid, save_student
+
+    arch, model, tok = family
+    if arch not in STUDENT_FAMILIES:
+        pytest.skip(f"{arch}: no students (refused by name, above)")
+    if any(sliding_windows(model.config, model.config.num_hidden_layers)):
+        model, tok = tiny_random_model({"arch": arch, "layers": 4, "hidden": 32, "seed": 1, "window": None})
+    on = device_of(model)
+    ids = torch.tensor([tok(KV["context"][0]).input_ids], device=on)
+    n_layers, n_heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    every = [(layer, h) for layer in range(n_layers) for h in range(n_heads)]
+    with torch.no_grad():
+        kept_all = make_hybrid(copy.deepcopy(model), every, 4)
+        torch.testing.assert_close(kept_all(input_ids=ids).logits, model(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
+    student = make_hybrid(copy.deepcopy(model), [(1, 0)], 4)
+    save_student(student, tok, tmp_path, {"state_size": 4, "kept_heads": [[1, 0]]})
+    loaded, _ = load_any(tmp_path)
+    with torch.no_grad():
+        full = student.to(device_of(loaded))(input_ids=ids.to(device_of(loaded))).logits
+        assert torch.equal(loaded(input_ids=ids.to(device_of(loaded))).logits, full)
+    logits, caches = prefill(student, ids[:, :-2])
+    torch.testing.assert_close(logits[:, -1], full[:, -3], rtol=1e-4, atol=1e-4)
+    for t in (ids.shape[1] - 2, ids.shape[1] - 1):
+        torch.testing.assert_close(step(student, ids[:, t : t + 1], t, caches)[:, -1], full[:, t], rtol=1e-4, atol=1e-4)
+    acts = teacher_activations(model, ids.repeat(2, 1), top_k=4, progress=False)
+    before = {k: v.clone() for k, v in student.state_dict().items()}
+    distill_logits(student, ids.repeat(2, 1), acts["top_logp"], acts["top_idx"], 1, 2, 1e-3, 0, progress=False)
+    changed = [k for k, v in student.state_dict().items() if not torch.equal(v, before[k])]
+    assert changed and all("self_attn" in k for k in changed), changed  # only SSM parameters train
 
 
 def test_every_layer_has_heads_and_windowed_families_declare_their_windows():
