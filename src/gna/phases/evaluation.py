@@ -165,9 +165,7 @@ def run_crosscheck(
             out_path,
             options={"include_defaults": False},
             include_path=yaml_dir,
-            batch_size=evaluation.batch_size,
-            dtype=evaluation.dtype,
-            compute_dtype=evaluation.compute_dtype,
+            evaluation=evaluation,
             memory_mb=memory_mb,
             items_file=Path(task_dir) / f"{CROSSCHECK_TASK}.jsonl",
         )
