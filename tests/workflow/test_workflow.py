@@ -301,14 +301,15 @@ def test_prompt_set_edit_reruns_only_its_readers(smoke):
     assert "baseline" not in planned and "prune_gradual" not in planned
 
 
-def test_batch_size_edit_reruns_the_rules_that_batch_and_no_training(smoke):
-    """eval.batch_size reaches every rule through its Evaluation settings, but not the rules that do not
-    batch (the teacher's distillation file, the G&A roles): no student is trained again."""
+def test_batch_size_edit_reruns_the_rules_that_batch_and_not_the_teachers_distillation_files(smoke):
+    """eval.batch_size reaches every rule that batches through its Evaluation settings, but not the
+    rules that do not (the teacher's distillation file, alignment): they are not computed again.
+    KD and the G&A roles rerun as readers of the head sweep's ranking, which batches."""
     cfg = smoke_config()
     cfg["eval"]["batch_size"] = 3
     planned = planned_jobs_of(smk(smoke, "-n", config=cfg))
     assert planned["baseline"] == 5 and planned["heads_sweep"] == 1 and planned["hybrid_score"] == 4
-    assert not {"distill_teacher", "distill_align", "distill_kd", "gna_roles", "prepare_model"} & set(planned), planned
+    assert not {"distill_teacher", "distill_align", "prepare_model", "kv_task"} & set(planned), planned
 
 
 def test_state_size_edit_reruns_only_the_affected_variants(smoke):

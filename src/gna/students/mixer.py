@@ -220,7 +220,9 @@ class HybridMixer(nn.Module):
         """proj(u) as [B, L, n, P] after the teacher's norm of it: over the whole projection
         (OLMo-2) before the split into heads, per head (Qwen3) after it."""
         b, length, _ = u.shape
-        y = proj(u)
+        # each projection casts u to the teacher's dtype on its own (alignment passes float32
+        # states to a bf16 teacher), as autocast does: their gradients then add up in float32
+        y = proj(u.to(proj.weight.dtype))
         per_head = norm is not None and norm.weight.numel() == self.head_dim
         if norm is not None and not per_head:
             y = norm(y)
@@ -228,9 +230,6 @@ class HybridMixer(nn.Module):
         return norm(y) if per_head else y
 
     def _qkv(self, u, position_embeddings, heads: list[int]):
-        # each projection casts u to the teacher's dtype on its own (alignment passes float32
-        # states to a bf16 teacher), as autocast does: their gradients then add up in float32
-        u = u.to(self.q_proj.weight.dtype)
         q = self._heads_of(self.q_proj, self.q_norm, u, self.num_heads)[:, :, heads].transpose(1, 2)
         k = self._heads_of(self.k_proj, self.k_norm, u, self.num_kv_heads).transpose(1, 2)
         v = self._heads_of(self.v_proj, None, u, self.num_kv_heads).transpose(1, 2)
