@@ -4,7 +4,8 @@ The engine needs nothing family-specific (gna.engine.stack records the model's o
 what differs between families is which experiments make sense: G&A attention maps need
 attention weights in every layer, and hybrid students replace, head by head, an attention with
 separate q/k/v/o projections and rotary positions (q/k norms per head or over the projection,
-pre- or post-norm layers; no fused projections, soft-capping or sliding window yet).
+pre-, post- or sandwich-norm layers, soft-capped logits, sliding windows; no fused projections or
+learned positions yet).
 `FAMILY_PHASES` is what tests/unit/models/test_families.py checks family by family and what the
 README's family table is generated from (`python -m gna.models.families`).
 """
@@ -13,19 +14,17 @@ from __future__ import annotations
 
 import sys
 
-from gna.engine.stack import UnsupportedModel, family_of, sliding_windows
-from gna.models.tiny import DEFAULT_WINDOW
+from gna.engine.stack import UnsupportedModel, family_of
 
 PHASES = ("prepare", "baseline", "pruning", "heads", "attribution", "gna", "students")
-STUDENT_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "olmo2")
-WINDOWED = ("mistral", "qwen2", "gemma2", "gemma3")  # may declare sliding windows
+STUDENT_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2")
 ATTENTION_ONLY = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "gpt_neox", "gpt2")
 SSM_FAMILIES = ("mamba", "falcon_mamba", "mamba2", "zamba2")
 
 REFUSED_BECAUSE = {
     "gna": "G&A maps need attention weights in every layer (the SSM layers have none)",
     "students": "a hybrid student replaces attention head by head where it has separate q/k/v/o "
-    "projections and rotary positions (no fused projections, learned positions or soft-capping yet)",
+    "projections and rotary positions (no fused projections or learned positions yet)",
 }
 FAMILY_PHASES = {
     arch: tuple(
@@ -37,22 +36,19 @@ FAMILY_PHASES = {
 }
 
 
+def student_family(model) -> str:
+    """The family name students know `model` by (Gemma 3's text model: gemma3)."""
+    return family_of(model).removesuffix("_text")
+
+
 def check_student_family(model) -> None:
     """Raise UnsupportedModel (naming the family and the supported ones) unless hybrid students
     can be built from `model`."""
-    family = family_of(model)
-    supported = ", ".join(STUDENT_FAMILIES)
+    family = student_family(model)
     if family not in STUDENT_FAMILIES:
         raise UnsupportedModel(
             f"hybrid students cannot be distilled from {family} ({type(model).__name__}): "
-            f"{REFUSED_BECAUSE['students']}; supported: {supported}"
-        )
-    windows = [w for w in sliding_windows(model.config, model.config.num_hidden_layers) if w]
-    if windows:
-        raise UnsupportedModel(
-            f"hybrid students cannot be distilled from {family} with a sliding window of "
-            f"{windows[0]} tokens (the kept heads would attend past it); supported: {supported} "
-            "without sliding windows"
+            f"{REFUSED_BECAUSE['students']}; supported: {', '.join(STUDENT_FAMILIES)}"
         )
 
 
@@ -68,12 +64,11 @@ def check_config_families(config: dict) -> None:
         if spec.get("source") != "tiny-random":
             continue
         arch, skip = spec.get("arch", "llama"), spec.get("skip", [])
-        windowed = arch in WINDOWED and spec.get("window", DEFAULT_WINDOW) is not None
-        if hybrid_on and "hybrid" not in skip and (arch not in STUDENT_FAMILIES or windowed):
-            why = "with a sliding window" if arch in STUDENT_FAMILIES else REFUSED_BECAUSE["students"]
+        if hybrid_on and "hybrid" not in skip and arch not in STUDENT_FAMILIES:
             raise ValueError(
-                f"config key 'models.{name}.skip': students cannot be distilled from {arch} ({why}; "
-                f"supported: {', '.join(STUDENT_FAMILIES)}); {skip_hint(name, 'hybrid')}"
+                f"config key 'models.{name}.skip': students cannot be distilled from {arch} "
+                f"({REFUSED_BECAUSE['students']}; supported: {', '.join(STUDENT_FAMILIES)}); "
+                f"{skip_hint(name, 'hybrid')}"
             )
         if "gna" not in skip and arch not in ATTENTION_ONLY:
             raise ValueError(
@@ -87,9 +82,7 @@ def family_table() -> str:
     rule = "|---" * (len(PHASES) + 1) + "|"
 
     def cell(arch, phase):
-        if phase not in FAMILY_PHASES[arch]:
-            return "refused"
-        return "runs without sliding window" if phase == "students" and arch in WINDOWED else "runs"
+        return "runs" if phase in FAMILY_PHASES[arch] else "refused"
 
     rows = [f"| {arch} | " + " | ".join(cell(arch, p) for p in PHASES) + " |" for arch in FAMILY_PHASES]
     notes = [f"- refused {phase}: {why}." for phase, why in REFUSED_BECAUSE.items()]

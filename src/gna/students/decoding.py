@@ -12,7 +12,8 @@ import torch
 
 from gna.core.io import write_parquet
 from gna.engine.device import device_of
-from gna.students.mixer import LOCAL_WIDTH, layer_forward
+from gna.engine.stack import sliding_windows
+from gna.students.mixer import LOCAL_WIDTH, layer_forward, rotary
 from gna.students.spec import load_student, read_spec
 
 log = logging.getLogger("gna.students.decoding")
@@ -21,16 +22,32 @@ log = logging.getLogger("gna.students.decoding")
 # -- recurrent inference over the whole model ------------------------------------------------
 
 
+def _logits(model, h: torch.Tensor) -> torch.Tensor:
+    """The output head on the final norm of h, soft-capped where the family caps its logits."""
+    logits = model.get_output_embeddings()(model.base_model.norm(h))
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+def _rotary_per_layer(base, h: torch.Tensor, positions: torch.Tensor) -> list:
+    """Each layer's rotary tables at `positions` (computed once per layer type)."""
+    types = getattr(base.config, "layer_types", None) or ["all"] * len(base.layers)
+    tables = {}
+    for i, kind in enumerate(types[: len(base.layers)]):
+        if kind not in tables:
+            tables[kind] = rotary(base, h, positions, i)
+    return [tables[kind] for kind in types[: len(base.layers)]]
+
+
 @torch.inference_mode()
 def prefill(model, ids: torch.Tensor):
     """Run a hybrid on ids [B, L] keeping what generation needs; returns (last logits, caches)."""
     base = model.base_model
     h = base.embed_tokens(ids)
     pos = torch.arange(ids.shape[1], device=ids.device)[None].expand(ids.shape[0], -1)
-    rope = base.rotary_emb(h, position_ids=pos)
     caches = []
 
-    def attend(layer):
+    def attend(layer, rope):
         def run(u):
             out, cache = layer.self_attn.prefill(u, rope)
             caches.append(cache)
@@ -38,9 +55,9 @@ def prefill(model, ids: torch.Tensor):
 
         return run
 
-    for layer in base.layers:
-        h = layer_forward(layer, h, attend(layer))
-    return model.get_output_embeddings()(base.norm(h[:, -1:])), caches
+    for layer, rope in zip(base.layers, _rotary_per_layer(base, h, pos)):
+        h = layer_forward(layer, h, attend(layer, rope))
+    return _logits(model, h[:, -1:]), caches
 
 
 @torch.inference_mode()
@@ -48,10 +65,10 @@ def step(model, token: torch.Tensor, position: int, caches: list[dict]):
     """One decoding step for token [B, 1] at `position`; returns its logits [B, 1, V]."""
     base = model.base_model
     h = base.embed_tokens(token)
-    rope = base.rotary_emb(h, position_ids=torch.full_like(token, position))
-    for layer, cache in zip(base.layers, caches):
-        h = layer_forward(layer, h, lambda u, layer=layer, cache=cache: layer.self_attn.step(u, rope, cache))
-    return model.get_output_embeddings()(base.norm(h))
+    ropes = _rotary_per_layer(base, h, torch.full_like(token, position))
+    for layer, cache, rope in zip(base.layers, caches, ropes):
+        h = layer_forward(layer, h, lambda u, layer=layer, cache=cache, rope=rope: layer.self_attn.step(u, rope, cache))
+    return _logits(model, h)
 
 
 def cache_nbytes(caches: list[dict]) -> int:
@@ -68,28 +85,24 @@ def cache_nbytes(caches: list[dict]) -> int:
 
 
 def inference_memory(
-    n_layers: int,
-    n_heads: int,
-    n_kv_heads: int,
-    head_dim: int,
-    kept: list[tuple[int, int]] | None,
-    state_size: int,
-    seq_len: int,
-    bytes_per_value: int = 2,
-    batch: int = 1,
+    shape, kept: list[tuple[int, int]] | None, state_size: int, seq_len: int, bytes_per_value: int = 2, batch: int = 1
 ) -> dict:
     """Bytes of KV cache and SSM state for one sequence of `seq_len` tokens.
 
-    kept=None is the teacher (every head attention). A K/V group is cached when any of its
-    query heads is attention; each SSM head holds an N×P state plus the first token's value (P)
-    and the last LOCAL_WIDTH values (the local skip's, LOCAL_WIDTH×P), whatever the length."""
-    group = n_heads // n_kv_heads
+    shape: the model's config (layers, heads, K/V heads, head size, sliding windows). kept=None
+    is the teacher (every head attention). A K/V group is cached when any of its query heads is
+    attention, for the whole sequence or, in a sliding-window layer, for the window's last
+    tokens; each SSM head holds an N×P state plus the first token's value (P) and the last
+    LOCAL_WIDTH values (the local skip's, LOCAL_WIDTH×P), whatever the length."""
+    n_layers, n_heads = shape.num_hidden_layers, shape.num_attention_heads
+    group = n_heads // shape.num_key_value_heads
+    head_dim = getattr(shape, "head_dim", None) or shape.hidden_size // n_heads
     if kept is None:
         kept = [(i, h) for i in range(n_layers) for h in range(n_heads)]
     keep = {(int(a), int(b)) for a, b in kept}
-    kv_groups = len({(i, h // group) for i, h in keep})
+    cached = [seq_len if w is None else min(seq_len, w) for w in sliding_windows(shape, n_layers)]
+    kv = sum(2 * head_dim * cached[i] * bytes_per_value * batch for i, _ in {(i, h // group) for i, h in keep})
     n_ssm = n_layers * n_heads - len(keep)
-    kv = 2 * kv_groups * head_dim * seq_len * bytes_per_value * batch
     state = n_ssm * (state_size + 1 + LOCAL_WIDTH) * head_dim * bytes_per_value * batch
     return {"kv_cache_bytes": kv, "ssm_state_bytes": state, "total_bytes": kv + state}
 
@@ -98,19 +111,9 @@ def memory_rows(
     name: str, cfg, kept: list | None, state_size: int, seq_lens: list[int], bytes_per_value: int
 ) -> list[dict]:
     """inference_memory of one variant (kept=None: the teacher) at each length, as table rows."""
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     rows = []
     for length in seq_lens:
-        mem = inference_memory(
-            cfg.num_hidden_layers,
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            head_dim,
-            kept,
-            state_size,
-            length,
-            bytes_per_value,
-        )
+        mem = inference_memory(cfg, kept, state_size, length, bytes_per_value)
         rows.append(
             {
                 "variant": name,

@@ -37,7 +37,7 @@ from gna.engine.stack import UnsupportedModel
 from gna.models.families import check_student_family, skip_hint
 from gna.models.prepare import load_model
 from gna.students.corpus import build_corpus
-from gna.students.mixer import HybridMixer, mixer_input, mixers
+from gna.students.mixer import HybridMixer, mixer_input, mixers, rotary
 from gna.students.spec import hybrid_spec, make_hybrid, ranked_heads, save_student, variant_name
 from gna.tasks.tables import load_mmlu_jsonl, select_mmlu
 
@@ -232,7 +232,7 @@ def attention_targets(base, ms, metrics, hidden: torch.Tensor, batch: int) -> to
     for i, (layer, m, metric) in enumerate(zip(base.layers, ms, metrics)):
         for start in range(0, n_seq, batch):
             u = mixer_input(layer, hidden[i, start : start + batch].float())
-            rope = base.rotary_emb(u, position_ids=pos.expand(len(u), -1))
+            rope = rotary(base, u, pos.expand(len(u), -1), i)
             heads = m.attention_output(u, rope, None, list(range(m.num_heads)))
             target = torch.einsum("blhp,hpq->blhq", heads.float(), metric).to(torch.float16)
             if out is None:
@@ -254,13 +254,12 @@ def init_from_teacher_maps(ms, base, hidden, pos, n_seq: int = 4, skip: int = 8)
         if not m.ssm_heads:
             continue
         u = mixer_input(layer, hidden[i, :n_seq].float())
-        rope = base.rotary_emb(u, position_ids=pos.expand(len(u), -1))
+        rope = rotary(base, u, pos.expand(len(u), -1), i)
         target = m.attention_output(u, rope, None, m.ssm_heads)
         m.norm_weight.copy_(target.square().mean(dim=(0, 1, 3)).sqrt()[:, None].expand_as(m.norm_weight))
         length, width = u.shape[1], m.local.shape[1]
         start = min(max(skip, width), length - 1)  # short windows (tests): as many rows as there are
-        causal = torch.ones(length, length, dtype=torch.bool, device=u.device).tril()
-        probs = m.attention_probs(u, rope, m.ssm_heads, causal)[:, :, start:]  # [B, S, L - start, L]
+        probs = m.attention_probs(u, rope, m.ssm_heads, m.kept_mask(None, u))[:, :, start:]  # [B, S, L - start, L]
         if m.first_token_share:
             share = probs[..., 0].mean(dim=(0, 2)).clamp(0.01, 0.99)
             m.sink_proj.bias.copy_(torch.log(share / (1 - share)))
@@ -286,9 +285,8 @@ def init_from_teacher_maps(ms, base, hidden, pos, n_seq: int = 4, skip: int = 8)
 @torch.no_grad()
 def first_token_attention(m: HybridMixer, u: torch.Tensor, rope, heads: list[int]) -> torch.Tensor:
     """[len(heads)]: the teacher heads' mean attention probability on the first token (rows
-    after the first, causal)."""
-    causal = torch.ones(u.shape[1], u.shape[1], dtype=torch.bool, device=u.device).tril()
-    return m.attention_probs(u, rope, heads, causal)[:, :, 1:, 0].mean(dim=(0, 2))
+    after the first, causal, within any window)."""
+    return m.attention_probs(u, rope, heads, m.kept_mask(None, u))[:, :, 1:, 0].mean(dim=(0, 2))
 
 
 @torch.no_grad()
@@ -304,7 +302,7 @@ def head_errors(model, hidden: torch.Tensor, n_seq: int = 4) -> pl.DataFrame:
         if not m.ssm_heads:
             continue
         u = mixer_input(layer, hidden[i, :n_seq].float())
-        rope = base.rotary_emb(u, position_ids=pos.expand(len(u), -1))
+        rope = rotary(base, u, pos.expand(len(u), -1), i)
         metric = _output_metric(m)[m.ssm_heads]
         target = torch.einsum("blhp,hpq->blhq", m.attention_output(u, rope, None, m.ssm_heads).float(), metric)
         pred = torch.einsum("blhp,hpq->blhq", m.ssm_output(u, None).float(), metric)

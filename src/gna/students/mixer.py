@@ -19,6 +19,7 @@ whole-model recurrent decoding and inference memory is gna.students.decoding.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import warnings
 import weakref
@@ -39,6 +40,7 @@ from gna.engine.ssm import (
     ssd_tree,
     tree_layout,
 )
+from gna.engine.stack import sliding_windows
 
 C_INIT_SCALE = 0.03
 SINK_INIT = 0.3  # teacher heads put about a third of their attention on the first token
@@ -69,23 +71,63 @@ def _visibility(attention_mask, batch: int, length: int):
     return allowed[:, 0].expand(batch, length, length), None
 
 
-# the last mask's TreeLayout: every layer of one forward gets the same mask object, so the layout
-# is found once per batch, not once per layer; (weak reference to the mask, its version, layout)
-_last_layout: tuple = (None, -1, None)
+# what was derived from the last few masks (their TreeLayout, their sequence layout): every layer
+# of one forward gets the same mask object (windowed layers another one), so each is found once
+# per batch, not once per layer; [(weak reference to the mask, its version, key, value)]
+_derived: list = []
+
+
+def derived_from(attention_mask, key, compute):
+    """compute() for `attention_mask`, reused while the same, unmodified mask comes back with the
+    same key (the next layers of the same forward)."""
+    # inference tensors keep no version counter (and masks are not edited in place between layers)
+    current = None if attention_mask.is_inference() else attention_mask._version
+    for ref, version, k, value in _derived:
+        if k == key and ref() is attention_mask and version == current:
+            return value
+    value = compute()
+    _derived.insert(0, (weakref.ref(attention_mask), current, key, value))
+    del _derived[4:]
+    return value
 
 
 def layout_of(attention_mask, allowed) -> TreeLayout | None:
-    """tree_layout(allowed) of a forward's mask, reused while the same, unmodified mask comes
-    back (the next layer of the same forward)."""
-    global _last_layout
-    # inference tensors keep no version counter (and masks are not edited in place between layers)
-    current = None if attention_mask.is_inference() else attention_mask._version
-    ref, version, layout = _last_layout
-    if ref is not None and ref() is attention_mask and version == current:
-        return layout
-    layout = tree_layout(allowed)
-    _last_layout = (weakref.ref(attention_mask), current, layout)
-    return layout
+    """tree_layout(allowed) of a forward's mask (`allowed`: the sequence layout read from it)."""
+    return derived_from(attention_mask, "layout", lambda: tree_layout(allowed))
+
+
+def unwindowed(allowed: torch.Tensor) -> torch.Tensor:
+    """The sequence layout [B, L, L] (bool) of a visibility narrowed to a sliding window by
+    positions: each row sees its oldest visible token's row plus its own window, repeated until
+    nothing changes (about L / window rounds). Exact where the layout is tree-shaped (causal,
+    packed, padded) and the window covers at least two tokens."""
+    oldest = allowed.to(torch.uint8).argmax(-1)  # the first visible position of each row
+    seen = allowed.any(-1, keepdim=True)
+    full = allowed
+    while True:
+        reach = torch.gather(full, 1, oldest[..., None].expand_as(full)) & seen
+        grown = allowed | reach
+        if torch.equal(grown, full):
+            return full
+        full = grown
+
+
+def windowed(structure: torch.Tensor, window: int) -> torch.Tensor:
+    """`structure` [B, L, L] narrowed to a sliding window by positions (a row's position: the
+    number of tokens it sees, less one): a query at position p sees keys at positions > p − window,
+    as the engine's packed batches and transformers' own sliding masks do."""
+    position = structure.sum(-1) - 1
+    return structure & (position[:, :, None] - position[:, None, :] < window)
+
+
+def norm_gain(norm: nn.Module) -> torch.Tensor:
+    """The per-channel gain a q/k RMS norm multiplies by: its weight (Llama-style norms), or
+    1 + weight where the norm stores the gain as an offset from 1 (Gemma's), read from the norm's
+    output on a vector of ones (whose RMS is 1)."""
+    w = norm.weight.detach()
+    with torch.no_grad():
+        probe = norm(torch.ones(1, w.numel(), dtype=w.dtype, device=w.device))[0]
+    return w if torch.allclose(probe, w, rtol=1e-3, atol=1e-5) else w + 1
 
 
 def _matmul_dtype(x: torch.Tensor) -> torch.dtype:
@@ -99,8 +141,13 @@ def _matmul_dtype(x: torch.Tensor) -> torch.dtype:
 
 class HybridMixer(nn.Module):
     """Drop-in replacement for an attention module with separate q/k/v/o projections and rotary
-    positions (same call signature): Llama, Mistral, Qwen2, and with their q/k norms Qwen3 (per
-    head) and OLMo-2 (over the whole projection)."""
+    positions (same call signature): Llama, Mistral, Qwen2, with their q/k norms Qwen3 and Gemma 3
+    (per head) and OLMo-2 (over the whole projection), with attention soft-capping Gemma 2.
+
+    Sliding-window layers (Mistral, Qwen2, Gemma 2/3): kept heads keep the teacher's window; SSM
+    heads replace it (they read the whole sequence, as a scan does). Such a layer may be handed
+    the windowed mask (the model's own forward, the engine); the mixer recovers the sequence
+    layout from it (`unwindowed`) and applies the window itself (`windowed`), by positions."""
 
     def __init__(self, attn: nn.Module, config, ssm_heads: list[int], state_size: int, layer_idx: int):
         super().__init__()
@@ -111,6 +158,8 @@ class HybridMixer(nn.Module):
         self.head_dim = getattr(attn, "head_dim", None) or config.hidden_size // self.num_heads
         self.group = self.num_heads // self.num_kv_heads
         self.scaling = getattr(attn, "scaling", None) or self.head_dim**-0.5
+        self.softcap = getattr(config, "attn_logit_softcapping", None)  # Gemma 2: tanh-capped logits
+        self.window = sliding_windows(config, config.num_hidden_layers)[layer_idx]
         # the teacher's norms of q and k after their projections (None where the family has none)
         self.q_norm, self.k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
         self.state_size = int(state_size)
@@ -153,7 +202,8 @@ class HybridMixer(nn.Module):
             for dst, src, norm, rows, scale in pairs:
                 block = src.weight[rows * p : (rows + 1) * p]
                 if norm is not None:  # the norm's gain, per row (its division by the RMS is not linear)
-                    gain = norm.weight if norm.weight.numel() == p else norm.weight[rows * p : (rows + 1) * p]
+                    gain = norm_gain(norm)
+                    gain = gain if gain.numel() == p else gain[rows * p : (rows + 1) * p]
                     block = block * gain[:, None]
                 take = min(n, p)
                 w = dst.weight[j * n : (j + 1) * n]
@@ -238,25 +288,54 @@ class HybridMixer(nn.Module):
         # v's dtype for the attention itself (what autocast does too; a bf16 teacher needs it)
         return _rope(q, cos, sin).to(v.dtype), _rope(k, cos, sin).to(v.dtype), v
 
+    def kept_mask(self, allowed, u, causal_as_none: bool = False):
+        """The [B, 1, L, L] bool visibility of the kept heads for the sequence layout `allowed`
+        (None: causal): the layout, narrowed to the teacher's sliding window where the layer has
+        one. causal_as_none: None where that is plain causal attention (scaled_dot_product's
+        is_causal, faster than a mask)."""
+        length = u.shape[1]
+        if self.window is None or length <= self.window:  # no position is a window away
+            if allowed is None and causal_as_none:
+                return None
+            return self.structure(allowed, u)[:, None]
+        return windowed(self.structure(allowed, u), self.window)[:, None]
+
+    def _logits(self, q, k):
+        """Attention logits [B, H, Lq, Lk] (soft-capped where the teacher caps them)."""
+        scores = torch.einsum("bhlp,bhsp->bhls", q, k) * self.scaling
+        return scores if self.softcap is None else torch.tanh(scores / self.softcap) * self.softcap
+
+    def _attend(self, q, k, v, mask, causal: bool):
+        """Softmax attention [B, H, Lq, P]; mask: bool [B, 1 or H, Lq, Lk] or None (then
+        `causal` or every key visible). Soft-capped logits have no fused kernel: the eager path,
+        as the teacher's own (Gemma 2)."""
+        if self.softcap is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scaling)
+        scores = self._logits(q, k)
+        if mask is None and causal:
+            mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(k.shape[2] - q.shape[2])
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+
     def attention_output(
         self, u, position_embeddings, allowed, heads: list[int], return_kv: bool = False, per_head=None
     ):
         """Softmax attention of query `heads` with the teacher's weights: [B, L, len(heads), P].
-        per_head: optional [B, len(heads), L, L] bool mask replacing `allowed` head by head."""
+        allowed: the sequence layout (None: causal); per_head: optional [B, len(heads), L, L] bool
+        mask replacing it head by head (already narrowed to any window, as the engine's masks are)."""
         q, k, v = self._qkv(u, position_embeddings, heads)
         groups = [h // self.group for h in heads]
-        mask = per_head if per_head is not None else (None if allowed is None else allowed[:, None])
-        out = F.scaled_dot_product_attention(
-            q, k[:, groups], v[:, groups], attn_mask=mask, is_causal=mask is None, scale=self.scaling
-        )
-        out = out.transpose(1, 2)
+        mask = per_head if per_head is not None else self.kept_mask(allowed, u, causal_as_none=True)
+        out = self._attend(q, k[:, groups], v[:, groups], mask, causal=mask is None).transpose(1, 2)
         return (out, k, v) if return_kv else out
 
     def attention_probs(self, u, position_embeddings, heads: list[int], visible):
         """[B, len(heads), L, L] softmax attention probabilities of query `heads` with the
-        teacher's weights; visible: bool mask broadcastable to that shape (l may read s)."""
+        teacher's weights; visible: bool mask broadcastable to that shape (l may read s; for the
+        teacher's own visibility, kept_mask)."""
         q, k, _ = self._qkv(u, position_embeddings, heads)
-        scores = torch.einsum("bhlp,bhsp->bhls", q, k[:, [h // self.group for h in heads]]) * self.scaling
+        scores = self._logits(q, k[:, [h // self.group for h in heads]])
         return torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
 
     def ssm_dtype(self, u):
@@ -356,7 +435,7 @@ class HybridMixer(nn.Module):
         structure = self.structure(allowed, u)
         attn = self.attention_heads
         if attn:
-            mask = per_head[:, attn] if per_head is not None else structure[:, None]
+            mask = per_head[:, attn] if per_head is not None else self.kept_mask(allowed, u)
             maps[:, attn] = self.attention_probs(u, position_embeddings, attn, mask)
         active = self.active_ssm
         if active:
@@ -387,6 +466,9 @@ class HybridMixer(nn.Module):
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
         b, length, _ = hidden_states.shape
         allowed, per_head = _visibility(attention_mask, b, length)
+        if self.window is not None and allowed is not None and length > self.window:
+            # a windowed layer's mask: the layout beneath it (the SSM heads' and the kept heads')
+            allowed = derived_from(attention_mask, "layout beneath a window", lambda: unwindowed(allowed))
         heads = hidden_states.new_zeros(b, length, self.num_heads, self.head_dim, dtype=_matmul_dtype(hidden_states))
         attn = self.attention_heads
         if attn:
@@ -421,7 +503,7 @@ class HybridMixer(nn.Module):
             out, k, v = self.attention_output(u, position_embeddings, None, attn, return_kv=True)
             heads[:, :, attn] = out
             groups = sorted({h // self.group for h in attn})
-            cache["k"], cache["v"], cache["groups"] = k[:, groups], v[:, groups], groups
+            cache["k"], cache["v"], cache["groups"] = self.in_window(k[:, groups]), self.in_window(v[:, groups]), groups
         active = self.active_ssm
         if active:
             x, log_a, Bm, Cm, share = self.ssm_inputs(u, active)
@@ -437,6 +519,11 @@ class HybridMixer(nn.Module):
             cache["state"], cache["first"], cache["recent"] = state, first, recent
         return self.o_proj(heads.reshape(b, length, -1)), cache
 
+    def in_window(self, kv):
+        """The cached keys or values [B, groups, T, P] a windowed layer still needs: the last
+        `window` (the next token sees itself and window − 1 before it)."""
+        return kv if self.window is None else kv[:, :, -self.window :]
+
     def step(self, u, position_embeddings, cache):
         """One new token u [B, 1, d]; updates `cache` in place."""
         b = u.shape[0]
@@ -449,10 +536,10 @@ class HybridMixer(nn.Module):
             k = _rope(self._heads_of(self.k_proj, self.k_norm, u, self.num_kv_heads).transpose(1, 2), cos, sin)
             v = self._heads_of(self.v_proj, None, u, self.num_kv_heads).transpose(1, 2)
             groups = cache["groups"]
-            cache["k"] = torch.cat([cache["k"], k[:, groups]], dim=2)
-            cache["v"] = torch.cat([cache["v"], v[:, groups]], dim=2)
+            cache["k"] = self.in_window(torch.cat([cache["k"], k[:, groups]], dim=2))
+            cache["v"] = self.in_window(torch.cat([cache["v"], v[:, groups]], dim=2))
             slot = [groups.index(h // self.group) for h in attn]
-            out = F.scaled_dot_product_attention(q, cache["k"][:, slot], cache["v"][:, slot], scale=self.scaling)
+            out = self._attend(q.to(v.dtype), cache["k"][:, slot], cache["v"][:, slot], None, causal=False)
             heads[:, :, attn] = out.transpose(1, 2)
         active = self.active_ssm
         if active:
@@ -484,12 +571,24 @@ def mixer_input(layer, hidden: torch.Tensor) -> torch.Tensor:
 def layer_forward(layer, hidden: torch.Tensor, attend) -> torch.Tensor:
     """The decoder layer's residual step around `attend` (the mixer's output for mixer_input).
     Llama's post_attention_layernorm is the MLP's input norm; in layers with a
-    post_feedforward_layernorm (OLMo-2) it is the norm of the attention's output instead."""
+    post_feedforward_layernorm it is the norm of the attention's output instead, and the MLP reads
+    the state through pre_feedforward_layernorm where there is one (Gemma's four norms) or
+    directly (OLMo-2)."""
     if getattr(layer, "post_feedforward_layernorm", None) is None:
         hidden = hidden + attend(mixer_input(layer, hidden))
         return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
     hidden = hidden + layer.post_attention_layernorm(attend(mixer_input(layer, hidden)))
-    return hidden + layer.post_feedforward_layernorm(layer.mlp(hidden))
+    pre = getattr(layer, "pre_feedforward_layernorm", None)
+    return hidden + layer.post_feedforward_layernorm(layer.mlp(hidden if pre is None else pre(hidden)))
+
+
+def rotary(base, hidden: torch.Tensor, positions: torch.Tensor, layer_idx: int):
+    """The rotary tables (cos, sin) that layer `layer_idx` of the decoder `base` reads at
+    `positions`: per layer type where the family has several (Gemma 3: local and global)."""
+    types = getattr(base.config, "layer_types", None)
+    if types is not None and "layer_type" in inspect.signature(base.rotary_emb.forward).parameters:
+        return base.rotary_emb(hidden, positions, types[layer_idx])
+    return base.rotary_emb(hidden, position_ids=positions)
 
 
 def layers_of(model):

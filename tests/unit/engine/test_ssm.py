@@ -242,19 +242,10 @@ def test_measured_cache_matches_the_memory_formula(tiny_llama, hybrid):
     cfg = model.config
     ids = torch.randint(0, 200, (1, 50))
     _, caches = prefill(student, ids)
-    expected = inference_memory(
-        cfg.num_hidden_layers,
-        cfg.num_attention_heads,
-        cfg.num_key_value_heads,
-        cfg.hidden_size // cfg.num_attention_heads,
-        KEPT,
-        8,
-        50,
-        bytes_per_value=4,
-    )
+    expected = inference_memory(cfg, KEPT, 8, 50, bytes_per_value=4)
     assert cache_nbytes(caches) == expected["total_bytes"]
     assert expected["kv_cache_bytes"] > 0 and expected["ssm_state_bytes"] > 0
-    teacher = inference_memory(3, 4, 2, 12, None, 8, 50, bytes_per_value=4)
+    teacher = inference_memory(cfg, None, 8, 50, bytes_per_value=4)
     assert teacher["ssm_state_bytes"] == 0 and teacher["kv_cache_bytes"] == 2 * 3 * 2 * 12 * 50 * 4
 
 

@@ -28,7 +28,7 @@ def test_memory_rows_use_the_formula_per_length():
         "heads_kept": 1,
         "state_size": 8,
         "seq_len": 20,
-        **inference_memory(3, 4, 2, 12, [(0, 1)], 8, 20, 2),
+        **inference_memory(CFG, [(0, 1)], 8, 20, 2),
     }
     teacher = memory_rows("teacher", CFG, None, 0, [10], 2)[0]
     assert teacher["heads_kept"] is None and teacher["state_size"] is None and teacher["ssm_state_bytes"] == 0
@@ -94,6 +94,6 @@ def test_run_hybrid_memory_measures_what_the_formula_says(tmp_path, tiny_llama):
 
 @pytest.mark.parametrize("kept", [[], [(0, 0), (0, 1), (0, 2), (0, 3)]])
 def test_memory_of_extreme_students(kept):
-    mem = inference_memory(3, 4, 2, 12, kept, 8, 100, 2)
+    mem = inference_memory(CFG, kept, 8, 100, 2)
     assert mem["total_bytes"] == mem["kv_cache_bytes"] + mem["ssm_state_bytes"]
     assert (mem["kv_cache_bytes"] == 0) == (not kept)
