@@ -2,10 +2,9 @@
 
 The engine needs nothing family-specific (gna.engine.stack records the model's own forward);
 what differs between families is which experiments make sense: G&A attention maps need
-attention weights in every layer, and hybrid students replace, head by head, an attention with
-separate q/k/v/o projections and rotary positions (q/k norms per head or over the projection,
-pre-, post- or sandwich-norm layers, soft-capped logits, sliding windows; no fused projections or
-learned positions yet).
+attention weights in every layer, and hybrid students replace a transformer's attention head by
+head (gna.students.mixer takes each family's projections, norms, positions, soft-capping,
+windows and layer layout from the model), so they are built for every attention family.
 `FAMILY_PHASES` is what tests/unit/models/test_families.py checks family by family and what the
 README's family table is generated from (`python -m gna.models.families`).
 """
@@ -17,14 +16,14 @@ import sys
 from gna.engine.stack import UnsupportedModel, family_of
 
 PHASES = ("prepare", "baseline", "pruning", "heads", "attribution", "gna", "students")
-STUDENT_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2")
 ATTENTION_ONLY = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "gpt_neox", "gpt2")
+STUDENT_FAMILIES = ATTENTION_ONLY  # every attention family
 SSM_FAMILIES = ("mamba", "falcon_mamba", "mamba2", "zamba2")
 
 REFUSED_BECAUSE = {
     "gna": "G&A maps need attention weights in every layer (the SSM layers have none)",
-    "students": "a hybrid student replaces attention head by head where it has separate q/k/v/o "
-    "projections and rotary positions (no fused projections or learned positions yet)",
+    "students": "students are distilled from transformers, whose every layer is attention "
+    "(these families have SSM layers)",
 }
 FAMILY_PHASES = {
     arch: tuple(

@@ -12,8 +12,8 @@ import torch
 
 from gna.core.io import write_parquet
 from gna.engine.device import device_of
-from gna.engine.stack import sliding_windows
-from gna.students.mixer import LOCAL_WIDTH, layer_forward, rotary
+from gna.engine.stack import final_norm, sliding_windows
+from gna.students.mixer import LOCAL_WIDTH, layer_forward, layers_of, mixer_of, rotary
 from gna.students.spec import load_student, read_spec
 
 log = logging.getLogger("gna.students.decoding")
@@ -22,40 +22,49 @@ log = logging.getLogger("gna.students.decoding")
 # -- recurrent inference over the whole model ------------------------------------------------
 
 
+def _embedded(model, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The hidden state entering the first layer: the token embedding (Gemma's scales itself),
+    plus the learned position embedding where the family has one (GPT-2's wpe)."""
+    h = model.get_input_embeddings()(ids)
+    wpe = getattr(model.base_model, "wpe", None)
+    return h if wpe is None else h + wpe(positions)
+
+
 def _logits(model, h: torch.Tensor) -> torch.Tensor:
     """The output head on the final norm of h, soft-capped where the family caps its logits."""
-    logits = model.get_output_embeddings()(model.base_model.norm(h))
+    logits = model.get_output_embeddings()(final_norm(model)(h))
     cap = getattr(model.config, "final_logit_softcapping", None)
     return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
 def _rotary_per_layer(base, h: torch.Tensor, positions: torch.Tensor) -> list:
     """Each layer's rotary tables at `positions` (computed once per layer type)."""
-    types = getattr(base.config, "layer_types", None) or ["all"] * len(base.layers)
+    n_layers = len(layers_of(base))
+    types = getattr(base.config, "layer_types", None) or ["all"] * n_layers
     tables = {}
-    for i, kind in enumerate(types[: len(base.layers)]):
+    for i, kind in enumerate(types[:n_layers]):
         if kind not in tables:
             tables[kind] = rotary(base, h, positions, i)
-    return [tables[kind] for kind in types[: len(base.layers)]]
+    return [tables[kind] for kind in types[:n_layers]]
 
 
 @torch.inference_mode()
 def prefill(model, ids: torch.Tensor):
     """Run a hybrid on ids [B, L] keeping what generation needs; returns (last logits, caches)."""
     base = model.base_model
-    h = base.embed_tokens(ids)
     pos = torch.arange(ids.shape[1], device=ids.device)[None].expand(ids.shape[0], -1)
+    h = _embedded(model, ids, pos)
     caches = []
 
     def attend(layer, rope):
         def run(u):
-            out, cache = layer.self_attn.prefill(u, rope)
+            out, cache = mixer_of(layer).prefill(u, rope)
             caches.append(cache)
             return out
 
         return run
 
-    for layer, rope in zip(base.layers, _rotary_per_layer(base, h, pos)):
+    for layer, rope in zip(layers_of(model), _rotary_per_layer(base, h, pos)):
         h = layer_forward(layer, h, attend(layer, rope))
     return _logits(model, h[:, -1:]), caches
 
@@ -63,11 +72,11 @@ def prefill(model, ids: torch.Tensor):
 @torch.inference_mode()
 def step(model, token: torch.Tensor, position: int, caches: list[dict]):
     """One decoding step for token [B, 1] at `position`; returns its logits [B, 1, V]."""
-    base = model.base_model
-    h = base.embed_tokens(token)
-    ropes = _rotary_per_layer(base, h, torch.full_like(token, position))
-    for layer, cache, rope in zip(base.layers, caches, ropes):
-        h = layer_forward(layer, h, lambda u, layer=layer, cache=cache, rope=rope: layer.self_attn.step(u, rope, cache))
+    positions = torch.full_like(token, position)
+    h = _embedded(model, token, positions)
+    ropes = _rotary_per_layer(model.base_model, h, positions)
+    for layer, cache, rope in zip(layers_of(model), caches, ropes):
+        h = layer_forward(layer, h, lambda u, layer=layer, cache=cache, rope=rope: mixer_of(layer).step(u, rope, cache))
     return _logits(model, h)
 
 

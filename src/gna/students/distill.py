@@ -37,7 +37,7 @@ from gna.engine.stack import UnsupportedModel
 from gna.models.families import check_student_family, skip_hint
 from gna.models.prepare import load_model
 from gna.students.corpus import build_corpus
-from gna.students.mixer import HybridMixer, mixer_input, mixers, rotary
+from gna.students.mixer import HybridMixer, layers_of, mixer_input, mixers, rotary
 from gna.students.spec import hybrid_spec, make_hybrid, ranked_heads, save_student, variant_name
 from gna.tasks.tables import load_mmlu_jsonl, select_mmlu
 
@@ -55,7 +55,7 @@ def teacher_activations(
     and the hidden state entering each layer (float16, [layers, hidden_windows, T, d]) of the
     first `hidden_windows` windows (None: all) — what layer alignment needs, while end-to-end
     distillation needs only the log-probs, so it can use many more windows at little cost."""
-    layers = model.base_model.layers
+    layers = layers_of(model)
     n_hidden = len(ids) if hidden_windows is None else min(hidden_windows, len(ids))
     captured: list[torch.Tensor] = []
 
@@ -202,7 +202,7 @@ def align_layers(
             work.add(len(pick) * length, n_layers)
             opt.zero_grad(set_to_none=True)
             per_layer = []
-            for i, (layer, m, metric) in enumerate(zip(base.layers, ms, metrics)):
+            for i, (layer, m, metric) in enumerate(zip(layers_of(student), ms, metrics)):
                 u = mixer_input(layer, hidden[i, pick].float())
                 target = targets[i, pick].float()
                 with torch.autocast(u.device.type, dtype=torch.bfloat16, enabled=compute_dtype == "bfloat16"):
@@ -229,7 +229,7 @@ def attention_targets(base, ms, metrics, hidden: torch.Tensor, batch: int) -> to
     n_layers, n_seq, length, _ = hidden.shape
     pos = torch.arange(length, device=hidden.device)[None]
     out = None
-    for i, (layer, m, metric) in enumerate(zip(base.layers, ms, metrics)):
+    for i, (layer, m, metric) in enumerate(zip(layers_of(base), ms, metrics)):
         for start in range(0, n_seq, batch):
             u = mixer_input(layer, hidden[i, start : start + batch].float())
             rope = rotary(base, u, pos.expand(len(u), -1), i)
@@ -250,7 +250,7 @@ def init_from_teacher_maps(ms, base, hidden, pos, n_seq: int = 4, skip: int = 8)
     itself and the LOCAL_WIDTH tokens before, the decay from its mean distance beyond them
     (a = d / (1 + d): a geometric profile with that mean). Without it every head starts as a
     slow, smooth average, which a few hundred alignment steps cannot turn into a local head."""
-    for i, (layer, m) in enumerate(zip(base.layers, ms)):
+    for i, (layer, m) in enumerate(zip(layers_of(base), ms)):
         if not m.ssm_heads:
             continue
         u = mixer_input(layer, hidden[i, :n_seq].float())
@@ -298,7 +298,7 @@ def head_errors(model, hidden: torch.Tensor, n_seq: int = 4) -> pl.DataFrame:
     length = hidden.shape[2]
     pos = torch.arange(length, device=hidden.device)[None]
     rows = []
-    for i, (layer, m) in enumerate(zip(base.layers, mixers(model))):
+    for i, (layer, m) in enumerate(zip(layers_of(model), mixers(model))):
         if not m.ssm_heads:
             continue
         u = mixer_input(layer, hidden[i, :n_seq].float())
@@ -465,7 +465,7 @@ def kd_backward(
     autocast = functools.partial(torch.autocast, ids.device.type, dtype=torch.bfloat16, enabled=low is not None)
     with autocast():
         hidden = student.base_model(input_ids=ids, use_cache=False).last_hidden_state
-    work.add(ids.numel(), len(student.base_model.layers))
+    work.add(ids.numel(), len(layers_of(student)))
     flat = hidden.detach().reshape(-1, hidden.shape[-1]).requires_grad_(True)
     head = student.get_output_embeddings()
     target, top_idx = target.reshape(-1, target.shape[-1]), top_idx.reshape(-1, top_idx.shape[-1])
@@ -521,6 +521,9 @@ def distill_logits(
     weights = torch.ones(ids.shape, device=ids.device) if weights is None else weights.float()
     warmup = max(1, steps // 10)
     student.train()
+    for m in student.modules():  # the frozen teacher parts compute as in evaluation (GPT-2's dropout)
+        if isinstance(m, torch.nn.Dropout):
+            m.eval()
     low = COMPUTE_DTYPES[compute_dtype]
     try:
         with (

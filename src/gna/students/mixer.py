@@ -52,9 +52,16 @@ def _rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def _rope(x, cos, sin):
-    """Llama rotary embedding; x [B, heads, L, P], cos/sin [B, L, P]."""
-    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
+def _rope(x, position_embeddings):
+    """Rotary embedding of x [B, heads, L, P] by (cos, sin) [B, L, R]: the first R channels of
+    each head (R < P: partial rotary, GPT-NeoX, some Phi-3), none where the family has learned
+    positions instead (GPT-2: position_embeddings None)."""
+    if position_embeddings is None:
+        return x
+    cos, sin = position_embeddings
+    r = cos.shape[-1]
+    turned = x[..., :r] * cos[:, None] + _rotate_half(x[..., :r]) * sin[:, None]
+    return turned if r == x.shape[-1] else torch.cat([turned, x[..., r:]], dim=-1)
 
 
 def _visibility(attention_mask, batch: int, length: int):
@@ -130,6 +137,42 @@ def norm_gain(norm: nn.Module) -> torch.Tensor:
     return w if torch.allclose(probe, w, rtol=1e-3, atol=1e-5) else w + 1
 
 
+def _linear_rows(weight: torch.Tensor, bias: torch.Tensor | None, rows) -> nn.Linear:
+    """An nn.Linear holding `rows` of a fused projection's weight [out, in] (and bias), copied:
+    the student keeps one projection per role whatever the teacher fused."""
+    out = nn.Linear(weight.shape[1], len(rows), bias=bias is not None, device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        out.weight.copy_(weight[rows])
+        if bias is not None:
+            out.bias.copy_(bias[rows])
+    return out
+
+
+def projections(attn: nn.Module, n_heads: int, n_kv: int, head_dim: int) -> tuple[nn.Module, ...]:
+    """(q, k, v, o) projections of a teacher's attention module: its own q_proj/k_proj/v_proj/
+    o_proj, or split from a fused one: Phi-3's qkv_proj (rows q | k | v), GPT-NeoX's
+    query_key_value (per head: q, k, v rows of that head) and GPT-2's Conv1D c_attn (stored
+    [in, out]: columns q | k | v). The output projection is the teacher's module (o_proj, dense,
+    c_proj), called as it is."""
+    if hasattr(attn, "q_proj"):
+        return attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
+    q_rows, kv_rows = n_heads * head_dim, n_kv * head_dim
+    if hasattr(attn, "qkv_proj") or hasattr(attn, "c_attn"):
+        fused = attn.qkv_proj if hasattr(attn, "qkv_proj") else attn.c_attn
+        weight = fused.weight if hasattr(attn, "qkv_proj") else fused.weight.T
+        spans = ((0, q_rows), (q_rows, q_rows + kv_rows), (q_rows + kv_rows, q_rows + 2 * kv_rows))
+        rows = [torch.arange(a, b, device=weight.device) for a, b in spans]
+        out = attn.o_proj if hasattr(attn, "o_proj") else attn.c_proj
+    elif hasattr(attn, "query_key_value"):
+        fused, out = attn.query_key_value, attn.dense
+        weight = fused.weight
+        per_head = torch.arange(n_heads * 3 * head_dim, device=weight.device).view(n_heads, 3, head_dim)
+        rows = [per_head[:, j].reshape(-1) for j in range(3)]
+    else:
+        raise TypeError(f"{type(attn).__name__}: no q/k/v projections (q_proj, qkv_proj, query_key_value, c_attn)")
+    return (*(_linear_rows(weight, fused.bias, r) for r in rows), out)
+
+
 def _matmul_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype o_proj will multiply `x`'s heads in: autocast's where it is on (the heads are
     then gathered in it directly: the same values o_proj's own cast would give, without a float32
@@ -151,11 +194,15 @@ class HybridMixer(nn.Module):
 
     def __init__(self, attn: nn.Module, config, ssm_heads: list[int], state_size: int, layer_idx: int):
         super().__init__()
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
         self.layer_idx = layer_idx
         self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(attn, "head_dim", None) or config.hidden_size // self.num_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = (
+            getattr(attn, "head_dim", None) or getattr(attn, "head_size", None) or config.hidden_size // self.num_heads
+        )
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = projections(
+            attn, self.num_heads, self.num_kv_heads, self.head_dim
+        )
         self.group = self.num_heads // self.num_kv_heads
         self.scaling = getattr(attn, "scaling", None) or self.head_dim**-0.5
         self.softcap = getattr(config, "attn_logit_softcapping", None)  # Gemma 2: tanh-capped logits
@@ -172,8 +219,8 @@ class HybridMixer(nn.Module):
         self.first_token_share = True  # False: no share of the first token (the recipe ablation)
         self.captured = None
         d, n, p, s = config.hidden_size, self.state_size, self.head_dim, len(self.ssm_heads)
-        bias = attn.q_proj.bias is not None
-        on = {"device": attn.q_proj.weight.device}  # beside the teacher's weights (CPU or GPU)
+        bias = self.q_proj.bias is not None
+        on = {"device": self.q_proj.weight.device}  # beside the teacher's weights (CPU or GPU)
         with warnings.catch_warnings():  # a layer that keeps all its heads has zero-size SSM blocks
             warnings.filterwarnings("ignore", "Initializing zero-element tensors")
             self.C_proj = nn.Linear(d, s * n, bias=bias, **on)
@@ -283,10 +330,9 @@ class HybridMixer(nn.Module):
         q = self._heads_of(self.q_proj, self.q_norm, u, self.num_heads)[:, :, heads].transpose(1, 2)
         k = self._heads_of(self.k_proj, self.k_norm, u, self.num_kv_heads).transpose(1, 2)
         v = self._heads_of(self.v_proj, None, u, self.num_kv_heads).transpose(1, 2)
-        cos, sin = position_embeddings
         # rotated in the rotary tables' precision, as the teacher's own attention does, then in
         # v's dtype for the attention itself (what autocast does too; a bf16 teacher needs it)
-        return _rope(q, cos, sin).to(v.dtype), _rope(k, cos, sin).to(v.dtype), v
+        return _rope(q, position_embeddings).to(v.dtype), _rope(k, position_embeddings).to(v.dtype), v
 
     def kept_mask(self, allowed, u, causal_as_none: bool = False):
         """The [B, 1, L, L] bool visibility of the kept heads for the sequence layout `allowed`
@@ -531,9 +577,11 @@ class HybridMixer(nn.Module):
         heads = u.new_zeros(b, 1, self.num_heads, p)
         attn = self.attention_heads
         if attn:
-            cos, sin = position_embeddings
-            q = _rope(self._heads_of(self.q_proj, self.q_norm, u, self.num_heads)[:, :, attn].transpose(1, 2), cos, sin)
-            k = _rope(self._heads_of(self.k_proj, self.k_norm, u, self.num_kv_heads).transpose(1, 2), cos, sin)
+            q = self._heads_of(self.q_proj, self.q_norm, u, self.num_heads)[:, :, attn].transpose(1, 2)
+            q = _rope(q, position_embeddings)
+            k = _rope(
+                self._heads_of(self.k_proj, self.k_norm, u, self.num_kv_heads).transpose(1, 2), position_embeddings
+            )
             v = self._heads_of(self.v_proj, None, u, self.num_kv_heads).transpose(1, 2)
             groups = cache["groups"]
             cache["k"] = self.in_window(torch.cat([cache["k"], k[:, groups]], dim=2))
@@ -560,23 +608,41 @@ class HybridMixer(nn.Module):
 # -- the mixers of a model ----------------------------------------------------------------
 
 
+ATTENTION_NAMES = ("self_attn", "attention", "attn")  # a decoder layer's attention (GPT-NeoX, GPT-2)
+
+
+def attention_name(layer) -> str | None:
+    """The name of a decoder layer's attention module (None where it has none)."""
+    return next((name for name in ATTENTION_NAMES if isinstance(getattr(layer, name, None), nn.Module)), None)
+
+
+def mixer_of(layer):
+    """A decoder layer's attention module (its HybridMixer in a student)."""
+    return getattr(layer, attention_name(layer))
+
+
 def mixer_input(layer, hidden: torch.Tensor) -> torch.Tensor:
     """What a decoder layer's attention (its mixer) reads from the hidden state entering it: the
-    state after the layer's input norm (pre-norm layers: Llama, Qwen), the state itself in
-    post-norm layers (OLMo-2, whose norms follow attention and MLP)."""
-    norm = getattr(layer, "input_layernorm", None)
+    state after the layer's input norm (pre-norm layers: Llama, Qwen, Gemma; GPT-2's ln_1), the
+    state itself in post-norm layers (OLMo-2, whose norms follow attention and MLP)."""
+    norm = getattr(layer, "input_layernorm", None) or getattr(layer, "ln_1", None)
     return hidden if norm is None else norm(hidden)
 
 
 def layer_forward(layer, hidden: torch.Tensor, attend) -> torch.Tensor:
     """The decoder layer's residual step around `attend` (the mixer's output for mixer_input).
-    Llama's post_attention_layernorm is the MLP's input norm; in layers with a
-    post_feedforward_layernorm it is the norm of the attention's output instead, and the MLP reads
-    the state through pre_feedforward_layernorm where there is one (Gemma's four norms) or
-    directly (OLMo-2)."""
+    Llama's post_attention_layernorm (GPT-2's ln_2) is the MLP's input norm, read after the
+    attention's residual or, in parallel-residual layers (GPT-NeoX), from the same input; in
+    layers with a post_feedforward_layernorm it is the norm of the attention's output instead,
+    and the MLP reads the state through pre_feedforward_layernorm where there is one (Gemma's four
+    norms) or directly (OLMo-2)."""
     if getattr(layer, "post_feedforward_layernorm", None) is None:
-        hidden = hidden + attend(mixer_input(layer, hidden))
-        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        mlp_norm = getattr(layer, "post_attention_layernorm", None) or layer.ln_2
+        attended = attend(mixer_input(layer, hidden))
+        if getattr(layer, "use_parallel_residual", False):
+            return hidden + attended + layer.mlp(mlp_norm(hidden))
+        hidden = hidden + attended
+        return hidden + layer.mlp(mlp_norm(hidden))
     hidden = hidden + layer.post_attention_layernorm(attend(mixer_input(layer, hidden)))
     pre = getattr(layer, "pre_feedforward_layernorm", None)
     return hidden + layer.post_feedforward_layernorm(layer.mlp(hidden if pre is None else pre(hidden)))
@@ -585,6 +651,8 @@ def layer_forward(layer, hidden: torch.Tensor, attend) -> torch.Tensor:
 def rotary(base, hidden: torch.Tensor, positions: torch.Tensor, layer_idx: int):
     """The rotary tables (cos, sin) that layer `layer_idx` of the decoder `base` reads at
     `positions`: per layer type where the family has several (Gemma 3: local and global)."""
+    if getattr(base, "rotary_emb", None) is None:  # learned positions (GPT-2)
+        return None
     types = getattr(base.config, "layer_types", None)
     if types is not None and "layer_type" in inspect.signature(base.rotary_emb.forward).parameters:
         return base.rotary_emb(hidden, positions, types[layer_idx])
@@ -598,7 +666,9 @@ def layers_of(model):
 
 
 def mixers(model) -> list[HybridMixer]:
-    return [layer.self_attn for layer in layers_of(model) if isinstance(getattr(layer, "self_attn", None), HybridMixer)]
+    """The HybridMixers of a student, in layer order (none in any other model)."""
+    found = (getattr(layer, name) for layer in layers_of(model) if (name := attention_name(layer)))
+    return [m for m in found if isinstance(m, HybridMixer)]
 
 
 def ssm_heads_of(model) -> set[tuple[int, int]]:

@@ -157,19 +157,20 @@ def ssm_heads_for(n_layers: int, n_heads: int, kept: list[tuple[int, int]]) -> d
 
 
 def make_hybrid(model, kept: list[tuple[int, int]], state_size: int):
-    """Turn `model` (a Llama-family transformer, modified in place) into a hybrid keeping the
-    attention heads `kept` [(layer, head)]; all other heads become SSM heads."""
+    """Turn `model` (a transformer of a student family, gna.models.families; modified in place)
+    into a hybrid keeping the attention heads `kept` [(layer, head)]; all other heads become SSM
+    heads."""
     from gna.models.families import check_student_family
-    from gna.students.mixer import HybridMixer, layers_of
+    from gna.students.mixer import HybridMixer, attention_name, layers_of
 
     check_student_family(model)
     cfg = model.config
-    for i, layer in enumerate(layers_of(model)):
-        if not hasattr(layer, "self_attn") or not hasattr(layer.self_attn, "o_proj"):
-            raise TypeError(f"layer {i} of {type(model).__name__} has no attention module to replace")
+    names = [attention_name(layer) for layer in layers_of(model)]
+    if None in names:
+        raise TypeError(f"layer {names.index(None)} of {type(model).__name__} has no attention module to replace")
     spec = ssm_heads_for(cfg.num_hidden_layers, cfg.num_attention_heads, kept)
-    for i, layer in enumerate(layers_of(model)):
-        layer.self_attn = HybridMixer(layer.self_attn, cfg, spec[i], state_size, i)
+    for i, (layer, name) in enumerate(zip(layers_of(model), names)):
+        setattr(layer, name, HybridMixer(getattr(layer, name), cfg, spec[i], state_size, i))
     return model
 
 
@@ -230,8 +231,10 @@ def load_student(model_dir: Path, dtype=None, device: str | None = "auto"):
         make_hybrid(model, [tuple(x) for x in spec["kept_heads"]], spec["state_size"])
     model.tie_weights()
     missing, unexpected = load_weights(model, str(model_dir / "model.safetensors"), strict=False)
-    # a tied embedding is stored once under one of its two names
-    tied = {"lm_head.weight", "model.embed_tokens.weight"} if model.config.tie_word_embeddings else set()
+    # a tied embedding is stored once under one of its names (lm_head and embed_tokens, wte, …)
+    embedding = model.get_input_embeddings().weight
+    tied = {name for name, p in model.named_parameters(remove_duplicate=False) if p is embedding}
+    tied = tied if len(tied) > 1 else set()
     if unexpected or not (set(missing) <= tied and len(missing) < 2):
         raise ValueError(
             f"{model_dir}: student weights do not match its {SPEC_FILE} "
