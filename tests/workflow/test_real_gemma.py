@@ -46,16 +46,51 @@ def test_gemma_generates_sensible_text(gemma):
     assert "France" in tok.decode(out[0, ids.shape[1] :]) or "Paris" in tok.decode(out[0, ids.shape[1] :])
 
 
-def test_gemma_engine_equals_its_own_forward_past_the_sliding_window(gemma):
-    model, tok = gemma
+def past_the_window(tok) -> pl.DataFrame:
+    """Two KV prompts of more than 512 tokens (3 choices each: the reference runs one forward each)."""
     # the largest dictionary (90 keys) is ~500 tokens: another dictionary before it reaches past 512
     earlier = build_kv_retrieval([40], 1, seed=6, template="lookup")["context"][0]
     table = build_kv_retrieval([90], 2, seed=5, template="lookup").with_columns(
         (pl.lit(earlier + "\n") + pl.col("context")).alias("context"),
         pl.col("choices").list.head(3),
         pl.lit(0).alias("target"),
-    )  # 3 choices: the reference runs one forward each
+    )
     assert min(len(tok(c).input_ids) for c in table["context"]) > 512  # windowed layers differ here
+    return table
+
+
+def _flat(frame) -> np.ndarray:
+    return np.concatenate([np.asarray(v) for v in frame["logprobs"].to_list()])
+
+
+def test_gemma_engine_equals_its_own_forward_past_the_sliding_window(gemma):
+    model, tok = gemma
+    table = past_the_window(tok)
     fast, ref = score_table(model, tok, table, batch_size=2, progress=False), score_table_ref(model, tok, table)
-    flat = [np.asarray(v) for v in (fast["logprobs"].to_list(), ref["logprobs"].to_list())]
-    assert np.abs(np.concatenate(flat[0]) - np.concatenate(flat[1])).max() <= 1e-3
+    assert np.abs(_flat(fast) - _flat(ref)).max() <= 1e-3
+
+
+def test_gemma_students_keep_the_window_past_it(gemma):
+    """A Gemma 3 student keeping every head scores as the teacher past the 512-token window (the
+    engine's packed, windowed masks); one with SSM heads decodes step by step as its forward."""
+    import copy
+
+    from gna.students.decoding import prefill, step
+    from gna.students.spec import make_hybrid
+
+    model, tok = gemma
+    table = past_the_window(tok).head(1)
+    n_layers, n_heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    every = [(i, h) for i in range(n_layers) for h in range(n_heads)]
+    kept_all = make_hybrid(copy.deepcopy(model), every, 16)
+    teacher = score_table(model, tok, table, batch_size=2, progress=False)
+    assert np.abs(_flat(score_table(kept_all, tok, table, batch_size=2, progress=False)) - _flat(teacher)).max() <= 1e-4
+    student = make_hybrid(copy.deepcopy(model), every[:10], 16)
+    ids = torch.tensor([tok(table["context"][0]).input_ids])
+    with torch.no_grad():
+        full = student(input_ids=ids).logits
+    logits, caches = prefill(student, ids[:, :-1])
+    assert {c["k"].shape[2] for c in caches if "k" in c} <= {512, ids.shape[1] - 1}  # windowed layers keep 512 keys
+    t = ids.shape[1] - 1
+    for got, want in ((logits[:, -1], full[:, -2]), (step(student, ids[:, t:], t, caches)[:, -1], full[:, -1])):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-3)  # logits up to ~40
