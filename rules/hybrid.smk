@@ -5,6 +5,10 @@
 from gna.students.spec import (ABLATIONS, TEACHER_VARIANT, VARIANT_PATTERN, ablation_kd, checkpoint_steps,
                                parse_variant, scored_dict_size, scored_tasks, student_name, variant_name)
 
+from gna.core.settings import StudentScoring
+
+# how the phase scores the teacher and its students (each rule passes the fields it reads)
+SCORING = StudentScoring.from_config(config)
 # the students are scored only once the corpus they were distilled on is known to hold no evaluation item
 CORPUS_CHECK = "data/distill/corpus-check.json"
 # the tasks.mmlu keys that choose the evaluation subset, which the corpus stays out of
@@ -45,15 +49,10 @@ def get_checkpoint_steps(wildcards):
     return checkpoint_steps(HYBRID["kd"]["steps"], curve["points"])
 
 
-def teacher_checks():
-    """The checks of the teacher's scores that keep a student off a task (hybrid.skip_where_teacher_*)."""
-    return [c for c in ("degenerate", "at_chance") if HYBRID[f"skip_where_teacher_{c}"]]
-
-
 def get_teacher_summary(wildcards):
     """A student is not scored where its teacher is degenerate or at chance (teacher_checks), so
     its scoring reads the teacher's."""
-    if wildcards.get("variant") == TEACHER_VARIANT or not teacher_checks():
+    if wildcards.get("variant") == TEACHER_VARIANT or not SCORING.teacher_checks:
         return []
     return f"data/results/hybrid/{wildcards.model}/{TEACHER_VARIANT}.parquet"
 
@@ -191,12 +190,8 @@ rule hybrid_score:
         summary="data/results/hybrid/{model}/{variant}.parquet",
         answers="data/results/hybrid/{model}/answers/{variant}.parquet",
     params:
-        max_items=HYBRID["eval_items"],
+        scoring=SCORING.as_params(),
         kv_dict_size=lambda wc: scored_dict_size(HYBRID, wc.variant),
-        swap_dict_size=HYBRID["budget_curve"]["dict_size"],
-        swap_items=HYBRID["degeneracy_items"],
-        teacher_checks=teacher_checks(),
-        evaluation=EVALUATION,
         code=code_of("hybrid_score"),
     log:
         "data/logs/hybrid_score/{model}-{variant}.log",
@@ -223,9 +218,7 @@ rule hybrid_budget:
     output:
         "data/results/hybrid/{model}/budget-{variant}.parquet",
     params:
-        dict_size=HYBRID["budget_curve"]["dict_size"],
-        swap_items=HYBRID["degeneracy_items"],
-        evaluation=EVALUATION,
+        scoring=SCORING.as_params("dict_size", "degeneracy_items", "evaluation"),
         code=code_of("hybrid_budget"),
     log:
         "data/logs/hybrid_budget/{model}-{variant}.log",
@@ -250,14 +243,10 @@ rule hybrid_ablation:
     output:
         "data/results/hybrid/{model}/ablation-{ablation}.parquet",
     params:
-        dict_size=HYBRID["budget_curve"]["dict_size"],
         variant=HYBRID["ablation"]["variant"],
-        align=HYBRID["align"],
-        kd=ablation_kd(HYBRID),
-        align_windows=HYBRID["corpus"]["align_windows"],
-        seed=HYBRID["seed"],
-        swap_items=HYBRID["degeneracy_items"],
-        evaluation=EVALUATION,
+        recipe={"align": HYBRID["align"], "kd": ablation_kd(HYBRID), "align_windows": HYBRID["corpus"]["align_windows"],
+                "seed": HYBRID["seed"]},
+        scoring=SCORING.as_params("dict_size", "degeneracy_items", "evaluation"),
         code=code_of("hybrid_ablation"),
     log:
         "data/logs/hybrid_ablation/{model}-{ablation}.log",
@@ -283,12 +272,8 @@ rule hybrid_swap:
         summary="data/results/hybrid/{model}/swap.parquet",
         answers="data/results/hybrid/{model}/answers/swap.parquet",
     params:
-        swap_dict_size=HYBRID["budget_curve"]["dict_size"],
         variant=pure_ssm_variant(),
-        max_items=HYBRID["eval_items"],
-        swap_items=HYBRID["degeneracy_items"],
-        teacher_checks=teacher_checks(),
-        evaluation=EVALUATION,
+        scoring=SCORING.as_params(),
         code=code_of("hybrid_swap"),
     log:
         "data/logs/hybrid_swap/{model}.log",
@@ -334,10 +319,8 @@ rule hybrid_answer_rows:
     output:
         "data/results/hybrid/{model}/answer-rows-{variant}.parquet",
     params:
-        max_items=HYBRID["answer_rows_items"],
-        teacher_checks=teacher_checks(),
+        scoring=StudentScoring.from_config(config, "answer_rows_items").as_params("items", "teacher_checks", "evaluation"),
         skip_at_chance=config["gna"]["skip_at_chance"],
-        evaluation=EVALUATION,
         code=code_of("hybrid_answer_rows"),
     log:
         "data/logs/hybrid_answer_rows/{model}-{variant}.log",

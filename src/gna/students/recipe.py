@@ -14,7 +14,7 @@ import logging
 import polars as pl
 
 from gna.core.io import read_parquet, write_parquet
-from gna.core.settings import Evaluation
+from gna.core.settings import Files, StudentScoring
 from gna.core.tensor_files import read_tensors
 from gna.engine.device import device_of
 from gna.engine.precision import linears_computed_in
@@ -35,15 +35,14 @@ def ablated_student(
     ablation: str,
     aligned: dict,
     data: dict,
-    align: dict,
-    kd: dict,
-    align_windows: int,
-    seed: int,
+    recipe: dict,
 ):
     """A student trained by the recipe with `ablation` (a key of ABLATIONS) removed, made from
     `teacher` in place (the teacher's forward is in the teacher file; no copy is held beside the
     student). aligned: the recipe's aligned SSM heads at `state_size`; data: the teacher file's
-    tensors."""
+    tensors; recipe: {align, kd (hybrid.align, hybrid.kd), align_windows
+    (hybrid.corpus.align_windows), seed (hybrid.seed)}."""
+    align, kd, seed = recipe["align"], recipe["kd"], recipe["seed"]
     if ablation not in ABLATIONS:
         raise ValueError(f"unknown distillation ablation {ablation!r}; allowed: {', '.join(ABLATIONS)}")
     if ablation == "no_first_token":  # aligned again, from the teacher before it becomes the student
@@ -69,7 +68,7 @@ def ablated_student(
     ids, top_logp, top_idx = data["train_ids"], data["top_logp"], data["top_idx"]
     weights = answer_weights(data["train_answers"], 1 if ablation == "no_answer_weight" else kd["answer_weight"])
     if ablation == "small_corpus":
-        ids, top_logp, top_idx, weights = (t[:align_windows] for t in (ids, top_logp, top_idx, weights))
+        ids, top_logp, top_idx, weights = (t[: recipe["align_windows"]] for t in (ids, top_logp, top_idx, weights))
     distill_logits(
         student,
         ids,
@@ -87,39 +86,30 @@ def ablated_student(
 
 
 def run_hybrid_ablation(
-    model_name: str,
-    ablation: str,
-    variant: str,
-    model_dir: str,
-    teacher_path: str,
-    aligned_path: str,
-    ranking_path: str,
-    kv_path: str,
-    out_path: str,
-    align: dict,
-    kd: dict,
-    align_windows: int,
-    seed: int,
-    dict_size: int,
-    swap_items: int | None,
-    evaluation: Evaluation = Evaluation(),
+    model_name: str, ablation: str, variant: str, inputs: Files, out_path: str, recipe: dict, scoring: StudentScoring
 ) -> pl.DataFrame:
     """Train student `variant` by the recipe without `ablation` (ablated_student), score it on
-    the KV items of `dict_size` keys (`swap_items` degeneracy checks; linear layers in
-    `evaluation.compute_dtype`) and on the teacher file's held-out windows; tidy rows with ablation
-    and description columns to `out_path`."""
-    teacher, tok = load_model(model_dir, evaluation.dtype)
+    the KV items of `scoring.dict_size` keys (`scoring.degeneracy_items` degeneracy checks; linear
+    layers in `scoring.evaluation.compute_dtype`) and on the teacher file's held-out windows; tidy
+    rows with ablation and description columns to `out_path`. inputs: model (the teacher's
+    folder), teacher (its distillation file), aligned (the recipe's aligned SSM heads), ranking,
+    task (the KV table)."""
+    evaluation = scoring.evaluation
+    teacher, tok = load_model(inputs.model, evaluation.dtype)
     heads_kept, state_size = parse_variant(variant)
-    kept = ranked_heads(read_parquet(ranking_path), heads_kept, model_name)
+    kept = ranked_heads(read_parquet(inputs.ranking), heads_kept, model_name)
     needed = ["train_ids", "train_answers", "top_logp", "top_idx", "heldout_ids"]
     on = device_of(teacher)
-    data = read_tensors(teacher_path, needed + (["hidden"] if ablation == "no_first_token" else []), on)
-    student = ablated_student(
-        teacher, kept, state_size, ablation, read_tensors(aligned_path, None, on), data, align, kd, align_windows, seed
-    )
+    data = read_tensors(inputs.teacher, needed + (["hidden"] if ablation == "no_first_token" else []), on)
+    student = ablated_student(teacher, kept, state_size, ablation, read_tensors(inputs.aligned, None, on), data, recipe)
     linears_computed_in(student.eval(), evaluation.compute_dtype)
     frame, _ = score_model(
-        student, tok, kv_items(kv_path, dict_size), data["heldout_ids"], evaluation.batch_size, swap_items
+        student,
+        tok,
+        kv_items(inputs.task, scoring.dict_size),
+        data["heldout_ids"],
+        evaluation.batch_size,
+        scoring.degeneracy_items,
     )
     frame = frame.with_columns(
         pl.lit(model_name).alias("model"),

@@ -8,7 +8,7 @@ import logging
 import polars as pl
 
 from gna.core.io import read_parquet, write_parquet
-from gna.core.settings import Evaluation
+from gna.core.settings import TEACHER_CHECKS, Files, StudentScoring
 from gna.core.tensor_files import read_tensors
 from gna.engine.device import device_of
 from gna.engine.scoring import chance_accuracy, summarize_task
@@ -57,9 +57,6 @@ def write_scores(
     write_parquet(answers.with_columns(pl.lit(model_name).alias("model")), answers_path)
     write_parquet(frame.with_columns(pl.lit(model_name).alias("model")), summary_path)
     log_scores(frame)
-
-
-TEACHER_CHECKS = ("degenerate", "at_chance")
 
 
 def teacher_degenerate_tasks(teacher_summary: pl.DataFrame) -> pl.DataFrame:
@@ -157,77 +154,60 @@ def _with_reasons(frame: pl.DataFrame, reasons: pl.DataFrame | None) -> pl.DataF
 def run_hybrid_score(
     model_name: str,
     variant: str,
-    model_dir: str,
-    teacher_path: str,
-    task_paths: list[str],
-    summary_path: str,
-    answers_path: str,
-    max_items: int | None,
-    swap_items: int | None,
-    evaluation: Evaluation = Evaluation(),
-    baseline_paths: list[str] = (),
-    teacher_summary_path: str | None = None,
-    teacher_checks: tuple[str, ...] = TEACHER_CHECKS,
+    inputs: Files,
+    outputs: Files,
+    scoring: StudentScoring,
     kv_dict_size: int | None = None,
-    swap_dict_size: int | None = None,
 ) -> pl.DataFrame:
     """score_model of the teacher or one student (`variant`) on the task tables (each cut to
-    `max_items`; None: all, the teacher's baseline items) with `swap_items` per task checked
-    for degeneracy, and on the teacher file's held-out windows. The label_variant'ed summary
-    goes to `summary_path`, the per-item answers to `answers_path`. `baseline_paths`: the
-    model's per-item baseline scores (the teacher's), read instead of scoring its items again.
-    `teacher_summary_path` (a student's): tasks on which the teacher fails `teacher_checks`
-    (degenerate, at chance) are not scored (skip_where_teacher_cannot_compare). `kv_dict_size`: KV retrieval on the
-    items of that dictionary size only (kv_items; the state-size sweep's students). `swap_dict_size`: KV retrieval's
-    degeneracy check on the items of that dictionary size (the budget curve's, which then reads its last point from
-    these results: budget_point_from_scores)."""
-    model, tok = load_any(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
-    tables = load_task_tables(task_paths, max_items)
+    `scoring.items`) with `scoring.degeneracy_items` per task checked for degeneracy (KV
+    retrieval's drawn from its items of `scoring.dict_size` keys: the budget curve then reads its
+    last point from these results, budget_point_from_scores), and on the teacher file's held-out
+    windows. `kv_dict_size`: KV retrieval on the items of that dictionary size only (the
+    state-size sweep's students).
+
+    inputs: model (folder), teacher (distillation file), tasks (task tables); optional baseline
+    (the teacher's per-item baseline scores, read instead of scoring its items again) and
+    teacher_summary (a student's: tasks on which the teacher fails `scoring.teacher_checks` are not
+    scored, skip_where_teacher_cannot_compare). outputs: summary (label_variant'ed), answers
+    (per item)."""
+    evaluation = scoring.evaluation
+    model, tok = load_any(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
+    tables = load_task_tables(inputs.tasks, scoring.items)
     if kv_dict_size is not None and "kv_retrieval" in tables:
         tables["kv_retrieval"] = at_dict_size(tables["kv_retrieval"], kv_dict_size, "kv_retrieval")
-    tables, reasons = skip_where_teacher_cannot_compare(tables, teacher_summary_path, teacher_checks)
-    heldout = read_tensors(teacher_path, ["heldout_ids"], device_of(model))["heldout_ids"]
+    tables, reasons = skip_where_teacher_cannot_compare(tables, inputs.get("teacher_summary"), scoring.teacher_checks)
+    heldout = read_tensors(inputs.teacher, ["heldout_ids"], device_of(model))["heldout_ids"]
     frame, items = score_model(
         model,
         tok,
         tables,
         heldout,
         evaluation.batch_size,
-        swap_items,
-        scored=load_item_scores(baseline_paths),
-        swap_from=kv_swap_pool(tables, swap_dict_size),
+        scoring.degeneracy_items,
+        scored=load_item_scores(inputs.get("baseline", [])),
+        swap_from=kv_swap_pool(tables, scoring.dict_size),
     )
     frame = label_variant(_with_reasons(frame, reasons), variant)
-    write_scores(frame, items, model_name, summary_path, answers_path)
+    write_scores(frame, items, model_name, outputs.summary, outputs.answers)
     return frame
 
 
 def run_hybrid_swap(
-    model_name: str,
-    variant: str,
-    model_dir: str,
-    ranking_path: str,
-    teacher_path: str,
-    task_paths: list[str],
-    summary_path: str,
-    answers_path: str,
-    max_items: int | None,
-    swap_items: int | None,
-    evaluation: Evaluation = Evaluation(),
-    teacher_summary_path: str | None = None,
-    teacher_checks: tuple[str, ...] = TEACHER_CHECKS,
-    swap_dict_size: int | None = None,
+    model_name: str, variant: str, inputs: Files, outputs: Files, scoring: StudentScoring
 ) -> pl.DataFrame:
     """The layer swap: score_model of student `variant` with every head of the top-ranked
     head's layer run as the teacher's attention; variant swap_label and swapped_layer columns;
     summary and answers written as by run_hybrid_score (tasks skipped and KV's degeneracy check
-    drawn as there)."""
-    model, tok = load_any(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
+    drawn as there). inputs: model, ranking (the head ranking), teacher, tasks, optional
+    teacher_summary; outputs: summary, answers."""
+    evaluation = scoring.evaluation
+    model, tok = load_any(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     tables, reasons = skip_where_teacher_cannot_compare(
-        load_task_tables(task_paths, max_items), teacher_summary_path, teacher_checks
+        load_task_tables(inputs.tasks, scoring.items), inputs.get("teacher_summary"), scoring.teacher_checks
     )
-    heldout = read_tensors(teacher_path, ["heldout_ids"], device_of(model))["heldout_ids"]
-    critical = ranked_heads(read_parquet(ranking_path), 1, model_name)[0][0]
+    heldout = read_tensors(inputs.teacher, ["heldout_ids"], device_of(model))["heldout_ids"]
+    critical = ranked_heads(read_parquet(inputs.ranking), 1, model_name)[0][0]
     with swapped_to_attention(model, [critical]):
         frame, items = score_model(
             model,
@@ -235,13 +215,13 @@ def run_hybrid_swap(
             tables,
             heldout,
             evaluation.batch_size,
-            swap_items,
-            swap_from=kv_swap_pool(tables, swap_dict_size),
+            scoring.degeneracy_items,
+            swap_from=kv_swap_pool(tables, scoring.dict_size),
         )
     frame = _with_reasons(frame, reasons).with_columns(
         pl.lit(swap_label(variant, critical)).alias("variant"), pl.lit(critical).alias("swapped_layer")
     )
-    write_scores(frame, items, model_name, summary_path, answers_path)
+    write_scores(frame, items, model_name, outputs.summary, outputs.answers)
     return frame
 
 
@@ -301,31 +281,24 @@ def budget_point_from_scores(summary_path: str, answers_path: str, table: pl.Dat
 
 
 def run_hybrid_budget(
-    model_name: str,
-    variant: str,
-    model_dir: str,
-    checkpoints_path: str,
-    teacher_path: str,
-    kv_path: str,
-    out_path: str,
-    dict_size: int,
-    swap_items: int | None,
-    evaluation: Evaluation = Evaluation(),
-    summary_path: str | None = None,
-    answers_path: str | None = None,
+    model_name: str, variant: str, inputs: Files, out_path: str, scoring: StudentScoring
 ) -> pl.DataFrame:
     """The distillation budget curve of student `variant`: score_model on the KV items of
-    `dict_size` keys (kv_items; `swap_items` degeneracy checks) and held-out perplexity after each KD step count saved
-    in `checkpoints_path` and after the full budget (the student itself: read from its hybrid_score results
-    `summary_path`, `answers_path` where they hold it, budget_point_from_scores). Tidy rows with kd_steps and kd_tokens
-    (tokens seen by distillation) to `out_path`."""
+    `scoring.dict_size` keys (kv_items; `scoring.degeneracy_items` degeneracy checks) and held-out
+    perplexity after each KD step count saved in its checkpoints and after the full budget (the
+    student itself: read from its hybrid_score results where they hold it,
+    budget_point_from_scores). Tidy rows with kd_steps and kd_tokens (tokens seen by
+    distillation) to `out_path`. inputs: model, checkpoints (its KD checkpoints), teacher, task
+    (the KV table); optional summary and answers (its hybrid_score results)."""
+    evaluation, model_dir = scoring.evaluation, inputs.model
     model, tok = load_any(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     spec = read_spec(model_dir)
     tokens_per_step = spec["kd_tokens"] / max(1, spec["kd_steps"])
-    states = checkpoint_states(read_tensors(checkpoints_path, None, device_of(model)))
+    states = checkpoint_states(read_tensors(inputs.checkpoints, None, device_of(model)))
     states[spec["kd_steps"]] = snapshot(model)
-    tables = kv_items(kv_path, dict_size)
-    heldout = read_tensors(teacher_path, ["heldout_ids"], device_of(model))["heldout_ids"]
+    tables = kv_items(inputs.task, scoring.dict_size)
+    heldout = read_tensors(inputs.teacher, ["heldout_ids"], device_of(model))["heldout_ids"]
+    summary_path, answers_path = inputs.get("summary"), inputs.get("answers")
     last = (
         budget_point_from_scores(summary_path, answers_path, tables["kv_retrieval"])
         if summary_path is not None and answers_path is not None
@@ -338,7 +311,7 @@ def run_hybrid_budget(
             log.info("%s after %d KD steps: read from its scores (%s)", variant, step, summary_path)
         else:
             restore(model, states[step])
-            frame, _ = score_model(model, tok, tables, heldout, evaluation.batch_size, swap_items)
+            frame, _ = score_model(model, tok, tables, heldout, evaluation.batch_size, scoring.degeneracy_items)
         frames.append(
             frame.with_columns(pl.lit(step).alias("kd_steps"), pl.lit(round(step * tokens_per_step)).alias("kd_tokens"))
         )

@@ -8,40 +8,31 @@ import logging
 import polars as pl
 
 from gna.core.io import read_parquet, write_parquet
-from gna.core.settings import Evaluation
+from gna.core.settings import Files, StudentScoring
 from gna.phases.masking import answer_rows_experiment
 from gna.students.spec import load_any
-from gna.students.student_evaluation import TEACHER_CHECKS, skip_where_teacher_cannot_compare
+from gna.students.student_evaluation import skip_where_teacher_cannot_compare
 from gna.tasks.tables import load_task_tables
 
 log = logging.getLogger("gna.students.student_masking")
 
 
 def run_hybrid_answer_rows(
-    model_name: str,
-    variant: str,
-    model_dir: str,
-    task_paths: list[str],
-    out_path: str,
-    max_items: int | None,
-    evaluation: Evaluation = Evaluation(),
-    teacher_summary_path: str | None = None,
-    teacher_checks: tuple[str, ...] = TEACHER_CHECKS,
-    answers_path: str | None = None,
-    skip_at_chance: bool = False,
+    model_name: str, variant: str, inputs: Files, out_path: str, scoring: StudentScoring, skip_at_chance: bool = False
 ) -> pl.DataFrame:
     """gna.phases.masking.answer_rows_experiment on student `variant` over the task tables (each cut
-    to `max_items`), with model and variant columns, written to `out_path`. With the teacher's
-    summary, a task on which the teacher fails `teacher_checks` (skip_where_teacher_cannot_compare:
-    degenerate, at chance) is not run; its row carries the reason
-    (skipped_reason) instead of accuracies. `answers_path`: the student's per-item answers (its
-    hybrid_score), read for the unmodified condition instead of scoring those items again.
-    skip_at_chance: the masked condition is not run where the unmodified student is at chance
-    (answer_rows_experiment)."""
-    model, tok = load_any(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
+    to `scoring.items`), with model and variant columns, written to `out_path`. inputs: model,
+    tasks; optional teacher_summary (a task on which the teacher fails `scoring.teacher_checks`,
+    skip_where_teacher_cannot_compare, is not run: its row carries the reason, skipped_reason,
+    instead of accuracies) and answers (the student's per-item answers, its hybrid_score, read for
+    the unmodified condition instead of scoring those items again). skip_at_chance: the masked
+    condition is not run where the unmodified student is at chance (answer_rows_experiment)."""
+    evaluation = scoring.evaluation
+    model, tok = load_any(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     tables, reasons = skip_where_teacher_cannot_compare(
-        load_task_tables(task_paths, max_items), teacher_summary_path, teacher_checks
+        load_task_tables(inputs.tasks, scoring.items), inputs.get("teacher_summary"), scoring.teacher_checks
     )
+    answers_path = inputs.get("answers")
     scored = None
     if answers_path is not None:
         answers = read_parquet(answers_path)

@@ -11,7 +11,7 @@ import torch
 from conftest import MINI_MMLU
 
 from gna.core.io import write_parquet
-from gna.core.settings import Evaluation
+from gna.core.settings import TEACHER_CHECKS, Evaluation, Files, StudentScoring
 from gna.core.tensor_files import read_tensors, write_tensors
 from gna.engine.device import device_of
 from gna.engine.precision import frozen_weights_in
@@ -77,6 +77,112 @@ CORPUS = {
     "heldout_share": 0.2,
 }
 KD = {"steps": 2, "batch": 2, "lr": 1e-3, "answer_weight": 5, "compute_dtype": "bfloat16"}
+
+
+# the rules' functions with their files and scoring settings given as keywords (the scripts pass
+# Snakemake's input/output and the rule's StudentScoring)
+def _scoring(max_items=None, swap_items=None, evaluation=Evaluation(), teacher_checks=TEACHER_CHECKS, dict_size=None):
+    return StudentScoring(max_items, swap_items, dict_size, teacher_checks, evaluation)
+
+
+def score(
+    model_name,
+    variant,
+    model_dir,
+    teacher,
+    tasks,
+    summary,
+    answers,
+    *,
+    baseline_paths=(),
+    teacher_summary_path=None,
+    kv_dict_size=None,
+    swap_dict_size=None,
+    **scoring,
+):
+    inputs = Files(
+        model=model_dir,
+        teacher=teacher,
+        tasks=tasks,
+        baseline=list(baseline_paths),
+        teacher_summary=teacher_summary_path,
+    )
+    return run_hybrid_score(
+        model_name,
+        variant,
+        inputs,
+        Files(summary=summary, answers=answers),
+        _scoring(dict_size=swap_dict_size, **scoring),
+        kv_dict_size,
+    )
+
+
+def swap_layer(
+    model_name, variant, model_dir, ranking, teacher, tasks, summary, answers, *, teacher_summary_path=None, **scoring
+):
+    inputs = Files(model=model_dir, ranking=ranking, teacher=teacher, tasks=tasks, teacher_summary=teacher_summary_path)
+    return run_hybrid_swap(model_name, variant, inputs, Files(summary=summary, answers=answers), _scoring(**scoring))
+
+
+def answer_rows(
+    model_name,
+    variant,
+    model_dir,
+    tasks,
+    out,
+    *,
+    teacher_summary_path=None,
+    answers_path=None,
+    skip_at_chance=False,
+    **scoring,
+):
+    inputs = Files(model=model_dir, tasks=tasks, teacher_summary=teacher_summary_path, answers=answers_path)
+    return run_hybrid_answer_rows(model_name, variant, inputs, out, _scoring(**scoring), skip_at_chance)
+
+
+def budget(
+    model_name,
+    variant,
+    model_dir,
+    checkpoints,
+    teacher,
+    task,
+    out,
+    *,
+    dict_size,
+    summary_path=None,
+    answers_path=None,
+    **scoring,
+):
+    inputs = Files(
+        model=model_dir, checkpoints=checkpoints, teacher=teacher, task=task, summary=summary_path, answers=answers_path
+    )
+    return run_hybrid_budget(model_name, variant, inputs, out, _scoring(dict_size=dict_size, **scoring))
+
+
+def ablation(
+    model_name,
+    which,
+    variant,
+    model_dir,
+    teacher,
+    aligned,
+    ranking,
+    task,
+    out,
+    *,
+    align,
+    kd,
+    align_windows,
+    seed,
+    dict_size,
+    **scoring,
+):
+    inputs = Files(model=model_dir, teacher=teacher, aligned=aligned, ranking=ranking, task=task)
+    recipe = {"align": align, "kd": kd, "align_windows": align_windows, "seed": seed}
+    return run_hybrid_ablation(
+        model_name, which, variant, inputs, out, recipe, _scoring(dict_size=dict_size, **scoring)
+    )
 
 
 def test_split_pool_holds_out_the_first_share():
@@ -289,7 +395,7 @@ def test_scoring_rules_on_the_distilled_students(phase):
     root, p = phase
     tasks = [p["kv_retrieval.parquet"]]
     args = dict(max_items=4, evaluation=Evaluation(batch_size=2))
-    scores = run_hybrid_score(
+    scores = score(
         "tiny",
         "k2-n4",
         str(root / "k2"),
@@ -308,7 +414,7 @@ def test_scoring_rules_on_the_distilled_students(phase):
     acc = scores.filter((pl.col("metric") == "acc") & (pl.col("group") == "all"))["value"][0]
     assert acc == answers["correct"].mean()
     # a student saved and reloaded scores identically
-    again = run_hybrid_score(
+    again = score(
         "tiny",
         "k2-n4",
         str(root / "k2"),
@@ -320,7 +426,7 @@ def test_scoring_rules_on_the_distilled_students(phase):
         **args,
     )
     assert again.equals(scores)
-    swap = run_hybrid_swap(
+    swap = swap_layer(
         "tiny",
         "k0-n4",
         str(root / "k0"),
@@ -335,7 +441,7 @@ def test_scoring_rules_on_the_distilled_students(phase):
     assert set(swap["variant"]) == {"k0-n4 + attention layer 2"} and set(swap["swapped_layer"]) == {2}
     assert "context_swap_agreement" not in swap["metric"].to_list()
     assert set(pl.read_parquet(root / "swap-answers.parquet")["swapped_layer"]) == {2}
-    rows = run_hybrid_answer_rows("tiny", "k2-n4", str(root / "k2"), tasks, str(root / "rows.parquet"), **args)
+    rows = answer_rows("tiny", "k2-n4", str(root / "k2"), tasks, str(root / "rows.parquet"), **args)
     assert rows["condition"].to_list() == ["unmodified", "attention answer rows masked"]
     assert pl.read_parquet(root / "rows.parquet").equals(rows)
     student, _ = load_any(root / "k2")
@@ -355,7 +461,7 @@ def test_the_teacher_is_read_from_its_baseline_not_scored_again(phase):
         evaluation=Evaluation(batch_size=2),
     )
     args = dict(max_items=3, swap_items=2, evaluation=Evaluation(batch_size=2))
-    scored = run_hybrid_score(
+    scored = score(
         "tiny",
         "teacher",
         p["teacher"],
@@ -365,7 +471,7 @@ def test_the_teacher_is_read_from_its_baseline_not_scored_again(phase):
         str(root / "t1a.parquet"),
         **args,
     )
-    read = run_hybrid_score(
+    read = score(
         "tiny",
         "teacher",
         p["teacher"],
@@ -381,7 +487,7 @@ def test_the_teacher_is_read_from_its_baseline_not_scored_again(phase):
     # scores of other items are refused, not silently mixed in
     write_parquet(pl.read_parquet(root / "base.items.parquet").head(1), root / "short.items.parquet")
     with pytest.raises(ValueError, match="items have no earlier scores"):
-        run_hybrid_score(
+        score(
             "tiny",
             "teacher",
             p["teacher"],
@@ -400,7 +506,7 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
     student = (str(root / "k2"), str(root / "teacher.safetensors"))
     degenerate_only = {"teacher_checks": ("degenerate",)}  # the tiny teacher is at chance too
     # 2 of 4 items, of 3 and 5 keys: no item has a partner to swap contexts with, so no check (not a crash)
-    unchecked = run_hybrid_score(
+    unchecked = score(
         "tiny",
         "teacher",
         p["teacher"],
@@ -411,12 +517,12 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
         **(args | {"swap_items": 2}),
     )
     assert "context_swap_agreement" not in unchecked["metric"].to_list() and "degenerate" not in unchecked.columns
-    teacher = run_hybrid_score(
+    teacher = score(
         "tiny", "teacher", p["teacher"], student[1], tasks, str(root / "t.parquet"), str(root / "ta.parquet"), **args
     )
     for flag in (True, False):
         write_parquet(teacher.with_columns(pl.lit(flag).alias("degenerate")), root / f"teacher-{flag}.parquet")
-    skipped = run_hybrid_score(
+    skipped = score(
         "tiny",
         "k2-n4",
         *student,
@@ -434,7 +540,7 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
     assert row["skipped_reason"].startswith("the teacher keeps its answer on") and row["heads_kept"] == 2
     assert pl.read_parquet(root / "a1.parquet").is_empty()
     # a teacher that reads the context leaves the student's scoring as it is without the check
-    kept = run_hybrid_score(
+    kept = score(
         "tiny",
         "k2-n4",
         *student,
@@ -445,14 +551,12 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
         **args,
         **degenerate_only,
     )
-    plain = run_hybrid_score(
-        "tiny", "k2-n4", *student, tasks, str(root / "s3.parquet"), str(root / "a3.parquet"), **args
-    )
+    plain = score("tiny", "k2-n4", *student, tasks, str(root / "s3.parquet"), str(root / "a3.parquet"), **args)
     assert kept.equals(plain) and NOT_SCORED not in plain["metric"].to_list()
     assert skipped.filter(pl.col("metric") == "perplexity")["value"][0] == pytest.approx(
         plain.filter(pl.col("metric") == "perplexity")["value"][0]
     )
-    swap = run_hybrid_swap(
+    swap = swap_layer(
         "tiny",
         "k0-n4",
         str(root / "k0"),
@@ -466,7 +570,7 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
         **degenerate_only,
     )
     assert set(swap["metric"]) == {"perplexity", NOT_SCORED} and set(swap["swapped_layer"]) == {2}
-    rows = run_hybrid_answer_rows(
+    rows = answer_rows(
         "tiny",
         "k2-n4",
         student[0],
@@ -479,7 +583,7 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
     )
     assert rows["task"].to_list() == ["kv_retrieval"] and rows["condition"].null_count() == 1
     assert rows["skipped_reason"][0].startswith("the teacher keeps its answer on")
-    ran = run_hybrid_answer_rows(
+    ran = answer_rows(
         "tiny",
         "k2-n4",
         student[0],
@@ -497,7 +601,7 @@ def test_a_student_is_not_scored_where_its_teacher_is_at_chance(phase):
     root, p = phase
     tasks, args = [p["kv_retrieval.parquet"]], dict(max_items=4, swap_items=None, evaluation=Evaluation(batch_size=2))
     student = (str(root / "k2"), str(root / "teacher.safetensors"))
-    teacher = run_hybrid_score(
+    teacher = score(
         "tiny", "teacher", p["teacher"], student[1], tasks, str(root / "t.parquet"), str(root / "ta.parquet"), **args
     )
     chance = chance_accuracy(load_task_tables(tasks, 4)["kv_retrieval"])
@@ -511,7 +615,7 @@ def test_a_student_is_not_scored_where_its_teacher_is_at_chance(phase):
             ),
             root / f"teacher-{name}.parquet",
         )
-    skipped = run_hybrid_score(
+    skipped = score(
         "tiny",
         "k2-n4",
         *student,
@@ -525,11 +629,9 @@ def test_a_student_is_not_scored_where_its_teacher_is_at_chance(phase):
     assert row["task"] == "kv_retrieval" and row["n"] == 4
     assert f"contains chance {chance:.1%}" in row["skipped_reason"]
     # only the checks asked for apply; a teacher above chance leaves the scoring as it is
-    plain = run_hybrid_score(
-        "tiny", "k2-n4", *student, tasks, str(root / "c2.parquet"), str(root / "c2a.parquet"), **args
-    )
+    plain = score("tiny", "k2-n4", *student, tasks, str(root / "c2.parquet"), str(root / "c2a.parquet"), **args)
     for summary, checks in (("at", ("degenerate",)), ("above", ("degenerate", "at_chance"))):
-        kept = run_hybrid_score(
+        kept = score(
             "tiny",
             "k2-n4",
             *student,
@@ -546,7 +648,7 @@ def test_a_student_is_not_scored_where_its_teacher_is_at_chance(phase):
         pl.read_parquet(root / "teacher-at.parquet").with_columns(pl.lit(True).alias("degenerate")),
         root / "teacher-both.parquet",
     )
-    both = run_hybrid_answer_rows(
+    both = answer_rows(
         "tiny",
         "k2-n4",
         student[0],
@@ -558,7 +660,7 @@ def test_a_student_is_not_scored_where_its_teacher_is_at_chance(phase):
     )
     assert len(both) == 1 and both["skipped_reason"][0].startswith("the teacher keeps its answer on")
     with pytest.raises(ValueError, match="unknown teacher checks"):
-        run_hybrid_score(
+        score(
             "tiny",
             "k2-n4",
             *student,
@@ -573,7 +675,7 @@ def test_a_student_is_not_scored_where_its_teacher_is_at_chance(phase):
 
 def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, caplog):
     root, p = phase
-    curve = run_hybrid_budget(
+    curve = budget(
         "tiny",
         "k2-n4",
         str(root / "k2"),
@@ -588,7 +690,7 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
     assert sorted(set(curve["kd_steps"])) == [0, 1, 2] and sorted(set(curve["kd_tokens"])) == [0, 64, 128]
     assert pl.read_parquet(root / "budget.parquet").equals(curve)
     # hybrid_score at the one dictionary size (the state-size sweep's scoring) is the last point
-    full = run_hybrid_score(
+    full = score(
         "tiny",
         "k2-n4",
         str(root / "k2"),
@@ -603,7 +705,7 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
     )
     assert set(pl.read_parquet(root / "a.parquet")["group"]) == {"5"}
     with pytest.raises(ValueError, match="no KV-retrieval items of dictionary size 4"):
-        run_hybrid_score(
+        score(
             "tiny",
             "k2-n4",
             str(root / "k2"),
@@ -620,7 +722,7 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
     assert last.sort("task", "group", "metric").equals(full.select(last.columns).sort("task", "group", "metric"))
     # scored on every size with its degeneracy check at the curve's size, the student's own
     # results give the last point: read, not scored again, and equal to scoring it
-    run_hybrid_score(
+    score(
         "tiny",
         "k2-n4",
         str(root / "k2"),
@@ -636,7 +738,7 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
     answers = pl.read_parquet(root / "a5.parquet")
     assert answers.filter(pl.col("pred_swapped").is_not_null())["group"].to_list() == ["5", "5"]
     with caplog.at_level(logging.INFO, logger="gna.students.student_evaluation"):
-        read = run_hybrid_budget(
+        read = budget(
             "tiny",
             "k2-n4",
             str(root / "k2"),
@@ -654,7 +756,7 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
     order = ["kd_steps", "task", "group", "metric"]
     assert read.select(sorted(curve.columns)).sort(order).equals(curve.select(sorted(curve.columns)).sort(order))
     # answers without the check on every item of that size are not read: the point is scored
-    run_hybrid_score(
+    score(
         "tiny",
         "k2-n4",
         str(root / "k2"),
@@ -671,7 +773,7 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
     assert budget_point_from_scores(str(root / "s0.parquet"), str(root / "a0.parquet"), at[5]) is None
     assert budget_point_from_scores(str(root / "s5.parquet"), str(root / "a5.parquet"), at[3]) is None
     # nor answers on fewer items than the curve's (hybrid.eval_items cuts the tables)
-    run_hybrid_score(
+    score(
         "tiny",
         "k2-n4",
         str(root / "k2"),
@@ -824,7 +926,7 @@ def test_each_ablation_removes_its_ingredient(phase, ablation):
     # in every batch, and Adam's second step follows the gradients' size, not only their signs
     kd, seed, align_windows = {**KD, "steps": 2, "batch": 6}, 1, 4
     args = dict(align={"steps": 2, "batch": 2, "lr": 1e-3}, kd=kd, align_windows=align_windows, seed=seed)
-    student = ablated_student(copy.deepcopy(teacher), kept, 4, ablation, aligned, data, **args)
+    student = ablated_student(copy.deepcopy(teacher), kept, 4, ablation, aligned, data, args)
     state = snapshot(student)
     init = snapshot(make_hybrid(copy.deepcopy(teacher), kept, 4))
     from_aligned = snapshot(load_aligned(make_hybrid(copy.deepcopy(teacher), kept, 4), aligned))
@@ -854,12 +956,12 @@ def test_each_ablation_removes_its_ingredient(phase, ablation):
     if ablation == "no_first_token":  # the share's parameters are not trained
         assert all(torch.equal(init[k], state[k]) for k in state if ".sink_proj." in k)
     with pytest.raises(ValueError, match="unknown distillation ablation 'nope'"):
-        ablated_student(copy.deepcopy(teacher), kept, 4, "nope", aligned, data, **args)
+        ablated_student(copy.deepcopy(teacher), kept, 4, "nope", aligned, data, args)
 
 
 def test_ablation_rule_writes_scored_rows(phase):
     root, p = phase
-    frame = run_hybrid_ablation(
+    frame = ablation(
         "tiny",
         "no_align",
         "k2-n4",
@@ -880,7 +982,7 @@ def test_ablation_rule_writes_scored_rows(phase):
     assert set(frame["ablation"]) == {"no_align"} and {"acc", "perplexity"} <= set(frame["metric"])
     assert set(frame.filter(pl.col("metric") == "acc")["group"]) == {"3", "all"}
     with pytest.raises(ValueError, match="no KV-retrieval items of dictionary size 7"):
-        run_hybrid_ablation(
+        ablation(
             "tiny",
             "init_only",
             "k2-n4",
