@@ -194,12 +194,9 @@ def students(spec: dict) -> dict:
             model,
             acts["hidden"],
             state_size=16,
-            steps=4,
-            batch=2,
-            lr=1e-3,
+            align={"steps": 4, "batch": 2, "lr": 1e-3, "compute_dtype": "bfloat16"},
             seed=0,
             progress=False,
-            compute_dtype="bfloat16",
         )
     )
     n_layers = model.config.num_hidden_layers
@@ -208,14 +205,9 @@ def students(spec: dict) -> dict:
     _, out["kd_3_steps_s"] = synced(
         lambda: distill_logits(
             student,
-            ids,
-            acts["top_logp"],
-            acts["top_idx"],
-            steps=3,
-            batch=2,
-            lr=1e-3,
+            {"ids": ids, "top_logp": acts["top_logp"], "top_idx": acts["top_idx"]},
+            {"steps": 3, "batch": 2, "lr": 1e-3, "compute_dtype": "bfloat16"},
             seed=0,
-            compute_dtype="bfloat16",
             progress=False,
         )
     )

@@ -1,18 +1,16 @@
 """Rule distill_align: fit every SSM head of one state size to its teacher attention head."""
 
 from gna.core.runtime import setup
+from gna.core.settings import Files
 from gna.students.distill import run_distill_align
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 p = snakemake.params
 run_distill_align(
     snakemake.wildcards.model,
-    snakemake.input.model,
-    snakemake.input.teacher,
     int(snakemake.wildcards.n),
-    snakemake.output.weights,
-    snakemake.output.curve,
-    snakemake.output.heads,
+    Files.of(snakemake.input),
+    Files.of(snakemake.output),
     align=p.align,
     seed=p.seed,
     dtype=p.dtype,

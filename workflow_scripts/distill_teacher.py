@@ -1,14 +1,13 @@
 """Rule distill_teacher: the distillation corpus and the teacher's activations on it."""
 
 from gna.core.runtime import setup
-from gna.core.settings import Evaluation
+from gna.core.settings import Evaluation, Files
 from gna.students.distill import run_distill_teacher
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 p = snakemake.params
 run_distill_teacher(
-    snakemake.input.model,
-    snakemake.input.mmlu,
+    Files.of(snakemake.input),
     snakemake.output[0],
     corpus=p.corpus,
     top_k=p.top_k,

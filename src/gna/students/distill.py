@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from gna.core import work
 from gna.core.io import atomic_dir, read_parquet, write_parquet
-from gna.core.settings import Evaluation
+from gna.core.settings import Evaluation, Files
 from gna.core.tensor_files import read_tensors, write_tensors
 from gna.engine.device import device_of
 from gna.engine.precision import COMPUTE_DTYPES, frozen_weights_in
@@ -38,7 +38,7 @@ from gna.models.families import check_student_family, skip_hint
 from gna.models.prepare import load_model
 from gna.students.corpus import build_corpus
 from gna.students.mixer import HybridMixer, layers_of, mixer_input, mixers, rotary
-from gna.students.spec import hybrid_spec, make_hybrid, ranked_heads, save_student, variant_name
+from gna.students.spec import hybrid_spec, make_hybrid, parse_variant, ranked_heads, save_student
 from gna.tasks.tables import load_mmlu_jsonl, select_mmlu
 
 log = logging.getLogger("gna.students.distill")
@@ -85,8 +85,7 @@ def teacher_activations(
 
 
 def run_distill_teacher(
-    model_dir: str,
-    mmlu_path: str,
+    inputs: Files,
     out_path: str,
     corpus: dict,
     top_k: int,
@@ -95,17 +94,18 @@ def run_distill_teacher(
     template: str,
     evaluation: Evaluation = Evaluation(),
 ) -> None:
-    """Build the corpus (gna.students.corpus.build_corpus, from the MMLU questions outside the evaluation
-    subset `mmlu` {n, seed, topics}) and write the teacher file `out_path`: teacher_activations
+    """Build the corpus (gna.students.corpus.build_corpus, from the MMLU questions of inputs.mmlu
+    outside the evaluation subset `mmlu` {n, seed, topics}) and write the teacher file `out_path`
+    of the model inputs.model (its folder): teacher_activations
     on the train windows (hidden of the first corpus["align_windows"], top_logp, top_idx) plus
     the windows (train_ids, train_answers, heldout_ids). `evaluation.compute_dtype`: the teacher's linear
     layers computed in it, as in every evaluation (gna.engine.precision.linears_computed_in)."""
-    model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
+    model, tok = load_model(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     try:
         check_student_family(model)
     except UnsupportedModel as err:
-        raise UnsupportedModel(f"{err}; {skip_hint(Path(model_dir).name, 'hybrid')}") from None
-    _, pool = select_mmlu(load_mmlu_jsonl(mmlu_path), mmlu["n"], mmlu["seed"], mmlu["topics"])
+        raise UnsupportedModel(f"{err}; {skip_hint(Path(inputs.model).name, 'hybrid')}") from None
+    _, pool = select_mmlu(load_mmlu_jsonl(inputs.mmlu), mmlu["n"], mmlu["seed"], mmlu["topics"])
     windows = build_corpus(tok, pool, corpus, template, seed)
     log.info(
         "corpus: %d train windows (%d answer positions; the first %d also for alignment) and %d held-out "
@@ -157,23 +157,23 @@ def align_layers(
     model,
     hidden: torch.Tensor,
     state_size: int,
-    steps: int,
-    batch: int,
-    lr: float,
+    align: dict,
     seed: int,
     progress: bool = True,
     log_every: int = 10,
     first_token: bool = True,
-    compute_dtype: str = "float32",
 ) -> tuple[dict, pl.DataFrame]:
     """Fit one SSM head per attention head of every layer (the pure-SSM student, k = 0).
 
-    hidden: [layers, n, T, d] teacher hidden states entering each layer. first_token: False
-    switches the first-token share off (HybridMixer.first_token_share; the recipe ablation).
-    compute_dtype "bfloat16": the SSM heads' forward and backward under bf16 autocast (targets,
-    parameters, optimizer and loss stay float32).
+    hidden: [layers, n, T, d] teacher hidden states entering each layer. align: {steps, batch,
+    lr, compute_dtype (default float32)} (config hybrid.align); compute_dtype "bfloat16": the SSM
+    heads' forward and backward under bf16 autocast (targets, parameters, optimizer and loss stay
+    float32). first_token: False switches the first-token share off
+    (HybridMixer.first_token_share; the recipe ablation).
     Returns the SSM parameters {"<layer>.<param>": tensor} and the loss curve (relative error
     per layer)."""
+    steps, batch, lr = align["steps"], align["batch"], align["lr"]
+    compute_dtype = align.get("compute_dtype", "float32")
     torch.manual_seed(seed)
     student = make_hybrid(copy.deepcopy(model), [], state_size)
     for p in student.parameters():
@@ -316,33 +316,17 @@ def head_errors(model, hidden: torch.Tensor, n_seq: int = 4) -> pl.DataFrame:
 
 
 def run_distill_align(
-    model_name: str,
-    model_dir: str,
-    teacher_path: str,
-    state_size: int,
-    weights_path: str,
-    curve_path: str,
-    heads_path: str,
-    align: dict,
-    seed: int,
-    dtype: str = "float32",
+    model_name: str, state_size: int, inputs: Files, outputs: Files, align: dict, seed: int, dtype: str = "float32"
 ) -> None:
-    """align_layers at `state_size` on the teacher file's hidden states, with `align` {steps,
-    batch, lr, compute_dtype}: writes the aligned SSM heads to `weights_path`, the loss curve to `curve_path` and
-    the per-head errors after alignment (head_errors of the pure SSM) to `heads_path`, each with
-    model and state_size columns."""
-    model, _ = load_model(model_dir, dtype)
-    hidden = read_tensors(teacher_path, ["hidden"], device_of(model))["hidden"]
-    state, curve = align_layers(
-        model,
-        hidden,
-        state_size,
-        align["steps"],
-        align["batch"],
-        align["lr"],
-        seed,
-        compute_dtype=align.get("compute_dtype", "float32"),
-    )
+    """align_layers at `state_size` on the hidden states of the teacher file inputs.teacher (of the
+    model inputs.model), with `align` {steps, batch, lr, compute_dtype}: writes the aligned SSM
+    heads to outputs.weights, the loss curve to outputs.curve and the per-head errors after
+    alignment (head_errors of the pure SSM) to outputs.heads, each with model and state_size
+    columns."""
+    weights_path, curve_path, heads_path = outputs.weights, outputs.curve, outputs.heads
+    model, _ = load_model(inputs.model, dtype)
+    hidden = read_tensors(inputs.teacher, ["hidden"], device_of(model))["hidden"]
+    state, curve = align_layers(model, hidden, state_size, align, seed)
     write_tensors(state, weights_path)
     labels = [pl.lit(model_name).alias("model"), pl.lit(state_size).alias("state_size")]
     write_parquet(curve.with_columns(*labels), curve_path)
@@ -485,26 +469,26 @@ def kd_backward(
 
 def distill_logits(
     student,
-    ids: torch.Tensor,
-    top_logp: torch.Tensor,
-    top_idx: torch.Tensor,
-    steps: int,
-    batch: int,
-    lr: float,
+    targets: dict,
+    kd: dict,
     seed: int,
-    weights: torch.Tensor | None = None,
     checkpoints: list[int] = (),
-    compute_dtype: str = "float32",
     progress: bool = True,
     desc: str = "kd",
 ) -> tuple[pl.DataFrame, dict[int, dict]]:
     """Train the student's SSM parameters to match the teacher's top-k next-token
     distribution at every position (cross-entropy to the renormalised teacher top-k, averaged
-    with per-position `weights` [n, T], default 1). Returns the loss curve and a snapshot of
-    the SSM parameters after each step count in `checkpoints` (0: before training).
+    with per-position weights, default 1). targets: {ids [n, T], top_logp and top_idx (the
+    teacher's, teacher_activations), optional weights [n, T]}; kd: {steps, batch, lr,
+    compute_dtype (default float32)} (config hybrid.kd). Returns the loss curve and a snapshot
+    of the SSM parameters after each step count in `checkpoints` (0: before training).
     compute_dtype "bfloat16": forward and backward under bf16 autocast with the frozen weights
     held in bf16 (gna.engine.precision; trained parameters, optimizer state and loss stay float32;
     about twice as fast on CPUs with bf16 instructions)."""
+    ids, top_logp, top_idx = targets["ids"], targets["top_logp"], targets["top_idx"]
+    weights = targets.get("weights")
+    steps, batch, lr = kd["steps"], kd["batch"], kd["lr"]
+    compute_dtype = kd.get("compute_dtype", "float32")
     torch.manual_seed(seed)
     for p in student.parameters():
         p.requires_grad_(False)
@@ -551,52 +535,45 @@ def distill_logits(
 
 def run_distill_kd(
     model_name: str,
-    model_dir: str,
-    teacher_path: str,
-    aligned_path: str,
-    ranking_path: str,
-    heads_kept: int,
-    state_size: int,
-    student_dir: str,
-    curve_path: str,
-    checkpoints_path: str,
+    variant: str,
+    inputs: Files,
+    outputs: Files,
     kd: dict,
     checkpoints: list[int],
     seed: int,
     dtype: str = "float32",
 ) -> None:
-    """Build the student keeping the `heads_kept` best-ranked heads as attention (its SSM heads
-    from the aligned file), distill_logits it on the teacher file with `kd` {steps, batch, lr,
-    answer_weight, compute_dtype}, and write the student folder `student_dir` (gna.students.spec), the KD
-    curve `curve_path` and the SSM parameters after each step count of `checkpoints` below
-    kd["steps"] to `checkpoints_path` (keys "<step>/<layer>.<param>"; empty without any)."""
-    model, tok = load_model(model_dir, dtype)
-    kept = ranked_heads(read_parquet(ranking_path), heads_kept, model_name)
+    """Build student `variant` of model inputs.model (k{heads kept}-n{state size}): the best-ranked
+    heads of inputs.ranking kept as attention, its SSM heads from the aligned file
+    inputs.aligned; distill_logits it on the teacher file inputs.teacher with `kd` {steps, batch,
+    lr, answer_weight, compute_dtype}, and write the student folder outputs.student
+    (gna.students.spec), the KD curve outputs.curve and the SSM parameters after each step count of
+    `checkpoints` below kd["steps"] to outputs.checkpoints (keys "<step>/<layer>.<param>"; empty
+    without any)."""
+    heads_kept, state_size = parse_variant(variant)
+    student_dir, curve_path, checkpoints_path = outputs.student, outputs.curve, outputs.checkpoints
+    model, tok = load_model(inputs.model, dtype)
+    kept = ranked_heads(read_parquet(inputs.ranking), heads_kept, model_name)
     on = device_of(model)
     # the teacher's own forward is in the teacher file: the loaded model becomes the student (no copy held)
-    student = load_aligned(make_hybrid(model, kept, state_size), read_tensors(aligned_path, None, on))
+    student = load_aligned(make_hybrid(model, kept, state_size), read_tensors(inputs.aligned, None, on))
     del model
-    data = read_tensors(teacher_path, ["train_ids", "train_answers", "top_logp", "top_idx"], on)
+    data = read_tensors(inputs.teacher, ["train_ids", "train_answers", "top_logp", "top_idx"], on)
     weights = answer_weights(data["train_answers"], kd["answer_weight"])
+    targets = {"ids": data["train_ids"], "top_logp": data["top_logp"], "top_idx": data["top_idx"], "weights": weights}
     curve, saved = distill_logits(
         student,
-        data["train_ids"],
-        data["top_logp"],
-        data["top_idx"],
-        kd["steps"],
-        kd["batch"],
-        kd["lr"],
+        targets,
+        kd,
         seed,
-        weights=weights,
         checkpoints=[c for c in checkpoints if c < kd["steps"]],
-        compute_dtype=kd["compute_dtype"],
         desc=f"kd k={heads_kept} n={state_size}",
     )
     spec = hybrid_spec(
         student,
         teacher=model_name,
         heads_kept=heads_kept,
-        variant=variant_name(heads_kept, state_size),
+        variant=variant,
         kept_ranked=[list(h) for h in kept],
         kd_steps=kd["steps"],
         kd_tokens=kd["steps"] * kd["batch"] * data["train_ids"].shape[1],

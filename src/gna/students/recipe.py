@@ -46,17 +46,7 @@ def ablated_student(
     if ablation not in ABLATIONS:
         raise ValueError(f"unknown distillation ablation {ablation!r}; allowed: {', '.join(ABLATIONS)}")
     if ablation == "no_first_token":  # aligned again, from the teacher before it becomes the student
-        aligned, _ = align_layers(
-            teacher,
-            data["hidden"],
-            state_size,
-            align["steps"],
-            align["batch"],
-            align["lr"],
-            seed,
-            first_token=False,
-            compute_dtype=align.get("compute_dtype", "float32"),
-        )
+        aligned, _ = align_layers(teacher, data["hidden"], state_size, align, seed, first_token=False)
     student = make_hybrid(teacher, kept, state_size)
     if ablation == "init_only":
         return student
@@ -69,19 +59,8 @@ def ablated_student(
     weights = answer_weights(data["train_answers"], 1 if ablation == "no_answer_weight" else kd["answer_weight"])
     if ablation == "small_corpus":
         ids, top_logp, top_idx, weights = (t[: recipe["align_windows"]] for t in (ids, top_logp, top_idx, weights))
-    distill_logits(
-        student,
-        ids,
-        top_logp,
-        top_idx,
-        kd["steps"],
-        kd["batch"],
-        kd["lr"],
-        seed,
-        weights=weights,
-        compute_dtype=kd["compute_dtype"],
-        desc=f"kd, {ablation}",
-    )
+    targets = {"ids": ids, "top_logp": top_logp, "top_idx": top_idx, "weights": weights}
+    distill_logits(student, targets, kd, seed, desc=f"kd, {ablation}")
     return student
 
 

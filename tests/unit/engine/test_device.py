@@ -105,18 +105,9 @@ def _phase_calls():
 
     def distill(model, tok):
         acts = teacher_activations(model, ids.to(device_of(model)), top_k=4, progress=False)
-        curve, _ = distill_logits(
-            student(model),
-            ids.to(device_of(model)),
-            acts["top_logp"],
-            acts["top_idx"],
-            2,
-            2,
-            1e-3,
-            seed=0,
-            progress=False,
-        )
-        aligned = align_layers(model, acts["hidden"], 4, steps=2, batch=2, lr=1e-2, seed=0, progress=False)[1]
+        targets = {"ids": ids.to(device_of(model)), "top_logp": acts["top_logp"], "top_idx": acts["top_idx"]}
+        curve, _ = distill_logits(student(model), targets, {"steps": 2, "batch": 2, "lr": 1e-3}, seed=0, progress=False)
+        aligned = align_layers(model, acts["hidden"], 4, {"steps": 2, "batch": 2, "lr": 1e-2}, 0, progress=False)[1]
         return (
             curve.drop("seconds", strict=False),
             aligned.drop("seconds", strict=False),

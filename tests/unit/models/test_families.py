@@ -210,7 +210,8 @@ def test_a_students_heads_compute_what_the_teachers_do_in_every_student_family(f
         torch.testing.assert_close(step(student, ids[:, t : t + 1], t, caches)[:, -1], full[:, t], rtol=1e-4, atol=1e-4)
     acts = teacher_activations(model, ids.repeat(2, 1), top_k=4, progress=False)
     before = {k: v.clone() for k, v in student.state_dict().items()}
-    distill_logits(student, ids.repeat(2, 1), acts["top_logp"], acts["top_idx"], 1, 2, 1e-3, 0, progress=False)
+    targets = {"ids": ids.repeat(2, 1), "top_logp": acts["top_logp"], "top_idx": acts["top_idx"]}
+    distill_logits(student, targets, {"steps": 1, "batch": 2, "lr": 1e-3}, 0, progress=False)
     changed = [k for k, v in student.state_dict().items() if not torch.equal(v, before[k])]
     ssm = {id(p) for m in mixers(student) for p in m.ssm_params()}
     trainable = {k for k, p in student.named_parameters() if id(p) in ssm}

@@ -328,8 +328,7 @@ def phase(tmp_path_factory, tiny_llama):
     write_parquet(build_kv_retrieval([3, 5], 2, seed=0, template="lookup"), root / "kv_retrieval.parquet")
     p = {name: str(root / name) for name in ("teacher", "ranking.parquet", "kv_retrieval.parquet")}
     run_distill_teacher(
-        p["teacher"],
-        str(MINI_MMLU),
+        Files(model=p["teacher"], mmlu=str(MINI_MMLU)),
         str(root / "teacher.safetensors"),
         CORPUS,
         top_k=4,
@@ -339,27 +338,31 @@ def phase(tmp_path_factory, tiny_llama):
     )
     run_distill_align(
         "tiny",
-        p["teacher"],
-        str(root / "teacher.safetensors"),
         4,
-        str(root / "align.safetensors"),
-        str(root / "align.parquet"),
-        str(root / "align-heads.parquet"),
+        Files(model=p["teacher"], teacher=str(root / "teacher.safetensors")),
+        Files(
+            weights=str(root / "align.safetensors"),
+            curve=str(root / "align.parquet"),
+            heads=str(root / "align-heads.parquet"),
+        ),
         {"steps": 2, "batch": 2, "lr": 1e-3},
         seed=1,
     )
     for k in (0, 2):
         run_distill_kd(
             "tiny",
-            p["teacher"],
-            str(root / "teacher.safetensors"),
-            str(root / "align.safetensors"),
-            p["ranking.parquet"],
-            k,
-            4,
-            str(root / f"k{k}"),
-            str(root / f"kd{k}.parquet"),
-            str(root / f"kd{k}-checkpoints.safetensors"),
+            f"k{k}-n4",
+            Files(
+                model=p["teacher"],
+                teacher=str(root / "teacher.safetensors"),
+                aligned=str(root / "align.safetensors"),
+                ranking=p["ranking.parquet"],
+            ),
+            Files(
+                student=str(root / f"k{k}"),
+                curve=str(root / f"kd{k}.parquet"),
+                checkpoints=str(root / f"kd{k}-checkpoints.safetensors"),
+            ),
             KD,
             checkpoints=[0, 1, 2] if k == 2 else [],
             seed=1,
@@ -845,18 +848,9 @@ def test_distill_logits_with_unit_weights_is_the_unweighted_loss_and_keeps_snaps
     runs = []
     for weights in (None, answer_weights(torch.zeros(4, 12, dtype=torch.bool), 7.0)):
         student = make_hybrid(copy.deepcopy(model), [(1, 0)], 4)
+        targets = {"ids": ids, "top_logp": acts["top_logp"], "top_idx": acts["top_idx"], "weights": weights}
         curve, saved = distill_logits(
-            student,
-            ids,
-            acts["top_logp"],
-            acts["top_idx"],
-            3,
-            2,
-            1e-3,
-            seed=0,
-            weights=weights,
-            checkpoints=[0, 2, 3],
-            progress=False,
+            student, targets, {"steps": 3, "batch": 2, "lr": 1e-3}, seed=0, checkpoints=[0, 2, 3], progress=False
         )
         runs.append((curve, saved, snapshot(student)))
     assert runs[0][0].equals(runs[1][0])
@@ -867,16 +861,12 @@ def test_distill_logits_with_unit_weights_is_the_unweighted_loss_and_keeps_snaps
     marked = torch.zeros(4, 12, dtype=torch.bool)
     marked[:, 5] = True
     student = make_hybrid(copy.deepcopy(model), [(1, 0)], 4)
+    targets = {"ids": ids, "top_logp": acts["top_logp"], "top_idx": acts["top_idx"]}
     weighted, _ = distill_logits(
         student,
-        ids,
-        acts["top_logp"],
-        acts["top_idx"],
-        3,
-        2,
-        1e-3,
+        {**targets, "weights": answer_weights(marked, 7.0)},
+        {"steps": 3, "batch": 2, "lr": 1e-3},
         seed=0,
-        weights=answer_weights(marked, 7.0),
         progress=False,
     )
     assert weighted["loss"][0] != curve["loss"][0]
@@ -893,15 +883,9 @@ def _kd_from(teacher, kept, aligned, ids, top_logp, top_idx, weights, kd, seed) 
         load_aligned(student, aligned)
     distill_logits(
         student,
-        ids,
-        top_logp,
-        top_idx,
-        kd["steps"],
-        kd["batch"],
-        kd["lr"],
+        {"ids": ids, "top_logp": top_logp, "top_idx": top_idx, "weights": weights},
+        kd,
         seed,
-        weights=weights,
-        compute_dtype=kd["compute_dtype"],
         progress=False,
     )
     return snapshot(student)
@@ -1156,15 +1140,9 @@ def test_bf16_distillation_step_agrees_with_the_float32_reference(tiny_llama):
         )
         curve, _ = distill_logits(
             student,
-            ids,
-            acts["top_logp"],
-            acts["top_idx"],
-            1,
-            4,
-            0.0,
+            {"ids": ids, "top_logp": acts["top_logp"], "top_idx": acts["top_idx"], "weights": weights},
+            {"steps": 1, "batch": 4, "lr": 0.0, "compute_dtype": compute_dtype},
             seed=0,
-            weights=weights,
-            compute_dtype=compute_dtype,
             progress=False,
         )  # lr 0: one step over the whole batch
         assert sorted(grads) == list(range(len(params))), "the step's backward did not reach every trained parameter"
@@ -1209,7 +1187,7 @@ def test_bf16_alignment_agrees_with_the_float32_reference(tiny_llama):
     hidden = teacher_activations(model, ids, top_k=4, progress=False)["hidden"]
     curves = [
         align_layers(
-            model, hidden, 4, steps=5, batch=2, lr=1e-3, seed=0, progress=False, log_every=1, compute_dtype=dtype
+            model, hidden, 4, {"steps": 5, "batch": 2, "lr": 1e-3, "compute_dtype": dtype}, 0, False, log_every=1
         )[1]
         for dtype in ("float32", "bfloat16")
     ]
@@ -1229,11 +1207,12 @@ def test_a_bfloat16_teacher_gets_float32_ssm_heads_that_align_distil_score_and_d
     tok = tiny_llama[1]
     ids = torch.randint(0, model.config.vocab_size, (4, 12), generator=torch.Generator().manual_seed(4))
     acts = teacher_activations(model, ids, top_k=4, progress=False)
-    state, align_curve = align_layers(model, acts["hidden"], 4, steps=2, batch=2, lr=1e-2, seed=0, progress=False)
+    state, align_curve = align_layers(model, acts["hidden"], 4, {"steps": 2, "batch": 2, "lr": 1e-2}, 0, progress=False)
     student = load_aligned(make_hybrid(copy.deepcopy(model), [(1, 0)], 4), state)
     m = mixers(student)[1]
     assert m.x_proj.weight.dtype == torch.float32 and m.q_proj.weight.dtype == torch.bfloat16
-    curve, _ = distill_logits(student, ids, acts["top_logp"], acts["top_idx"], 2, 2, 1e-3, seed=0, progress=False)
+    targets = {"ids": ids, "top_logp": acts["top_logp"], "top_idx": acts["top_idx"]}
+    curve, _ = distill_logits(student, targets, {"steps": 2, "batch": 2, "lr": 1e-3}, seed=0, progress=False)
     assert align_curve["loss"].is_finite().all() and curve["loss"].is_finite().all()
     scores = score_table(student, tok, build_kv_retrieval([3], 2, 0, "lookup"), progress=False)
     assert scores["logprobs"].explode().is_finite().all()
