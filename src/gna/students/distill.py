@@ -47,12 +47,22 @@ log = logging.getLogger("gna.students.distill")
 # -- teacher ----------------------------------------------------------------------------------
 
 
+FLOAT16_MAX = torch.finfo(torch.float16).max
+
+
+def compact(t: torch.Tensor) -> torch.Tensor:
+    """`t` in float16 where every value fits in it, else in float32: stored states take half the
+    space, but some teachers' residual streams outgrow float16 (Gemma 3's reach 1e5, past 65504,
+    which would become inf and the alignment NaN)."""
+    return t.to(torch.float16) if bool((t.abs() <= FLOAT16_MAX).all()) else t.float()
+
+
 @torch.inference_mode()
 def teacher_activations(
     model, ids: torch.Tensor, top_k: int, hidden_windows: int | None = None, batch: int = 4, progress: bool = True
 ) -> dict:
     """The teacher's top-k next-token log-probs at every position of the windows `ids` [n, T],
-    and the hidden state entering each layer (float16, [layers, hidden_windows, T, d]) of the
+    and the hidden state entering each layer ([layers, hidden_windows, T, d], `compact`) of the
     first `hidden_windows` windows (None: all) — what layer alignment needs, while end-to-end
     distillation needs only the log-probs, so it can use many more windows at little cost."""
     layers = layers_of(model)
@@ -60,7 +70,7 @@ def teacher_activations(
     captured: list[torch.Tensor] = []
 
     def grab(module, args, kwargs):
-        captured.append((args[0] if args else kwargs["hidden_states"]).to(torch.float16))
+        captured.append(args[0] if args else kwargs["hidden_states"])
 
     hooks = [layer.register_forward_pre_hook(grab, with_kwargs=True) for layer in layers]
     hidden, top_lp, top_ix = [], [], []
@@ -70,7 +80,7 @@ def teacher_activations(
             logits = model(input_ids=ids[start : start + batch], use_cache=False).logits.float()
             work.add(ids[start : start + batch].numel(), len(layers))
             if start < n_hidden:
-                hidden.append(torch.stack(captured)[:, : n_hidden - start])
+                hidden.append(compact(torch.stack(captured)[:, : n_hidden - start].float()))
             lp, ix = torch.log_softmax(logits, -1).topk(top_k, dim=-1)
             top_lp.append(lp)
             top_ix.append(ix.to(torch.int32))
@@ -78,7 +88,7 @@ def teacher_activations(
         for h in hooks:
             h.remove()
     return {
-        "hidden": torch.cat(hidden, dim=1).contiguous(),
+        "hidden": torch.cat(hidden, dim=1).contiguous(),  # float32 where any batch needed it
         "top_logp": torch.cat(top_lp),
         "top_idx": torch.cat(top_ix),
     }
@@ -127,7 +137,7 @@ def run_distill_teacher(
         },
         out_path,
     )
-    log.info("teacher hidden states %s (float16)", tuple(acts["hidden"].shape))
+    log.info("teacher hidden states %s (%s)", tuple(acts["hidden"].shape), acts["hidden"].dtype)
 
 
 # -- stage 1: layer-local alignment -----------------------------------------------------------
@@ -223,7 +233,7 @@ def align_layers(
 
 @torch.no_grad()
 def attention_targets(base, ms, metrics, hidden: torch.Tensor, batch: int) -> torch.Tensor:
-    """[layers, n, T, H, P] float16: every attention head's output for the teacher's hidden
+    """[layers, n, T, H, P] (`compact`): every attention head's output for the teacher's hidden
     states `hidden` [layers, n, T, d], in the output metric (_output_metric) — what alignment
     fits, fixed, so computed once rather than at every step."""
     n_layers, n_seq, length, _ = hidden.shape
@@ -234,9 +244,11 @@ def attention_targets(base, ms, metrics, hidden: torch.Tensor, batch: int) -> to
             u = mixer_input(layer, hidden[i, start : start + batch].float())
             rope = rotary(base, u, pos.expand(len(u), -1), i)
             heads = m.attention_output(u, rope, None, list(range(m.num_heads)))
-            target = torch.einsum("blhp,hpq->blhq", heads.float(), metric).to(torch.float16)
+            target = compact(torch.einsum("blhp,hpq->blhq", heads.float(), metric))
             if out is None:
                 out = target.new_empty(n_layers, n_seq, *target.shape[1:])
+            elif target.dtype == torch.float32 and out.dtype == torch.float16:  # from the first that needs it
+                out = out.float()
             out[i, start : start + len(u)] = target
     return out
 

@@ -1217,3 +1217,17 @@ def test_a_bfloat16_teacher_gets_float32_ssm_heads_that_align_distil_score_and_d
     scores = score_table(student, tok, build_kv_retrieval([3], 2, 0, "lookup"), progress=False)
     assert scores["logprobs"].explode().is_finite().all()
     assert measured_cache(student, 12) > 0
+
+
+def test_teacher_states_past_float16_are_kept_in_float32_and_align(tiny_llama):
+    """A teacher whose residual stream outgrows float16 (Gemma 3's reaches 1e5) keeps its states in
+    float32, and alignment stays finite; one whose states fit keeps them in float16."""
+    model = copy.deepcopy(tiny_llama[0])
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(3))
+    assert teacher_activations(model, ids, top_k=4, progress=False)["hidden"].dtype == torch.float16
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(1e7)
+    hidden = teacher_activations(model, ids, top_k=4, progress=False)["hidden"]
+    assert hidden.dtype == torch.float32 and hidden.abs().max() > torch.finfo(torch.float16).max
+    _, curve = align_layers(model, hidden, 4, {"steps": 2, "batch": 2, "lr": 1e-3}, 0, progress=False)
+    assert curve["loss"].is_finite().all()
