@@ -25,3 +25,42 @@ def test_evaluation_from_the_config_round_trips_through_params():
 def test_a_bad_evaluation_setting_names_its_key(bad, key):
     with pytest.raises(ValueError, match=f"^{key}: "):
         Evaluation(**bad)
+
+
+def test_student_scoring_names_the_key_and_passes_only_the_fields_a_rule_reads():
+    from gna.core.settings import StudentScoring
+
+    hybrid = {
+        "eval_items": None,
+        "answer_rows_items": 50,
+        "degeneracy_items": 20,
+        "budget_curve": {"dict_size": 10},
+        "skip_where_teacher_degenerate": True,
+        "skip_where_teacher_at_chance": False,
+    }
+    config = {"hybrid": hybrid, "dtype": "float32", "eval": {"batch_size": 4, "compute_dtype": "float32"}}
+    scoring = StudentScoring.from_config(config)
+    assert scoring.teacher_checks == ("degenerate",) and scoring.dict_size == 10 and scoring.items is None
+    assert StudentScoring.from_config(config, "answer_rows_items").items == 50
+    assert StudentScoring(**scoring.as_params()) == scoring
+    assert scoring.as_params("dict_size", "evaluation") == {
+        "dict_size": 10,
+        "evaluation": scoring.evaluation.as_params(),
+    }
+    for bad, key in (
+        ({"items": -1}, "hybrid.eval_items"),
+        ({"dict_size": 0}, "hybrid.budget_curve.dict_size"),
+        ({"teacher_checks": ("chance",)}, r"hybrid.skip_where_teacher_\*"),
+    ):
+        with pytest.raises(ValueError, match=f"^{key}: "):
+            StudentScoring(**bad)
+
+
+def test_files_name_their_roles_and_a_missing_role():
+    from gna.core.settings import Files
+
+    files = Files(model="m", tasks=("a", "b"), baseline=[])
+    assert files.model == "m" and files.tasks == ["a", "b"] and files.get("baseline") is None
+    with pytest.raises(AttributeError, match="no 'teacher' file here \\(files: model, tasks, baseline\\)"):
+        _ = files.teacher
+    assert Files.of({"model": "m", "tasks": ("a",)}).tasks == ["a"]  # as from Snakemake's named lists
