@@ -21,7 +21,7 @@ check_local_sources(config, workflow.basedir)
 check_config_families(config)
 
 MODELS = list(config["models"])
-HYBRID_MODELS = [m for m in MODELS if "hybrid" not in config["models"][m].get("skip", [])]  # teachers of students
+TEACHERS = [m for m in MODELS if "hybrid" not in config["models"][m].get("skip", [])]  # teachers of students
 TASKS = built_tasks(config)
 FACTS_TASKS = [t for t in TASKS if t.startswith("facts_")]
 # every KV-retrieval prompt set (data/tasks/<name>.parquet): the evaluation set and the phases' own
@@ -138,14 +138,14 @@ def _check_student_lists():
     if HYBRID["enabled"] and HYBRID["ablation"]["remove"]:
         ablation_kd(HYBRID)  # kd_steps must be a budget of the ablated student's curve
     sizes = config["tasks"]["kv_retrieval"]["sizes"]
-    if HYBRID["enabled"] and HYBRID["budget_curve"]["dict_size"] not in sizes:
-        raise ValueError(f"config key 'hybrid.budget_curve.dict_size': {HYBRID['budget_curve']['dict_size']} is not "
+    if HYBRID["enabled"] and HYBRID["dict_size"] not in sizes:
+        raise ValueError(f"config key 'hybrid.dict_size': {HYBRID['dict_size']} is not "
                          f"a KV dictionary size of this config; allowed: {', '.join(map(str, sizes))}")
 
 
 _check_student_lists()
 # students that also go through the Gather-and-Aggregate rules, named like models
-GNA_STUDENTS = [student_name(m, v) for m in HYBRID_MODELS for v in HYBRID["gna_variants"]] if HYBRID["enabled"] else []
+GNA_STUDENTS = [student_name(m, v) for m in TEACHERS for v in HYBRID["gna_variants"]] if HYBRID["enabled"] else []
 # the attribution check compares the pre-ranking with the exact sweep, so it needs one
 ATTRIBUTION_CHECK = config["heads"]["sweep_mode"] == "exact"
 GNA_MODELS = [m for m in MODELS if "gna" not in config["models"][m].get("skip", [])] + GNA_STUDENTS

@@ -27,16 +27,16 @@ def pure_ssm_variant():
 def get_hybrid_results():
     if not HYBRID["enabled"]:
         return []
-    results = expand("data/results/hybrid/{model}/{variant}.parquet", model=HYBRID_MODELS,
+    results = expand("data/results/hybrid/{model}/{variant}.parquet", model=TEACHERS,
                      variant=[TEACHER_VARIANT] + hybrid_variants())
-    results += expand("data/results/hybrid/{model}/memory.parquet", model=HYBRID_MODELS)
-    results += expand("data/results/hybrid/{model}/answer-rows-{variant}.parquet", model=HYBRID_MODELS,
+    results += expand("data/results/hybrid/{model}/memory.parquet", model=TEACHERS)
+    results += expand("data/results/hybrid/{model}/answer-rows-{variant}.parquet", model=TEACHERS,
                       variant=answer_row_variants())
     if HYBRID["swap"]:
-        results += expand("data/results/hybrid/{model}/swap.parquet", model=HYBRID_MODELS)
-    results += expand("data/results/hybrid/{model}/budget-{variant}.parquet", model=HYBRID_MODELS,
+        results += expand("data/results/hybrid/{model}/swap.parquet", model=TEACHERS)
+    results += expand("data/results/hybrid/{model}/budget-{variant}.parquet", model=TEACHERS,
                       variant=HYBRID["budget_curve"]["variants"])
-    results += expand("data/results/hybrid/{model}/ablation-{ablation}.parquet", model=HYBRID_MODELS,
+    results += expand("data/results/hybrid/{model}/ablation-{ablation}.parquet", model=TEACHERS,
                       ablation=HYBRID["ablation"]["remove"])
     return results
 

@@ -8,7 +8,7 @@ def get_report_inputs():
     hybrid = HYBRID["enabled"]
     values = {
         "model": MODELS,
-        "hybrid_model": HYBRID_MODELS,
+        "hybrid_model": TEACHERS,
         "gna_model": GNA_MODELS,
         "scored_variant": [TEACHER_VARIANT] + hybrid_variants(),
         "student_variant": hybrid_variants(),

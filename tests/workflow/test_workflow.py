@@ -457,7 +457,7 @@ def test_slurm_profile_dry_run_without_slurm(tmp_path):
             {"variants": ["k5-n8"]},
             "config key 'hybrid.budget_curve.variants': ['k5-n8'] are not students",
         ),
-        ("budget_curve", {"dict_size": 4}, "config key 'hybrid.budget_curve.dict_size': 4 is not a KV dictionary size"),
+        ("dict_size", 4, "config key 'hybrid.dict_size': 4 is not a KV dictionary size"),
         ("knowledge_heads_kept", [0, 5], "config key 'hybrid.knowledge_heads_kept': [5] are not in hybrid.heads_kept"),
     ],
 )

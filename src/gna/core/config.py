@@ -17,6 +17,23 @@ class ConfigError(ValueError):
     pass
 
 
+# keys that moved: a config still using the old name is refused with the new one named
+MOVED_KEYS = {
+    # it sets the ablations', the state-size sweep's and the degeneracy check's size too
+    "hybrid.budget_curve.dict_size": "hybrid.dict_size",
+}
+
+
+def _check_moved(config: dict) -> None:
+    for old, new in MOVED_KEYS.items():
+        *parents, key = old.split(".")
+        node = config
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and key in node:
+            raise ConfigError(f"config key '{old}' is now '{new}' (the same value); rename it in your config")
+
+
 def _dotted(path) -> str:
     out = ""
     for part in path:
@@ -74,6 +91,7 @@ def validate_config(config: dict, schema: dict) -> dict:
     """Return a validated copy of `config` with defaults filled and keys in canonical order (so
     models, too, run and appear in name order); raise ConfigError otherwise."""
     config = copy.deepcopy(config)
+    _check_moved(config)
     validator = _with_defaults(jsonschema.Draft202012Validator)(schema)
     errors = sorted(
         validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path)))

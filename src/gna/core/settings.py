@@ -49,7 +49,7 @@ class StudentScoring:
     degeneracy_items  items per task rescored with another item's context (hybrid.degeneracy_items)
     dict_size         the one KV dictionary size of the budget curve, the recipe ablations and the
                       state-size sweep's students, and the pool of KV retrieval's degeneracy check
-                      (hybrid.budget_curve.dict_size)
+                      (hybrid.dict_size)
     teacher_checks    the checks of the teacher's scores that keep a student off a task
                       (hybrid.skip_where_teacher_degenerate / _at_chance)
     evaluation        how models are loaded and scored (Evaluation)
@@ -68,7 +68,7 @@ class StudentScoring:
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ValueError(f"hybrid.{key}: {value!r} is not a non-negative integer or null")
         if self.dict_size is not None and (not isinstance(self.dict_size, int) or self.dict_size < 1):
-            raise ValueError(f"hybrid.budget_curve.dict_size: {self.dict_size!r} is not a positive integer")
+            raise ValueError(f"hybrid.dict_size: {self.dict_size!r} is not a positive integer")
         unknown = sorted(set(self.teacher_checks) - set(TEACHER_CHECKS))
         if unknown:
             raise ValueError(f"hybrid.skip_where_teacher_*: unknown teacher checks {unknown}; known: {TEACHER_CHECKS}")
@@ -82,7 +82,7 @@ class StudentScoring:
         return cls(
             items=hybrid[items_key],
             degeneracy_items=hybrid["degeneracy_items"],
-            dict_size=hybrid["budget_curve"]["dict_size"],
+            dict_size=hybrid["dict_size"],
             teacher_checks=tuple(c for c in TEACHER_CHECKS if hybrid[f"skip_where_teacher_{c}"]),
             evaluation=Evaluation.from_config(config),
         )

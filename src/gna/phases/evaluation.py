@@ -177,19 +177,19 @@ def score_model(
     tables: dict[str, pl.DataFrame],
     heldout: torch.Tensor | None,
     batch_size: int,
-    swap_items: int | None = None,
+    degeneracy_items: int | None = None,
     progress: bool = True,
     scored: dict[str, pl.DataFrame] | None = None,
-    swap_from: dict[str, pl.DataFrame] | None = None,
+    degeneracy_pool: dict[str, pl.DataFrame] | None = None,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(summary, items) of the model on every task table, plus held-out perplexity: summary is
     tidy (task, group, n, metric, value, ci_low, ci_high, degenerate), items one row per scored
-    item (gna.engine.scoring.per_item_frame). `swap_items` items per task (None: all, 0: none) are
+    item (gna.engine.scoring.per_item_frame). `degeneracy_items` items per task (None: all, 0: none) are
     scored again with another item's context (gna.tasks.tables.context_swapped): their
     predictions are the items' `pred_swapped`, and the summary says whether the model is
     degenerate (answers the same whatever the context). `scored`: {task: per-item scores of this
     model already computed on a superset of the table's items (the teacher's baseline)}, used
-    instead of scoring those items again. `swap_from`: {task: the items of its table that the
+    instead of scoring those items again. `degeneracy_pool`: {task: the items of its table that the
     degeneracy check draws from (default: the whole table)}."""
     summaries, items = [], []
     for name, table in tables.items():
@@ -197,14 +197,14 @@ def score_model(
             per_item = known_items(table, scored[name])
         else:
             per_item = score_table(model, tok, table, batch_size=batch_size, progress=progress, desc=name)
-        pool = (swap_from or {}).get(name, table)
-        check = context_swapped(pool, swap_items) if swap_items != 0 else table.clear()
-        if swap_items != 0 and check.is_empty():
+        pool = (degeneracy_pool or {}).get(name, table)
+        check = context_swapped(pool, degeneracy_items) if degeneracy_items != 0 else table.clear()
+        if degeneracy_items != 0 and check.is_empty():
             log.warning(
                 "%s: no degeneracy check: none of the %s items chosen has a partner with as many "
                 "choices to swap contexts with",
                 name,
-                swap_items,
+                degeneracy_items,
             )
         if not check.is_empty():
             swapped = score_table(

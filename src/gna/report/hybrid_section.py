@@ -267,7 +267,7 @@ def budget_note(hy: dict) -> str:
         f"(on the first {align_windows}), distillation {hy['kd']['steps']} steps × {hy['kd']['batch']} windows "
         f"({hy['kd']['steps'] * hy['kd']['batch'] * corpus['seq_len']:,} tokens; answer positions weighted "
         f"{hy['kd']['answer_weight']:g}×). Scored on {items}; "
-        f"{hy['degeneracy_items']} items per task (KV retrieval: of {hy['budget_curve']['dict_size']} keys) "
+        f"{hy['degeneracy_items']} items per task (KV retrieval: of {hy['dict_size']} keys) "
         "scored again with another item's context (a model "
         "that keeps its answer on most of them does not read the context and is flagged "
         f"<i>degenerate</i> instead of scored); perplexity on {corpus['heldout_windows']} held-out windows. "
@@ -362,8 +362,8 @@ def heads_kept_summary(teacher: pl.DataFrame, heads: pl.DataFrame, goal_k: int =
 
 def state_size_part(model: str, students: pl.DataFrame, hy: dict) -> str:
     """Per entry of state_sweep_heads_kept, its students at each state size: KV accuracy at the
-    one dictionary size all of them are scored at (hybrid.budget_curve.dict_size) and perplexity."""
-    size = hy["budget_curve"]["dict_size"]
+    one dictionary size all of them are scored at (hybrid.dict_size) and perplexity."""
+    size = hy["dict_size"]
     parts = []
     for k in sorted(set(hy["state_sweep_heads_kept"])):
         state = students.filter(pl.col("heads_kept") == k).sort("state_size")
@@ -494,7 +494,7 @@ def ablation_part(model: str, scores: pl.DataFrame, budget: pl.DataFrame, ablati
     sub = ablation.filter(pl.col("model") == model) if not ablation.is_empty() else ablation
     if sub.is_empty():
         return ""
-    variant, size = hy["ablation"]["variant"], str(hy["budget_curve"]["dict_size"])
+    variant, size = hy["ablation"]["variant"], str(hy["dict_size"])
     label = "recipe"
     # the KV items of the budget curve's dictionary size only: the ablations were scored on those
     keep = (
@@ -587,7 +587,7 @@ def model_part(
         heads_kept_part(model, teacher, heads, hy)
         + figure
         + heads_kept_summary(teacher, heads)
-        + budget_part(model, budget, teacher, hy["budget_curve"]["dict_size"], ctx)
+        + budget_part(model, budget, teacher, hy["dict_size"], ctx)
         + ablation_part(model, sub, budget, ablation, hy)
         + state_size_part(model, students, hy)
         + swap_part(model, swap, students, teacher, hy)

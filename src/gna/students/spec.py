@@ -105,11 +105,11 @@ def scored_tasks(hybrid: dict, variant: str, tasks: list[str]) -> list[str]:
 
 def scored_dict_size(hybrid: dict, variant: str) -> int | None:
     """The one KV dictionary size a student of the state-size sweep alone is scored at
-    (hybrid.budget_curve.dict_size, as the budget curve and the ablations); None (every size) for
+    (hybrid.dict_size, as the budget curve and the ablations); None (every size) for
     the teacher and the heads-kept sweep."""
     if variant == TEACHER_VARIANT or in_heads_kept_sweep(hybrid, variant):
         return None
-    return hybrid["budget_curve"]["dict_size"]
+    return hybrid["dict_size"]
 
 
 def checkpoint_steps(steps: int, points: int) -> list[int]:

@@ -186,7 +186,7 @@ def run_hybrid_score(
         evaluation.batch_size,
         scoring.degeneracy_items,
         scored=load_item_scores(inputs.get("baseline", [])),
-        swap_from=kv_swap_pool(tables, scoring.dict_size),
+        degeneracy_pool=kv_degeneracy_pool(tables, scoring.dict_size),
     )
     frame = label_variant(_with_reasons(frame, reasons), variant)
     write_scores(frame, items, model_name, outputs.summary, outputs.answers)
@@ -216,7 +216,7 @@ def run_hybrid_swap(
             heldout,
             evaluation.batch_size,
             scoring.degeneracy_items,
-            swap_from=kv_swap_pool(tables, scoring.dict_size),
+            degeneracy_pool=kv_degeneracy_pool(tables, scoring.dict_size),
         )
     frame = _with_reasons(frame, reasons).with_columns(
         pl.lit(swap_label(variant, critical)).alias("variant"), pl.lit(critical).alias("swapped_layer")
@@ -241,13 +241,13 @@ def at_dict_size(table: pl.DataFrame, dict_size: int, source: str) -> pl.DataFra
     if picked.is_empty():
         raise ValueError(
             f"{source}: no KV-retrieval items of dictionary size {dict_size} "
-            f"(hybrid.budget_curve.dict_size); the task has sizes {sorted(table['dict_size'].unique())}"
+            f"(hybrid.dict_size); the task has sizes {sorted(table['dict_size'].unique())}"
         )
     return picked
 
 
-def kv_swap_pool(tables: dict[str, pl.DataFrame], dict_size: int | None) -> dict[str, pl.DataFrame] | None:
-    """score_model's swap_from: KV retrieval's degeneracy check drawn from its items of
+def kv_degeneracy_pool(tables: dict[str, pl.DataFrame], dict_size: int | None) -> dict[str, pl.DataFrame] | None:
+    """score_model's degeneracy_pool: KV retrieval's degeneracy check drawn from its items of
     `dict_size` keys (None, or no KV table: from every item)."""
     if dict_size is None or "kv_retrieval" not in tables:
         return None

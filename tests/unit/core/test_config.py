@@ -65,6 +65,10 @@ def test_defaults_are_filled():
             "config key 'models.t': heads (4) must be a multiple of kv_heads (3)",
         ),
         (lambda c: c.setdefault("heads", {}).update(sweep_mode="fast"), "config key 'heads.sweep_mode'"),
+        (  # a moved key names its new place
+            lambda c: c["hybrid"]["budget_curve"].update(dict_size=10),
+            "config key 'hybrid.budget_curve.dict_size' is now 'hybrid.dict_size'",
+        ),
         (lambda c: c.setdefault("heads", {}).update(verify_budget=0), "config key 'heads.verify_budget'"),
         (lambda c: c.setdefault("heads", {}).update(verify_order="abs"), "allowed values: signed, magnitude, graddrop"),
         (

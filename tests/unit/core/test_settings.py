@@ -34,7 +34,7 @@ def test_student_scoring_names_the_key_and_passes_only_the_fields_a_rule_reads()
         "eval_items": None,
         "answer_rows_items": 50,
         "degeneracy_items": 20,
-        "budget_curve": {"dict_size": 10},
+        "dict_size": 10,
         "skip_where_teacher_degenerate": True,
         "skip_where_teacher_at_chance": False,
     }
@@ -49,7 +49,7 @@ def test_student_scoring_names_the_key_and_passes_only_the_fields_a_rule_reads()
     }
     for bad, key in (
         ({"items": -1}, "hybrid.eval_items"),
-        ({"dict_size": 0}, "hybrid.budget_curve.dict_size"),
+        ({"dict_size": 0}, "hybrid.dict_size"),
         ({"teacher_checks": ("chance",)}, r"hybrid.skip_where_teacher_\*"),
     ):
         with pytest.raises(ValueError, match=f"^{key}: "):

@@ -69,7 +69,7 @@ def test_budget_goal_gives_the_first_budget_that_reaches_the_goal_or_says_none_d
 def test_ablations_at_a_budget_are_compared_with_the_recipe_at_that_budget():
     """With ablation.kd_steps the 'full recipe' row is the budget curve's checkpoint at those
     steps (not the fully trained student), and the title says the budget."""
-    hy = {"ablation": {"variant": "k10-n16", "kd_steps": 14}, "budget_curve": {"dict_size": 10}}
+    hy = {"ablation": {"variant": "k10-n16", "kd_steps": 14}, "dict_size": 10}
     common = {"model": "m", "variant": "k10-n16", "degenerate": False}
     scores = pl.DataFrame([kv10(0.96, 0.87, 0.99, **common)])
     budget = pl.DataFrame(
@@ -119,7 +119,7 @@ def test_state_size_table_shows_the_one_dictionary_size_every_student_is_scored_
     ]
     rows += [ppl(30.0 - n / 8, state_size=n) for n in (4, 16, 64)]
     scores = pl.DataFrame([r | {"heads_kept": 0} for r in rows])
-    html_text = state_size_part("m", scores, {"state_sweep_heads_kept": [0], "budget_curve": {"dict_size": 10}})
+    html_text = state_size_part("m", scores, {"state_sweep_heads_kept": [0], "dict_size": 10})
     assert "KV-retrieval at 10 keys" in html_text and "KV 10" in html_text
     assert "KV 40" not in html_text and "KV all" not in html_text
 

@@ -81,8 +81,10 @@ KD = {"steps": 2, "batch": 2, "lr": 1e-3, "answer_weight": 5, "compute_dtype": "
 
 # the rules' functions with their files and scoring settings given as keywords (the scripts pass
 # Snakemake's input/output and the rule's StudentScoring)
-def _scoring(max_items=None, swap_items=None, evaluation=Evaluation(), teacher_checks=TEACHER_CHECKS, dict_size=None):
-    return StudentScoring(max_items, swap_items, dict_size, teacher_checks, evaluation)
+def _scoring(
+    max_items=None, degeneracy_items=None, evaluation=Evaluation(), teacher_checks=TEACHER_CHECKS, dict_size=None
+):
+    return StudentScoring(max_items, degeneracy_items, dict_size, teacher_checks, evaluation)
 
 
 def score(
@@ -97,7 +99,7 @@ def score(
     baseline_paths=(),
     teacher_summary_path=None,
     kv_dict_size=None,
-    swap_dict_size=None,
+    degeneracy_dict_size=None,
     **scoring,
 ):
     inputs = Files(
@@ -112,7 +114,7 @@ def score(
         variant,
         inputs,
         Files(summary=summary, answers=answers),
-        _scoring(dict_size=swap_dict_size, **scoring),
+        _scoring(dict_size=degeneracy_dict_size, **scoring),
         kv_dict_size,
     )
 
@@ -406,7 +408,7 @@ def test_scoring_rules_on_the_distilled_students(phase):
         tasks,
         str(root / "score.parquet"),
         str(root / "answers.parquet"),
-        swap_items=None,
+        degeneracy_items=None,
         **args,
     )
     assert "perplexity" in scores["metric"].to_list() and set(scores["heads_kept"]) == {2}
@@ -425,7 +427,7 @@ def test_scoring_rules_on_the_distilled_students(phase):
         tasks,
         str(root / "score2.parquet"),
         str(root / "answers2.parquet"),
-        swap_items=None,
+        degeneracy_items=None,
         **args,
     )
     assert again.equals(scores)
@@ -438,7 +440,7 @@ def test_scoring_rules_on_the_distilled_students(phase):
         tasks,
         str(root / "swap.parquet"),
         str(root / "swap-answers.parquet"),
-        swap_items=0,
+        degeneracy_items=0,
         **args,
     )
     assert set(swap["variant"]) == {"k0-n4 + attention layer 2"} and set(swap["swapped_layer"]) == {2}
@@ -463,7 +465,7 @@ def test_the_teacher_is_read_from_its_baseline_not_scored_again(phase):
         str(root / "base.items.parquet"),
         evaluation=Evaluation(batch_size=2),
     )
-    args = dict(max_items=3, swap_items=2, evaluation=Evaluation(batch_size=2))
+    args = dict(max_items=3, degeneracy_items=2, evaluation=Evaluation(batch_size=2))
     scored = score(
         "tiny",
         "teacher",
@@ -505,7 +507,10 @@ def test_the_teacher_is_read_from_its_baseline_not_scored_again(phase):
 
 def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
     root, p = phase
-    tasks, args = [p["kv_retrieval.parquet"]], dict(max_items=4, swap_items=None, evaluation=Evaluation(batch_size=2))
+    tasks, args = (
+        [p["kv_retrieval.parquet"]],
+        dict(max_items=4, degeneracy_items=None, evaluation=Evaluation(batch_size=2)),
+    )
     student = (str(root / "k2"), str(root / "teacher.safetensors"))
     degenerate_only = {"teacher_checks": ("degenerate",)}  # the tiny teacher is at chance too
     # 2 of 4 items, of 3 and 5 keys: no item has a partner to swap contexts with, so no check (not a crash)
@@ -517,7 +522,7 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
         tasks,
         str(root / "u.parquet"),
         str(root / "ua.parquet"),
-        **(args | {"swap_items": 2}),
+        **(args | {"degeneracy_items": 2}),
     )
     assert "context_swap_agreement" not in unchecked["metric"].to_list() and "degenerate" not in unchecked.columns
     teacher = score(
@@ -602,7 +607,10 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
 
 def test_a_student_is_not_scored_where_its_teacher_is_at_chance(phase):
     root, p = phase
-    tasks, args = [p["kv_retrieval.parquet"]], dict(max_items=4, swap_items=None, evaluation=Evaluation(batch_size=2))
+    tasks, args = (
+        [p["kv_retrieval.parquet"]],
+        dict(max_items=4, degeneracy_items=None, evaluation=Evaluation(batch_size=2)),
+    )
     student = (str(root / "k2"), str(root / "teacher.safetensors"))
     teacher = score(
         "tiny", "teacher", p["teacher"], student[1], tasks, str(root / "t.parquet"), str(root / "ta.parquet"), **args
@@ -687,7 +695,7 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
         p["kv_retrieval.parquet"],
         str(root / "budget.parquet"),
         dict_size=5,
-        swap_items=2,
+        degeneracy_items=2,
         evaluation=Evaluation(batch_size=2),
     )
     assert sorted(set(curve["kd_steps"])) == [0, 1, 2] and sorted(set(curve["kd_tokens"])) == [0, 64, 128]
@@ -702,7 +710,7 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
         str(root / "s.parquet"),
         str(root / "a.parquet"),
         max_items=None,
-        swap_items=2,
+        degeneracy_items=2,
         evaluation=Evaluation(batch_size=2),
         kv_dict_size=5,
     )
@@ -717,7 +725,7 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
             str(root / "s.parquet"),
             str(root / "a.parquet"),
             max_items=None,
-            swap_items=2,
+            degeneracy_items=2,
             evaluation=Evaluation(batch_size=2),
             kv_dict_size=4,
         )
@@ -734,9 +742,9 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
         str(root / "s5.parquet"),
         str(root / "a5.parquet"),
         max_items=None,
-        swap_items=2,
+        degeneracy_items=2,
         evaluation=Evaluation(batch_size=2),
-        swap_dict_size=5,
+        degeneracy_dict_size=5,
     )
     answers = pl.read_parquet(root / "a5.parquet")
     assert answers.filter(pl.col("pred_swapped").is_not_null())["group"].to_list() == ["5", "5"]
@@ -750,7 +758,7 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
             p["kv_retrieval.parquet"],
             str(root / "budget-read.parquet"),
             dict_size=5,
-            swap_items=2,
+            degeneracy_items=2,
             evaluation=Evaluation(batch_size=2),
             summary_path=str(root / "s5.parquet"),
             answers_path=str(root / "a5.parquet"),
@@ -768,7 +776,7 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
         str(root / "s0.parquet"),
         str(root / "a0.parquet"),
         max_items=None,
-        swap_items=0,
+        degeneracy_items=0,
         evaluation=Evaluation(batch_size=2),
     )
     kv = pl.read_parquet(p["kv_retrieval.parquet"])
@@ -785,9 +793,9 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
         str(root / "s1.parquet"),
         str(root / "a1.parquet"),
         max_items=3,
-        swap_items=2,
+        degeneracy_items=2,
         evaluation=Evaluation(batch_size=2),
-        swap_dict_size=5,
+        degeneracy_dict_size=5,
     )
     assert len(pl.read_parquet(root / "a1.parquet").filter(pl.col("group") == "5")) == 1
     assert budget_point_from_scores(str(root / "s1.parquet"), str(root / "a1.parquet"), at[5]) is None
@@ -821,7 +829,7 @@ def test_ablation_kd_steps_must_be_a_budget_of_the_ablated_students_curve():
 
 
 def test_the_state_size_sweep_alone_is_scored_on_retrieval_at_one_dictionary_size():
-    hybrid = {"heads_kept": [0, 10], "state_size": 16, "budget_curve": {"dict_size": 10}}
+    hybrid = {"heads_kept": [0, 10], "state_size": 16, "dict_size": 10}
     tasks = ["kv_retrieval", "mmlu_letter"]
     for variant in ("teacher", "k0-n16", "k10-n16"):
         assert scored_tasks(hybrid, variant, tasks) == tasks and scored_dict_size(hybrid, variant) is None
@@ -960,7 +968,7 @@ def test_ablation_rule_writes_scored_rows(phase):
         align_windows=4,
         seed=1,
         dict_size=3,
-        swap_items=2,
+        degeneracy_items=2,
         evaluation=Evaluation(batch_size=2),
     )
     assert set(frame["ablation"]) == {"no_align"} and {"acc", "perplexity"} <= set(frame["metric"])
@@ -981,7 +989,7 @@ def test_ablation_rule_writes_scored_rows(phase):
             align_windows=4,
             seed=1,
             dict_size=7,
-            swap_items=2,
+            degeneracy_items=2,
             evaluation=Evaluation(batch_size=2),
         )
     assert pl.read_parquet(root / "ablation.parquet").equals(frame)
