@@ -1,19 +1,15 @@
 """Rule heads_kept: the minimal model with only the top head kept in each of two critical layers."""
 
 from gna.core.runtime import setup
-from gna.core.settings import Evaluation
+from gna.core.settings import Evaluation, Files
 from gna.phases.head_tables import run_heads_kept
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 run_heads_kept(
     snakemake.wildcards.model,
-    snakemake.input.model,
-    snakemake.input.ranking,
-    snakemake.input.minimal,
-    snakemake.input.tasks,
+    Files.of(snakemake.input),
     snakemake.output[0],
     max_items=snakemake.params.max_items,
     evaluation=Evaluation(**snakemake.params.evaluation),
     skip_at_chance=snakemake.params.skip_at_chance,
-    gradual_items_path=snakemake.input.gradual_items,
 )

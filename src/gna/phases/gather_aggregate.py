@@ -16,7 +16,7 @@ import polars as pl
 import torch
 
 from gna.core.io import read_parquet, write_parquet
-from gna.core.settings import Evaluation
+from gna.core.settings import Evaluation, Files
 from gna.engine.device import device_of
 from gna.engine.hooks import head_sites
 from gna.engine.scoring import starts_with_bos
@@ -271,14 +271,8 @@ def shortest_item(table: pl.DataFrame) -> dict:
 
 def run_gna_roles(
     model_name: str,
-    model_dir: str,
-    ranking_path: str,
-    teacher_roles_paths: list[str],
-    mmlu_letter_paths: list[str],
-    prompts_path: str,
-    map_prompt_path: str,
-    roles_path: str,
-    maps_path: str,
+    inputs: Files,
+    outputs: Files,
     gna: dict,
     evaluation: Evaluation = Evaluation(),
 ) -> pl.DataFrame:
@@ -288,7 +282,27 @@ def run_gna_roles(
     map_heads (its roles from the teacher's roles table when `teacher_roles_paths` names one, so
     teacher and students show the same heads) on the KV prompt of `map_prompt_path`
     (data/tasks/prompts/gna_map) and on the shortest MMLU letter item if `mmlu_letter_paths` names
-    a table, written to `maps_path`. Both with a model column."""
+    a table, written to `maps_path`. Both with a model column. inputs: model, ranking, prompts,
+    map_prompt, optional teacher_roles and mmlu_letter (lists); outputs: roles, maps."""
+    (
+        model_dir,
+        ranking_path,
+        teacher_roles_paths,
+        mmlu_letter_paths,
+        prompts_path,
+        map_prompt_path,
+        roles_path,
+        maps_path,
+    ) = (
+        inputs.model,
+        inputs.ranking,
+        inputs.get("teacher_roles", []),
+        inputs.get("mmlu_letter", []),
+        inputs.prompts,
+        inputs.map_prompt,
+        outputs.roles,
+        outputs.maps,
+    )
     model, tok = load_any(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     ranking = read_parquet(ranking_path)
     table = read_parquet(prompts_path)

@@ -17,7 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from gna.core.io import read_parquet, write_json, write_parquet
-from gna.core.settings import Evaluation
+from gna.core.settings import Evaluation, Files
 from gna.engine.ablation import score_ablations
 from gna.engine.device import device_of
 from gna.engine.hooks import HeadSite, ablate_heads, all_heads, head_sites, site_of
@@ -348,9 +348,7 @@ def run_heads_sweep(
 
 def run_heads_attribution(
     model_name: str,
-    model_dir: str,
-    prompts_path: str,
-    ranking_path: str,
+    inputs: Files,
     out_path: str,
     timings_path: str,
     top_n: int,
@@ -361,7 +359,9 @@ def run_heads_attribution(
     (rank_attribution), the exact sweep of the estimate's top `top_n` heads (the cost of verifying
     a pre-ranking), and compare_attribution against the exact ranking in `ranking_path`; written
     to `out_path` with a model column. The two parts' wall times go to `timings_path` (JSON, a
-    log: timings are not results)."""
+    log: timings are not results).
+    inputs: model, prompts, ranking."""
+    model_dir, prompts_path, ranking_path = inputs.model, inputs.prompts, inputs.ranking
     model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     table = read_parquet(prompts_path)
     start = time.perf_counter()

@@ -15,7 +15,7 @@ import random
 import polars as pl
 
 from gna.core.io import read_json, read_parquet, write_parquet
-from gna.core.settings import Evaluation
+from gna.core.settings import Evaluation, Files
 from gna.engine.ablation import score_ablations
 from gna.engine.hooks import all_heads, head_sites, heads_per_layer
 from gna.engine.scoring import at_chance, known_items, known_or_scored, summarize_task
@@ -273,9 +273,7 @@ def dict_size_curves(
 
 def run_heads_topk(
     model_name: str,
-    model_dir: str,
-    ranking_path: str,
-    task_paths: list[str],
+    inputs: Files,
     out_path: str,
     top_k: list[int],
     random_draws: int,
@@ -283,7 +281,6 @@ def run_heads_topk(
     max_items: int | None,
     seed: int,
     evaluation: Evaluation = Evaluation(),
-    baseline_paths: list[str] = (),
     skip_at_chance: bool = False,
     control_k: list[int] | None = None,
     control_draws: int | None = None,
@@ -291,7 +288,14 @@ def run_heads_topk(
     """Phase heads_topk: remove_top_k of the ranking in `ranking_path` on the task tables
     `task_paths` (each cut to `max_items`), written to `out_path` with a model column; k = 0 is
     read from the model's per-item baseline scores `baseline_paths` where given (and with
-    skip_at_chance, whether a task is at chance)."""
+    skip_at_chance, whether a task is at chance).
+    inputs: model, ranking, tasks, optional baseline (list)."""
+    model_dir, ranking_path, task_paths, baseline_paths = (
+        inputs.model,
+        inputs.ranking,
+        inputs.tasks,
+        inputs.get("baseline", []),
+    )
     model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     result = remove_top_k(
         model,
@@ -315,20 +319,24 @@ def run_heads_topk(
 
 def run_heads_kept(
     model_name: str,
-    model_dir: str,
-    ranking_path: str,
-    minimal_path: str,
-    task_paths: list[str],
+    inputs: Files,
     out_path: str,
     max_items: int | None,
     evaluation: Evaluation = Evaluation(),
     skip_at_chance: bool = False,
-    gradual_items_path: str | None = None,
 ) -> pl.DataFrame:
     """Phase heads_kept: heads_kept on the minimal model of `minimal_path` (gna.phases.pruning's
     minimal_model JSON) and the task tables `task_paths`; written to `out_path` with a model column.
     The minimal model's own scores are read from gradual pruning's per-item scores
-    (`gradual_items_path`) where they hold the items (prefix_scores)."""
+    (`gradual_items_path`) where they hold the items (prefix_scores).
+    inputs: model, ranking, minimal, tasks, optional gradual_items."""
+    model_dir, ranking_path, minimal_path, task_paths, gradual_items_path = (
+        inputs.model,
+        inputs.ranking,
+        inputs.minimal,
+        inputs.tasks,
+        inputs.get("gradual_items"),
+    )
     model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     kept_layers = read_json(minimal_path)["kept_layers"]
     result = heads_kept(

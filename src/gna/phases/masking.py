@@ -21,7 +21,7 @@ import polars as pl
 import torch
 
 from gna.core.io import read_parquet, write_parquet
-from gna.core.settings import Evaluation
+from gna.core.settings import Evaluation, Files
 from gna.core.stats import wilson_interval
 from gna.engine.ablation import score_ablations
 from gna.engine.packing import PackedBatch
@@ -307,15 +307,10 @@ def masking_heads(roles: pl.DataFrame) -> dict[str, tuple[int, int]]:
 
 def run_gna_masking(
     model_name: str,
-    model_dir: str,
-    roles_path: str,
-    knowledge_paths: list[str],
-    choice_paths: list[str],
-    prompts_path: str,
+    inputs: Files,
     out_path: str,
     gna: dict,
     evaluation: Evaluation = Evaluation(),
-    scores_paths: list[str] = (),
 ) -> pl.DataFrame:
     """Phase gna_masking: masking_experiment with the masking_heads of `roles_path` on the KV
     prompts of `prompts_path` (data/tasks/prompts/gna_masking: not those the roles were found on)
@@ -325,7 +320,16 @@ def run_gna_masking(
     conditions that cannot show a loss where (a) is at chance; (a) of the knowledge and choice tables is read from the
     model's per-item scores `scores_paths` (its baseline's; a student's answers) where they hold the items. A student
     (gna.students.mixer) labels its heads SSM or attention. Skipped (an empty table) unless both roles have a head.
-    Written to `out_path` with a model column."""
+    Written to `out_path` with a model column.
+    inputs: model, roles, prompts, optional knowledge, choice and scores (lists)."""
+    model_dir, roles_path, knowledge_paths, choice_paths, prompts_path, scores_paths = (
+        inputs.model,
+        inputs.roles,
+        inputs.get("knowledge", []),
+        inputs.get("choice", []),
+        inputs.prompts,
+        inputs.get("scores", []),
+    )
     heads = masking_heads(read_parquet(roles_path))
     if len(heads) < 2:
         log.warning(

@@ -14,7 +14,7 @@ import logging
 import polars as pl
 
 from gna.core.io import read_json, read_parquet, write_json, write_parquet
-from gna.core.settings import Evaluation
+from gna.core.settings import Evaluation, Files
 from gna.engine.scoring import at_chance, known_or_scored, score_removals, score_table, summarize_task
 from gna.models.prepare import load_model
 from gna.tasks.tables import load_item_scores, load_task_tables
@@ -188,21 +188,26 @@ def individual(
 
 def run_prune_gradual(
     model_name: str,
-    model_dir: str,
-    task_paths: list[str],
-    out_path: str,
+    inputs: Files,
+    outputs: Files,
     max_items: int | None,
     evaluation: Evaluation = Evaluation(),
     skip_at_chance: bool = False,
     retrieval_task: str | None = None,
-    baseline_paths: list[str] = (),
-    items_path: str | None = None,
 ) -> pl.DataFrame:
     """Phase prune_gradual: `gradual` on the task tables `task_paths` (each cut to `max_items`),
     written to `out_path` with a model column, its per-item scores (gradual_items) to `items_path`. skip_at_chance:
     tasks on which the full model is
     at chance (judged on its baseline's per-item scores, `baseline_paths`) are scored on the
-    full model only; never `retrieval_task`, which defines the minimal model."""
+    full model only; never `retrieval_task`, which defines the minimal model.
+    inputs: model, tasks, optional baseline (list); outputs: summary, optional per_item."""
+    model_dir, task_paths, baseline_paths, out_path, items_path = (
+        inputs.model,
+        inputs.tasks,
+        inputs.get("baseline", []),
+        outputs.summary,
+        outputs.get("per_item"),
+    )
     model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     items = gradual_items(
         model,
@@ -243,20 +248,24 @@ def run_minimal_model(
 
 def run_prune_individual(
     model_name: str,
-    model_dir: str,
-    task_paths: list[str],
-    minimal_path: str,
+    inputs: Files,
     out_path: str,
     max_items: int | None,
     evaluation: Evaluation = Evaluation(),
     skip_at_chance: bool = True,
-    gradual_items_path: str | None = None,
 ) -> pl.DataFrame:
     """Phase prune_individual: `individual` removal on the minimal model of `minimal_path`
     (run_minimal_model's JSON), on the task tables `task_paths`; written to `out_path` with a
     model column. The minimal model's defining task (the JSON's `task`) is never skipped. The
     minimal model's own scores are read from gradual pruning's per-item scores
-    (`gradual_items_path`) where they hold the items (prefix_scores)."""
+    (`gradual_items_path`) where they hold the items (prefix_scores).
+    inputs: model, tasks, minimal, optional gradual_items."""
+    model_dir, task_paths, minimal_path, gradual_items_path = (
+        inputs.model,
+        inputs.tasks,
+        inputs.minimal,
+        inputs.get("gradual_items"),
+    )
     model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     minimal = read_json(minimal_path)
     result = individual(
