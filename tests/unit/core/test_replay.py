@@ -48,11 +48,16 @@ def early_plan(tmp_path: Path, edit=None) -> Path:
 
 @pytest.mark.slow
 def test_replayed_jobs_give_the_golden_results(tmp_path):
-    results = replay(early_plan(tmp_path), tmp_path / "work", parallel=2)
-    assert {r["status"] for r in results} == {"ok"}, [r for r in results if r["status"] != "ok"]
+    """The KV table, the model and its KV baseline, replayed (the smoke workflow test runs them all)."""
+
+    def kv_only(plan):
+        wanted = {"kv_task[kv_set=kv_retrieval]", "baseline[model=tiny-llama, task=kv_retrieval]"}
+        plan["jobs"] = [job for job in plan["jobs"] if job["rule"] == "prepare_model" or job_label(job) in wanted]
+
+    results = replay(early_plan(tmp_path, kv_only), tmp_path / "work", parallel=2)
+    assert len(results) == 3 and {r["status"] for r in results} == {"ok"}, results
     written = {name: outcome for name, outcome in outcomes(tmp_path / "work" / "data").items() if outcome != "missing"}
-    baselines = [name for name in written if name.startswith("results/baseline/")]
-    assert len(baselines) >= 5, written  # one per task at least
+    assert any(name.startswith("results/baseline/") for name in written), written
     # bit for bit where the golden results were recorded on this kind of machine
     assert all(outcome in ("bit for bit", "within 0.0001") for outcome in written.values()), written
 
