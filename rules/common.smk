@@ -7,7 +7,6 @@ from gna.core.config import built_tasks, load_schema, validate_config
 from gna.core.provenance import script_fingerprint
 from gna.core.resources import mem_mb, model_params_b
 from gna.core.settings import Evaluation
-from gna.models.families import check_config_families
 from gna.models.sources import check_local_sources
 from gna.tasks.tables import kv_prompt_sets
 
@@ -18,7 +17,6 @@ _validated = validate_config(config, load_schema(os.path.join(workflow.basedir, 
 config.clear()
 config.update(_validated)
 check_local_sources(config, workflow.basedir)
-check_config_families(config)
 
 MODELS = list(config["models"])
 TEACHERS = [m for m in MODELS if "hybrid" not in config["models"][m].get("skip", [])]  # teachers of students
@@ -125,25 +123,6 @@ def hybrid_variants():
     return student_variants(HYBRID)
 
 
-def _check_student_lists():
-    """Lists of students in config name students of this config; the budget curve's size (where the
-    ablations and the state-size sweep are scored too) is a KV size."""
-    for key, listed in (("gna_variants", HYBRID["gna_variants"]),
-                        ("budget_curve.variants", HYBRID["budget_curve"]["variants"]),
-                        ("ablation.variant", [HYBRID["ablation"]["variant"]] if HYBRID["ablation"]["remove"] else [])):
-        unknown = [v for v in listed if v not in hybrid_variants()]
-        if HYBRID["enabled"] and unknown:
-            raise ValueError(f"config key 'hybrid.{key}': {unknown} are not students of this config; "
-                             f"allowed: {', '.join(hybrid_variants())}")
-    if HYBRID["enabled"] and HYBRID["ablation"]["remove"]:
-        ablation_kd(HYBRID)  # kd_steps must be a budget of the ablated student's curve
-    sizes = config["tasks"]["kv_retrieval"]["sizes"]
-    if HYBRID["enabled"] and HYBRID["dict_size"] not in sizes:
-        raise ValueError(f"config key 'hybrid.dict_size': {HYBRID['dict_size']} is not "
-                         f"a KV dictionary size of this config; allowed: {', '.join(map(str, sizes))}")
-
-
-_check_student_lists()
 # students that also go through the Gather-and-Aggregate rules, named like models
 GNA_STUDENTS = [student_name(m, v) for m in TEACHERS for v in HYBRID["gna_variants"]] if HYBRID["enabled"] else []
 # the attribution check compares the pre-ranking with the exact sweep, so it needs one

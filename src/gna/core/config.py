@@ -101,6 +101,10 @@ def validate_config(config: dict, schema: dict) -> dict:
         messages = list(dict.fromkeys(_describe(e) for e in errors))
         raise ConfigError("invalid config:\n  " + "\n  ".join(messages))
     _check_semantics(config)
+    _check_students(config)
+    from gna.models.families import check_config_families
+
+    check_config_families(config)
     return canonical(config)
 
 
@@ -111,6 +115,38 @@ def built_tasks(config: dict) -> list[str]:
         + [f"mmlu_{f}" for f in config["tasks"]["mmlu"]["formats"]]
         + [f"facts_{f}" for f in config["tasks"]["facts"]["formats"]]
     )
+
+
+def _check_students(config: dict) -> None:
+    """The hybrid section's lists name students of this config; its KV size is one the config
+    builds; the ablations' KD budget is a point of the ablated student's budget curve."""
+    from gna.students.spec import ablation_kd, student_variants
+
+    hybrid = config["hybrid"]
+    if not hybrid["enabled"]:
+        return
+    variants = student_variants(hybrid)
+    for key, listed in (
+        ("gna_variants", hybrid["gna_variants"]),
+        ("budget_curve.variants", hybrid["budget_curve"]["variants"]),
+        ("ablation.variant", [hybrid["ablation"]["variant"]] if hybrid["ablation"]["remove"] else []),
+    ):
+        unknown = [v for v in listed if v not in variants]
+        if unknown:
+            raise ConfigError(
+                f"config key 'hybrid.{key}': {unknown} are not students of this config; allowed: {', '.join(variants)}"
+            )
+    if hybrid["ablation"]["remove"]:
+        try:
+            ablation_kd(hybrid)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+    sizes = config["tasks"]["kv_retrieval"]["sizes"]
+    if hybrid["dict_size"] not in sizes:
+        raise ConfigError(
+            f"config key 'hybrid.dict_size': {hybrid['dict_size']} is not a KV dictionary size of this config; "
+            f"allowed: {', '.join(map(str, sizes))}"
+        )
 
 
 def _check_semantics(config: dict) -> None:

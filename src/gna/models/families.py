@@ -57,20 +57,22 @@ def skip_hint(model_name: str, phase: str) -> str:
 
 def check_config_families(config: dict) -> None:
     """At config time, for models whose family the config names (tiny-random `arch`): a phase
-    the family refuses must be in the model's `skip`, else ValueError naming the key."""
+    the family refuses must be in the model's `skip`, else ConfigError naming the key."""
+    from gna.core.config import ConfigError
+
     hybrid_on = config.get("hybrid", {}).get("enabled", True)
     for name, spec in config["models"].items():
         if spec.get("source") != "tiny-random":
             continue
         arch, skip = spec.get("arch", "llama"), spec.get("skip", [])
         if hybrid_on and "hybrid" not in skip and arch not in STUDENT_FAMILIES:
-            raise ValueError(
+            raise ConfigError(
                 f"config key 'models.{name}.skip': students cannot be distilled from {arch} "
                 f"({REFUSED_BECAUSE['students']}; supported: {', '.join(STUDENT_FAMILIES)}); "
                 f"{skip_hint(name, 'hybrid')}"
             )
         if "gna" not in skip and arch not in ATTENTION_ONLY:
-            raise ValueError(
+            raise ConfigError(
                 f"config key 'models.{name}.skip': {REFUSED_BECAUSE['gna']} ({arch}); {skip_hint(name, 'gna')}"
             )
 

@@ -65,6 +65,28 @@ def test_defaults_are_filled():
             "config key 'models.t': heads (4) must be a multiple of kv_heads (3)",
         ),
         (lambda c: c.setdefault("heads", {}).update(sweep_mode="fast"), "config key 'heads.sweep_mode'"),
+        # the hybrid section's cross-key checks
+        (
+            lambda c: c["hybrid"].update(gna_variants=["k3-n8"]),
+            "config key 'hybrid.gna_variants': ['k3-n8'] are not students of this config",
+        ),
+        (
+            lambda c: c["hybrid"]["budget_curve"].update(variants=["k5-n8"]),
+            "config key 'hybrid.budget_curve.variants': ['k5-n8'] are not students",
+        ),
+        (lambda c: c["hybrid"].update(dict_size=4), "config key 'hybrid.dict_size': 4 is not a KV dictionary size"),
+        (
+            lambda c: c["hybrid"].update(knowledge_heads_kept=[0, 7]),
+            "config key 'hybrid.knowledge_heads_kept': [7] are not in hybrid.heads_kept",
+        ),
+        (
+            lambda c: c["hybrid"]["ablation"].update(kd_steps=3),
+            "config key 'hybrid.ablation.kd_steps': 3 must be a budget of the budget curve",
+        ),
+        (
+            lambda c: c["models"].update(m={"source": "tiny-random", "arch": "mamba"}),
+            "config key 'models.m.skip': students cannot be distilled from mamba",
+        ),
         (  # a moved key names its new place
             lambda c: c["hybrid"]["budget_curve"].update(dict_size=10),
             "config key 'hybrid.budget_curve.dict_size' is now 'hybrid.dict_size'",
