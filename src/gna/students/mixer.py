@@ -237,21 +237,21 @@ class HybridMixer(nn.Module):
     def init_from_attention(self, seed: int = 0):
         n, p = self.state_size, self.head_dim
         gen = torch.Generator(device="cpu").manual_seed(seed * 1000 + self.layer_idx)
+        # the q/k norms' gains (their division by the RMS is not linear), read once per layer
+        q_gain, k_gain = (None if norm is None else norm_gain(norm) for norm in (self.q_norm, self.k_norm))
         for j, h in enumerate(self.ssm_heads):
             g = h // self.group
             # C also carries 1/sqrt(P) like attention logits, and a small factor: without softmax's
             # normalisation a sum over many positions would otherwise start far too large
             c_scale = self.scaling * C_INIT_SCALE
             pairs = (
-                (self.C_proj, self.q_proj, self.q_norm, h, c_scale),
-                (self.B_proj, self.k_proj, self.k_norm, g, 1.0),
+                (self.C_proj, self.q_proj, q_gain, h, c_scale),
+                (self.B_proj, self.k_proj, k_gain, g, 1.0),
             )
-            for dst, src, norm, rows, scale in pairs:
+            for dst, src, gain, rows, scale in pairs:
                 block = src.weight[rows * p : (rows + 1) * p]
-                if norm is not None:  # the norm's gain, per row (its division by the RMS is not linear)
-                    gain = norm_gain(norm)
-                    gain = gain if gain.numel() == p else gain[rows * p : (rows + 1) * p]
-                    block = block * gain[:, None]
+                if gain is not None:  # per head (Qwen3, Gemma 3) or over the whole projection (OLMo-2)
+                    block = block * (gain if gain.numel() == p else gain[rows * p : (rows + 1) * p])[:, None]
                 take = min(n, p)
                 w = dst.weight[j * n : (j + 1) * n]
                 w[:take] = block[:take] * scale
