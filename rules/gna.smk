@@ -60,7 +60,8 @@ rule gna_masking:
     output:
         "data/results/gna/{model}/masking.parquet",
     params:
-        gna={k: config["gna"][k] for k in ("knowledge_items", "mmlu_min_acc", "skip_at_chance")},
+        gna={k: config["gna"][k] for k in ("knowledge_items", "mmlu_min_acc")},
+        chance=CHANCE,
         evaluation=EVALUATION,
         code=code_of("gna_masking"),
     log:

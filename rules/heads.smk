@@ -62,14 +62,9 @@ rule heads_topk:
     output:
         "data/results/heads/{model}/topk.parquet",
     params:
-        top_k=config["heads"]["top_k"],
-        random_draws=config["heads"]["random_draws"],
-        control_tasks=config["heads"]["control_tasks"],
-        control_k=config["heads"]["control_k"],
-        control_draws=config["heads"]["control_draws"],
+        top_k=TopK.from_config(config).as_params(),
         max_items=config["heads"]["table_max_items"],
-        seed=config["heads"]["seed"],
-        skip_at_chance=config["heads"]["skip_at_chance"],
+        chance=CHANCE,
         evaluation=EVALUATION,
         code=code_of("heads_topk"),
     log:
@@ -96,7 +91,7 @@ rule heads_kept:
         "data/results/heads/{model}/kept.parquet",
     params:
         max_items=config["heads"]["table_max_items"],
-        skip_at_chance=config["heads"]["skip_at_chance"],
+        chance=CHANCE,
         evaluation=EVALUATION,
         code=code_of("heads_kept"),
     log:

@@ -50,9 +50,9 @@ def get_checkpoint_steps(wildcards):
 
 
 def get_teacher_summary(wildcards):
-    """A student is not scored where its teacher is degenerate or at chance (teacher_checks), so
+    """A student is not scored where its teacher is degenerate or at chance (chance.skip), so
     its scoring reads the teacher's."""
-    if wildcards.get("variant") == TEACHER_VARIANT or not SCORING.teacher_checks:
+    if wildcards.get("variant") == TEACHER_VARIANT or not SCORING.chance.skip:
         return []
     return f"data/results/hybrid/{wildcards.model}/{TEACHER_VARIANT}.parquet"
 
@@ -319,8 +319,7 @@ rule hybrid_answer_rows:
     output:
         "data/results/hybrid/{model}/answer-rows-{variant}.parquet",
     params:
-        scoring=StudentScoring.from_config(config, "answer_rows_items").as_params("items", "teacher_checks", "evaluation"),
-        skip_at_chance=config["gna"]["skip_at_chance"],
+        scoring=StudentScoring.from_config(config, "answer_rows_items").as_params("items", "chance", "evaluation"),
         code=code_of("hybrid_answer_rows"),
     log:
         "data/logs/hybrid_answer_rows/{model}-{variant}.log",

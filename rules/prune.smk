@@ -13,7 +13,7 @@ rule prune_gradual:
         per_item="data/results/prune/{model}/gradual.items.parquet",
     params:
         max_items=config["prune"]["max_items"],
-        skip_at_chance=config["prune"]["skip_at_chance"],
+        chance=CHANCE,
         retrieval_task=config["prune"]["retrieval_task"],
         evaluation=EVALUATION,
         code=code_of("prune_gradual"),
@@ -56,7 +56,7 @@ rule prune_individual:
     params:
         max_items=config["prune"]["max_items"],
         evaluation=EVALUATION,
-        skip_at_chance=config["prune"]["skip_at_chance"],
+        chance=CHANCE,
         code=code_of("prune_individual"),
     log:
         "data/logs/prune_individual/{model}.log",

@@ -2,6 +2,7 @@
 
 from gna.core.runtime import setup
 from gna.core.settings import Evaluation, Files
+from gna.engine.chance import ChancePolicy
 from gna.phases.masking import run_gna_masking
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
@@ -11,4 +12,5 @@ run_gna_masking(
     snakemake.output[0],
     gna=snakemake.params.gna,
     evaluation=Evaluation(**snakemake.params.evaluation),
+    chance=ChancePolicy(**snakemake.params.chance),
 )

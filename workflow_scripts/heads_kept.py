@@ -2,6 +2,7 @@
 
 from gna.core.runtime import setup
 from gna.core.settings import Evaluation, Files
+from gna.engine.chance import ChancePolicy
 from gna.phases.head_tables import run_heads_kept
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
@@ -11,5 +12,5 @@ run_heads_kept(
     snakemake.output[0],
     max_items=snakemake.params.max_items,
     evaluation=Evaluation(**snakemake.params.evaluation),
-    skip_at_chance=snakemake.params.skip_at_chance,
+    chance=ChancePolicy(**snakemake.params.chance),
 )

@@ -11,5 +11,4 @@ run_hybrid_answer_rows(
     Files.of(snakemake.input),
     snakemake.output[0],
     StudentScoring(**snakemake.params.scoring),
-    skip_at_chance=snakemake.params.skip_at_chance,
 )

@@ -2,6 +2,7 @@
 
 from gna.core.runtime import setup
 from gna.core.settings import Evaluation, Files
+from gna.engine.chance import ChancePolicy
 from gna.phases.pruning import run_prune_gradual
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
@@ -11,6 +12,6 @@ run_prune_gradual(
     Files.of(snakemake.output),
     max_items=snakemake.params.max_items,
     evaluation=Evaluation(**snakemake.params.evaluation),
-    skip_at_chance=snakemake.params.skip_at_chance,
+    chance=ChancePolicy(**snakemake.params.chance),
     retrieval_task=snakemake.params.retrieval_task,
 )

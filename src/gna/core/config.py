@@ -18,20 +18,32 @@ class ConfigError(ValueError):
 
 
 # keys that moved: a config still using the old name is refused with the new one named
+# old key: (new key, how its value carries over)
 MOVED_KEYS = {
     # it sets the ablations', the state-size sweep's and the degeneracy check's size too
-    "hybrid.budget_curve.dict_size": "hybrid.dict_size",
+    "hybrid.budget_curve.dict_size": ("hybrid.dict_size", "the same value"),
+    # one chance policy for every phase (gna.engine.chance)
+    **{
+        old: ("chance.skip", "one switch for every phase")
+        for old in (
+            "prune.skip_at_chance",
+            "heads.skip_at_chance",
+            "gna.skip_at_chance",
+            "hybrid.skip_where_teacher_degenerate",
+            "hybrid.skip_where_teacher_at_chance",
+        )
+    },
 }
 
 
 def _check_moved(config: dict) -> None:
-    for old, new in MOVED_KEYS.items():
+    for old, (new, how) in MOVED_KEYS.items():
         *parents, key = old.split(".")
         node = config
         for part in parents:
             node = node.get(part) if isinstance(node, dict) else None
         if isinstance(node, dict) and key in node:
-            raise ConfigError(f"config key '{old}' is now '{new}' (the same value); rename it in your config")
+            raise ConfigError(f"config key '{old}' is now '{new}' ({how}); rename it in your config")
 
 
 def _dotted(path) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from gna.engine.chance import ChancePolicy
 from gna.engine.precision import COMPUTE_DTYPES
 from gna.models.prepare import DTYPES
 
@@ -36,8 +37,46 @@ class Evaluation:
         return asdict(self)
 
 
-# the checks of the teacher's scores that keep a student off a task (hybrid.skip_where_teacher_*)
-TEACHER_CHECKS = ("degenerate", "at_chance")
+@dataclass(frozen=True)
+class TopK:
+    """The remove-top-k table (config section heads): `ks` the numbers of top-ranked heads removed
+    together (heads.top_k); the random-k controls: `random_draws` seeded draws per k (heads.random_draws,
+    seed heads.seed) scoring `control_tasks` (heads.control_tasks), the tasks other than the sweep's at
+    the k of `control_k` only (heads.control_k; None: every k) with the first `control_draws` draws
+    (heads.control_draws; None: random_draws)."""
+
+    ks: tuple[int, ...] = (0, 1, 2, 5, 10, 20)
+    random_draws: int = 3
+    control_tasks: tuple[str, ...] = ("kv_retrieval",)
+    seed: int = 4321
+    control_k: tuple[int, ...] | None = None
+    control_draws: int | None = None
+
+    def __post_init__(self):
+        for key, value in (("top_k", self.ks), ("control_k", self.control_k)):
+            if value is not None and (not value or any(not isinstance(k, int) or k < 0 for k in value)):
+                raise ValueError(f"heads.{key}: {value!r} is not a list of non-negative integers")
+        for key, value in (("random_draws", self.random_draws), ("control_draws", self.control_draws)):
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ValueError(f"heads.{key}: {value!r} is not a non-negative integer")
+        for name in ("ks", "control_tasks", "control_k"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, None if value is None else tuple(value))
+
+    @classmethod
+    def from_config(cls, config: dict) -> TopK:
+        heads = config["heads"]
+        return cls(
+            ks=heads["top_k"],
+            random_draws=heads["random_draws"],
+            control_tasks=heads["control_tasks"],
+            seed=heads["seed"],
+            control_k=heads["control_k"],
+            control_draws=heads["control_draws"],
+        )
+
+    def as_params(self) -> dict:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
 
 
 @dataclass(frozen=True)
@@ -50,8 +89,9 @@ class StudentScoring:
     dict_size         the one KV dictionary size of the budget curve, the recipe ablations and the
                       state-size sweep's students, and the pool of KV retrieval's degeneracy check
                       (hybrid.dict_size)
-    teacher_checks    the checks of the teacher's scores that keep a student off a task
-                      (hybrid.skip_where_teacher_degenerate / _at_chance)
+    chance            the chance policy (config block chance): a student is not scored where
+                      its teacher is degenerate or at chance (ChancePolicy.teacher_reasons), nor
+                      its answer rows masked where it is at chance itself
     evaluation        how models are loaded and scored (Evaluation)
 
     A rule passes only the fields its function reads (as_params), so an edit of another reruns
@@ -60,7 +100,7 @@ class StudentScoring:
     items: int | None = None
     degeneracy_items: int | None = None
     dict_size: int | None = None
-    teacher_checks: tuple[str, ...] = TEACHER_CHECKS
+    chance: ChancePolicy = ChancePolicy()
     evaluation: Evaluation = Evaluation()
 
     def __post_init__(self):
@@ -69,10 +109,8 @@ class StudentScoring:
                 raise ValueError(f"hybrid.{key}: {value!r} is not a non-negative integer or null")
         if self.dict_size is not None and (not isinstance(self.dict_size, int) or self.dict_size < 1):
             raise ValueError(f"hybrid.dict_size: {self.dict_size!r} is not a positive integer")
-        unknown = sorted(set(self.teacher_checks) - set(TEACHER_CHECKS))
-        if unknown:
-            raise ValueError(f"hybrid.skip_where_teacher_*: unknown teacher checks {unknown}; known: {TEACHER_CHECKS}")
-        object.__setattr__(self, "teacher_checks", tuple(self.teacher_checks))
+        if isinstance(self.chance, dict):
+            object.__setattr__(self, "chance", ChancePolicy(**self.chance))
         if isinstance(self.evaluation, dict):
             object.__setattr__(self, "evaluation", Evaluation(**self.evaluation))
 
@@ -83,7 +121,7 @@ class StudentScoring:
             items=hybrid[items_key],
             degeneracy_items=hybrid["degeneracy_items"],
             dict_size=hybrid["dict_size"],
-            teacher_checks=tuple(c for c in TEACHER_CHECKS if hybrid[f"skip_where_teacher_{c}"]),
+            chance=ChancePolicy.from_config(config),
             evaluation=Evaluation.from_config(config),
         )
 
@@ -94,6 +132,7 @@ class StudentScoring:
         if unknown:
             raise ValueError(f"StudentScoring has no fields {unknown}")
         plain = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
+        plain["chance"] = {"skip": self.chance.skip}
         return {k: plain[k] for k in (fields or plain)}
 
 

@@ -25,7 +25,8 @@ import polars as pl
 import torch
 from tqdm.auto import tqdm
 
-from gna.core.stats import wilson_exprs, wilson_interval
+from gna.core.stats import wilson_exprs
+from gna.engine.chance import DEGENERACY_METRIC, DEGENERATE_AGREEMENT
 from gna.engine.device import device_of
 from gna.engine.packing import PackedBatch, PackedItem, collate, pack
 from gna.engine.stack import DecoderStack, UnsupportedModel, check_engine, decoder_layers, family_of, reference_scores
@@ -304,17 +305,14 @@ def score_table_ref(model, tok, table: pl.DataFrame) -> pl.DataFrame:
     return per_item_frame(table, [reference_scores(model, e.context, e.choices) for e in encode_table(tok, table)])
 
 
-PROPORTIONS = ("acc", "acc_norm", "greedy_exact_match", "context_swap_agreement")
-# A model that keeps its prediction on this share of items when the context is swapped for
-# another item's does not read the context: its accuracy measures its prior, not the task.
-DEGENERATE_AGREEMENT = 0.8
+PROPORTIONS = ("acc", "acc_norm", "greedy_exact_match", DEGENERACY_METRIC)
 
 
 def summarize(per_item: pl.DataFrame, by_group: bool) -> pl.DataFrame:
     """Tidy metrics: (task, group, n, metric, value, ci_low, ci_high). `group` is 'all' unless
     by_group. Proportions carry the Wilson 95% interval (null for mean_logp_target). With a
-    `pred_swapped` column (the prediction after the context was swapped for another item's, null
-    where not checked), also context_swap_agreement over the checked items, with their n."""
+    `pred_other_context` column (the prediction after the context was swapped for another item's, null
+    where not checked), also degeneracy_agreement over the checked items, with their n."""
     metrics = {
         "acc": pl.col("correct").cast(pl.Float64).mean(),
         "acc_norm": pl.col("correct_norm").cast(pl.Float64).mean(),
@@ -324,12 +322,12 @@ def summarize(per_item: pl.DataFrame, by_group: bool) -> pl.DataFrame:
     frame = per_item if by_group else per_item.with_columns(pl.lit("all").alias("group"))
     wide = frame.group_by(["task", "group"]).agg(pl.len().alias("n"), *[v.alias(k) for k, v in metrics.items()])
     long = wide.unpivot(index=["task", "group", "n"], on=list(metrics), variable_name="metric", value_name="value")
-    if "pred_swapped" in frame.columns:
-        checked = frame.filter(pl.col("pred_swapped").is_not_null())
+    if "pred_other_context" in frame.columns:
+        checked = frame.filter(pl.col("pred_other_context").is_not_null())
         agreement = checked.group_by(["task", "group"]).agg(
             pl.len().alias("n"),
-            pl.lit("context_swap_agreement").alias("metric"),
-            (pl.col("pred") == pl.col("pred_swapped")).cast(pl.Float64).mean().alias("value"),
+            pl.lit(DEGENERACY_METRIC).alias("metric"),
+            (pl.col("pred") == pl.col("pred_other_context")).cast(pl.Float64).mean().alias("value"),
         )
         long = pl.concat([long, agreement.select(long.columns)], how="vertical_relaxed")
     low, high = wilson_exprs("value", "n")
@@ -346,31 +344,12 @@ def summarize_task(per_item: pl.DataFrame) -> pl.DataFrame:
     the relation, or known/unknown for the multiple-choice form) and then 'all' for KV-retrieval
     and the facts, 'all' only for other tasks (MMLU's topics are too many for its n). With context-swapped
     predictions, every
-    row carries `degenerate`: the task's overall context_swap_agreement >= DEGENERATE_AGREEMENT."""
+    row carries `degenerate`: the task's overall degeneracy_agreement >= DEGENERATE_AGREEMENT."""
     overall = summarize(per_item, by_group=False)
     summary = overall
     if not per_item.is_empty() and (per_item["task"][0] == "kv_retrieval" or per_item["task"][0].startswith("facts_")):
         summary = pl.concat([summarize(per_item, by_group=True), overall])
-    agreement = overall.filter(pl.col("metric") == "context_swap_agreement")["value"]
+    agreement = overall.filter(pl.col("metric") == DEGENERACY_METRIC)["value"]
     if len(agreement) and agreement[0] is not None:
         summary = summary.with_columns(pl.lit(agreement[0] >= DEGENERATE_AGREEMENT).alias("degenerate"))
     return summary
-
-
-def chance_accuracy(table: pl.DataFrame) -> float:
-    """Expected accuracy of a uniform guess over each item's choices."""
-    return float(sum(1 / len(c) for c in table["choices"]) / max(len(table), 1))
-
-
-def at_chance(per_item: pl.DataFrame, table: pl.DataFrame, change: str = "removing layers") -> str | None:
-    """Why a model's accuracy on `table` cannot show a loss under `change`, or None: its Wilson
-    95% interval (per_item: score_table's frame) contains chance (chance_accuracy)."""
-    n, correct = len(per_item), int(per_item["correct"].sum())
-    chance = chance_accuracy(table)
-    low, high = wilson_interval(correct, n)
-    if not low <= chance <= high:
-        return None
-    return (
-        f"not distinguishable from chance at n={n}: accuracy {correct / n:.1%} [{low:.1%}, {high:.1%}] "
-        f"contains chance {chance:.1%}, so {change} cannot show a loss"
-    )

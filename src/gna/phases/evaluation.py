@@ -16,12 +16,14 @@ import torch.nn.functional as F
 from gna.core.io import read_parquet, write_parquet
 from gna.core.runtime import peak_rss_mb
 from gna.core.settings import Evaluation
-from gna.engine.scoring import chance_accuracy, known_items, score_table, summarize_task
+from gna.engine.chance import chance_accuracy
+from gna.engine.scoring import known_items, score_table, summarize_task
 from gna.models.prepare import load_model
 from gna.tasks.lmeval_bridge import (
     ASSUMED_TOKENS,
     CROSSCHECK_TASK,
     crosscheck_task_yaml,
+    fitting_batch_size,
     longest_request,
     results_to_frame,
     run_tasks,
@@ -120,9 +122,7 @@ def run_lm_eval_task(
         include_defaults=options.get("include_defaults", True),
         limit=options.get("limit"),
         num_fewshot=options.get("num_fewshot"),
-        batch_size=evaluation.batch_size,
-        memory_mb=memory_mb,
-        longest_tokens=longest,
+        batch_size=fitting_batch_size(model, evaluation.batch_size, memory_mb, longest),
     )
     seconds = time.perf_counter() - start
     frame = results_to_frame(results, model_name)
@@ -186,7 +186,7 @@ def score_model(
     tidy (task, group, n, metric, value, ci_low, ci_high, degenerate), items one row per scored
     item (gna.engine.scoring.per_item_frame). `degeneracy_items` items per task (None: all, 0: none) are
     scored again with another item's context (gna.tasks.tables.context_swapped): their
-    predictions are the items' `pred_swapped`, and the summary says whether the model is
+    predictions are the items' `pred_other_context`, and the summary says whether the model is
     degenerate (answers the same whatever the context). `scored`: {task: per-item scores of this
     model already computed on a superset of the table's items (the teacher's baseline)}, used
     instead of scoring those items again. `degeneracy_pool`: {task: the items of its table that the
@@ -211,7 +211,7 @@ def score_model(
                 model, tok, check, batch_size=batch_size, progress=progress, desc=f"{name}, contexts swapped"
             )
             per_item = per_item.join(
-                swapped.select("item_id", pl.col("pred").alias("pred_swapped")), on="item_id", how="left"
+                swapped.select("item_id", pl.col("pred").alias("pred_other_context")), on="item_id", how="left"
             )
         summaries.append(summarize_task(per_item))
         items.append(per_item)

@@ -15,10 +15,11 @@ import random
 import polars as pl
 
 from gna.core.io import read_json, read_parquet, write_parquet
-from gna.core.settings import Evaluation, Files
+from gna.core.settings import Evaluation, Files, TopK
 from gna.engine.ablation import score_ablations
+from gna.engine.chance import SKIPPED, ChancePolicy
 from gna.engine.hooks import all_heads, head_sites, heads_per_layer
-from gna.engine.scoring import at_chance, known_items, known_or_scored, summarize_task
+from gna.engine.scoring import known_items, known_or_scored, summarize_task
 from gna.models.prepare import load_model
 from gna.phases.pruning import prefix_scores
 from gna.tasks.tables import load_item_scores, load_task_tables
@@ -58,26 +59,22 @@ def remove_top_k(
     tok,
     ranking: pl.DataFrame,
     tables: dict[str, pl.DataFrame],
-    ks: list[int],
-    random_draws: int,
-    control_tasks: list[str],
-    seed: int,
+    top_k: TopK,
     batch_size: int = 8,
     progress: bool = True,
     scored: dict[str, pl.DataFrame] | None = None,
-    skip_at_chance: bool = False,
-    always_scored: tuple[str, ...] = (SWEEP_TASK,),
-    control_k: list[int] | None = None,
-    control_draws: int | None = None,
+    chance: ChancePolicy = ChancePolicy(),
 ) -> pl.DataFrame:
     """Tidy: condition (top | random), k, draw, heads, task, group, n, metric, value,
-    skipped_reason. The random-k controls score the `control_tasks`: those of `always_scored` at
-    every k with `random_draws` draws, the others at the k of `control_k` only (None: every k)
-    with the first `control_draws` of the same draws (None: random_draws). `scored`: {task: per-item
-    scores of the unmodified model} (its baseline), read for k = 0 instead of scoring the same
-    items again. skip_at_chance: a task on which the unmodified model is at chance (`at_chance`)
-    is scored at k = 0 only, with the reason in skipped_reason (null elsewhere); never the tasks
-    of `always_scored` (the sweep's own)."""
+    skipped_reason; the k of `top_k.ks`. The random-k controls score `top_k.control_tasks`: the
+    sweep's task (SWEEP_TASK) at every k with `top_k.random_draws` draws, the others at the k of
+    `top_k.control_k` only (None: every k) with the first `top_k.control_draws` of the same draws
+    (None: random_draws). `scored`: {task: per-item scores of the unmodified model} (its
+    baseline), read for k = 0 instead of scoring the same items again. `chance`: a task on which
+    the unmodified model is at chance is scored at k = 0 only, with the reason in skipped_reason
+    (null elsewhere)."""
+    ks, random_draws, control_tasks = top_k.ks, top_k.random_draws, top_k.control_tasks
+    control_k, control_draws = top_k.control_k, top_k.control_draws
     short = [k for k in ks if k > len(ranking)]
     if short:
         raise ValueError(
@@ -92,7 +89,7 @@ def remove_top_k(
         if k == 0:
             continue
         for draw in range(max(random_draws, control_draws)):
-            rng = random.Random(f"random-heads-{seed}-{k}-{draw}")
+            rng = random.Random(f"random-heads-{top_k.seed}-{k}-{draw}")
             jobs.append(("random", k, draw, sorted(rng.sample(population, min(k, len(population))))))
 
     def used_by(condition: str, k: int, draw: int) -> list[str]:
@@ -104,7 +101,7 @@ def remove_top_k(
             if t in tables
             and (
                 draw < random_draws
-                if t in always_scored
+                if t == SWEEP_TASK
                 else draw < control_draws and (control_k is None or k in control_k)
             )
         ]
@@ -114,9 +111,9 @@ def remove_top_k(
     for task, table in tables.items():
         wanted = {i: heads for i, (condition, k, draw, heads) in enumerate(jobs) if task in used_by(condition, k, draw)}
         unablated = [i for i in wanted if jobs[i][1] == 0]
-        if skip_at_chance and task not in always_scored:
+        if chance.applies(task):
             base = known_or_scored(model, tok, table, (scored or {}).get(task), batch_size)
-            reasons[task] = at_chance(base, table, "removing heads")
+            reasons[task] = chance.reason(base, table, "removing heads")
             if reasons[task] is not None:
                 log.info("remove top-k: %s at k = 0 only, %s", task, reasons[task])
                 summaries.update({(i, task): summarize_task(base) for i in unablated})
@@ -151,7 +148,7 @@ def remove_top_k(
 
 def _reason_column(reasons: dict[str, str | None]) -> pl.Expr:
     """skipped_reason per row: the reason recorded for the row's task (null: every condition ran)."""
-    return pl.col("task").replace_strict(reasons, default=None, return_dtype=pl.String).alias("skipped_reason")
+    return pl.col("task").replace_strict(reasons, default=None, return_dtype=pl.String).alias(SKIPPED)
 
 
 def critical_heads(ranking: pl.DataFrame, kept_layers: list[int]) -> list[tuple[int, int]]:
@@ -175,14 +172,13 @@ def heads_kept(
     tables: dict[str, pl.DataFrame],
     batch_size: int = 8,
     progress: bool = True,
-    skip_at_chance: bool = False,
-    always_scored: tuple[str, ...] = (SWEEP_TASK,),
+    chance: ChancePolicy = ChancePolicy(),
     scored: dict[str, pl.DataFrame] | None = None,
 ) -> pl.DataFrame:
     """Minimal model; in critical layers A and B keep only head a / b, or none.
     Rows: variant label, kept_a, kept_b, task, group, n, metric, value, skipped_reason.
-    skip_at_chance: a task on which the minimal model is at chance (`at_chance`) is scored with
-    all heads only, the reason in skipped_reason; never the tasks of `always_scored`. `scored`:
+    `chance`: a task on which the minimal model is at chance is scored with all heads only, the
+    reason in skipped_reason. `scored`:
     {task: the minimal model's per-item scores (gna.phases.pruning.prefix_scores)}, read for
     that decision where they hold the table's items instead of scoring it first."""
     if len(kept_layers) < 2:  # a one-layer "minimal model" has no pair of critical layers
@@ -200,9 +196,9 @@ def heads_kept(
     ]
     reasons, unablated = {}, {}
     for task, table in tables.items():
-        if skip_at_chance and task not in always_scored:
+        if chance.applies(task):
             base = known_or_scored(model, tok, table, (scored or {}).get(task), batch_size, layers=kept_layers)
-            reasons[task] = at_chance(base, table, "removing heads")
+            reasons[task] = chance.reason(base, table, "removing heads")
             if reasons[task] is not None:
                 log.info("heads kept: %s with all heads only, %s", task, reasons[task])
                 unablated[task] = summarize_task(base)
@@ -275,20 +271,15 @@ def run_heads_topk(
     model_name: str,
     inputs: Files,
     out_path: str,
-    top_k: list[int],
-    random_draws: int,
-    control_tasks: list[str],
+    top_k: TopK,
     max_items: int | None,
-    seed: int,
     evaluation: Evaluation = Evaluation(),
-    skip_at_chance: bool = False,
-    control_k: list[int] | None = None,
-    control_draws: int | None = None,
+    chance: ChancePolicy = ChancePolicy(),
 ) -> pl.DataFrame:
     """Phase heads_topk: remove_top_k of the ranking in `ranking_path` on the task tables
     `task_paths` (each cut to `max_items`), written to `out_path` with a model column; k = 0 is
-    read from the model's per-item baseline scores `baseline_paths` where given (and with
-    skip_at_chance, whether a task is at chance).
+    read from the model's per-item baseline scores `baseline_paths` where given (and, by `chance`,
+    whether a task is at chance; never the sweep's own task).
     inputs: model, ranking, tasks, optional baseline (list)."""
     model_dir, ranking_path, task_paths, baseline_paths = (
         inputs.model,
@@ -303,14 +294,9 @@ def run_heads_topk(
         read_parquet(ranking_path),
         load_task_tables(task_paths, max_items),
         top_k,
-        random_draws,
-        control_tasks,
-        seed,
         batch_size=evaluation.batch_size,
         scored=load_item_scores(baseline_paths),
-        skip_at_chance=skip_at_chance,
-        control_k=control_k,
-        control_draws=control_draws,
+        chance=chance.sparing(SWEEP_TASK),
     )
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
     log.info("remove top-k: %d rows", len(result))
@@ -323,7 +309,7 @@ def run_heads_kept(
     out_path: str,
     max_items: int | None,
     evaluation: Evaluation = Evaluation(),
-    skip_at_chance: bool = False,
+    chance: ChancePolicy = ChancePolicy(),
 ) -> pl.DataFrame:
     """Phase heads_kept: heads_kept on the minimal model of `minimal_path` (gna.phases.pruning's
     minimal_model JSON) and the task tables `task_paths`; written to `out_path` with a model column.
@@ -346,7 +332,7 @@ def run_heads_kept(
         kept_layers,
         load_task_tables(task_paths, max_items),
         batch_size=evaluation.batch_size,
-        skip_at_chance=skip_at_chance,
+        chance=chance.sparing(SWEEP_TASK),
         scored=prefix_scores(gradual_items_path, kept_layers),
     )
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)

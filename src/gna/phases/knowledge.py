@@ -14,7 +14,8 @@ import polars as pl
 from gna.core.io import read_parquet, write_parquet
 from gna.core.settings import Evaluation
 from gna.core.stats import wilson_interval
-from gna.engine.scoring import chance_accuracy, known_items, score_table
+from gna.engine.chance import chance_accuracy
+from gna.engine.scoring import known_items, score_table
 from gna.models.prepare import load_model
 from gna.tasks.facts import build_facts
 

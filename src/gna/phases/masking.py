@@ -24,8 +24,9 @@ from gna.core.io import read_parquet, write_parquet
 from gna.core.settings import Evaluation, Files
 from gna.core.stats import wilson_interval
 from gna.engine.ablation import score_ablations
+from gna.engine.chance import SKIPPED, ChancePolicy
 from gna.engine.packing import PackedBatch
-from gna.engine.scoring import at_chance, known_or_scored, score_table
+from gna.engine.scoring import known_or_scored, score_table
 from gna.phases.gather_aggregate import ROLES, Segments, best_role_head, kv_row_segments, mmlu_row_segments
 from gna.students.mixer import mixers, ssm_heads_of
 from gna.students.spec import load_any
@@ -42,7 +43,7 @@ RESULT_SCHEMA = {
     "n": pl.Int64,
     "ci_low": pl.Float64,
     "ci_high": pl.Float64,
-    "note": pl.String,
+    SKIPPED: pl.String,
 }
 
 
@@ -139,15 +140,15 @@ def answer_rows_experiment(
     tok,
     batch_size: int = 8,
     scored: dict[str, pl.DataFrame] | None = None,
-    skip_at_chance: bool = False,
+    chance: ChancePolicy = ChancePolicy(),
 ) -> pl.DataFrame:
     """Hybrid students: every attention head's answer rows masked (SSM heads untouched), against
     the unmodified student, on each task (the study's Zamba2 table). `scored`: {task: per-item
     scores of the unmodified student on its items (its hybrid_score answers)}, read for the
     unmodified condition where they hold every item of the task's table, instead of scoring
-    those items again. skip_at_chance: where the unmodified student cannot be told from chance
-    (at_chance) masking cannot show a loss, so the masked condition is not run; the unmodified
-    row's skipped_reason says why (null elsewhere)."""
+    those items again. `chance`: where the unmodified student cannot be told from chance masking
+    cannot show a loss, so the masked condition is not run; the unmodified row's skipped_reason
+    says why (null elsewhere)."""
     n_heads = model.config.num_attention_heads
     attention = {m.layer_idx: m.attention_heads for m in mixers(model) if m.attention_heads}
     if not attention:
@@ -160,8 +161,7 @@ def answer_rows_experiment(
     rows = []
     for task, table in tables.items():
         plain = known_or_scored(model, tok, table, (scored or {}).get(task), batch_size)
-        reason = at_chance(plain, table, "masking answer rows") if skip_at_chance else None
-        policy = {"skipped_reason": None} if skip_at_chance else {}  # the column exists where the policy is on
+        reason = chance.reason(plain, table, "masking answer rows")
         if reason is not None:
             log.info("%s: the masked condition not run, the unmodified student is %s", task, reason)
             rows.append(
@@ -170,7 +170,7 @@ def answer_rows_experiment(
                     "condition": "unmodified",
                     **accuracy_of(plain),
                     "attention_heads": n_attention,
-                    "skipped_reason": f"{reason}: the masked condition not run",
+                    SKIPPED: f"{reason}: the masked condition not run",
                 }
             )
             continue
@@ -182,9 +182,15 @@ def answer_rows_experiment(
             ),
         ):
             rows.append(
-                {"task": task, "condition": condition, **accuracy_of(frame), "attention_heads": n_attention, **policy}
+                {
+                    "task": task,
+                    "condition": condition,
+                    **accuracy_of(frame),
+                    "attention_heads": n_attention,
+                    SKIPPED: None,
+                }
             )
-    return pl.DataFrame(rows, schema_overrides={"skipped_reason": pl.String} if skip_at_chance else None)
+    return pl.DataFrame(rows, schema_overrides={SKIPPED: pl.String})
 
 
 def heads_label(heads: dict[str, tuple[int, int]], ssm_heads: set[tuple[int, int]] | None = None) -> str:
@@ -197,8 +203,13 @@ def heads_label(heads: dict[str, tuple[int, int]], ssm_heads: set[tuple[int, int
     return ", ".join(f"{role} L{layer}H{head}{kind((layer, head))}" for role, (layer, head) in heads.items())
 
 
-def _condition_row(condition: str, label: str, items: pl.DataFrame, note: str | None = None) -> dict:
-    return {"condition": condition, "heads": label, "task": items["task"][0], **accuracy_of(items), "note": note}
+def _condition_row(condition: str, label: str, items: pl.DataFrame, reason: str | None = None) -> dict:
+    return {"condition": condition, "heads": label, "task": items["task"][0], **accuracy_of(items), SKIPPED: reason}
+
+
+def _ssm_heads(model) -> set[tuple[int, int]] | None:
+    """A student's SSM heads (gna.students.mixer); None for a model without mixers."""
+    return ssm_heads_of(model) if mixers(model) else None
 
 
 def masking_experiment(
@@ -209,16 +220,15 @@ def masking_experiment(
     heads: dict[str, tuple[int, int]],
     batch_size: int = 8,
     knowledge: pl.DataFrame | list[pl.DataFrame] | None = None,
-    ssm_heads: set[tuple[int, int]] | None = None,
-    skip_at_chance: bool = False,
+    chance: ChancePolicy = ChancePolicy(),
     scored: dict[str, pl.DataFrame] | None = None,
 ) -> pl.DataFrame:
     """acc and mean log-prob of the target under (a) unmodified, (b) ablated, (c) G&A-only, on the
     retrieval `table`; on `knowledge` (a table or several, e.g. MMLU and facts cloze, which have no
     segments) (a) and (b) only.
-    The heads column is heads_label(heads, ssm_heads). skip_at_chance: where (a) cannot be told
-    from chance (gna.engine.scoring.at_chance) no condition can show a loss, so the retrieval
-    table's (c) and the knowledge table's (b) are not run; (a)'s note says why. (a) and (b) of
+    The heads column is heads_label(heads, the student's SSM heads where the model is one).
+    `chance`: where (a) cannot be told from chance no condition can show a loss, so the retrieval
+    table's (c) and the knowledge table's (b) are not run; (a)'s skipped_reason says why. (a) and (b) of
     the retrieval table come from one pass either way; the knowledge table's (a) is then scored
     first (one more pass where it is above chance), or read from `scored` {task: the model's
     per-item scores} where that holds its items."""
@@ -231,33 +241,33 @@ def masking_experiment(
         frames = score_ablations(model, tok, items, wanted, batch_size=batch_size, progress=False)
         return [(condition, frame, None) for condition, frame in frames.items()]
 
-    def chance_note(unmodified: pl.DataFrame, items: pl.DataFrame, left_out: str) -> str | None:
-        reason = at_chance(unmodified, items, "masking heads") if skip_at_chance else None
+    def left_out_because(unmodified: pl.DataFrame, items: pl.DataFrame, left_out: str) -> str | None:
+        reason = chance.reason(unmodified, items, "masking heads")
         if reason is not None:
             log.info("%s: %s not run, (a) %s", items["task"][0], left_out, reason)
             return f"{reason}: {left_out} not run"
         return None
 
     results = plain_and_ablated(table)
-    note = chance_note(results[0][1], table, "(c)")
-    if note is None:
+    reason = left_out_because(results[0][1], table, "(c)")
+    if reason is None:
         results.append((CONDITIONS[2], score_masked(model, tok, table, segment_fn, heads, True, batch_size), None))
     else:
-        results[0] = (*results[0][:2], note)
+        results[0] = (*results[0][:2], reason)
     for items in [knowledge] if isinstance(knowledge, pl.DataFrame) else knowledge or []:
         if not len(items):
             continue
-        if skip_at_chance:  # (a) first, then (b) only where it can show a loss
+        if chance.applies(items["task"][0]):  # (a) first, then (b) only where it can show a loss
             unmodified = known_or_scored(model, tok, items, (scored or {}).get(items["task"][0]), batch_size)
-            note = chance_note(unmodified, items, "(b)")
-            results.append((CONDITIONS[0], unmodified, note))
-            if note is None:
+            reason = left_out_because(unmodified, items, "(b)")
+            results.append((CONDITIONS[0], unmodified, reason))
+            if reason is None:
                 results += plain_and_ablated(items, with_plain=False)
         else:
             results += plain_and_ablated(items)
-    label = heads_label(heads, ssm_heads)
+    label = heads_label(heads, _ssm_heads(model))
     return pl.DataFrame(
-        [_condition_row(condition, label, items, note) for condition, items, note in results], schema=RESULT_SCHEMA
+        [_condition_row(condition, label, items, reason) for condition, items, reason in results], schema=RESULT_SCHEMA
     )
 
 
@@ -268,23 +278,22 @@ def choice_masking(
     heads: dict[str, tuple[int, int]],
     min_acc: float,
     batch_size: int = 8,
-    ssm_heads: set[tuple[int, int]] | None = None,
-    skip_at_chance: bool = False,
+    chance: ChancePolicy = ChancePolicy(),
     scored: dict[str, pl.DataFrame] | None = None,
 ) -> pl.DataFrame:
     """masking_experiment on a multiple-choice table (MMLU letter, the facts' choice form; option
-    lines as segments) for a model above `min_acc` there (and, with skip_at_chance, whose accuracy
-    is distinguishable from chance); otherwise only the unmodified row, with a note that (b) and
-    (c) were not run. The gate reads the model's per-item scores from `scored` where they hold
+    lines as segments) for a model above `min_acc` there (and, by `chance`, whose accuracy is
+    distinguishable from chance); otherwise only the unmodified row, its skipped_reason saying
+    that (b) and (c) were not run. The gate reads the model's per-item scores from `scored` where they hold
     the table's items."""
     plain = known_or_scored(model, tok, letter, (scored or {}).get(letter["task"][0]), batch_size)
     acc = float(plain["correct"].mean())
     reason = f"at chance (< {min_acc:.0%})" if acc < min_acc else None
-    if reason is None and skip_at_chance:
-        reason = at_chance(plain, letter, "masking heads")
+    if reason is None:
+        reason = chance.reason(plain, letter, "masking heads")
     if reason is not None:
         log.info("%s accuracy %.3f: (b) and (c) not run, %s", letter["task"][0], acc, reason)
-        row = _condition_row(CONDITIONS[0], heads_label(heads, ssm_heads), plain, note=f"{reason}: (b), (c) not run")
+        row = _condition_row(CONDITIONS[0], heads_label(heads, _ssm_heads(model)), plain, f"{reason}: (b), (c) not run")
         return pl.DataFrame([row], schema=RESULT_SCHEMA)
     return masking_experiment(
         model,
@@ -293,8 +302,7 @@ def choice_masking(
         mmlu_row_segments,
         heads,
         batch_size=batch_size,
-        ssm_heads=ssm_heads,
-        skip_at_chance=skip_at_chance,
+        chance=chance,
     )
 
 
@@ -311,12 +319,13 @@ def run_gna_masking(
     out_path: str,
     gna: dict,
     evaluation: Evaluation = Evaluation(),
+    chance: ChancePolicy = ChancePolicy(),
 ) -> pl.DataFrame:
     """Phase gna_masking: masking_experiment with the masking_heads of `roles_path` on the KV
     prompts of `prompts_path` (data/tasks/prompts/gna_masking: not those the roles were found on)
     and the knowledge tasks
     (`knowledge_paths`: cloze tables, each cut to gna.knowledge_items), then choice_masking
-    (gated by gna.mmlu_min_acc) on each multiple-choice table of `choice_paths`; gna.skip_at_chance leaves out the
+    (gated by gna.mmlu_min_acc) on each multiple-choice table of `choice_paths`; `chance` leaves out the
     conditions that cannot show a loss where (a) is at chance; (a) of the knowledge and choice tables is read from the
     model's per-item scores `scores_paths` (its baseline's; a student's answers) where they hold the items. A student
     (gna.students.mixer) labels its heads SSM or attention. Skipped (an empty table) unless both roles have a head.
@@ -339,7 +348,6 @@ def run_gna_masking(
         result = pl.DataFrame(schema=RESULT_SCHEMA)
     else:
         model, tok = load_any(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
-        ssm_heads = ssm_heads_of(model) if mixers(model) else None
         table = read_parquet(prompts_path)
         knowledge = list(load_task_tables(knowledge_paths, gna["knowledge_items"]).values())
         scored = load_item_scores(list(scores_paths))
@@ -351,8 +359,7 @@ def run_gna_masking(
             heads,
             batch_size=evaluation.batch_size,
             knowledge=knowledge,
-            ssm_heads=ssm_heads,
-            skip_at_chance=gna["skip_at_chance"],
+            chance=chance,
             scored=scored,
         )
         for letter in load_task_tables(choice_paths, gna["knowledge_items"]).values():
@@ -363,8 +370,7 @@ def run_gna_masking(
                 heads,
                 gna["mmlu_min_acc"],
                 evaluation.batch_size,
-                ssm_heads,
-                skip_at_chance=gna["skip_at_chance"],
+                chance=chance,
                 scored=scored,
             )
             result = pl.concat([result, letter_result])

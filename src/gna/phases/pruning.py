@@ -15,7 +15,8 @@ import polars as pl
 
 from gna.core.io import read_json, read_parquet, write_json, write_parquet
 from gna.core.settings import Evaluation, Files
-from gna.engine.scoring import at_chance, known_or_scored, score_removals, score_table, summarize_task
+from gna.engine.chance import SKIPPED, ChancePolicy, skipped
+from gna.engine.scoring import known_or_scored, score_removals, score_table, summarize_task
 from gna.models.prepare import load_model
 from gna.tasks.tables import load_item_scores, load_task_tables
 
@@ -38,15 +39,13 @@ def gradual_items(
     tables: dict[str, pl.DataFrame],
     batch_size: int = 8,
     progress: bool = True,
-    skip_at_chance: bool = False,
-    always_scored: tuple[str, ...] = (),
+    chance: ChancePolicy = ChancePolicy(),
     scored: dict[str, pl.DataFrame] | None = None,
 ) -> pl.DataFrame:
     """Per-item scores of every prefix model (k = 1..n layers) on each task: score_table's frame
-    with layers_kept and skipped_reason. skip_at_chance: a task on which the full model is at
-    chance (`at_chance`) is scored on the full model only (layers_kept = n), with the reason in
-    skipped_reason (null where every depth ran): no prefix can show a loss there. The tasks in
-    `always_scored` (the retrieval task that defines the minimal model) never are. `scored`:
+    with layers_kept and skipped_reason. `chance` (gna.engine.chance): a task on which the full
+    model is at chance is scored on the full model only (layers_kept = n), with the reason in
+    skipped_reason (null where every depth ran): no prefix can show a loss there. `scored`:
     {task: the full model's per-item scores on a superset of the table's items (its baseline)},
     read for that decision instead of scoring the full model first; a task without them is
     scored."""
@@ -54,9 +53,9 @@ def gradual_items(
     frames = []
     for task, table in tables.items():
         reason = None
-        if skip_at_chance and task not in always_scored:
+        if chance.applies(task):
             full = known_or_scored(model, tok, table, (scored or {}).get(task), batch_size)
-            reason = at_chance(full, table)
+            reason = chance.reason(full, table, "removing layers")
         if reason is None:
             items = score_table(
                 model,
@@ -70,7 +69,7 @@ def gradual_items(
         else:
             items = full.with_columns(pl.lit(n).alias("layers_kept"))
             log.info("gradual pruning: %s on the full model only, %s", task, reason)
-        frames.append(items.with_columns(pl.lit(reason, dtype=pl.String).alias("skipped_reason")))
+        frames.append(items.with_columns(skipped(reason)))
     return pl.concat(frames, how="diagonal_relaxed")
 
 
@@ -78,9 +77,7 @@ def summarize_gradual(items: pl.DataFrame) -> pl.DataFrame:
     """gradual_items summarised per task and depth, tidy: task, group, n, metric, value,
     layers_kept, skipped_reason, experiment."""
     frames = [
-        _tidy(part.drop("skipped_reason"), "layers_kept").with_columns(
-            pl.lit(part["skipped_reason"][0], dtype=pl.String).alias("skipped_reason")
-        )
+        _tidy(part.drop(SKIPPED), "layers_kept").with_columns(skipped(part[SKIPPED][0]))
         for part in items.partition_by("task", maintain_order=True)
     ]
     return pl.concat(frames, how="diagonal_relaxed").with_columns(pl.lit("gradual").alias("experiment"))
@@ -92,16 +89,13 @@ def gradual(
     tables: dict[str, pl.DataFrame],
     batch_size: int = 8,
     progress: bool = True,
-    skip_at_chance: bool = False,
-    always_scored: tuple[str, ...] = (),
+    chance: ChancePolicy = ChancePolicy(),
     scored: dict[str, pl.DataFrame] | None = None,
 ) -> pl.DataFrame:
     """Accuracy of every prefix model (k = 1..n layers) on each task, tidy: task, group, n,
     metric, value, layers_kept, skipped_reason (summarize_gradual of gradual_items, which
     documents the arguments)."""
-    return summarize_gradual(
-        gradual_items(model, tok, tables, batch_size, progress, skip_at_chance, always_scored, scored)
-    )
+    return summarize_gradual(gradual_items(model, tok, tables, batch_size, progress, chance, scored))
 
 
 def prefix_scores(items_path: str | None, kept_layers: list[int]) -> dict[str, pl.DataFrame]:
@@ -112,7 +106,7 @@ def prefix_scores(items_path: str | None, kept_layers: list[int]) -> dict[str, p
         return {}
     items = read_parquet(items_path).filter(pl.col("layers_kept") == len(kept_layers))
     return {
-        task: part.drop("layers_kept", "skipped_reason", "model", strict=False)
+        task: part.drop("layers_kept", SKIPPED, "model", strict=False)
         for (task,), part in items.partition_by("task", as_dict=True, maintain_order=True).items()
     }
 
@@ -150,22 +144,20 @@ def individual(
     kept_layers: list[int],
     batch_size: int = 8,
     progress: bool = True,
-    skip_at_chance: bool = True,
-    always_scored: tuple[str, ...] = (),
+    chance: ChancePolicy = ChancePolicy(),
     scored: dict[str, pl.DataFrame] | None = None,
 ) -> pl.DataFrame:
     """Remove each layer of the minimal model in turn; also score the minimal model itself
     (removed_layer = -1). Tidy: task, group, n, metric, value, removed_layer, skipped_reason.
-    skip_at_chance: a task on which the minimal model is at chance (`at_chance`) is scored on
-    the minimal model only, with the reason in skipped_reason (null where every removal ran);
-    the tasks in `always_scored` (the retrieval task that defined the minimal model) never are.
+    `chance`: a task on which the minimal model is at chance is scored on the minimal model
+    only, with the reason in skipped_reason (null where every removal ran).
     `scored`: {task: the minimal model's per-item scores (prefix_scores)}, read instead of
     scoring it again where they hold the table's items."""
     frames = []
     for task, table in tables.items():
         base = known_or_scored(model, tok, table, (scored or {}).get(task), batch_size, layers=kept_layers)
         items = base.with_columns(pl.lit(-1).alias("removed_layer"))
-        reason = at_chance(base, table) if skip_at_chance and task not in always_scored else None
+        reason = chance.reason(base, table, "removing layers")
         if reason is None:
             removed = score_removals(
                 model,
@@ -180,9 +172,7 @@ def individual(
             items = pl.concat([items, removed])
         else:
             log.info("individual removal: %s on the minimal model only, %s", task, reason)
-        frames.append(
-            _tidy(items, "removed_layer").with_columns(pl.lit(reason, dtype=pl.String).alias("skipped_reason"))
-        )
+        frames.append(_tidy(items, "removed_layer").with_columns(skipped(reason)))
     return pl.concat(frames, how="diagonal_relaxed").with_columns(pl.lit("individual").alias("experiment"))
 
 
@@ -192,14 +182,14 @@ def run_prune_gradual(
     outputs: Files,
     max_items: int | None,
     evaluation: Evaluation = Evaluation(),
-    skip_at_chance: bool = False,
+    chance: ChancePolicy = ChancePolicy(),
     retrieval_task: str | None = None,
 ) -> pl.DataFrame:
     """Phase prune_gradual: `gradual` on the task tables `task_paths` (each cut to `max_items`),
-    written to `out_path` with a model column, its per-item scores (gradual_items) to `items_path`. skip_at_chance:
-    tasks on which the full model is
-    at chance (judged on its baseline's per-item scores, `baseline_paths`) are scored on the
-    full model only; never `retrieval_task`, which defines the minimal model.
+    written to `out_path` with a model column, its per-item scores (gradual_items) to `items_path`. `chance`:
+    tasks on which the full model is at chance (judged on its baseline's per-item scores,
+    `baseline_paths`) are scored on the full model only; never `retrieval_task`, which defines
+    the minimal model.
     inputs: model, tasks, optional baseline (list); outputs: summary, optional per_item."""
     model_dir, task_paths, baseline_paths, out_path, items_path = (
         inputs.model,
@@ -214,8 +204,7 @@ def run_prune_gradual(
         tok,
         load_task_tables(task_paths, max_items),
         batch_size=evaluation.batch_size,
-        skip_at_chance=skip_at_chance,
-        always_scored=(retrieval_task,) if retrieval_task else (),
+        chance=chance.sparing(retrieval_task),
         scored=load_item_scores(list(baseline_paths)),
     )
     result = summarize_gradual(items)
@@ -252,7 +241,7 @@ def run_prune_individual(
     out_path: str,
     max_items: int | None,
     evaluation: Evaluation = Evaluation(),
-    skip_at_chance: bool = True,
+    chance: ChancePolicy = ChancePolicy(),
 ) -> pl.DataFrame:
     """Phase prune_individual: `individual` removal on the minimal model of `minimal_path`
     (run_minimal_model's JSON), on the task tables `task_paths`; written to `out_path` with a
@@ -274,8 +263,7 @@ def run_prune_individual(
         load_task_tables(task_paths, max_items),
         minimal["kept_layers"],
         batch_size=evaluation.batch_size,
-        skip_at_chance=skip_at_chance,
-        always_scored=(minimal["task"],),
+        chance=chance.sparing(minimal["task"]),
         scored=prefix_scores(gradual_items_path, minimal["kept_layers"]),
     )
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)

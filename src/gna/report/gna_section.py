@@ -8,6 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 
+from gna.engine.chance import SKIPPED
 from gna.report.htmlkit import SectionContext, pct, placeholder_figure, save_figure, table, with_acc_cell
 from gna.students.spec import teacher_of
 
@@ -102,8 +103,8 @@ MASKING_INTRO = (
     "stays near (a) while (b) falls, the G&A pattern alone carries the retrieval.</p>"
     "<p>The knowledge task (MMLU cloze, no option lines to restrict to) is scored under (a) and (b) only. "
     "Where (a) cannot be told from chance on a task (its 95% interval contains chance), no condition could "
-    "show a loss there: (c) on KV retrieval and (b) on the knowledge task are left out, and (a)'s note says "
-    "why (<code>gna.skip_at_chance: false</code> runs them anyway).</p>"
+    "show a loss there: (c) on KV retrieval and (b) on the knowledge task are left out, and (a)'s row says "
+    "why (<code>chance.skip: false</code> runs them anyway).</p>"
 )
 
 
@@ -145,10 +146,10 @@ def masking_part(masking: pl.DataFrame) -> str:
     if masking.is_empty():
         return ""
     shown = with_acc_cell(masking.rename({"acc": "value"}), "acc (95% interval)").select(
-        "model", "heads", "task", "condition", "n", "acc (95% interval)", "mean_logp", "note"
+        "model", "heads", "task", "condition", "n", "acc (95% interval)", "mean_logp", pl.col(SKIPPED).alias("not run")
     )
     return MASKING_INTRO + table(
-        shown.sort(["model", "task", "condition"]), left=("model", "heads", "task", "condition", "note")
+        shown.sort(["model", "task", "condition"]), left=("model", "heads", "task", "condition", "not run")
     )
 
 

@@ -170,7 +170,7 @@ def topk_part(topk: pl.DataFrame, ctx: SectionContext) -> str:
     return (
         "<h3>Removing the top-k heads together</h3>"
         + table(wide, left=("model",), fmt={"random-k KV (mean)": pct, "random-k KV (sd)": pct})
-        + skipped_tasks_note(topk, "the unablated model (k = 0)", "no heads removed", "heads.skip_at_chance")
+        + skipped_tasks_note(topk, "the unablated model (k = 0)", "no heads removed")
         + ctx.figure("heads_topk")
     )
 
@@ -194,9 +194,7 @@ def kept_part(kept: pl.DataFrame, reference: str) -> str:
             f"keep all their heads. Accuracy with its 95% interval.</p>"
         )
         parts.append(table(wide.drop("variant"), left=tuple(c for c in wide.columns if c.startswith("heads kept"))))
-    parts.append(
-        skipped_tasks_note(kept, "the minimal model with all its heads", "no heads removed", "heads.skip_at_chance")
-    )
+    parts.append(skipped_tasks_note(kept, "the minimal model with all its heads", "no heads removed"))
     parts.append(reference)
     return "\n".join(parts)
 

@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import polars as pl  # noqa: E402
 
 from gna.core.io import atomic_path, read_json, read_parquet  # noqa: E402
+from gna.engine.chance import SKIPPED
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -221,19 +222,19 @@ class SectionContext:
         return self.options.get("show_reference", True)
 
 
-def skipped_tasks_note(frame: pl.DataFrame, scored_on: str, left_out: str, key: str) -> str:
+def skipped_tasks_note(frame: pl.DataFrame, scored_on: str, left_out: str) -> str:
     """The tasks of `frame` (rows with model, task, skipped_reason) scored on `scored_on` only
-    (`left_out` says what was not scored; `key`, the config key that chose it), each with its
-    recorded reason; empty where none was skipped."""
-    if "skipped_reason" not in frame.columns:
+    (`left_out` says what was not scored; the chance policy, config chance.skip, chose it), each
+    with its recorded reason; empty where none was skipped."""
+    if SKIPPED not in frame.columns:
         return ""
-    skipped = frame.filter(pl.col("skipped_reason").is_not_null()).unique(["model", "task"]).sort(["model", "task"])
+    skipped = frame.filter(pl.col(SKIPPED).is_not_null()).unique(["model", "task"]).sort(["model", "task"])
     if skipped.is_empty():
         return ""
     return (
-        f"<p>Scored on {scored_on} only ({left_out}; <code>{key}</code>):</p><ul>"
+        f"<p>Scored on {scored_on} only ({left_out}; <code>chance.skip</code>):</p><ul>"
         + "".join(
-            f"<li><b>{html.escape(r['model'])}</b>, {r['task']}: {html.escape(r['skipped_reason'])}</li>"
+            f"<li><b>{html.escape(r['model'])}</b>, {r['task']}: {html.escape(r[SKIPPED])}</li>"
             for r in skipped.iter_rows(named=True)
         )
         + "</ul>"

@@ -8,6 +8,7 @@ import html
 import matplotlib.pyplot as plt
 import polars as pl
 
+from gna.engine.chance import SKIPPED
 from gna.report.htmlkit import (
     SectionContext,
     acc_text,
@@ -19,7 +20,7 @@ from gna.report.htmlkit import (
     save_figure,
     table,
 )
-from gna.students.spec import NOT_SCORED, TEACHER_VARIANT
+from gna.students.spec import TEACHER_VARIANT
 
 REFERENCE_HEADS = """
 <p class='note'><b>Reference, not produced by this pipeline:</b> the study's Hybrid-Llama-1B (distilled from
@@ -71,7 +72,7 @@ def _metric_table(scores: pl.DataFrame, label_col: str) -> pl.DataFrame:
     labels = scores.select(label_col).unique(maintain_order=True)
     wide = labels.join(accuracy_pivot(accuracy_rows(scores), "column", [label_col]), on=label_col, how="left")
     agreement = scores.filter(
-        (pl.col("metric") == "context_swap_agreement") & (pl.col("group") == "all") & (pl.col("task") == "kv_retrieval")
+        (pl.col("metric") == "degeneracy_agreement") & (pl.col("group") == "all") & (pl.col("task") == "kv_retrieval")
     )
     if len(agreement):
         wide = wide.join(agreement.select(label_col, pl.col("value").alias(AGREEMENT)), on=label_col, how="left")
@@ -305,19 +306,18 @@ def heads_kept_part(model: str, teacher: pl.DataFrame, heads: pl.DataFrame, hy: 
 
 def not_scored_note(scores: pl.DataFrame) -> str:
     """The tasks the students in `scores` were not scored on, each with its recorded reason."""
-    if scores.is_empty() or "skipped_reason" not in scores.columns:
+    if scores.is_empty() or SKIPPED not in scores.columns:
         return ""
-    rows = scores.filter(pl.col("metric") == NOT_SCORED).unique("task", keep="first").sort("task")
+    rows = scores.filter(pl.col(SKIPPED).is_not_null()).unique("task", keep="first").sort("task")
     if rows.is_empty():
         return ""
     listed = "".join(
-        f"<li>{html.escape(TASK_COLUMNS.get(r['task'], r['task']))}: {html.escape(r['skipped_reason'])}</li>"
+        f"<li>{html.escape(TASK_COLUMNS.get(r['task'], r['task']))}: {html.escape(r[SKIPPED])}</li>"
         for r in rows.iter_rows(named=True)
     )
     return (
         "<p class='note'>Not scored for the students (blank above; "
-        f"<code>hybrid.skip_where_teacher_degenerate</code>, "
-        f"<code>hybrid.skip_where_teacher_at_chance</code>):</p><ul class='note'>{listed}</ul>"
+        f"<code>chance.skip</code>):</p><ul class='note'>{listed}</ul>"
     )
 
 
@@ -501,7 +501,7 @@ def ablation_part(model: str, scores: pl.DataFrame, budget: pl.DataFrame, ablati
         (
             ((pl.col("task") == "kv_retrieval") & (pl.col("group") == size))
             | (pl.col("task") == "heldout")
-            | (pl.col("metric") == "context_swap_agreement")
+            | (pl.col("metric") == "degeneracy_agreement")
         )
         & (pl.col("variant") == variant)
         & (pl.col("model") == model)
@@ -598,9 +598,7 @@ def answer_rows_part(answer_rows: pl.DataFrame) -> str:
     if answer_rows.is_empty():
         return ""
     skipped = (
-        answer_rows.filter(pl.col("skipped_reason").is_not_null())
-        if "skipped_reason" in answer_rows.columns
-        else answer_rows.clear()
+        answer_rows.filter(pl.col(SKIPPED).is_not_null()) if SKIPPED in answer_rows.columns else answer_rows.clear()
     )
     cells = (
         answer_rows.filter(pl.col("condition").is_not_null())
@@ -610,7 +608,7 @@ def answer_rows_part(answer_rows: pl.DataFrame) -> str:
     wide = accuracy_pivot(cells, "condition", ["model", "variant", "attention_heads", "task"]) if len(cells) else cells
     note = "".join(
         f"<li>{html.escape(r['model'])} {html.escape(r['variant'])}, "
-        f"{html.escape(TASK_COLUMNS.get(r['task'], r['task']))}: {html.escape(r['skipped_reason'])}</li>"
+        f"{html.escape(TASK_COLUMNS.get(r['task'], r['task']))}: {html.escape(r[SKIPPED])}</li>"
         for r in skipped.sort("model", "variant", "task").iter_rows(named=True)
     )
     note = f"<p class='note'>Not run:</p><ul class='note'>{note}</ul>" if note else ""

@@ -8,6 +8,7 @@ import matplotlib.pyplot as plt
 import polars as pl
 import seaborn as sns
 
+from gna.engine.chance import SKIPPED
 from gna.report.htmlkit import SectionContext, accuracy_axis, pct, save_figure, skipped_tasks_note, table
 
 METRIC = "acc"
@@ -19,7 +20,7 @@ def _overall(frame: pl.DataFrame) -> pl.DataFrame:
 
 def _every_depth(gradual: pl.DataFrame) -> pl.DataFrame:
     """The gradual rows of tasks scored at every depth (not those scored on the full model only)."""
-    return gradual.filter(pl.col("skipped_reason").is_null()) if "skipped_reason" in gradual.columns else gradual
+    return gradual.filter(pl.col(SKIPPED).is_null()) if SKIPPED in gradual.columns else gradual
 
 
 def plot_gradual(gradual: pl.DataFrame, minimal: dict[str, dict], path) -> None:
@@ -102,7 +103,7 @@ def gradual_part(gradual: pl.DataFrame, ctx: SectionContext) -> str:
         + "".join(f"<li>{s}</li>" for s in sentences if s)
         + "</ul>"
         + ctx.figure("prune_gradual")
-        + skipped_tasks_note(_overall(gradual), "the full model", "no shorter prefix", "prune.skip_at_chance")
+        + skipped_tasks_note(_overall(gradual), "the full model", "no shorter prefix")
         + "<details><summary>table: accuracy per number of layers kept</summary>"
         + table(wide, left=("model",), fmt={c: pct for c in wide.columns if c not in ("model", "layers_kept")})
         + "</details>"
@@ -161,7 +162,7 @@ def individual_part(individual: pl.DataFrame, minimal: list[dict], ctx: SectionC
         "<h3>Individual layer removal on the minimal model</h3>"
         + ctx.figure("prune_individual")
         + _critical_layers(ind, minimal)
-        + skipped_tasks_note(ind, "the minimal model", "no single-layer removals", "prune.skip_at_chance")
+        + skipped_tasks_note(ind, "the minimal model", "no single-layer removals")
         + "<details><summary>table: accuracy with one layer removed (−1 = none removed)</summary>"
         + table(wide, left=("model",), fmt={c: pct for c in wide.columns if c not in ("model", "removed_layer")})
         + "</details>"

@@ -79,10 +79,6 @@ def student_variants(hybrid: dict) -> list[str]:
     return list(dict.fromkeys(variant_name(k, n) for k, n in pairs))
 
 
-# the metric of a row recording a task a student was not scored on, with its skipped_reason
-NOT_SCORED = "not_scored"
-
-
 def in_heads_kept_sweep(hybrid: dict, variant: str) -> bool:
     """Whether `variant` is a student of the heads-kept sweep (at `state_size`)."""
     heads_kept, state_size = parse_variant(variant)

@@ -8,14 +8,15 @@ import logging
 import polars as pl
 
 from gna.core.io import read_parquet, write_parquet
-from gna.core.settings import TEACHER_CHECKS, Files, StudentScoring
+from gna.core.settings import Files, StudentScoring
 from gna.core.tensor_files import read_tensors
+from gna.engine.chance import SKIPPED, ChancePolicy, skipped
 from gna.engine.device import device_of
-from gna.engine.scoring import chance_accuracy, summarize_task
+from gna.engine.scoring import summarize_task
 from gna.phases.evaluation import score_model
 from gna.students.distill import restore, snapshot
 from gna.students.mixer import swapped_to_attention
-from gna.students.spec import NOT_SCORED, TEACHER_VARIANT, load_any, parse_variant, ranked_heads, read_spec
+from gna.students.spec import TEACHER_VARIANT, load_any, parse_variant, ranked_heads, read_spec
 from gna.tasks.tables import load_item_scores, load_task_tables
 
 log = logging.getLogger("gna.students.student_evaluation")
@@ -59,95 +60,30 @@ def write_scores(
     log_scores(frame)
 
 
-def teacher_degenerate_tasks(teacher_summary: pl.DataFrame) -> pl.DataFrame:
-    """The tasks on which the teacher is degenerate (summarize_task's flag: it keeps its answer
-    when another item's context is swapped in), one row each: task, n, value (its context-swap
-    agreement) and skipped_reason."""
-    schema = {"task": pl.String, "n": pl.Int64, "value": pl.Float64, "skipped_reason": pl.String}
-    if "degenerate" not in teacher_summary.columns:
-        return pl.DataFrame(schema=schema)
-    return (
-        teacher_summary.filter(
-            (pl.col("group") == "all")
-            & (pl.col("metric") == "context_swap_agreement")
-            & pl.col("degenerate").fill_null(False)
-        )
-        .select("task", "n", "value")
-        .sort("task")
-        .with_columns(
-            pl.format(
-                "the teacher keeps its answer on {}% of {} items when another item's context is "
-                "swapped in (degenerate), so no student can be compared with it on this task",
-                (pl.col("value") * 100).round(0).cast(pl.Int64),
-                pl.col("n"),
-            ).alias("skipped_reason")
-        )
-    )
-
-
-def teacher_at_chance_tasks(teacher_summary: pl.DataFrame, tables: dict[str, pl.DataFrame]) -> pl.DataFrame:
-    """The tasks of `tables` on which the teacher's accuracy is not distinguishable from chance
-    (chance_accuracy of the task's table inside the teacher's 95% interval), one row each: task,
-    n, value (its accuracy) and skipped_reason. A student's accuracy there can show neither a
-    loss nor a recovery, whatever it is."""
-    rows = []
-    accuracies = teacher_summary.filter((pl.col("group") == "all") & (pl.col("metric") == "acc"))
-    for row in accuracies.sort("task").iter_rows(named=True):
-        if row["task"] not in tables or row["ci_low"] is None:
-            continue
-        chance = chance_accuracy(tables[row["task"]])
-        if row["ci_low"] <= chance <= row["ci_high"]:
-            rows.append(
-                {
-                    "task": row["task"],
-                    "n": row["n"],
-                    "value": row["value"],
-                    "skipped_reason": f"the teacher's accuracy {row['value']:.1%} "
-                    f"[{row['ci_low']:.1%}, {row['ci_high']:.1%}] "
-                    f"(n = {row['n']}) contains chance {chance:.1%}, so no student can be compared with it "
-                    "on this task",
-                }
-            )
-    return pl.DataFrame(
-        rows, schema={"task": pl.String, "n": pl.Int64, "value": pl.Float64, "skipped_reason": pl.String}
-    )
-
-
 def skip_where_teacher_cannot_compare(
-    tables: dict[str, pl.DataFrame], teacher_summary_path: str | None, checks: tuple[str, ...] = TEACHER_CHECKS
+    tables: dict[str, pl.DataFrame], teacher_summary_path: str | None, chance: ChancePolicy
 ) -> tuple[dict[str, pl.DataFrame], pl.DataFrame | None]:
-    """(the tables a student is scored on, rows recording the others): with the teacher's
-    summary (`teacher_summary_path`, its hybrid_score), a task on which the teacher is
-    degenerate (check "degenerate": teacher_degenerate_tasks) or at chance ("at_chance":
-    teacher_at_chance_tasks) is not scored, since no student could be compared with it there;
-    each skipped task gets a row with metric NOT_SCORED, the teacher's agreement or accuracy as
-    value and skipped_reason (the first check that applies). Without a summary (None) or
-    checks, every table is scored."""
-    unknown = sorted(set(checks) - set(TEACHER_CHECKS))
-    if unknown:
-        raise ValueError(f"unknown teacher checks {unknown}; known: {list(TEACHER_CHECKS)}")
-    if teacher_summary_path is None or not checks:
+    """(the tables a student is scored on, rows recording the others): with the teacher's summary
+    (`teacher_summary_path`, its hybrid_score), a task on which the teacher is degenerate or at
+    chance (ChancePolicy.teacher_reasons) is not scored, since no student could be compared with
+    it there; each such task gets one row (group all, metric acc, value null) whose
+    skipped_reason says why. Without a summary (None) or with the policy off, every table is scored."""
+    summary = None if teacher_summary_path is None else read_parquet(teacher_summary_path)
+    reasons = chance.teacher_reasons(summary, tables)
+    if not reasons:
         return tables, None
-    summary = read_parquet(teacher_summary_path)
-    found = {
-        "degenerate": lambda: teacher_degenerate_tasks(summary),
-        "at_chance": lambda: teacher_at_chance_tasks(summary, tables),
-    }
-    flagged = (
-        pl.concat([found[c]() for c in TEACHER_CHECKS if c in checks])
-        .filter(pl.col("task").is_in(list(tables)))
-        .unique("task", keep="first", maintain_order=True)
-        .sort("task")
+    for task, reason in reasons.items():
+        log.info("%s not scored: %s", task, reason)
+    rows = pl.DataFrame(
+        {"task": list(reasons), "group": "all", "metric": "acc", "value": None, SKIPPED: list(reasons.values())},
+        schema={"task": pl.String, "group": pl.String, "metric": pl.String, "value": pl.Float64, SKIPPED: pl.String},
     )
-    if flagged.is_empty():
-        return tables, None
-    reasons = flagged.with_columns(pl.lit("all").alias("group"), pl.lit(NOT_SCORED).alias("metric"))
-    for row in reasons.iter_rows(named=True):
-        log.info("%s not scored: %s", row["task"], row["skipped_reason"])
-    return {t: table for t, table in tables.items() if t not in set(flagged["task"])}, reasons
+    return {t: table for t, table in tables.items() if t not in reasons}, rows
 
 
 def _with_reasons(frame: pl.DataFrame, reasons: pl.DataFrame | None) -> pl.DataFrame:
+    """`frame` with its skipped_reason column (null: scored), and the rows of `reasons` below."""
+    frame = frame.with_columns(skipped(None))
     return frame if reasons is None else pl.concat([frame, reasons], how="diagonal_relaxed")
 
 
@@ -168,7 +104,7 @@ def run_hybrid_score(
 
     inputs: model (folder), teacher (distillation file), tasks (task tables); optional baseline
     (the teacher's per-item baseline scores, read instead of scoring its items again) and
-    teacher_summary (a student's: tasks on which the teacher fails `scoring.teacher_checks` are not
+    teacher_summary (a student's: tasks on which the teacher fails `scoring.chance` are not
     scored, skip_where_teacher_cannot_compare). outputs: summary (label_variant'ed), answers
     (per item)."""
     evaluation = scoring.evaluation
@@ -176,7 +112,7 @@ def run_hybrid_score(
     tables = load_task_tables(inputs.tasks, scoring.items)
     if kv_dict_size is not None and "kv_retrieval" in tables:
         tables["kv_retrieval"] = at_dict_size(tables["kv_retrieval"], kv_dict_size, "kv_retrieval")
-    tables, reasons = skip_where_teacher_cannot_compare(tables, inputs.get("teacher_summary"), scoring.teacher_checks)
+    tables, reasons = skip_where_teacher_cannot_compare(tables, inputs.get("teacher_summary"), scoring.chance)
     heldout = read_tensors(inputs.teacher, ["heldout_ids"], device_of(model))["heldout_ids"]
     frame, items = score_model(
         model,
@@ -204,7 +140,7 @@ def run_hybrid_swap(
     evaluation = scoring.evaluation
     model, tok = load_any(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     tables, reasons = skip_where_teacher_cannot_compare(
-        load_task_tables(inputs.tasks, scoring.items), inputs.get("teacher_summary"), scoring.teacher_checks
+        load_task_tables(inputs.tasks, scoring.items), inputs.get("teacher_summary"), scoring.chance
     )
     heldout = read_tensors(inputs.teacher, ["heldout_ids"], device_of(model))["heldout_ids"]
     critical = ranked_heads(read_parquet(inputs.ranking), 1, model_name)[0][0]
@@ -267,10 +203,10 @@ def budget_point_from_scores(summary_path: str, answers_path: str, table: pl.Dat
     it (KV not scored or cut to fewer items, or its degeneracy check drawn from other items):
     the point is then scored."""
     answers = read_parquet(answers_path)
-    if "pred_swapped" not in answers.columns:
+    if "pred_other_context" not in answers.columns:
         return None
     items = answers.filter((pl.col("task") == "kv_retrieval") & pl.col("item_id").is_in(table["item_id"].implode()))
-    if len(items) != len(table) or items["pred_swapped"].null_count():
+    if len(items) != len(table) or items["pred_other_context"].null_count():
         return None
     summary = read_parquet(summary_path)
     heldout = summary.filter(pl.col("task") == "heldout").select("task", "group", "n", "metric", "value")

@@ -138,12 +138,9 @@ def run_tasks(
     num_fewshot: int | None = None,
     batch_size: int = 8,
     log_samples: bool = False,
-    memory_mb: int | None = None,
-    longest_tokens: int = ASSUMED_TOKENS,
 ) -> dict:
-    """Evaluate `tasks` with lm_eval.simple_evaluate; returns its raw results dict. The batch
-    size is reduced where the logits of `longest_tokens`-token requests would not fit in
-    `memory_mb` (fitting_batch_size).
+    """Evaluate `tasks` with lm_eval.simple_evaluate, `batch_size` requests at a time (a caller
+    with a memory limit picks it with fitting_batch_size); returns its raw results dict.
 
     Hub tasks ("mmlu", "arc_easy", ...) download their datasets through `datasets` on first use
     (needs network or a populated HF cache). Per-sample outputs are under results["samples"]
@@ -157,7 +154,6 @@ def run_tasks(
         + (["lm-eval's built-in tasks"] if include_defaults else [])
     )
     check_task_names(task_manager, tasks, searched)
-    batch_size = fitting_batch_size(model, batch_size, memory_mb, longest_tokens)
     lm = make_lm(model, tok, batch_size=batch_size)
     results = lm_eval.simple_evaluate(
         model=lm,

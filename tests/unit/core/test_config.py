@@ -91,6 +91,14 @@ def test_defaults_are_filled():
             lambda c: c["hybrid"]["budget_curve"].update(dict_size=10),
             "config key 'hybrid.budget_curve.dict_size' is now 'hybrid.dict_size'",
         ),
+        (  # the chance policy is one block now: each old switch names it
+            lambda c: c.setdefault("heads", {}).update(skip_at_chance=False),
+            "config key 'heads.skip_at_chance' is now 'chance.skip' (one switch for every phase)",
+        ),
+        (
+            lambda c: c["hybrid"].update(skip_where_teacher_degenerate=True),
+            "config key 'hybrid.skip_where_teacher_degenerate' is now 'chance.skip'",
+        ),
         (lambda c: c.setdefault("heads", {}).update(verify_budget=0), "config key 'heads.verify_budget'"),
         (lambda c: c.setdefault("heads", {}).update(verify_order="abs"), "allowed values: signed, magnitude, graddrop"),
         (

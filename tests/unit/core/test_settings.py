@@ -35,12 +35,11 @@ def test_student_scoring_names_the_key_and_passes_only_the_fields_a_rule_reads()
         "answer_rows_items": 50,
         "degeneracy_items": 20,
         "dict_size": 10,
-        "skip_where_teacher_degenerate": True,
-        "skip_where_teacher_at_chance": False,
     }
-    config = {"hybrid": hybrid, "dtype": "float32", "eval": {"batch_size": 4, "compute_dtype": "float32"}}
+    evaluation = {"batch_size": 4, "compute_dtype": "float32"}
+    config = {"hybrid": hybrid, "dtype": "float32", "eval": evaluation, "chance": {"skip": False}}
     scoring = StudentScoring.from_config(config)
-    assert scoring.teacher_checks == ("degenerate",) and scoring.dict_size == 10 and scoring.items is None
+    assert not scoring.chance.skip and scoring.dict_size == 10 and scoring.items is None
     assert StudentScoring.from_config(config, "answer_rows_items").items == 50
     assert StudentScoring(**scoring.as_params()) == scoring
     assert scoring.as_params("dict_size", "evaluation") == {
@@ -50,10 +49,21 @@ def test_student_scoring_names_the_key_and_passes_only_the_fields_a_rule_reads()
     for bad, key in (
         ({"items": -1}, "hybrid.eval_items"),
         ({"dict_size": 0}, "hybrid.dict_size"),
-        ({"teacher_checks": ("chance",)}, r"hybrid.skip_where_teacher_\*"),
+        ({"chance": {"skip": "yes"}}, "chance.skip"),
     ):
         with pytest.raises(ValueError, match=f"^{key}: "):
             StudentScoring(**bad)
+
+
+def test_top_k_settings_name_their_key_and_round_trip_through_rule_params():
+    from gna.core.settings import TopK
+
+    heads = {"top_k": [0, 1, 5], "random_draws": 2, "control_tasks": ["kv_retrieval"], "seed": 7}
+    top_k = TopK.from_config({"heads": heads | {"control_k": [5], "control_draws": None}})
+    assert top_k.ks == (0, 1, 5) and top_k.control_k == (5,) and TopK(**top_k.as_params()) == top_k
+    for bad, key in (({"ks": [-1]}, "heads.top_k"), ({"random_draws": -2}, "heads.random_draws")):
+        with pytest.raises(ValueError, match=f"^{key}: "):
+            TopK(**bad)
 
 
 def test_files_name_their_roles_and_a_missing_role():

@@ -69,7 +69,7 @@ def _answers(preds, swapped, correct):
             "correct_norm": correct,
             "greedy_match": [False] * n,
             "logp_target": [-1.0] * n,
-            "pred_swapped": swapped,
+            "pred_other_context": swapped,
         }
     )
 
@@ -77,7 +77,7 @@ def _answers(preds, swapped, correct):
 def test_a_model_that_ignores_the_context_is_flagged_degenerate():
     # same prediction with the item's own context and with another's on 9 of 10 checked items
     steady = summarize_task(_answers([1] * 12, [1] * 9 + [2] + [None] * 2, [True] * 3 + [False] * 9))
-    agreement = steady.filter((pl.col("metric") == "context_swap_agreement") & (pl.col("group") == "all"))
+    agreement = steady.filter((pl.col("metric") == "degeneracy_agreement") & (pl.col("group") == "all"))
     assert agreement["value"][0] == 0.9 and agreement["n"][0] == 10
     assert steady["degenerate"].all()
     reader = summarize_task(_answers([0, 1, 2, 3] * 3, [1, 2, 3, 0] * 3, [True] * 12))

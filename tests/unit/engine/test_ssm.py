@@ -7,6 +7,7 @@ import polars as pl
 import pytest
 import torch
 
+from gna.engine.chance import ChancePolicy
 from gna.engine.device import device_of
 from gna.engine.packing import collate, pack
 from gna.engine.ssm import (
@@ -412,7 +413,12 @@ def test_answer_rows_are_not_masked_where_the_unmodified_student_is_at_chance(hy
         .drop("_i")
     )
     frame = answer_rows_experiment(
-        student, {"kv_retrieval": kv}, tok, batch_size=4, scored={"kv_retrieval": at_chance}, skip_at_chance=True
+        student,
+        {"kv_retrieval": kv},
+        tok,
+        batch_size=4,
+        scored={"kv_retrieval": at_chance},
+        chance=ChancePolicy(skip=True),
     )
     assert frame["condition"].to_list() == ["unmodified"]
     assert "not distinguishable from chance at n=12" in frame["skipped_reason"][0]
@@ -420,11 +426,11 @@ def test_answer_rows_are_not_masked_where_the_unmodified_student_is_at_chance(hy
     # every item right: clear of chance, so both conditions run and no reason is recorded
     clear = answers.with_columns(correct=pl.lit(True))
     frame = answer_rows_experiment(
-        student, {"kv_retrieval": kv}, tok, batch_size=4, scored={"kv_retrieval": clear}, skip_at_chance=True
+        student, {"kv_retrieval": kv}, tok, batch_size=4, scored={"kv_retrieval": clear}, chance=ChancePolicy(skip=True)
     )
     assert frame["condition"].to_list() == ["unmodified", "attention answer rows masked"]
     assert frame["skipped_reason"].null_count() == 2
     # without the policy the masked condition runs at chance too
     frame = answer_rows_experiment(student, {"kv_retrieval": kv}, tok, batch_size=4, scored={"kv_retrieval": at_chance})
     assert frame["condition"].to_list() == ["unmodified", "attention answer rows masked"]
-    assert "skipped_reason" not in frame.columns
+    assert frame["skipped_reason"].null_count() == 2  # one result shape, policy on or off

@@ -3,6 +3,7 @@ import pytest
 import torch
 from conftest import MINI_MMLU
 
+from gna.engine.chance import ChancePolicy
 from gna.phases.gather_aggregate import (
     attention_maps,
     head_roles,
@@ -143,18 +144,19 @@ def test_choice_masking_is_gated_by_accuracy(tiny_llama):
     letter = build_mmlu(subset, pool, "letter", 1, 0)
     heads = {"gather": (1, 2), "aggregate": (2, 0)}
     acc = score_table(model, tok, letter, progress=False)["correct"].mean()
-    gated = choice_masking(model, tok, letter, heads, min_acc=acc + 0.01, ssm_heads={(1, 2)})
+    gated = choice_masking(model, tok, letter, heads, min_acc=acc + 0.01)
     assert gated["condition"].to_list() == ["(a) unmodified"] and gated["acc"][0] == acc
-    assert gated["note"][0].startswith("at chance") and gated["heads"][0].endswith("L2H0 (attention)")
+    assert gated["skipped_reason"][0].startswith("at chance") and gated["heads"][0] == "gather L1H2, aggregate L2H0"
     run = choice_masking(model, tok, letter, heads, min_acc=acc)
     assert run["condition"].to_list() == ["(a) unmodified", "(b) G&A heads ablated", "(c) G&A pattern only"]
-    assert run["note"].null_count() == len(run) and set(run["task"]) == {"mmlu_letter"}
+    assert run["skipped_reason"].null_count() == len(run) and set(run["task"]) == {"mmlu_letter"}
 
 
 def test_choice_masking_skips_a_table_at_chance_by_its_interval(tiny_llama):
-    """The facts' choice form, option lines as segments: with skip_at_chance an accuracy whose
+    """The facts' choice form, option lines as segments: with the chance policy an accuracy whose
     interval contains chance runs (a) only, whatever min_acc allows; without it all three run."""
-    from gna.engine.scoring import at_chance, score_table
+    from gna.engine.chance import at_chance
+    from gna.engine.scoring import score_table
     from gna.phases.masking import choice_masking
     from gna.tasks.facts import build_facts, read_local_facts
 
@@ -163,9 +165,9 @@ def test_choice_masking_skips_a_table_at_chance_by_its_interval(tiny_llama):
     choice = build_facts(facts, ["capital", "demonym"], 6, seed=2, fmt="choice", shots=1)
     assert at_chance(score_table(model, tok, choice, progress=False), choice) is not None  # 6 items: any accuracy
     heads = {"gather": (1, 2), "aggregate": (2, 0)}
-    skipped = choice_masking(model, tok, choice, heads, min_acc=0.0, skip_at_chance=True)
+    skipped = choice_masking(model, tok, choice, heads, min_acc=0.0, chance=ChancePolicy(skip=True))
     assert skipped["condition"].to_list() == ["(a) unmodified"]
-    assert "not distinguishable from chance" in skipped["note"][0] and skipped["task"][0] == "facts_choice"
+    assert "not distinguishable from chance" in skipped["skipped_reason"][0] and skipped["task"][0] == "facts_choice"
     run = choice_masking(model, tok, choice, heads, min_acc=0.0)
     assert run["condition"].to_list() == ["(a) unmodified", "(b) G&A heads ablated", "(c) G&A pattern only"]
 
@@ -186,14 +188,14 @@ def test_masking_reads_condition_a_from_the_models_own_scores(tiny_llama):
     kv = build_kv_retrieval([3], 3, 0, "lookup")
     heads = {"gather": (1, 2), "aggregate": (2, 0)}
     scored = {t["task"][0]: score_table(model, tok, t, progress=False) for t in (cloze, choice)}
-    args = dict(batch_size=4, knowledge=[cloze], skip_at_chance=True)
+    args = dict(batch_size=4, knowledge=[cloze], chance=ChancePolicy(skip=True))
     plain = masking_experiment(model, tok, kv, kv_row_segments, heads, **args)
     assert masking_experiment(model, tok, kv, kv_row_segments, heads, scored=scored, **args).equals(plain)
-    assert choice_masking(model, tok, choice, heads, 0.0, skip_at_chance=True, scored=scored).equals(
-        choice_masking(model, tok, choice, heads, 0.0, skip_at_chance=True)
+    assert choice_masking(model, tok, choice, heads, 0.0, chance=ChancePolicy(skip=True), scored=scored).equals(
+        choice_masking(model, tok, choice, heads, 0.0, chance=ChancePolicy(skip=True))
     )
     doctored = {t: s.with_columns(pl.lit(True).alias("correct")) for t, s in scored.items()}
     read = masking_experiment(model, tok, kv, kv_row_segments, heads, scored=doctored, **args)
     assert read.filter(pl.col("task") == "facts_cloze")["acc"][0] == 1.0
-    gate = choice_masking(model, tok, choice, heads, 0.0, skip_at_chance=True, scored=doctored)
+    gate = choice_masking(model, tok, choice, heads, 0.0, chance=ChancePolicy(skip=True), scored=doctored)
     assert "(b) G&A heads ablated" in gate["condition"].to_list()  # the gate read the doctored (a): it opened

@@ -23,6 +23,7 @@ from golden import cpu_kind
 from polars.testing import assert_frame_equal
 
 from gna.core.stats import wilson_interval
+from gna.engine.chance import ChancePolicy
 from gna.phases.gather_aggregate import kv_row_segments, mmlu_row_segments
 from gna.phases.masking import masking_experiment
 from gna.students.spec import make_hybrid
@@ -50,17 +51,20 @@ def test_masking_experiment_equals_recorded_results(tiny_llama):
             student_kv.with_columns(pl.lit("student").alias("model")),
         ]
     )
-    # `note` (null where (b) and (c) ran) and the interval came after the recording; every other
-    # column is as recorded
-    assert actual["note"].null_count() == len(actual)
+    # a student's label says which heads are SSM heads (read from the model since the recording)
+    assert set(student_kv["heads"]) == {"gather L1H0 (ssm), aggregate L2H3 (attention)"}
+    actual = actual.with_columns(pl.col("heads").str.replace_all(r" \((ssm|attention)\)", ""))
+    # `skipped_reason` (null where (b) and (c) ran) and the interval came after the recording; every
+    # other column is as recorded
+    assert actual["skipped_reason"].null_count() == len(actual)
     for row in actual.iter_rows(named=True):
         assert (row["ci_low"], row["ci_high"]) == wilson_interval(round(row["acc"] * row["n"]), row["n"])
     golden = pl.read_parquet(GOLDEN)
     if cpu_kind() == RECORDED_ON and torch.__version__ == RECORDED_TORCH:
-        assert_frame_equal(actual.drop("note", "ci_low", "ci_high"), golden, check_exact=True)
+        assert_frame_equal(actual.drop("skipped_reason", "ci_low", "ci_high"), golden, check_exact=True)
     else:
         assert_frame_equal(
-            actual.drop("note", "ci_low", "ci_high", "mean_logp"), golden.drop("mean_logp"), check_exact=True
+            actual.drop("skipped_reason", "ci_low", "ci_high", "mean_logp"), golden.drop("mean_logp"), check_exact=True
         )
         assert_frame_equal(actual.select("mean_logp"), golden.select("mean_logp"), check_exact=False, rel_tol=1e-5)
 
@@ -77,7 +81,7 @@ def _relabelled_to_own_picks(model, tok, table: pl.DataFrame) -> pl.DataFrame:
 
 
 def test_masking_leaves_out_what_cannot_show_a_loss_where_the_model_is_at_chance(tiny_llama):
-    """skip_at_chance: the tiny random model is at chance on both tasks, so KV keeps (a) and (b)
+    """The chance policy: the tiny random model is at chance on both tasks, so KV keeps (a) and (b)
     (one pass) without (c), and the knowledge task keeps (a) alone; (a)'s note says why and every
     row that ran equals the full experiment's. Where the model is right on every item, every
     condition runs and the result equals the experiment without the skip."""
@@ -87,22 +91,29 @@ def test_masking_leaves_out_what_cannot_show_a_loss_where_the_model_is_at_chance
     cloze = build_mmlu(subset, pool, "cloze", 0, 7)
     full = masking_experiment(model, tok, kv, kv_row_segments, HEADS, batch_size=4, knowledge=cloze)
     skipped = masking_experiment(
-        model, tok, kv, kv_row_segments, HEADS, batch_size=4, knowledge=cloze, skip_at_chance=True
+        model, tok, kv, kv_row_segments, HEADS, batch_size=4, knowledge=cloze, chance=ChancePolicy(skip=True)
     )
     assert list(zip(skipped["task"], skipped["condition"])) == [
         ("kv_retrieval", "(a) unmodified"),
         ("kv_retrieval", "(b) G&A heads ablated"),
         ("mmlu_cloze", "(a) unmodified"),
     ]
-    notes = skipped["note"].to_list()
+    notes = skipped["skipped_reason"].to_list()
     assert "contains chance 25.0%" in notes[0] and notes[0].endswith("(c) not run")
     assert notes[1] is None and notes[2].endswith("(b) not run")
     kept = full.join(skipped.select("task", "condition"), on=["task", "condition"], how="semi")
-    assert_frame_equal(skipped.drop("note"), kept.drop("note"), check_exact=False, rel_tol=1e-6)
+    assert_frame_equal(skipped.drop("skipped_reason"), kept.drop("skipped_reason"), check_exact=False, rel_tol=1e-6)
 
     kv_right, cloze_right = _relabelled_to_own_picks(model, tok, kv), _relabelled_to_own_picks(model, tok, cloze)
     above = masking_experiment(
-        model, tok, kv_right, kv_row_segments, HEADS, batch_size=4, knowledge=cloze_right, skip_at_chance=True
+        model,
+        tok,
+        kv_right,
+        kv_row_segments,
+        HEADS,
+        batch_size=4,
+        knowledge=cloze_right,
+        chance=ChancePolicy(skip=True),
     )
     assert above.filter(pl.col("condition") == "(a) unmodified")["acc"].to_list() == [1.0, 1.0]
     assert_frame_equal(

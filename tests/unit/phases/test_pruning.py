@@ -4,7 +4,8 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from gna.engine.scoring import at_chance, score_removals, score_table, score_table_ref
+from gna.engine.chance import ChancePolicy, at_chance
+from gna.engine.scoring import score_removals, score_table, score_table_ref
 from gna.engine.stack import pruned_layers
 from gna.phases.pruning import gradual, individual, minimal_prefix
 from gna.tasks.tables import build_kv_retrieval, subset_evenly
@@ -99,7 +100,7 @@ def test_sweeps_are_tidy(tiny_llama):
     tables = {"kv_retrieval": KV}
     g = gradual(model, tok, tables, progress=False)
     assert set(g["layers_kept"]) == {1, 2, 3} and set(g["group"]) == {"3", "5", "all"}
-    i = individual(model, tok, tables, [0, 1], progress=False, skip_at_chance=False)
+    i = individual(model, tok, tables, [0, 1], progress=False)
     assert set(i["removed_layer"]) == {-1, 0, 1} and i["skipped_reason"].is_null().all()
     assert set(g.columns) >= {"task", "group", "n", "metric", "value", "layers_kept", "experiment"}
 
@@ -108,14 +109,16 @@ def test_a_task_at_chance_is_scored_on_the_minimal_model_only_with_the_reason(ti
     model, tok = tiny_llama
     base = score_table(model, tok, KV, layers=[0, 1], progress=False)
     assert at_chance(base, KV) is not None  # a random model on 3- and 5-key lookups
-    i = individual(model, tok, {"kv_retrieval": KV}, [0, 1], progress=False)
+    i = individual(model, tok, {"kv_retrieval": KV}, [0, 1], progress=False, chance=ChancePolicy(skip=True))
     assert set(i["removed_layer"]) == {-1}
     assert i["skipped_reason"].str.starts_with(f"not distinguishable from chance at n={len(KV)}").all()
     # the minimal model's own row is the same either way
-    full = individual(model, tok, {"kv_retrieval": KV}, [0, 1], progress=False, skip_at_chance=False)
+    full = individual(model, tok, {"kv_retrieval": KV}, [0, 1], progress=False)
     assert i.drop("skipped_reason").equals(full.filter(pl.col("removed_layer") == -1).drop("skipped_reason"))
     # the task that defined the minimal model is always removed layer by layer
-    kept = individual(model, tok, {"kv_retrieval": KV}, [0, 1], progress=False, always_scored=("kv_retrieval",))
+    kept = individual(
+        model, tok, {"kv_retrieval": KV}, [0, 1], progress=False, chance=ChancePolicy(skip=True).sparing("kv_retrieval")
+    )
     assert kept.equals(full)
 
 
@@ -125,22 +128,22 @@ def test_gradual_pruning_scores_a_task_at_chance_on_the_full_model_only(tiny_lla
     tables = {"kv_retrieval": KV}
     every = gradual(model, tok, tables, progress=False)
     assert every["skipped_reason"].is_null().all() and set(every["layers_kept"]) == set(range(1, n + 1))
-    g = gradual(model, tok, tables, progress=False, skip_at_chance=True)  # a random model is at chance
+    g = gradual(model, tok, tables, progress=False, chance=ChancePolicy(skip=True))  # a random model is at chance
     assert set(g["layers_kept"]) == {n}
     assert g["skipped_reason"].str.starts_with(f"not distinguishable from chance at n={len(KV)}").all()
     # the full model's row is the same as with every depth scored
     assert g.drop("skipped_reason").equals(every.filter(pl.col("layers_kept") == n).drop("skipped_reason"))
     # the retrieval task that defines the minimal model is scored at every depth
-    assert gradual(model, tok, tables, progress=False, skip_at_chance=True, always_scored=("kv_retrieval",)).equals(
+    assert gradual(model, tok, tables, progress=False, chance=ChancePolicy(skip=True).sparing("kv_retrieval")).equals(
         every
     )
     # the decision reads the full model's given scores (its baseline): scores above chance keep every depth
     full = score_table(model, tok, KV, progress=False)
     right = full.with_columns(pl.lit(True).alias("correct"))
-    assert gradual(model, tok, tables, progress=False, skip_at_chance=True, scored={"kv_retrieval": right}).equals(
-        every
-    )
-    read = gradual(model, tok, tables, progress=False, skip_at_chance=True, scored={"kv_retrieval": full})
+    assert gradual(
+        model, tok, tables, progress=False, chance=ChancePolicy(skip=True), scored={"kv_retrieval": right}
+    ).equals(every)
+    read = gradual(model, tok, tables, progress=False, chance=ChancePolicy(skip=True), scored={"kv_retrieval": full})
     assert read.equals(g)
 
 
@@ -215,16 +218,18 @@ def test_the_minimal_models_scores_are_read_from_gradual_pruning_exactly(tiny_ll
     assert prefix_scores(str(tmp_path / "gradual.items.parquet"), [0, 2]) == {}  # not a prefix
     assert prefix_scores(None, kept) == {}
     shifted = {"kv_retrieval": read["kv_retrieval"].with_columns(pl.col("logp_target") - 1)}
-    plain = individual(model, tok, tables, kept, batch_size=2, progress=False, skip_at_chance=True)
-    assert individual(model, tok, tables, kept, batch_size=2, progress=False, skip_at_chance=True, scored=read).equals(
-        plain
-    )
+    plain = individual(model, tok, tables, kept, batch_size=2, progress=False, chance=ChancePolicy(skip=True))
+    assert individual(
+        model, tok, tables, kept, batch_size=2, progress=False, chance=ChancePolicy(skip=True), scored=read
+    ).equals(plain)
     # read, not recomputed: shifted scores move the minimal model's own row only
-    moved = individual(model, tok, tables, kept, batch_size=2, progress=False, skip_at_chance=True, scored=shifted)
+    moved = individual(
+        model, tok, tables, kept, batch_size=2, progress=False, chance=ChancePolicy(skip=True), scored=shifted
+    )
     assert not moved.equals(plain)
     assert moved.filter(pl.col("removed_layer") != -1).equals(plain.filter(pl.col("removed_layer") != -1))
     ranking = pl.DataFrame({"layer": [0, 1], "head": [0, 1], "rank": [1, 2]})
-    args = dict(batch_size=2, progress=False, skip_at_chance=True, always_scored=())
+    args = dict(batch_size=2, progress=False, chance=ChancePolicy(skip=True))
     assert heads_kept(model, tok, ranking, kept, tables, scored=read, **args).equals(
         heads_kept(model, tok, ranking, kept, tables, **args)
     )

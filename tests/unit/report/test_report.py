@@ -329,12 +329,12 @@ def test_tasks_scored_on_the_minimal_model_only_are_listed_with_their_reason():
         "metric": ["acc"] * 3,
         "skipped_reason": [None] + ["not distinguishable from chance at n=100: accuracy 26.0%"] * 2,
     }
-    listed = skipped_tasks_note(pl.DataFrame(rows), "the minimal model", "no removals", "prune.skip_at_chance")
+    listed = skipped_tasks_note(pl.DataFrame(rows), "the minimal model", "no removals")
     assert listed.count("<li>") == 1 and "<b>m</b>, mmlu_letter: not distinguishable from chance at n=100" in listed
-    assert "Scored on the minimal model only (no removals; <code>prune.skip_at_chance</code>)" in listed
-    assert skipped_tasks_note(pl.DataFrame(rows).drop("skipped_reason"), "the minimal model", "no removals", "k") == ""
+    assert "Scored on the minimal model only (no removals; <code>chance.skip</code>)" in listed
+    assert skipped_tasks_note(pl.DataFrame(rows).drop("skipped_reason"), "the minimal model", "no removals") == ""
     none_skipped = pl.DataFrame(rows).with_columns(pl.lit(None, pl.String).alias("skipped_reason"))
-    assert skipped_tasks_note(none_skipped, "the minimal model", "no removals", "k") == ""
+    assert skipped_tasks_note(none_skipped, "the minimal model", "no removals") == ""
 
 
 def test_gradual_pruning_draws_only_the_tasks_scored_at_every_depth_and_names_the_others(tmp_path):

@@ -11,11 +11,11 @@ import torch
 from conftest import MINI_MMLU
 
 from gna.core.io import write_parquet
-from gna.core.settings import TEACHER_CHECKS, Evaluation, Files, StudentScoring
+from gna.core.settings import Evaluation, Files, StudentScoring
 from gna.core.tensor_files import read_tensors, write_tensors
+from gna.engine.chance import ChancePolicy, chance_accuracy
 from gna.engine.device import device_of
 from gna.engine.precision import frozen_weights_in
-from gna.engine.scoring import chance_accuracy
 from gna.models.prepare import load_model
 from gna.students.corpus import (
     answer_tokens,
@@ -46,7 +46,6 @@ from gna.students.distill import (
 from gna.students.mixer import captured_maps, mixers
 from gna.students.recipe import ablated_student, run_hybrid_ablation
 from gna.students.spec import (
-    NOT_SCORED,
     ablation_kd,
     checkpoint_steps,
     load_any,
@@ -79,12 +78,13 @@ CORPUS = {
 KD = {"steps": 2, "batch": 2, "lr": 1e-3, "answer_weight": 5, "compute_dtype": "bfloat16"}
 
 
+ON = ChancePolicy(skip=True)  # the default config's policy
+
+
 # the rules' functions with their files and scoring settings given as keywords (the scripts pass
 # Snakemake's input/output and the rule's StudentScoring)
-def _scoring(
-    max_items=None, degeneracy_items=None, evaluation=Evaluation(), teacher_checks=TEACHER_CHECKS, dict_size=None
-):
-    return StudentScoring(max_items, degeneracy_items, dict_size, teacher_checks, evaluation)
+def _scoring(max_items=None, degeneracy_items=None, evaluation=Evaluation(), chance=ON, dict_size=None):
+    return StudentScoring(max_items, degeneracy_items, dict_size, chance, evaluation)
 
 
 def score(
@@ -135,11 +135,10 @@ def answer_rows(
     *,
     teacher_summary_path=None,
     answers_path=None,
-    skip_at_chance=False,
     **scoring,
 ):
     inputs = Files(model=model_dir, tasks=tasks, teacher_summary=teacher_summary_path, answers=answers_path)
-    return run_hybrid_answer_rows(model_name, variant, inputs, out, _scoring(**scoring), skip_at_chance)
+    return run_hybrid_answer_rows(model_name, variant, inputs, out, _scoring(**scoring))
 
 
 def budget(
@@ -412,9 +411,11 @@ def test_scoring_rules_on_the_distilled_students(phase):
         **args,
     )
     assert "perplexity" in scores["metric"].to_list() and set(scores["heads_kept"]) == {2}
-    assert "context_swap_agreement" in scores["metric"].to_list() and "degenerate" in scores.columns
+    assert "degeneracy_agreement" in scores["metric"].to_list() and "degenerate" in scores.columns
     answers = pl.read_parquet(root / "answers.parquet")
-    assert len(answers) == 4 and set(answers["variant"]) == {"k2-n4"} and answers["pred_swapped"].null_count() == 0
+    assert (
+        len(answers) == 4 and set(answers["variant"]) == {"k2-n4"} and answers["pred_other_context"].null_count() == 0
+    )
     # the summary is computed from exactly these answers
     acc = scores.filter((pl.col("metric") == "acc") & (pl.col("group") == "all"))["value"][0]
     assert acc == answers["correct"].mean()
@@ -444,9 +445,10 @@ def test_scoring_rules_on_the_distilled_students(phase):
         **args,
     )
     assert set(swap["variant"]) == {"k0-n4 + attention layer 2"} and set(swap["swapped_layer"]) == {2}
-    assert "context_swap_agreement" not in swap["metric"].to_list()
+    assert "degeneracy_agreement" not in swap["metric"].to_list()
     assert set(pl.read_parquet(root / "swap-answers.parquet")["swapped_layer"]) == {2}
-    rows = answer_rows("tiny", "k2-n4", str(root / "k2"), tasks, str(root / "rows.parquet"), **args)
+    every = ChancePolicy(skip=False)  # the tiny student is at chance: run the masked condition anyway
+    rows = answer_rows("tiny", "k2-n4", str(root / "k2"), tasks, str(root / "rows.parquet"), chance=every, **args)
     assert rows["condition"].to_list() == ["unmodified", "attention answer rows masked"]
     assert pl.read_parquet(root / "rows.parquet").equals(rows)
     student, _ = load_any(root / "k2")
@@ -512,7 +514,7 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
         dict(max_items=4, degeneracy_items=None, evaluation=Evaluation(batch_size=2)),
     )
     student = (str(root / "k2"), str(root / "teacher.safetensors"))
-    degenerate_only = {"teacher_checks": ("degenerate",)}  # the tiny teacher is at chance too
+    # the tiny teacher is at chance too: its summaries below are made clear of chance, so that only the flag decides
     # 2 of 4 items, of 3 and 5 keys: no item has a partner to swap contexts with, so no check (not a crash)
     unchecked = score(
         "tiny",
@@ -524,12 +526,20 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
         str(root / "ua.parquet"),
         **(args | {"degeneracy_items": 2}),
     )
-    assert "context_swap_agreement" not in unchecked["metric"].to_list() and "degenerate" not in unchecked.columns
+    assert "degeneracy_agreement" not in unchecked["metric"].to_list() and "degenerate" not in unchecked.columns
     teacher = score(
         "tiny", "teacher", p["teacher"], student[1], tasks, str(root / "t.parquet"), str(root / "ta.parquet"), **args
     )
+    clear = pl.col("metric") == "acc"
     for flag in (True, False):
-        write_parquet(teacher.with_columns(pl.lit(flag).alias("degenerate")), root / f"teacher-{flag}.parquet")
+        write_parquet(
+            teacher.with_columns(
+                pl.when(clear).then(0.95).otherwise(pl.col("ci_low")).alias("ci_low"),
+                pl.when(clear).then(1.0).otherwise(pl.col("ci_high")).alias("ci_high"),
+                pl.lit(flag).alias("degenerate"),
+            ),
+            root / f"teacher-{flag}.parquet",
+        )
     skipped = score(
         "tiny",
         "k2-n4",
@@ -539,12 +549,10 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
         str(root / "a1.parquet"),
         teacher_summary_path=str(root / "teacher-True.parquet"),
         **args,
-        **degenerate_only,
     )
-    assert set(skipped["metric"]) == {"perplexity", NOT_SCORED}
-    row = skipped.filter(pl.col("metric") == NOT_SCORED).row(0, named=True)
-    agreement = teacher.filter((pl.col("metric") == "context_swap_agreement") & (pl.col("group") == "all"))
-    assert row["task"] == "kv_retrieval" and row["value"] == agreement["value"][0] and row["n"] == 4
+    assert set(skipped["metric"]) == {"perplexity", "acc"}
+    row = skipped.filter(pl.col("skipped_reason").is_not_null()).row(0, named=True)
+    assert row["task"] == "kv_retrieval" and row["metric"] == "acc" and row["value"] is None
     assert row["skipped_reason"].startswith("the teacher keeps its answer on") and row["heads_kept"] == 2
     assert pl.read_parquet(root / "a1.parquet").is_empty()
     # a teacher that reads the context leaves the student's scoring as it is without the check
@@ -557,10 +565,9 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
         str(root / "a2.parquet"),
         teacher_summary_path=str(root / "teacher-False.parquet"),
         **args,
-        **degenerate_only,
     )
     plain = score("tiny", "k2-n4", *student, tasks, str(root / "s3.parquet"), str(root / "a3.parquet"), **args)
-    assert kept.equals(plain) and NOT_SCORED not in plain["metric"].to_list()
+    assert kept.equals(plain) and plain["skipped_reason"].is_null().all()
     assert skipped.filter(pl.col("metric") == "perplexity")["value"][0] == pytest.approx(
         plain.filter(pl.col("metric") == "perplexity")["value"][0]
     )
@@ -575,9 +582,9 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
         str(root / "swa.parquet"),
         teacher_summary_path=str(root / "teacher-True.parquet"),
         **args,
-        **degenerate_only,
     )
-    assert set(swap["metric"]) == {"perplexity", NOT_SCORED} and set(swap["swapped_layer"]) == {2}
+    assert swap["skipped_reason"].drop_nulls().to_list() == [row["skipped_reason"]]
+    assert set(swap["swapped_layer"]) == {2}
     rows = answer_rows(
         "tiny",
         "k2-n4",
@@ -587,7 +594,6 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
         max_items=4,
         evaluation=Evaluation(batch_size=2),
         teacher_summary_path=str(root / "teacher-True.parquet"),
-        **degenerate_only,
     )
     assert rows["task"].to_list() == ["kv_retrieval"] and rows["condition"].null_count() == 1
     assert rows["skipped_reason"][0].startswith("the teacher keeps its answer on")
@@ -600,9 +606,22 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
         max_items=4,
         evaluation=Evaluation(batch_size=2),
         teacher_summary_path=str(root / "teacher-False.parquet"),
-        **degenerate_only,
     )
-    assert ran["condition"].to_list() == ["unmodified", "attention answer rows masked"]
+    # the teacher passes; the tiny student is at chance itself, so only its unmodified row is scored
+    assert ran["condition"].to_list() == ["unmodified"]
+    assert "masking answer rows cannot show a loss: the masked condition not run" in ran["skipped_reason"][0]
+    every = answer_rows(
+        "tiny",
+        "k2-n4",
+        student[0],
+        tasks,
+        str(root / "rows.parquet"),
+        max_items=4,
+        evaluation=Evaluation(batch_size=2),
+        teacher_summary_path=str(root / "teacher-True.parquet"),
+        chance=ChancePolicy(skip=False),
+    )
+    assert every["condition"].to_list() == ["unmodified", "attention answer rows masked"]
 
 
 def test_a_student_is_not_scored_where_its_teacher_is_at_chance(phase):
@@ -636,12 +655,13 @@ def test_a_student_is_not_scored_where_its_teacher_is_at_chance(phase):
         teacher_summary_path=str(root / "teacher-at.parquet"),
         **args,
     )
-    row = skipped.filter(pl.col("metric") == NOT_SCORED).row(0, named=True)
-    assert row["task"] == "kv_retrieval" and row["n"] == 4
+    row = skipped.filter(pl.col("skipped_reason").is_not_null()).row(0, named=True)
+    assert row["task"] == "kv_retrieval" and row["value"] is None
     assert f"contains chance {chance:.1%}" in row["skipped_reason"]
-    # only the checks asked for apply; a teacher above chance leaves the scoring as it is
+    assert row["skipped_reason"].startswith("the teacher's accuracy is not distinguishable from chance at n=4")
+    # with the policy off, or a teacher above chance, the scoring is as it is without a teacher
     plain = score("tiny", "k2-n4", *student, tasks, str(root / "c2.parquet"), str(root / "c2a.parquet"), **args)
-    for summary, checks in (("at", ("degenerate",)), ("above", ("degenerate", "at_chance"))):
+    for summary, policy in (("at", ChancePolicy(skip=False)), ("above", ON)):
         kept = score(
             "tiny",
             "k2-n4",
@@ -650,7 +670,7 @@ def test_a_student_is_not_scored_where_its_teacher_is_at_chance(phase):
             str(root / "c3.parquet"),
             str(root / "c3a.parquet"),
             teacher_summary_path=str(root / f"teacher-{summary}.parquet"),
-            teacher_checks=checks,
+            chance=policy,
             **args,
         )
         assert kept.equals(plain)
@@ -670,18 +690,6 @@ def test_a_student_is_not_scored_where_its_teacher_is_at_chance(phase):
         teacher_summary_path=str(root / "teacher-both.parquet"),
     )
     assert len(both) == 1 and both["skipped_reason"][0].startswith("the teacher keeps its answer on")
-    with pytest.raises(ValueError, match="unknown teacher checks"):
-        score(
-            "tiny",
-            "k2-n4",
-            *student,
-            tasks,
-            str(root / "c4.parquet"),
-            str(root / "c4a.parquet"),
-            teacher_summary_path=str(root / "teacher-at.parquet"),
-            teacher_checks=("chance",),
-            **args,
-        )
 
 
 def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, caplog):
@@ -747,7 +755,7 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
         degeneracy_dict_size=5,
     )
     answers = pl.read_parquet(root / "a5.parquet")
-    assert answers.filter(pl.col("pred_swapped").is_not_null())["group"].to_list() == ["5", "5"]
+    assert answers.filter(pl.col("pred_other_context").is_not_null())["group"].to_list() == ["5", "5"]
     with caplog.at_level(logging.INFO, logger="gna.students.student_evaluation"):
         read = budget(
             "tiny",
