@@ -25,7 +25,7 @@ import polars as pl
 import torch
 from tqdm.auto import tqdm
 
-from gna.core.stats import wilson_exprs
+from gna.core.stats import wilson_exprs, wilson_interval
 from gna.engine.chance import DEGENERACY_METRIC, DEGENERATE_AGREEMENT
 from gna.engine.device import device_of
 from gna.engine.packing import PackedBatch, PackedItem, collate, pack
@@ -353,3 +353,17 @@ def summarize_task(per_item: pl.DataFrame) -> pl.DataFrame:
     if len(agreement) and agreement[0] is not None:
         summary = summary.with_columns(pl.lit(agreement[0] >= DEGENERATE_AGREEMENT).alias("degenerate"))
     return summary
+
+
+def accuracy_of(items: pl.DataFrame) -> dict:
+    """acc, mean log-prob of the target, n and the Wilson 95% interval of acc, of per-item scores."""
+    n = len(items)
+    correct = int(items["correct"].sum())
+    low, high = wilson_interval(correct, n)
+    return {
+        "acc": correct / n if n else None,
+        "mean_logp": float(items["logp_target"].mean()) if n else None,
+        "n": n,
+        "ci_low": low,
+        "ci_high": high,
+    }

@@ -22,11 +22,10 @@ import torch
 
 from gna.core.io import read_parquet, write_parquet
 from gna.core.settings import Evaluation, Files
-from gna.core.stats import wilson_interval
 from gna.engine.ablation import score_ablations
 from gna.engine.chance import SKIPPED, ChancePolicy
 from gna.engine.packing import PackedBatch
-from gna.engine.scoring import known_or_scored, score_table
+from gna.engine.scoring import accuracy_of, known_or_scored, score_table
 from gna.phases.gather_aggregate import ROLES, Segments, best_role_head, kv_row_segments, mmlu_row_segments
 from gna.students.mixer import mixers, ssm_heads_of
 from gna.students.spec import load_any
@@ -45,20 +44,6 @@ RESULT_SCHEMA = {
     "ci_high": pl.Float64,
     SKIPPED: pl.String,
 }
-
-
-def accuracy_of(items: pl.DataFrame) -> dict:
-    """acc, mean log-prob of the target, n and the Wilson 95% interval of acc, of per-item scores."""
-    n = len(items)
-    correct = int(items["correct"].sum())
-    low, high = wilson_interval(correct, n)
-    return {
-        "acc": correct / n if n else None,
-        "mean_logp": float(items["logp_target"].mean()) if n else None,
-        "n": n,
-        "ci_low": low,
-        "ci_high": high,
-    }
 
 
 def head_mask(
@@ -118,79 +103,6 @@ def score_masked(
         return masks
 
     return score_table(model, tok, table, batch_size=batch_size, progress=False, layer_masks=layer_masks)
-
-
-def answer_rows_mask(batch: PackedBatch, n_heads: int, heads: list[int]) -> torch.Tensor:
-    """[B, n_heads, T, T]: the ordinary packed mask, except that the answer rows of `heads` (the
-    last context token and every choice token) see only themselves — nothing is aggregated there."""
-    mask = batch.mask.expand(-1, n_heads, -1, -1).clone()
-    blocked = torch.finfo(mask.dtype).min
-    T = mask.shape[-1]
-    eye = torch.eye(T, dtype=torch.bool, device=mask.device)
-    for b, item in enumerate(batch.items):
-        rows = [item.score_at[0][0]] + [p for p, s in enumerate(item.segment) if s >= 0]
-        for h in heads:
-            mask[b, h, rows] = torch.where(eye[rows], 0.0, blocked).to(mask.dtype)
-    return mask
-
-
-def answer_rows_experiment(
-    model,
-    tables: dict[str, pl.DataFrame],
-    tok,
-    batch_size: int = 8,
-    scored: dict[str, pl.DataFrame] | None = None,
-    chance: ChancePolicy = ChancePolicy(),
-) -> pl.DataFrame:
-    """Hybrid students: every attention head's answer rows masked (SSM heads untouched), against
-    the unmodified student, on each task (the study's Zamba2 table). `scored`: {task: per-item
-    scores of the unmodified student on its items (its hybrid_score answers)}, read for the
-    unmodified condition where they hold every item of the task's table, instead of scoring
-    those items again. `chance`: where the unmodified student cannot be told from chance masking
-    cannot show a loss, so the masked condition is not run; the unmodified row's skipped_reason
-    says why (null elsewhere)."""
-    n_heads = model.config.num_attention_heads
-    attention = {m.layer_idx: m.attention_heads for m in mixers(model) if m.attention_heads}
-    if not attention:
-        raise ValueError("the model has no attention heads to mask (a pure SSM)")
-    n_attention = sum(len(h) for h in attention.values())
-
-    def layer_masks(batch, rows):
-        return {layer: answer_rows_mask(batch, n_heads, heads) for layer, heads in attention.items()}
-
-    rows = []
-    for task, table in tables.items():
-        plain = known_or_scored(model, tok, table, (scored or {}).get(task), batch_size)
-        reason = chance.reason(plain, table, "masking answer rows")
-        if reason is not None:
-            log.info("%s: the masked condition not run, the unmodified student is %s", task, reason)
-            rows.append(
-                {
-                    "task": task,
-                    "condition": "unmodified",
-                    **accuracy_of(plain),
-                    "attention_heads": n_attention,
-                    SKIPPED: f"{reason}: the masked condition not run",
-                }
-            )
-            continue
-        for condition, frame in (
-            ("unmodified", plain),
-            (
-                "attention answer rows masked",
-                score_table(model, tok, table, batch_size=batch_size, progress=False, layer_masks=layer_masks),
-            ),
-        ):
-            rows.append(
-                {
-                    "task": task,
-                    "condition": condition,
-                    **accuracy_of(frame),
-                    "attention_heads": n_attention,
-                    SKIPPED: None,
-                }
-            )
-    return pl.DataFrame(rows, schema_overrides={SKIPPED: pl.String})
 
 
 def heads_label(heads: dict[str, tuple[int, int]], ssm_heads: set[tuple[int, int]] | None = None) -> str:

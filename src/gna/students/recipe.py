@@ -19,11 +19,10 @@ from gna.core.tensor_files import read_tensors
 from gna.engine.device import device_of
 from gna.engine.precision import linears_computed_in
 from gna.models.prepare import load_model
-from gna.phases.evaluation import score_model
 from gna.students.distill import align_layers, answer_weights, distill_logits, load_aligned
 from gna.students.mixer import mixers
 from gna.students.spec import ABLATIONS, make_hybrid, parse_variant, ranked_heads
-from gna.students.student_evaluation import kv_items
+from gna.students.student_evaluation import kv_items, score_model
 
 log = logging.getLogger("gna.students.recipe")
 

@@ -4,22 +4,100 @@ the layer swap of the pure-SSM student (answer-row masking on hybrids: gna.stude
 from __future__ import annotations
 
 import logging
+import math
 
 import polars as pl
+import torch
+import torch.nn.functional as F
 
 from gna.core.io import read_parquet, write_parquet
 from gna.core.settings import Files, StudentScoring
 from gna.core.tensor_files import read_tensors
 from gna.engine.chance import SKIPPED, ChancePolicy, skipped
 from gna.engine.device import device_of
-from gna.engine.scoring import summarize_task
-from gna.phases.evaluation import score_model
+from gna.engine.scoring import known_items, score_table, summarize_task
 from gna.students.distill import restore, snapshot
 from gna.students.mixer import swapped_to_attention
 from gna.students.spec import TEACHER_VARIANT, load_any, parse_variant, ranked_heads, read_spec
-from gna.tasks.tables import load_item_scores, load_task_tables
+from gna.tasks.tables import context_swapped, load_item_scores, load_task_tables
 
 log = logging.getLogger("gna.students.student_evaluation")
+
+
+def score_model(
+    model,
+    tok,
+    tables: dict[str, pl.DataFrame],
+    heldout: torch.Tensor | None,
+    batch_size: int,
+    degeneracy_items: int | None = None,
+    progress: bool = True,
+    scored: dict[str, pl.DataFrame] | None = None,
+    degeneracy_pool: dict[str, pl.DataFrame] | None = None,
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(summary, items) of the model on every task table, plus held-out perplexity: summary is
+    tidy (task, group, n, metric, value, ci_low, ci_high, degenerate), items one row per scored
+    item (gna.engine.scoring.per_item_frame). `degeneracy_items` items per task (None: all, 0: none) are
+    scored again with another item's context (gna.tasks.tables.context_swapped): their
+    predictions are the items' `pred_other_context`, and the summary says whether the model is
+    degenerate (answers the same whatever the context). `scored`: {task: per-item scores of this
+    model already computed on a superset of the table's items (the teacher's baseline)}, used
+    instead of scoring those items again. `degeneracy_pool`: {task: the items of its table that the
+    degeneracy check draws from (default: the whole table)}."""
+    summaries, items = [], []
+    for name, table in tables.items():
+        if scored and name in scored:
+            per_item = known_items(table, scored[name])
+        else:
+            per_item = score_table(model, tok, table, batch_size=batch_size, progress=progress, desc=name)
+        pool = (degeneracy_pool or {}).get(name, table)
+        check = context_swapped(pool, degeneracy_items) if degeneracy_items != 0 else table.clear()
+        if degeneracy_items != 0 and check.is_empty():
+            log.warning(
+                "%s: no degeneracy check: none of the %s items chosen has a partner with as many "
+                "choices to swap contexts with",
+                name,
+                degeneracy_items,
+            )
+        if not check.is_empty():
+            swapped = score_table(
+                model, tok, check, batch_size=batch_size, progress=progress, desc=f"{name}, contexts swapped"
+            )
+            per_item = per_item.join(
+                swapped.select("item_id", pl.col("pred").alias("pred_other_context")), on="item_id", how="left"
+            )
+        summaries.append(summarize_task(per_item))
+        items.append(per_item)
+    if heldout is not None:
+        summaries.append(
+            pl.DataFrame(
+                {
+                    "task": ["heldout"],
+                    "group": ["all"],
+                    "n": [heldout.numel()],
+                    "metric": ["perplexity"],
+                    "value": [perplexity(model, heldout)],
+                }
+            )
+        )
+    # no table (every task skipped): perplexity only, and no per-item answers
+    return (
+        pl.concat(summaries, how="diagonal_relaxed"),
+        pl.concat(items, how="diagonal_relaxed") if items else pl.DataFrame(),
+    )
+
+
+@torch.inference_mode()
+def perplexity(model, ids: torch.Tensor, batch: int = 4) -> float:
+    """exp(mean next-token NLL) over windows ids [n, T]."""
+    total, count = 0.0, 0
+    for start in range(0, len(ids), batch):
+        chunk = ids[start : start + batch]
+        logits = model(input_ids=chunk, use_cache=False).logits[:, :-1].float()
+        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1), reduction="sum")
+        total += float(nll)
+        count += chunk[:, 1:].numel()
+    return math.exp(total / count)
 
 
 def label_variant(frame: pl.DataFrame, variant: str) -> pl.DataFrame:

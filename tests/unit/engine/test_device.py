@@ -87,14 +87,15 @@ def _phase_calls():
     """(name, call(model, tok) -> result) for the compute of every phase that loads a model."""
     import copy
 
-    from gna.phases.evaluation import score_model
     from gna.phases.gather_aggregate import head_roles, kv_row_segments
     from gna.phases.head_ablation import attribution_scores, sweep_heads
-    from gna.phases.masking import answer_rows_experiment, masking_experiment
+    from gna.phases.masking import masking_experiment
     from gna.phases.pruning import gradual, individual
     from gna.students.decoding import measured_cache
     from gna.students.distill import align_layers, distill_logits, head_errors, teacher_activations
     from gna.students.spec import make_hybrid
+    from gna.students.student_evaluation import score_model
+    from gna.students.student_masking import answer_rows_experiment
 
     kv = build_kv_retrieval([3, 5], 2, 0, "lookup")
     tables = {"kv_retrieval": kv}

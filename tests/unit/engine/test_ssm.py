@@ -353,7 +353,7 @@ def test_per_head_masks_on_a_student_reproduce_it_and_restricting_an_ssm_head_bi
 
 def test_answer_rows_masking_on_a_hybrid(hybrid, tiny_llama):
     from gna.engine.packing import collate, pack
-    from gna.phases.masking import answer_rows_experiment, answer_rows_mask
+    from gna.students.student_masking import answer_rows_experiment, answer_rows_mask
     from gna.tasks.tables import build_kv_retrieval
 
     student, tok = hybrid
@@ -375,7 +375,7 @@ def test_answer_rows_masking_on_a_hybrid(hybrid, tiny_llama):
 
 def test_answer_rows_read_the_unmodified_scores_they_are_given(hybrid):
     from gna.engine.scoring import score_table
-    from gna.phases.masking import answer_rows_experiment
+    from gna.students.student_masking import answer_rows_experiment
     from gna.tasks.tables import build_kv_retrieval
 
     student, tok = hybrid
@@ -400,7 +400,7 @@ def test_answer_rows_read_the_unmodified_scores_they_are_given(hybrid):
 
 def test_answer_rows_are_not_masked_where_the_unmodified_student_is_at_chance(hybrid):
     from gna.engine.scoring import score_table
-    from gna.phases.masking import answer_rows_experiment
+    from gna.students.student_masking import answer_rows_experiment
     from gna.tasks.tables import build_kv_retrieval
 
     student, tok = hybrid
