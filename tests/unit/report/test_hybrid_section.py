@@ -149,3 +149,19 @@ def test_answer_rows_lists_tasks_not_run_with_their_reason():
     text = answer_rows_part(pl.DataFrame(ran + [skipped], infer_schema_length=None))
     assert "attention answer rows masked" in text and "Not run" in text
     assert "the teacher keeps its answer on 80% of 50 items" in text
+
+
+def test_tasks_the_students_were_not_scored_on_are_named_with_the_reason():
+    from gna.report.hybrid_section import not_scored_note
+
+    rows = pl.DataFrame(
+        {
+            "task": ["kv_retrieval", "mmlu_letter", "mmlu_letter", "heldout"],
+            "metric": ["acc", "not_scored", "not_scored", "perplexity"],
+            "skipped_reason": [None, "the teacher keeps its answer on 100% of 50 items", None, None],
+        }
+    )
+    note = not_scored_note(rows)
+    assert note.count("<li>") == 1 and "MMLU letter (retrieval-heavy): the teacher keeps its answer on 100%" in note
+    assert not_scored_note(rows.filter(pl.col("metric") != "not_scored")) == ""
+    assert not_scored_note(rows.drop("skipped_reason")) == ""

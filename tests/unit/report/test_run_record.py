@@ -1,0 +1,61 @@
+"""The run record (gna.report.run_record): benchmark records, timed parts, work and phase
+timings."""
+
+import json
+
+import polars as pl
+from conftest import REPO
+
+from gna.report.run_record import part_timings, phase_timings, timings, with_work, write_run_record
+
+
+def test_run_record_gathers_benchmark_records_and_timed_parts(tmp_path):
+    bench, logs = tmp_path / "benchmarks", tmp_path / "logs"
+    for step, seconds, rss in (("heads_sweep/m", 12.5, 800.0), ("distill_kd/m-k0-n8", 3.0, 1200.0)):
+        (bench / step).parent.mkdir(parents=True, exist_ok=True)
+        (bench / f"{step}.tsv").write_text(f"s\th:m:s\tmax_rss\n{seconds}\t0:00:12\t{rss}\n")
+    (logs / "heads_attribution").mkdir(parents=True)
+    (logs / "heads_attribution/m.timings.json").write_text(json.dumps({"attribution": 1.5, "verify top 5": 0.5}))
+    assert timings(bench).rows() == [("distill_kd/m-k0-n8", 3.0, 1200.0), ("heads_sweep/m", 12.5, 800.0)]
+    assert part_timings(logs).rows() == [
+        ("heads_attribution/m", "attribution", 1.5),
+        ("heads_attribution/m", "verify top 5", 0.5),
+    ]
+    (logs / "heads_sweep").mkdir(parents=True)
+    (logs / "heads_sweep/m.work.json").write_text(json.dumps({"layer_tokens": 2_500_000}))
+    work = with_work(timings(bench), logs)
+    assert work["layer-tokens (M)"].to_list() == [None, 2.5] and work["s per M layer-tokens"][1] == 5.0
+    assert phase_timings(work).filter(pl.col("phase") == "all")["layer-tokens (M)"][0] == 2.5
+    write_run_record(tmp_path / "run/index.html", bench, logs, {"a": 1}, REPO)
+    page = (tmp_path / "run/index.html").read_text()
+    for needle in (
+        "git commit",
+        " UTC",
+        "heads_sweep/m",
+        "students",
+        "verify top 5",
+        "Parts of steps",
+        "layer-tokens (M)",
+        "<td class=''>2.50</td>",
+        "CPUs, CUDA",
+    ):
+        assert needle in page, needle
+    write_run_record(tmp_path / "empty.html", tmp_path / "none", tmp_path / "none", {}, REPO)
+    assert "No benchmark records" in (tmp_path / "empty.html").read_text()
+
+
+def test_phase_timings_sum_each_phase_and_the_total():
+    """Steps are grouped by their rule's phase (unknown rules: 'other'); seconds add up,
+    memory is the largest peak."""
+    steps = pl.DataFrame(
+        {
+            "step": ["distill_kd/m-k0-n16", "hybrid_score/m-teacher", "heads_sweep/m", "custom/x"],
+            "seconds": [10.0, 5.0, 100.0, 1.0],
+            "peak RSS (MB)": [300.0, 900.0, 200.0, 50.0],
+        }
+    )
+    phases = {row["phase"]: row for row in phase_timings(steps).iter_rows(named=True)}
+    assert phases["students"]["seconds"] == 15.0 and phases["students"]["peak RSS (MB)"] == 900.0
+    assert phases["students"]["steps"] == 2 and phases["heads"]["seconds"] == 100.0
+    assert phases["other"]["steps"] == 1
+    assert phases["all"]["seconds"] == 116.0 and phases["all"]["peak RSS (MB)"] == 900.0

@@ -1,0 +1,91 @@
+"""The distillation corpus (gna.students.corpus): token windows, answer marks, KV prompts kept
+apart from the evaluation items."""
+
+import json
+
+import polars as pl
+import pytest
+import torch
+from conftest import MINI_MMLU
+
+from gna.core.io import write_parquet
+from gna.students.corpus import (
+    answer_tokens,
+    answered_kv,
+    check_no_evaluation_items,
+    corpus_kv_seed,
+    run_corpus_check,
+    split_pool,
+    token_windows,
+)
+from gna.tasks.tables import build_kv_retrieval
+
+
+def test_split_pool_holds_out_the_first_share():
+    pool = pl.DataFrame({"q": list(range(10))})
+    train, held = split_pool(pool, 0.2)
+    assert held["q"].to_list() == [0, 1] and train["q"].to_list() == list(range(2, 10))
+
+
+def test_token_windows_are_seeded_and_refuse_a_small_corpus(tiny_llama):
+    _, tok = tiny_llama
+    docs, kv = [(f"question {i} answer:", " B") for i in range(20)], [(f"k{i}:v{i}\nk{i}:", f"v{i}") for i in range(20)]
+    a, answers = token_windows(tok, docs, kv, 0.5, 16, 5, seed=1)
+    assert a.shape == answers.shape == (5, 16) and answers.dtype == torch.bool
+    again = token_windows(tok, docs, kv, 0.5, 16, 5, seed=1)
+    assert torch.equal(a, again[0]) and torch.equal(answers, again[1])
+    assert not torch.equal(a, token_windows(tok, docs, kv, 0.5, 16, 5, seed=2)[0])
+    with pytest.raises(ValueError, match="corpus too small"):
+        token_windows(tok, docs[:1], [], 0.5, 16, 5, seed=1)
+
+
+def test_answer_mask_marks_the_positions_that_predict_an_answer_token(tiny_llama):
+    _, tok = tiny_llama
+    context, answer = "question one answer:", " B"
+    ids, is_answer = answer_tokens(tok, context, answer)
+    assert ids == tok(context + answer, add_special_tokens=False)["input_ids"]
+    n_answer = sum(is_answer)
+    assert n_answer >= 1 and is_answer[-n_answer:] == [True] * n_answer and not any(is_answer[:-n_answer])
+    windows, predicts = token_windows(tok, [(context, answer)] * 40, [], 0.0, 8, 4, seed=0)
+    stream, marks = windows.flatten().tolist(), predicts.flatten().tolist()
+    doc = len(ids) + 1  # the document and its EOS separator
+    for t in range(len(stream) - 1):
+        assert marks[t] == (
+            t % doc in range(len(ids) - 1 - n_answer, len(ids) - 1)
+        )  # the next token is an answer token
+
+
+def test_corpus_kv_prompts_never_come_from_an_evaluation_seed():
+    evaluation = set(build_kv_retrieval([3, 5], 20, seed=7, template="lookup")["context"])
+    corpus = {c for c, _ in answered_kv([3, 5], 40, corpus_kv_seed("train", 7), "lookup")}
+    assert corpus and not corpus & evaluation
+    assert corpus_kv_seed("train", 7) != corpus_kv_seed("heldout", 7)
+
+
+def test_a_corpus_holding_an_evaluation_item_is_refused(tmp_path):
+    """The corpus check: a KV prompt of the corpus among the evaluation items (here made so on
+    purpose) stops it, naming the split; disjoint items pass and are counted."""
+    config = {
+        "heldout_share": 0.5,
+        "train_windows": 2,
+        "heldout_windows": 1,
+        "seq_len": 16,
+        "kv_share": 1.0,
+        "kv_sizes": [3],
+    }
+    mmlu = {"n": 4, "seed": 0, "topics": []}
+    clean = build_kv_retrieval([3], 4, seed=0, template="lookup")
+    write_parquet(clean, tmp_path / "kv.parquet")
+    counts = run_corpus_check(
+        str(MINI_MMLU), str(tmp_path / "kv.parquet"), str(tmp_path / "check.json"), config, 0, mmlu, "lookup"
+    )
+    assert counts["evaluation_kv_prompts"] == 4 and counts["train_kv_prompts"] > 0
+    assert json.loads((tmp_path / "check.json").read_text())["leaked"] == 0
+    corpus_prompt = answered_kv([3], 2, corpus_kv_seed("train", 0), "lookup")[0][0]
+    write_parquet(clean.with_columns(pl.lit(corpus_prompt).alias("context")), tmp_path / "kv.parquet")
+    with pytest.raises(ValueError, match="train KV-retrieval prompts are evaluation items"):
+        run_corpus_check(
+            str(MINI_MMLU), str(tmp_path / "kv.parquet"), str(tmp_path / "check2.json"), config, 0, mmlu, "lookup"
+        )
+    with pytest.raises(ValueError, match="1 MMLU questions are evaluation items"):
+        check_no_evaluation_items(["q1", "q2"], ["q2", "q3"], "MMLU questions")

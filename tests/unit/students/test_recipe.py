@@ -1,0 +1,104 @@
+"""The distillation ablations (gna.students.recipe): each ablated student is the recipe with its
+ingredient removed, and the ablation rule's scored rows."""
+
+import copy
+
+import polars as pl
+import pytest
+import torch
+
+from gna.core.settings import Evaluation
+from gna.core.tensor_files import read_tensors
+from gna.engine.device import device_of
+from gna.models.prepare import load_model
+from gna.students.distill import answer_weights, distill_logits, load_aligned, snapshot
+from gna.students.mixer import mixers
+from gna.students.recipe import ablated_student
+from gna.students.spec import make_hybrid
+from unit.students.rules import KD, ablation
+
+
+def _kd_from(teacher, kept, aligned, ids, top_logp, top_idx, weights, kd, seed) -> dict:
+    """The SSM parameters of a student made by make_hybrid, its SSM heads loaded from `aligned`
+    (None: left as initialised), after distill_logits on exactly these windows and weights."""
+    student = make_hybrid(copy.deepcopy(teacher), kept, 4)
+    if aligned is not None:
+        load_aligned(student, aligned)
+    distill_logits(
+        student,
+        {"ids": ids, "top_logp": top_logp, "top_idx": top_idx, "weights": weights},
+        kd,
+        seed,
+        progress=False,
+    )
+    return snapshot(student)
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], v) for k, v in b.items())
+
+
+@pytest.mark.parametrize("ablation", ["init_only", "no_align", "no_answer_weight", "small_corpus", "no_first_token"])
+def test_each_ablation_removes_its_ingredient(phase, ablation):
+    """Each ablated student is, bit for bit, the recipe's KD run with exactly its ingredient
+    removed (built here from make_hybrid, load_aligned and distill_logits), and differs from the
+    full recipe's student: an ignored switch trains the full recipe and fails."""
+    root, p = phase
+    teacher, _ = load_model(p["teacher"])
+    # read onto the teacher's device, as run_hybrid_ablation reads them
+    data = read_tensors(str(root / "teacher.safetensors"), None, device_of(teacher))
+    aligned = read_tensors(str(root / "align.safetensors"), None, device_of(teacher))
+    kept = [(2, 1), (0, 3)]
+    # two steps over every window: the answer positions and the windows beyond align_windows are
+    # in every batch, and Adam's second step follows the gradients' size, not only their signs
+    kd, seed, align_windows = {**KD, "steps": 2, "batch": 6}, 1, 4
+    args = dict(align={"steps": 2, "batch": 2, "lr": 1e-3}, kd=kd, align_windows=align_windows, seed=seed)
+    student = ablated_student(copy.deepcopy(teacher), kept, 4, ablation, aligned, data, args)
+    state = snapshot(student)
+    init = snapshot(make_hybrid(copy.deepcopy(teacher), kept, 4))
+    from_aligned = snapshot(load_aligned(make_hybrid(copy.deepcopy(teacher), kept, 4), aligned))
+    assert not _same(init, from_aligned)  # alignment moved the SSM heads: the two starts differ
+    if ablation == "init_only":
+        assert _same(init, state)
+    else:
+        assert not _same(init, state) and not _same(from_aligned, state)
+    ids, top_logp, top_idx, answers = data["train_ids"], data["top_logp"], data["top_idx"], data["train_answers"]
+    weighted = answer_weights(answers, kd["answer_weight"])
+    if ablation in ("no_align", "no_answer_weight", "small_corpus"):
+        recipe = _kd_from(teacher, kept, aligned, ids, top_logp, top_idx, weighted, kd, seed)
+        if ablation == "no_align":  # KD starts from the initialised SSM heads, not the aligned ones
+            expected = _kd_from(teacher, kept, None, ids, top_logp, top_idx, weighted, kd, seed)
+        elif ablation == "no_answer_weight":  # every position weighs the same: the plain loss
+            assert answers.any() and weighted.max() == kd["answer_weight"] > 1
+            expected = _kd_from(teacher, kept, aligned, ids, top_logp, top_idx, None, kd, seed)
+        else:  # only the first align_windows windows (those alignment saw), not all train windows
+            assert len(ids) > align_windows
+            expected = _kd_from(
+                teacher, kept, aligned, *(t[:align_windows] for t in (ids, top_logp, top_idx, weighted)), kd, seed
+            )
+        assert _same(expected, state), f"{ablation}: not the recipe with its ingredient removed"
+        assert not _same(recipe, state), f"{ablation}: the full recipe's student (the switch did nothing)"
+    shares = [m.first_token_share for m in mixers(student)]
+    assert all(shares) == (ablation != "no_first_token") and any(shares) == all(shares)
+    if ablation == "no_first_token":  # the share's parameters are not trained
+        assert all(torch.equal(init[k], state[k]) for k in state if ".sink_proj." in k)
+    with pytest.raises(ValueError, match="unknown distillation ablation 'nope'"):
+        ablated_student(copy.deepcopy(teacher), kept, 4, "nope", aligned, data, args)
+
+
+def test_ablation_rule_writes_scored_rows(phase):
+    root, p = phase
+    files = (p["teacher"], str(root / "teacher.safetensors"), str(root / "align.safetensors"), p["ranking.parquet"])
+    recipe = dict(align={"steps": 1, "batch": 2, "lr": 1e-3}, align_windows=4, seed=1)
+
+    def run(which, out, **settings):
+        kv = p["kv_retrieval.parquet"]
+        scoring = dict(degeneracy_items=2, evaluation=Evaluation(batch_size=2))
+        return ablation("tiny", which, "k2-n4", *files, kv, str(root / out), **recipe, **scoring, **settings)
+
+    frame = run("no_align", "ablation.parquet", kd={**KD, "steps": 1}, dict_size=3)
+    assert set(frame["ablation"]) == {"no_align"} and {"acc", "perplexity"} <= set(frame["metric"])
+    assert set(frame.filter(pl.col("metric") == "acc")["group"]) == {"3", "all"}
+    with pytest.raises(ValueError, match="no KV-retrieval items of dictionary size 7"):
+        run("init_only", "x.parquet", kd=KD, dict_size=7)
+    assert pl.read_parquet(root / "ablation.parquet").equals(frame)
