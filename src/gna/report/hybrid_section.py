@@ -62,8 +62,10 @@ AGREEMENT = "KV answer kept when contexts are swapped"
 
 def accuracy_rows(scores: pl.DataFrame) -> pl.DataFrame:
     """The acc rows a student table shows, each with its `column`: 'KV <size> keys' per
-    dictionary size, 'KV all', then the MMLU formats; ordered by column."""
-    return accuracy_columns(scores.filter(pl.col("metric") == "acc"), "KV {} keys", TASK_COLUMNS)
+    dictionary size, 'KV all', then the MMLU formats; ordered by column. Rows recording a task a
+    student was not scored on (no value) are left out: not_scored_note names them."""
+    scored = (pl.col("metric") == "acc") & pl.col("value").is_not_null()
+    return accuracy_columns(scores.filter(scored), "KV {} keys", TASK_COLUMNS)
 
 
 def _metric_table(scores: pl.DataFrame, label_col: str) -> pl.DataFrame:
@@ -85,9 +87,11 @@ def _fmt(frame: pl.DataFrame) -> dict:
 
 
 def _kv_at(scores: pl.DataFrame, size: int | None) -> pl.DataFrame:
-    """KV acc rows at dictionary size `size` (None: all sizes)."""
+    """KV acc rows at dictionary size `size` (None: all sizes) that were scored (a row recording
+    why a student was not scored has no value)."""
     group = "all" if size is None else str(size)
-    return scores.filter((pl.col("task") == "kv_retrieval") & (pl.col("group") == group) & (pl.col("metric") == "acc"))
+    kv = (pl.col("task") == "kv_retrieval") & (pl.col("group") == group) & (pl.col("metric") == "acc")
+    return scores.filter(kv & pl.col("value").is_not_null())
 
 
 def plot_heads(students: pl.DataFrame, teacher: pl.DataFrame, path) -> None:

@@ -24,10 +24,12 @@ COLUMNS = {
 
 
 def _acc(frame: pl.DataFrame, task: str, group: str) -> dict | None:
-    """The acc row (value, ci_low, ci_high, n) of `task` and `group` in a tidy results frame."""
+    """The acc row (value, ci_low, ci_high, n) of `task` and `group` in a tidy results frame; None
+    where it was not scored (no row, or a row recording why, with no value)."""
     if frame.is_empty():
         return None
-    rows = frame.filter((pl.col("task") == task) & (pl.col("group") == group) & (pl.col("metric") == "acc"))
+    acc = (pl.col("task") == task) & (pl.col("group") == group) & (pl.col("metric") == "acc")
+    rows = frame.filter(acc & pl.col("value").is_not_null())
     return rows.row(0, named=True) if len(rows) else None
 
 

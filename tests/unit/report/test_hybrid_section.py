@@ -152,16 +152,28 @@ def test_answer_rows_lists_tasks_not_run_with_their_reason():
 
 
 def test_tasks_the_students_were_not_scored_on_are_named_with_the_reason():
-    from gna.report.hybrid_section import not_scored_note
+    from gna.report.hybrid_section import _kv_at, accuracy_rows, not_scored_note
+    from gna.report.knowledge_section import _acc
 
+    # a student's table: KV scored, MMLU letter kept off by the teacher (one row, no value, the reason)
+    reason = "the teacher keeps its answer on 100% of 50 items"
     rows = pl.DataFrame(
         {
-            "task": ["kv_retrieval", "mmlu_letter", "mmlu_letter", "heldout"],
-            "metric": ["acc", "not_scored", "not_scored", "perplexity"],
-            "skipped_reason": [None, "the teacher keeps its answer on 100% of 50 items", None, None],
+            "task": ["kv_retrieval", "mmlu_letter", "heldout"],
+            "group": ["all", "all", "all"],
+            "n": [50, None, 100],
+            "metric": ["acc", "acc", "perplexity"],
+            "value": [0.9, None, 12.0],
+            "ci_low": [0.8, None, None],
+            "ci_high": [0.95, None, None],
+            "skipped_reason": [None, reason, None],
         }
     )
     note = not_scored_note(rows)
-    assert note.count("<li>") == 1 and "MMLU letter (retrieval-heavy): the teacher keeps its answer on 100%" in note
-    assert not_scored_note(rows.filter(pl.col("metric") != "not_scored")) == ""
+    assert note.count("<li>") == 1 and f"MMLU letter (retrieval-heavy): {reason}" in note
+    assert not_scored_note(rows.filter(pl.col("skipped_reason").is_null())) == ""
     assert not_scored_note(rows.drop("skipped_reason")) == ""
+    # tables, figures and the knowledge view read only what was scored
+    assert accuracy_rows(rows)["task"].to_list() == ["kv_retrieval"]
+    assert _acc(rows, "mmlu_letter", "all") is None and _acc(rows, "kv_retrieval", "all")["value"] == 0.9
+    assert len(_kv_at(rows, None)) == 1 and _kv_at(rows.filter(pl.col("task") != "kv_retrieval"), None).is_empty()
