@@ -120,11 +120,13 @@ def check(name: str, actual: pl.DataFrame, expected: pl.DataFrame, same_kind: bo
         raise AssertionError(f"{name}: {first_difference(actual, expected)}\n{error}") from None
 
 
-def outcomes(actual_dir: str | Path, golden_dir: str | Path = GOLDEN_DIR, kind: str | None = None) -> dict[str, str]:
+def outcomes(actual_dir: str | Path, *, kind: str, golden_dir: str | Path = GOLDEN_DIR) -> dict[str, str]:
     """{result file: check's outcome, or 'differs: ...'} for the run's data folder `actual_dir`,
-    'missing' / 'not in the golden results' for files only one side has."""
+    computed on a CPU of `kind` (cpu_kind() where the run was made on this machine; there is no
+    default, so a test says which kind it means); 'missing' / 'not in the golden results' for
+    files only one side has."""
     actual, golden = snapshot(actual_dir), read_golden(golden_dir)
-    same_kind = (kind or cpu_kind()) == recorded_kind(golden_dir)
+    same_kind = kind == recorded_kind(golden_dir)
     out = {name: "missing" for name in golden.keys() - actual.keys()}
     out |= {name: "not in the golden results" for name in actual.keys() - golden.keys()}
     for name in golden.keys() & actual.keys():
@@ -135,15 +137,16 @@ def outcomes(actual_dir: str | Path, golden_dir: str | Path = GOLDEN_DIR, kind: 
     return dict(sorted(out.items()))
 
 
-def compare(actual_dir: str | Path, golden_dir: str | Path = GOLDEN_DIR, kind: str | None = None) -> None:
-    """Assert that the run's data folder `actual_dir` holds the golden results (rows in any
-    order): bit for bit on the kind of CPU they were recorded on (`kind`, default this machine's),
+def compare(actual_dir: str | Path, *, kind: str, golden_dir: str | Path = GOLDEN_DIR) -> None:
+    """Assert that the run's data folder `actual_dir`, computed on a CPU of `kind` (no default:
+    the caller says which), holds the golden results (rows in any
+    order): bit for bit on the kind of CPU they were recorded on,
     else as the module docstring says; the error names the file, the column and the first row."""
     actual, golden = snapshot(actual_dir), read_golden(golden_dir)
     missing, extra = sorted(golden.keys() - actual.keys()), sorted(actual.keys() - golden.keys())
     if missing or extra:
         raise AssertionError(f"result files differ from {golden_dir}: missing {missing}, extra {extra}")
-    same_kind = (kind or cpu_kind()) == recorded_kind(golden_dir)
+    same_kind = kind == recorded_kind(golden_dir)
     for name in sorted(golden):
         check(name, actual[name], golden[name], same_kind)
 
