@@ -32,6 +32,7 @@ localrules:
     collect_baseline,
     minimal_model,
     distill_corpus_check,
+    hybrid_comparisons,
     report,
 
 

@@ -142,14 +142,18 @@ def get_all_results():
     even when the report it feeds is already up to date."""
     per_model = [
         "data/results/prune/{model}/gradual.parquet",
+        "data/results/prune/{model}/gradual.comparisons.parquet",
         "data/results/prune/{model}/individual.parquet",
         "data/results/heads/{model}/ranking.parquet",
         *(["data/results/heads/{model}/attribution.parquet"] if ATTRIBUTION_CHECK else []),
         "data/results/heads/{model}/topk.parquet",
+        "data/results/heads/{model}/topk.comparisons.parquet",
         "data/results/heads/{model}/kept.parquet",
+        "data/results/heads/{model}/kept.comparisons.parquet",
         "data/results/heads/{model}/dictsize.parquet",
     ]
-    gna = expand("data/results/gna/{model}/{kind}.parquet", model=GNA_MODELS, kind=["roles", "masking"])
+    gna = expand("data/results/gna/{model}/{kind}.parquet", model=GNA_MODELS,
+                 kind=["roles", "masking", "masking.comparisons"])
     if "choice" in config["tasks"]["facts"]["formats"]:
         per_model.append("data/results/facts/{model}/formats.parquet")
     return (["data/results/baseline.parquet"] + [p for t in per_model for p in expand(t, model=MODELS)] + gna

@@ -58,7 +58,8 @@ rule gna_masking:
         scores=get_masking_scores,
         prompts="data/tasks/prompts/gna_masking.parquet",
     output:
-        "data/results/gna/{model}/masking.parquet",
+        summary="data/results/gna/{model}/masking.parquet",
+        comparisons="data/results/gna/{model}/masking.comparisons.parquet",
     params:
         gna={k: config["gna"][k] for k in ("knowledge_items", "mmlu_min_acc")},
         chance=CHANCE,

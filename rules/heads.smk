@@ -60,7 +60,8 @@ rule heads_topk:
         # k = 0 is the unmodified model: its baseline's per-item scores, read instead of scored again
         baseline=expand("data/results/baseline/{{model}}/{task}.items.parquet", task=TASKS),
     output:
-        "data/results/heads/{model}/topk.parquet",
+        summary="data/results/heads/{model}/topk.parquet",
+        comparisons="data/results/heads/{model}/topk.comparisons.parquet",
     params:
         top_k=TopK.from_config(config).as_params(),
         max_items=config["heads"]["table_max_items"],
@@ -88,7 +89,8 @@ rule heads_kept:
         gradual_items="data/results/prune/{model}/gradual.items.parquet",
         tasks=lambda wc: task_files(TASKS, wc.model),
     output:
-        "data/results/heads/{model}/kept.parquet",
+        summary="data/results/heads/{model}/kept.parquet",
+        comparisons="data/results/heads/{model}/kept.comparisons.parquet",
     params:
         max_items=config["heads"]["table_max_items"],
         chance=CHANCE,

@@ -30,6 +30,7 @@ def get_hybrid_results():
     results = expand("data/results/hybrid/{model}/{variant}.parquet", model=TEACHERS,
                      variant=[TEACHER_VARIANT] + hybrid_variants())
     results += expand("data/results/hybrid/{model}/memory.parquet", model=TEACHERS)
+    results += expand("data/results/hybrid/{model}/comparisons.parquet", model=TEACHERS)
     results += expand("data/results/hybrid/{model}/answer-rows-{variant}.parquet", model=TEACHERS,
                       variant=answer_row_variants())
     if HYBRID["swap"]:
@@ -331,3 +332,19 @@ rule hybrid_answer_rows:
         runtime=120,
     script:
         "../workflow_scripts/hybrid_answer_rows.py"
+
+
+rule hybrid_comparisons:
+    input:
+        answers=lambda wc: expand("data/results/hybrid/{model}/answers/{variant}.parquet", model=wc.model,
+                                  variant=[TEACHER_VARIANT] + hybrid_variants()),
+        swap=lambda wc: [f"data/results/hybrid/{wc.model}/answers/swap.parquet"] if HYBRID["swap"] else [],
+    output:
+        comparisons="data/results/hybrid/{model}/comparisons.parquet",
+    params:
+        pure_ssm=pure_ssm_variant(),
+        code=code_of("hybrid_comparisons"),
+    log:
+        "data/logs/hybrid_comparisons/{model}.log",
+    script:
+        "../workflow_scripts/hybrid_comparisons.py"

@@ -11,6 +11,7 @@ rule prune_gradual:
         summary="data/results/prune/{model}/gradual.parquet",
         # per item and depth: heads_kept and prune_individual read the minimal model's scores here
         per_item="data/results/prune/{model}/gradual.items.parquet",
+        comparisons="data/results/prune/{model}/gradual.comparisons.parquet",
     params:
         max_items=config["prune"]["max_items"],
         chance=CHANCE,

@@ -9,7 +9,7 @@ setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 run_gna_masking(
     snakemake.wildcards.model,
     Files.of(snakemake.input),
-    snakemake.output[0],
+    Files.of(snakemake.output),
     gna=snakemake.params.gna,
     evaluation=Evaluation(**snakemake.params.evaluation),
     chance=ChancePolicy(**snakemake.params.chance),

@@ -10,7 +10,7 @@ p = snakemake.params
 run_heads_topk(
     snakemake.wildcards.model,
     Files.of(snakemake.input),
-    snakemake.output[0],
+    Files.of(snakemake.output),
     top_k=TopK(**p.top_k),
     max_items=p.max_items,
     evaluation=Evaluation(**p.evaluation),

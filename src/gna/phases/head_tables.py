@@ -15,6 +15,7 @@ import random
 import polars as pl
 
 from gna.core.io import read_json, read_parquet, write_parquet
+from gna.core.paired import comparisons
 from gna.core.settings import Evaluation, Files, TopK
 from gna.engine.ablation import score_ablations
 from gna.engine.chance import SKIPPED, ChancePolicy
@@ -29,7 +30,7 @@ log = logging.getLogger("gna.phases.head_tables")
 SWEEP_TASK = "kv_retrieval"  # the task the ranking was measured on (the per-head sweep's prompts)
 
 
-def _score(
+def _score_items(
     model,
     tok,
     tables: dict[str, pl.DataFrame],
@@ -39,14 +40,27 @@ def _score(
     progress: bool = False,
     desc: str = "ablations",
 ) -> dict[object, pl.DataFrame]:
-    """{key: summarize_task of every task, concatenated in table order} with the heads of each
+    """{key: per-item scores of every task, concatenated in table order} with the heads of each
     entry of `ablations` {key: heads} ablated (and only `layers` run, if given), all conditions
     of a task sharing one pass (score_ablations)."""
     per_task = [
         score_ablations(model, tok, table, ablations, layers, batch_size, progress, f"{desc}: {task}")
         for task, table in tables.items()
     ]
-    return {key: pl.concat([summarize_task(frames[key]) for frames in per_task]) for key in ablations}
+    return {key: pl.concat([frames[key] for frames in per_task]) for key in ablations}
+
+
+def _summaries(items: dict[object, pl.DataFrame]) -> dict[object, pl.DataFrame]:
+    """{key: summarize_task of each task of the key's per-item scores, concatenated in order}."""
+    return {
+        key: pl.concat([summarize_task(part) for part in frame.partition_by("task", maintain_order=True)])
+        for key, frame in items.items()
+    }
+
+
+def _score(model, tok, tables, ablations, layers=None, batch_size=8, progress=False, desc="ablations"):
+    """_score_items, each key's per-item scores summarized per task (summarize_task)."""
+    return _summaries(_score_items(model, tok, tables, ablations, layers, batch_size, progress, desc))
 
 
 def _top(ranking: pl.DataFrame, k: int) -> list[tuple[int, int]]:
@@ -64,6 +78,7 @@ def remove_top_k(
     progress: bool = True,
     scored: dict[str, pl.DataFrame] | None = None,
     chance: ChancePolicy = ChancePolicy(),
+    per_item: dict[str, pl.DataFrame] | None = None,
 ) -> pl.DataFrame:
     """Tidy: condition (top | random), k, draw, heads, task, group, n, metric, value,
     skipped_reason; the k of `top_k.ks`. The random-k controls score `top_k.control_tasks`: the
@@ -72,7 +87,8 @@ def remove_top_k(
     (None: random_draws). `scored`: {task: per-item scores of the unmodified model} (its
     baseline), read for k = 0 instead of scoring the same items again. `chance`: a task on which
     the unmodified model is at chance is scored at k = 0 only, with the reason in skipped_reason
-    (null elsewhere)."""
+    (null elsewhere). `per_item`, where given, receives every condition's per-item scores by its
+    label (topk_label), for topk_comparisons."""
     ks, random_draws, control_tasks = top_k.ks, top_k.random_draws, top_k.control_tasks
     control_k, control_draws = top_k.control_k, top_k.control_draws
     short = [k for k in ks if k > len(ranking)]
@@ -107,7 +123,7 @@ def remove_top_k(
         ]
 
     # per task, every condition scoring it in one pass (k = 0 read from the baseline where given)
-    summaries, reasons = {}, {}
+    items, reasons = {}, {}
     for task, table in tables.items():
         wanted = {i: heads for i, (condition, k, draw, heads) in enumerate(jobs) if task in used_by(condition, k, draw)}
         unablated = [i for i in wanted if jobs[i][1] == 0]
@@ -116,20 +132,26 @@ def remove_top_k(
             reasons[task] = chance.reason(base, table, "removing heads")
             if reasons[task] is not None:
                 log.info("remove top-k: %s at k = 0 only, %s", task, reasons[task])
-                summaries.update({(i, task): summarize_task(base) for i in unablated})
+                items.update({(i, task): base for i in unablated})
                 continue
         if scored and task in scored:
             for i in unablated:
-                summaries[i, task] = summarize_task(known_items(table, scored[task]))
+                items[i, task] = known_items(table, scored[task])
                 del wanted[i]
-        summaries.update(
+        items.update(
             {
-                (i, task): summary
-                for i, summary in _score(
+                (i, task): frame
+                for i, frame in _score_items(
                     model, tok, {task: table}, wanted, batch_size=batch_size, progress=progress, desc="remove top-k"
                 ).items()
             }
         )
+    summaries = {key: summarize_task(frame) for key, frame in items.items()}
+    if per_item is not None:
+        for i, (condition, k, draw, _) in enumerate(jobs):
+            frames = [items[i, task] for task in tables if (i, task) in items]
+            if frames:
+                per_item[topk_label(condition, k, draw)] = pl.concat(frames)
     return pl.concat(
         [
             pl.concat(
@@ -144,6 +166,29 @@ def remove_top_k(
             if any((i, task) in summaries for task in used_by(condition, k, draw))
         ]
     ).with_columns(_reason_column(reasons))
+
+
+UNMODIFIED = "unmodified"
+
+
+def topk_label(condition: str, k: int, draw: int = 0) -> str:
+    """The label of a remove-top-k condition in its comparisons table: 'unmodified' (k = 0),
+    'top 5', 'random 5 #0'."""
+    if k == 0:
+        return UNMODIFIED
+    return f"top {k}" if condition == "top" else f"random {k} #{draw}"
+
+
+def topk_comparisons(per_item: dict[str, pl.DataFrame], top_k: TopK) -> pl.DataFrame:
+    """The remove-top-k comparisons (gna.core.paired): each top-k removal against the unmodified
+    model, each random-k control against it, and each top-k removal against the first random draw
+    of the same k (is the ranking's collapse more than any k heads'?), one Holm family each."""
+    ks = [k for k in top_k.ks if k > 0]
+    draws = sorted({int(label.rsplit("#", 1)[1]) for label in per_item if label.startswith("random ")})
+    pairs = [("top k vs unmodified", UNMODIFIED, topk_label("top", k)) for k in ks]
+    pairs += [("random k vs unmodified", UNMODIFIED, topk_label("random", k, d)) for k in ks for d in draws]
+    pairs += [("top k vs random k", topk_label("random", k, 0), topk_label("top", k)) for k in ks]
+    return comparisons(per_item, pairs)
 
 
 def _reason_column(reasons: dict[str, str | None]) -> pl.Expr:
@@ -174,13 +219,15 @@ def heads_kept(
     progress: bool = True,
     chance: ChancePolicy = ChancePolicy(),
     scored: dict[str, pl.DataFrame] | None = None,
+    per_item: dict[str, pl.DataFrame] | None = None,
 ) -> pl.DataFrame:
     """Minimal model; in critical layers A and B keep only head a / b, or none.
     Rows: variant label, kept_a, kept_b, task, group, n, metric, value, skipped_reason.
     `chance`: a task on which the minimal model is at chance is scored with all heads only, the
     reason in skipped_reason. `scored`:
     {task: the minimal model's per-item scores (gna.phases.pruning.prefix_scores)}, read for
-    that decision where they hold the table's items instead of scoring it first."""
+    that decision where they hold the table's items instead of scoring it first. `per_item`,
+    where given, receives each variant's per-item scores by its label (kept_comparisons)."""
     if len(kept_layers) < 2:  # a one-layer "minimal model" has no pair of critical layers
         kept_layers, scored = list(range(model.config.num_hidden_layers)), None  # scores of the one layer
     (layer_a, head_a), (layer_b, head_b) = critical_heads(ranking, kept_layers)
@@ -201,10 +248,10 @@ def heads_kept(
             reasons[task] = chance.reason(base, table, "removing heads")
             if reasons[task] is not None:
                 log.info("heads kept: %s with all heads only, %s", task, reasons[task])
-                unablated[task] = summarize_task(base)
+                unablated[task] = base
     ablated_tables = {t: table for t, table in tables.items() if t not in unablated}
-    summaries = (
-        _score(
+    items = (
+        _score_items(
             model,
             tok,
             ablated_tables,
@@ -217,11 +264,16 @@ def heads_kept(
         if ablated_tables
         else {}
     )
+    if items:  # the all-heads variant's scores also on the tasks only it was scored on
+        items[variants[0][0]] = pl.concat([items[variants[0][0]], *unablated.values()])
+    elif unablated:
+        items = {variants[0][0]: pl.concat(list(unablated.values()))}
+    if per_item is not None:
+        per_item.update(items)
+    summaries = _summaries(items)
     frames = []
     for label, kept_a, kept_b, _ in variants:
-        parts = ([summaries[label]] if label in summaries else []) + (
-            list(unablated.values()) if label == variants[0][0] else []
-        )
+        parts = [summaries[label]] if label in summaries else []
         if not parts:
             continue
         frames.append(
@@ -236,6 +288,15 @@ def heads_kept(
             )
         )
     return pl.concat(frames)
+
+
+def kept_comparisons(per_item: dict[str, pl.DataFrame]) -> pl.DataFrame:
+    """The heads-kept comparisons (gna.core.paired): every variant against the minimal model with
+    all heads, one Holm family."""
+    reference = "all heads"
+    return comparisons(
+        per_item, [("variants vs all heads", reference, label) for label in per_item if label != reference]
+    )
 
 
 def dict_size_curves(
@@ -270,17 +331,17 @@ def dict_size_curves(
 def run_heads_topk(
     model_name: str,
     inputs: Files,
-    out_path: str,
+    outputs: Files,
     top_k: TopK,
     max_items: int | None,
     evaluation: Evaluation = Evaluation(),
     chance: ChancePolicy = ChancePolicy(),
 ) -> pl.DataFrame:
-    """Phase heads_topk: remove_top_k of the ranking in `ranking_path` on the task tables
-    `task_paths` (each cut to `max_items`), written to `out_path` with a model column; k = 0 is
-    read from the model's per-item baseline scores `baseline_paths` where given (and, by `chance`,
-    whether a task is at chance; never the sweep's own task).
-    inputs: model, ranking, tasks, optional baseline (list)."""
+    """Phase heads_topk: remove_top_k of the ranking on the task tables (each cut to
+    `max_items`); k = 0 is read from the model's per-item baseline scores where given (and, by
+    `chance`, whether a task is at chance; never the sweep's own task).
+    inputs: model, ranking, tasks, optional baseline (list).
+    outputs: summary (the tidy table), comparisons (topk_comparisons), each with a model column."""
     model_dir, ranking_path, task_paths, baseline_paths = (
         inputs.model,
         inputs.ranking,
@@ -288,6 +349,7 @@ def run_heads_topk(
         inputs.get("baseline", []),
     )
     model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
+    per_item = {}
     result = remove_top_k(
         model,
         tok,
@@ -297,8 +359,12 @@ def run_heads_topk(
         batch_size=evaluation.batch_size,
         scored=load_item_scores(baseline_paths),
         chance=chance.sparing(SWEEP_TASK),
+        per_item=per_item,
     )
-    write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
+    write_parquet(result.with_columns(pl.lit(model_name).alias("model")), outputs.summary)
+    write_parquet(
+        topk_comparisons(per_item, top_k).with_columns(pl.lit(model_name).alias("model")), outputs.comparisons
+    )
     log.info("remove top-k: %d rows", len(result))
     return result
 
@@ -306,16 +372,16 @@ def run_heads_topk(
 def run_heads_kept(
     model_name: str,
     inputs: Files,
-    out_path: str,
+    outputs: Files,
     max_items: int | None,
     evaluation: Evaluation = Evaluation(),
     chance: ChancePolicy = ChancePolicy(),
 ) -> pl.DataFrame:
     """Phase heads_kept: heads_kept on the minimal model of `minimal_path` (gna.phases.pruning's
-    minimal_model JSON) and the task tables `task_paths`; written to `out_path` with a model column.
-    The minimal model's own scores are read from gradual pruning's per-item scores
-    (`gradual_items_path`) where they hold the items (prefix_scores).
-    inputs: model, ranking, minimal, tasks, optional gradual_items."""
+    minimal_model JSON) and the task tables. The minimal model's own scores are read from gradual
+    pruning's per-item scores where they hold the items (prefix_scores).
+    inputs: model, ranking, minimal, tasks, optional gradual_items.
+    outputs: summary (the tidy table), comparisons (kept_comparisons), each with a model column."""
     model_dir, ranking_path, minimal_path, task_paths, gradual_items_path = (
         inputs.model,
         inputs.ranking,
@@ -325,6 +391,7 @@ def run_heads_kept(
     )
     model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     kept_layers = read_json(minimal_path)["kept_layers"]
+    per_item = {}
     result = heads_kept(
         model,
         tok,
@@ -334,8 +401,10 @@ def run_heads_kept(
         batch_size=evaluation.batch_size,
         chance=chance.sparing(SWEEP_TASK),
         scored=prefix_scores(gradual_items_path, kept_layers),
+        per_item=per_item,
     )
-    write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
+    write_parquet(result.with_columns(pl.lit(model_name).alias("model")), outputs.summary)
+    write_parquet(kept_comparisons(per_item).with_columns(pl.lit(model_name).alias("model")), outputs.comparisons)
     log.info("heads kept: %d rows", len(result))
     return result
 

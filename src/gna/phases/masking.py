@@ -21,6 +21,7 @@ import polars as pl
 import torch
 
 from gna.core.io import read_parquet, write_parquet
+from gna.core.paired import comparisons, empty
 from gna.core.settings import Evaluation, Files
 from gna.engine.ablation import score_ablations
 from gna.engine.chance import SKIPPED, ChancePolicy
@@ -134,6 +135,7 @@ def masking_experiment(
     knowledge: pl.DataFrame | list[pl.DataFrame] | None = None,
     chance: ChancePolicy = ChancePolicy(),
     scored: dict[str, pl.DataFrame] | None = None,
+    per_item: dict[str, list[pl.DataFrame]] | None = None,
 ) -> pl.DataFrame:
     """acc and mean log-prob of the target under (a) unmodified, (b) ablated, (c) G&A-only, on the
     retrieval `table`; on `knowledge` (a table or several, e.g. MMLU and facts cloze, which have no
@@ -143,7 +145,8 @@ def masking_experiment(
     table's (c) and the knowledge table's (b) are not run; (a)'s skipped_reason says why. (a) and (b) of
     the retrieval table come from one pass either way; the knowledge table's (a) is then scored
     first (one more pass where it is above chance), or read from `scored` {task: the model's
-    per-item scores} where that holds its items."""
+    per-item scores} where that holds its items. `per_item`, where given, receives each
+    condition's per-item scores, appended to its list (masking_comparisons)."""
 
     def plain_and_ablated(items: pl.DataFrame, with_plain: bool = True) -> list[tuple[str, pl.DataFrame, None]]:
         # one pass: (b) reruns only the layers from its first head's on (exact prefix reuse)
@@ -178,9 +181,18 @@ def masking_experiment(
         else:
             results += plain_and_ablated(items)
     label = heads_label(heads, _ssm_heads(model))
+    if per_item is not None:
+        for condition, items, _ in results:
+            per_item.setdefault(condition, []).append(items)
     return pl.DataFrame(
         [_condition_row(condition, label, items, reason) for condition, items, reason in results], schema=RESULT_SCHEMA
     )
+
+
+def masking_comparisons(per_item: dict[str, list[pl.DataFrame]]) -> pl.DataFrame:
+    """(b) and (c) each against (a) on the same items (gna.core.paired), one Holm family."""
+    frames = {condition: pl.concat(parts, how="diagonal_relaxed") for condition, parts in per_item.items()}
+    return comparisons(frames, [("masking vs unmodified", CONDITIONS[0], condition) for condition in CONDITIONS[1:]])
 
 
 def choice_masking(
@@ -192,6 +204,7 @@ def choice_masking(
     batch_size: int = 8,
     chance: ChancePolicy = ChancePolicy(),
     scored: dict[str, pl.DataFrame] | None = None,
+    per_item: dict[str, list[pl.DataFrame]] | None = None,
 ) -> pl.DataFrame:
     """masking_experiment on a multiple-choice table (MMLU letter, the facts' choice form; option
     lines as segments) for a model above `min_acc` there (and, by `chance`, whose accuracy is
@@ -206,6 +219,8 @@ def choice_masking(
     if reason is not None:
         log.info("%s accuracy %.3f: (b) and (c) not run, %s", letter["task"][0], acc, reason)
         row = _condition_row(CONDITIONS[0], heads_label(heads, _ssm_heads(model)), plain, f"{reason}: (b), (c) not run")
+        if per_item is not None:
+            per_item.setdefault(CONDITIONS[0], []).append(plain)
         return pl.DataFrame([row], schema=RESULT_SCHEMA)
     return masking_experiment(
         model,
@@ -215,6 +230,7 @@ def choice_masking(
         heads,
         batch_size=batch_size,
         chance=chance,
+        per_item=per_item,
     )
 
 
@@ -228,7 +244,7 @@ def masking_heads(roles: pl.DataFrame) -> dict[str, tuple[int, int]]:
 def run_gna_masking(
     model_name: str,
     inputs: Files,
-    out_path: str,
+    outputs: Files,
     gna: dict,
     evaluation: Evaluation = Evaluation(),
     chance: ChancePolicy = ChancePolicy(),
@@ -241,8 +257,9 @@ def run_gna_masking(
     conditions that cannot show a loss where (a) is at chance; (a) of the knowledge and choice tables is read from the
     model's per-item scores `scores_paths` (its baseline's; a student's answers) where they hold the items. A student
     (gna.students.mixer) labels its heads SSM or attention. Skipped (an empty table) unless both roles have a head.
-    Written to `out_path` with a model column.
-    inputs: model, roles, prompts, optional knowledge, choice and scores (lists)."""
+    inputs: model, roles, prompts, optional knowledge, choice and scores (lists).
+    outputs: summary (the conditions' accuracies), comparisons (masking_comparisons), each with a
+    model column."""
     model_dir, roles_path, knowledge_paths, choice_paths, prompts_path, scores_paths = (
         inputs.model,
         inputs.roles,
@@ -257,8 +274,9 @@ def run_gna_masking(
             "no %s head was classified, so the masking experiment (it needs both roles) is skipped",
             ", ".join(sorted(set(ROLES) - set(heads))),
         )
-        result = pl.DataFrame(schema=RESULT_SCHEMA)
+        result, per_item = pl.DataFrame(schema=RESULT_SCHEMA), {}
     else:
+        per_item = {}
         model, tok = load_any(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
         table = read_parquet(prompts_path)
         knowledge = list(load_task_tables(knowledge_paths, gna["knowledge_items"]).values())
@@ -273,6 +291,7 @@ def run_gna_masking(
             knowledge=knowledge,
             chance=chance,
             scored=scored,
+            per_item=per_item,
         )
         for letter in load_task_tables(choice_paths, gna["knowledge_items"]).values():
             letter_result = choice_masking(
@@ -284,9 +303,12 @@ def run_gna_masking(
                 evaluation.batch_size,
                 chance=chance,
                 scored=scored,
+                per_item=per_item,
             )
             result = pl.concat([result, letter_result])
         for row in result.iter_rows(named=True):
             log.info("%s %s: acc %.3f, mean logp %.3f", row["task"], row["condition"], row["acc"], row["mean_logp"])
-    write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
+    write_parquet(result.with_columns(pl.lit(model_name).alias("model")), outputs.summary)
+    compared = masking_comparisons(per_item) if per_item else empty()
+    write_parquet(compared.with_columns(pl.lit(model_name).alias("model")), outputs.comparisons)
     return result

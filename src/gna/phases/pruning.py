@@ -14,6 +14,7 @@ import logging
 import polars as pl
 
 from gna.core.io import read_json, read_parquet, write_json, write_parquet
+from gna.core.paired import comparisons, empty
 from gna.core.settings import Evaluation, Files
 from gna.engine.chance import SKIPPED, ChancePolicy, skipped
 from gna.engine.scoring import known_or_scored, score_removals, score_table, summarize_task
@@ -176,6 +177,17 @@ def individual(
     return pl.concat(frames, how="diagonal_relaxed").with_columns(pl.lit("individual").alias("experiment"))
 
 
+def gradual_comparisons(items: pl.DataFrame) -> pl.DataFrame:
+    """Each prefix model against the full model on the same items (gna.core.paired), one Holm
+    family: from gradual_items' per-item scores (labels '<k> layers')."""
+    depths = sorted(items["layers_kept"].unique().to_list())
+    if not depths:
+        return empty()
+    full = depths[-1]
+    per_item = {f"{k} layers": part for (k,), part in items.partition_by("layers_kept", as_dict=True).items()}
+    return comparisons(per_item, [("prefix vs all layers", f"{full} layers", f"{k} layers") for k in depths[:-1]])
+
+
 def run_prune_gradual(
     model_name: str,
     inputs: Files,
@@ -190,7 +202,8 @@ def run_prune_gradual(
     tasks on which the full model is at chance (judged on its baseline's per-item scores,
     `baseline_paths`) are scored on the full model only; never `retrieval_task`, which defines
     the minimal model.
-    inputs: model, tasks, optional baseline (list); outputs: summary, optional per_item."""
+    inputs: model, tasks, optional baseline (list); outputs: summary, optional per_item, optional
+    comparisons (gradual_comparisons)."""
     model_dir, task_paths, baseline_paths, out_path, items_path = (
         inputs.model,
         inputs.tasks,
@@ -211,6 +224,9 @@ def run_prune_gradual(
     if items_path is not None:
         write_parquet(items.with_columns(pl.lit(model_name).alias("model")), items_path)
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
+    if outputs.get("comparisons") is not None:
+        compared = gradual_comparisons(items).with_columns(pl.lit(model_name).alias("model"))
+        write_parquet(compared, outputs.comparisons)
     log.info("gradual pruning: %d rows", len(result))
     return result
 

@@ -9,7 +9,16 @@ import numpy as np
 import polars as pl
 
 from gna.engine.chance import SKIPPED
-from gna.report.htmlkit import SectionContext, pct, placeholder_figure, save_figure, table, with_acc_cell
+from gna.report.htmlkit import (
+    SectionContext,
+    comparisons_note,
+    comparisons_table,
+    pct,
+    placeholder_figure,
+    save_figure,
+    table,
+    with_acc_cell,
+)
 from gna.students.spec import teacher_of
 
 MARK_COLORS = {"summary": "tab:blue", "answer": "tab:red"}
@@ -142,14 +151,24 @@ def model_roles(sub: pl.DataFrame, model: str) -> str:
     )
 
 
-def masking_part(masking: pl.DataFrame) -> str:
+def masking_part(masking: pl.DataFrame, compared: pl.DataFrame, margin: float) -> str:
+    """The masking conditions' accuracies, then (b) and (c) each against (a) item by item."""
     if masking.is_empty():
         return ""
     shown = with_acc_cell(masking.rename({"acc": "value"}), "acc (95% interval)").select(
         "model", "heads", "task", "condition", "n", "acc (95% interval)", "mean_logp", pl.col(SKIPPED).alias("not run")
     )
-    return MASKING_INTRO + table(
-        shown.sort(["model", "task", "condition"]), left=("model", "heads", "task", "condition", "not run")
+    paired = (
+        "<p>Each masked condition against the unmodified model (a) on the same items:</p>"
+        + comparisons_table(compared, margin)
+        + comparisons_note(margin)
+        if not compared.is_empty()
+        else ""
+    )
+    return (
+        MASKING_INTRO
+        + table(shown.sort(["model", "task", "condition"]), left=("model", "heads", "task", "condition", "not run"))
+        + paired
     )
 
 
@@ -166,7 +185,7 @@ def render_gna(ctx: SectionContext) -> str:
     parts += [
         ctx.figure("gna_maps"),
         ctx.figure("gna_maps_mmlu"),
-        masking_part(ctx.frame("gna_masking")),
+        masking_part(ctx.frame("gna_masking"), ctx.frame("gna_masking_comparisons"), ctx.margin),
         sharpness_table(roles),
     ]
     return "\n".join(part for part in parts if part)

@@ -15,6 +15,8 @@ from gna.report.htmlkit import (
     accuracy_axis,
     accuracy_columns,
     accuracy_pivot,
+    comparisons_note,
+    comparisons_table,
     dict_size_axis,
     errorbar,
     pct,
@@ -167,16 +169,28 @@ def topk_part(topk: pl.DataFrame, ctx: SectionContext) -> str:
     if topk.is_empty():
         return ""
     wide = topk_table(topk)
+    compared = ctx.frame("heads_topk_comparisons")
     return (
         "<h3>Removing the top-k heads together</h3>"
         + table(wide, left=("model",), fmt={"random-k KV (mean)": pct, "random-k KV (sd)": pct})
         + skipped_tasks_note(topk, "the unablated model (k = 0)", "no heads removed")
         + ctx.figure("heads_topk")
+        + (
+            "<h4>What the removals change, item by item</h4>"
+            "<p>Each removal against the unmodified model on the same items (the random-k controls likewise), "
+            "and each top-k removal against the first random draw of the same k: does removing the ranking's top "
+            "heads cost more than removing as many heads at random?</p>"
+            + comparisons_table(compared, ctx.margin)
+            + comparisons_note(ctx.margin)
+            if not compared.is_empty()
+            else ""
+        )
     )
 
 
-def kept_part(kept: pl.DataFrame, reference: str) -> str:
-    """Per model: the minimal model with only the best-ranked head (or none) kept in two layers."""
+def kept_part(kept: pl.DataFrame, reference: str, compared: pl.DataFrame, margin: float) -> str:
+    """Per model: the minimal model with only the best-ranked head (or none) kept in two layers,
+    and each variant compared item by item with the minimal model keeping all heads."""
     if kept.is_empty():
         return ""
     parts = ["<h3>Heads kept in the critical layers (minimal model)</h3>"]
@@ -195,6 +209,8 @@ def kept_part(kept: pl.DataFrame, reference: str) -> str:
         )
         parts.append(table(wide.drop("variant"), left=tuple(c for c in wide.columns if c.startswith("heads kept"))))
     parts.append(skipped_tasks_note(kept, "the minimal model with all its heads", "no heads removed"))
+    if not compared.is_empty():
+        parts.append(comparisons_table(compared, margin) + comparisons_note(margin))
     parts.append(reference)
     return "\n".join(parts)
 
@@ -263,7 +279,7 @@ def render_heads(ctx: SectionContext) -> str:
         top_heads_part(ranking, ctx.frame("heads_sweep")),
         ctx.figure("heads_heatmap"),
         topk_part(topk, ctx),
-        kept_part(kept, REFERENCE_KEPT if ctx.show_reference else ""),
+        kept_part(kept, REFERENCE_KEPT if ctx.show_reference else "", ctx.frame("heads_kept_comparisons"), ctx.margin),
         dictsize_part(curves, ctx),
         attribution_part(attribution, ctx),
     )

@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import polars as pl  # noqa: E402
 
 from gna.core.io import atomic_path, read_json, read_parquet  # noqa: E402
+from gna.core.paired import DEFAULT_MARGIN, decide, describe  # noqa: E402
 from gna.engine.chance import SKIPPED
 
 CSS = """
@@ -220,6 +221,60 @@ class SectionContext:
     @property
     def show_reference(self) -> bool:
         return self.options.get("show_reference", True)
+
+    @property
+    def margin(self) -> float:
+        """The equivalence margin of the paired comparisons (report.equivalence_margin)."""
+        return self.options.get("equivalence_margin", DEFAULT_MARGIN)
+
+
+def comparison_verdict(row: dict, margin: float) -> str:
+    """A comparison row's verdict as the report prints it: the verb in bold where a test decided
+    it, with the paired difference, counts and p-values (gna.core.paired.describe)."""
+    text = html.escape(describe(row, margin))
+    verb = decide(row, margin).verb
+    return f"<b>{text.split(':', 1)[0]}</b>:{text.split(':', 1)[1]}" if verb != "undecided" else text
+
+
+def comparisons_table(frame: pl.DataFrame, margin: float) -> str:
+    """A comparisons table (gna.core.paired.COLUMNS, with a model column) as the report shows it:
+    one row per comparison, the accuracies before and after, the paired difference with its 95%
+    interval, items lost / gained, the p-values and the verdict the tests allow."""
+    if frame.is_empty():
+        return ""
+    rows = []
+    for row in frame.iter_rows(named=True):
+        d = decide(row, margin)
+        rows.append(
+            {
+                "model": row.get("model", ""),
+                "comparison": f"{row['condition']} vs {row['reference']}",
+                "task": row["task"] + ("" if row["group"] == "all" else f" ({row['group']})"),
+                "n": row["n"],
+                "before": pct(row["acc_reference"]),
+                "after": pct(row["acc_condition"]),
+                "difference [95%]": (
+                    f"{100 * row['diff']:+.1f} [{100 * row['ci_low']:+.1f}, {100 * row['ci_high']:+.1f}]"
+                ),
+                "lost / gained": f"{row['reference_only']} / {row['condition_only']}",
+                "McNemar p": f"{row['p_mcnemar']:.2g}",
+                "Holm p": f"{row['p_holm']:.2g}",
+                "verdict": d.verb if d.verb != "undecided" else f"not decided (about n = {d.n_to_decide})",
+            }
+        )
+    return table(pl.DataFrame(rows), left=("model", "comparison", "task", "verdict"))
+
+
+def comparisons_note(margin: float) -> str:
+    """How the verdicts of a comparisons table are decided, in one paragraph."""
+    return (
+        "<p class='note'>Each comparison pairs the two conditions item by item on the items both answered: the "
+        "difference (after minus before, points) with Newcombe's 95% interval for paired proportions, the exact "
+        "McNemar test, and Holm's correction within each family of comparisons. <b>falls</b> / <b>rises</b>: Holm p "
+        f"&lt; 0.05; <b>holds</b>: the 90% paired interval lies within ±{100 * margin:g} points (two one-sided "
+        "tests, <code>report.equivalence_margin</code>); otherwise <i>not decided</i>, with about the n that would "
+        "decide it at 80% power if the observed rates held.</p>"
+    )
 
 
 def skipped_tasks_note(frame: pl.DataFrame, scored_on: str, left_out: str) -> str:

@@ -8,12 +8,16 @@ import html
 import matplotlib.pyplot as plt
 import polars as pl
 
+from gna.core.paired import decide
 from gna.engine.chance import SKIPPED
 from gna.report.htmlkit import (
     SectionContext,
     acc_text,
     accuracy_columns,
     accuracy_pivot,
+    comparison_verdict,
+    comparisons_note,
+    comparisons_table,
     errorbar,
     pct,
     placeholder_figure,
@@ -325,14 +329,27 @@ def not_scored_note(scores: pl.DataFrame) -> str:
     )
 
 
-def _apart(a: dict, b: dict) -> bool:
-    return a["ci_high"] < b["ci_low"] or b["ci_high"] < a["ci_low"]
+def compared_row(compared: pl.DataFrame, family: str, reference: str, condition: str, task: str) -> dict | None:
+    """The comparisons-table row of `condition` against `reference` in `family` on all items of
+    `task`, or None where the two were not compared."""
+    if compared.is_empty():
+        return None
+    rows = compared.filter(
+        (pl.col("family") == family)
+        & (pl.col("reference") == reference)
+        & (pl.col("condition") == condition)
+        & (pl.col("task") == task)
+        & (pl.col("group") == "all")
+    )
+    return rows.row(0, named=True) if len(rows) else None
 
 
-def heads_kept_summary(teacher: pl.DataFrame, heads: pl.DataFrame, goal_k: int = 10) -> str:
+def heads_kept_summary(
+    teacher: pl.DataFrame, heads: pl.DataFrame, compared: pl.DataFrame, margin: float, goal_k: int = 10
+) -> str:
     """KV accuracy at 10 keys (else over all sizes) of the teacher, the pure SSM and the student
-    keeping `goal_k` heads (else the most heads), whether the two students' intervals are apart,
-    and their perplexities against the teacher's."""
+    keeping `goal_k` heads (else the most heads), the two students compared item by item over all
+    sizes (the comparisons table), and their perplexities against the teacher's."""
     size = 10 if len(_kv_at(teacher, 10)) else None
     where = "at 10 keys" if size else "over all dictionary sizes"
     t, students = _kv_at(teacher, size), _kv_at(heads, size).sort("heads_kept")
@@ -345,10 +362,11 @@ def heads_kept_summary(teacher: pl.DataFrame, heads: pl.DataFrame, goal_k: int =
     def cell(row):
         return acc_text(row["value"], row["ci_low"], row["ci_high"], row.get("degenerate"))
 
+    row = compared_row(compared, "hybrids vs pure SSM", k0["variant"], kept["variant"], "kv_retrieval")
     verdict = (
-        "the two intervals are apart: keeping the heads changes retrieval"
-        if _apart(k0, kept)
-        else "the two intervals overlap: no difference can be claimed at this n"
+        f"k = {kept['heads_kept']} against the pure SSM, item by item over all sizes: {comparison_verdict(row, margin)}"
+        if row
+        else "the two students were not compared item by item"
     )
     readable = t["value"] and not (t.get("degenerate") or kept.get("degenerate"))
     ratio = f" ({kept['value'] / t['value']:.0%} of the teacher's)" if readable else ""
@@ -530,7 +548,9 @@ def ablation_part(model: str, scores: pl.DataFrame, budget: pl.DataFrame, ablati
     )
 
 
-def swap_part(model: str, swap: pl.DataFrame, students: pl.DataFrame, teacher: pl.DataFrame, hy: dict) -> str:
+def swap_part(
+    model: str, swap: pl.DataFrame, students: pl.DataFrame, teacher: pl.DataFrame, hy: dict, verdict: str
+) -> str:
     """The pure SSM, the same with the critical layer as attention again, and the teacher."""
     sw = swap.filter(pl.col("model") == model) if not swap.is_empty() else swap
     if sw.is_empty():
@@ -541,30 +561,25 @@ def swap_part(model: str, swap: pl.DataFrame, students: pl.DataFrame, teacher: p
         f"<h3>{html.escape(model)}: layer swap</h3>"
         f"<p>The pure SSM with the critical layer — layer {sw['swapped_layer'][0]}, home of the "
         "top-ranked head — run as the teacher's attention again (all its heads), nothing "
-        "retrained.</p>" + table(rows, left=("variant",), fmt=_fmt(rows)) + swap_verdict(pure, sw) + not_scored_note(sw)
+        "retrained.</p>" + table(rows, left=("variant",), fmt=_fmt(rows)) + verdict + not_scored_note(sw)
     )
 
 
-def swap_verdict(pure: pl.DataFrame, swapped: pl.DataFrame) -> str:
-    """One sentence: does the swap move KV-retrieval over all sizes, by the 95% intervals, set
-    against the study's layer swap (MMLU 33% → 50%)."""
-    before, after = _kv_at(pure, None), _kv_at(swapped, None)
-    if not (len(before) and len(after)):
+def swap_verdict(row: dict | None, margin: float) -> str:
+    """One sentence: what the swap does to KV-retrieval over all sizes, item by item (a
+    comparisons-table row), set against the study's layer swap (MMLU 33% → 50%)."""
+    if row is None:
         return ""
-    b, a = before.row(0, named=True), after.row(0, named=True)
-    if not _apart(b, a):
-        verdict = (
-            "the intervals overlap: the swap recovers no retrieval here, which contradicts the study "
-            "(its swap took MMLU from 33% to 50%)"
-        )
-    elif a["value"] > b["value"]:
-        verdict = "the intervals are apart: the swap recovers retrieval, as in the study (MMLU 33% → 50%)"
-    else:
-        verdict = "the intervals are apart: the swap lowers retrieval, which contradicts the study (MMLU 33% → 50%)"
-    cell = lambda row: acc_text(row["value"], row["ci_low"], row["ci_high"], row.get("degenerate"))  # noqa: E731
+    verb = decide(row, margin).verb
+    against = {
+        "rises": "as in the study (its swap took MMLU from 33% to 50%)",
+        "falls": "which <b>contradicts the study</b> (its swap took MMLU from 33% to 50%)",
+        "holds": "no recovery, which <b>contradicts the study</b> (its swap took MMLU from 33% to 50%)",
+        "undecided": "the study's swap took MMLU from 33% to 50%; this n cannot say whether it recovers here",
+    }[verb]
     return (
-        f"<p><b>KV-retrieval over all sizes</b> (n = {a['n']}): pure SSM {cell(b)}, with the layer as "
-        f"attention {cell(a)}; {verdict}.</p>"
+        f"<p><b>KV-retrieval over all sizes</b>, the swapped model against the pure SSM item by item: "
+        f"{comparison_verdict(row, margin)} — {against}.</p>"
     )
 
 
@@ -576,10 +591,14 @@ def model_part(
     ablation: pl.DataFrame,
     hy: dict,
     ctx: SectionContext | None,
+    compared: pl.DataFrame,
+    margin: float,
 ) -> str:
     """One teacher's students: heads-kept table (and, for `ctx`, the figures), summary, budget
-    curve, state sizes, swap."""
+    curve, state sizes, swap, and the students compared item by item (`compared`: the
+    comparisons table of every teacher; `margin`: the equivalence margin)."""
     sub = scores.filter(pl.col("model") == model)
+    compared = compared.filter(pl.col("model") == model) if not compared.is_empty() else compared
     teacher = sub.filter(pl.col("variant") == TEACHER_VARIANT)
     students = sub.filter(pl.col("variant") != TEACHER_VARIANT)
     heads = students.filter(pl.col("state_size") == hy["state_size"]).sort("heads_kept")
@@ -587,14 +606,28 @@ def model_part(
     if ctx is not None:
         plot_heads(heads, teacher, ctx.figures["hybrid_heads"])
         figure = ctx.figure("hybrid_heads")
+    swap_row = None
+    if not compared.is_empty():
+        swaps = compared.filter((pl.col("family") == "layer swap vs pure SSM") & (pl.col("task") == "kv_retrieval"))
+        swap_row = swaps.filter(pl.col("group") == "all").row(0, named=True) if len(swaps) else None
     return (
         heads_kept_part(model, teacher, heads, hy)
         + figure
-        + heads_kept_summary(teacher, heads)
+        + heads_kept_summary(teacher, heads, compared, margin)
         + budget_part(model, budget, teacher, hy["dict_size"], ctx)
         + ablation_part(model, sub, budget, ablation, hy)
         + state_size_part(model, students, hy)
-        + swap_part(model, swap, students, teacher, hy)
+        + swap_part(model, swap, students, teacher, hy, swap_verdict(swap_row, margin))
+        + (
+            f"<h3>{html.escape(model)}: the students compared item by item</h3>"
+            "<p>Every student against its teacher, the hybrids against the pure SSM, each student against the one "
+            "keeping the next fewer heads (same state) and the one with the next smaller state (same k), and the "
+            "layer swap against the pure SSM, on the items both answered.</p>"
+            + comparisons_table(compared, margin)
+            + comparisons_note(margin)
+            if not compared.is_empty()
+            else ""
+        )
     )
 
 
@@ -699,8 +732,10 @@ def render_hybrid(ctx: SectionContext) -> str:
     if budget.is_empty():
         placeholder_figure(ctx.figures["hybrid_budget"], "no budget curve (hybrid.budget_curve.variants: [])")
     ablation = ctx.frame("hybrid_ablation")
+    compared = ctx.frame("hybrid_comparisons")
     parts += [
-        model_part(model, scores, swap, budget, ablation, hy, ctx if model == models[0] else None) for model in models
+        model_part(model, scores, swap, budget, ablation, hy, ctx if model == models[0] else None, compared, ctx.margin)
+        for model in models
     ]
     parts.append(answer_rows_part(ctx.frame("hybrid_answer_rows")))
     if ctx.show_reference:

@@ -1,7 +1,9 @@
 """Report section: knowledge vs retrieval, on the facts (cloze and multiple choice) beside KV.
 
-Every sentence is computed from the 95% intervals: a change is called a finding only where the
-two intervals do not overlap.
+Every sentence comes from a paired comparison of the two conditions on the same items (the
+phases' comparisons tables, gna.core.paired): "falls" / "rises" only where the exact McNemar
+test rejects after Holm's correction, "holds" only within the equivalence margin, otherwise
+"not decided" with the n that would decide it.
 """
 
 from __future__ import annotations
@@ -11,7 +13,18 @@ import html
 import matplotlib.pyplot as plt
 import polars as pl
 
-from gna.report.htmlkit import SectionContext, acc_text, errorbar, pct, placeholder_figure, save_figure, table
+from gna.core.paired import decide
+from gna.report.htmlkit import (
+    SectionContext,
+    acc_text,
+    comparison_verdict,
+    comparisons_note,
+    errorbar,
+    pct,
+    placeholder_figure,
+    save_figure,
+    table,
+)
 from gna.students.spec import TEACHER_VARIANT, variant_name
 
 # (task, group) of each column of the view, and its name
@@ -94,69 +107,96 @@ STUDY = {
 KIND = {"kv_retrieval": "kv", "facts_cloze": "cloze", "facts_choice": "choice"}
 
 
-def verdict(before: dict, after: dict) -> str:
-    """'falls' / 'rises' where the two 95% intervals separate, else 'holds'."""
-    if after["ci_high"] < before["ci_low"]:
-        return "falls"
-    if after["ci_low"] > before["ci_high"]:
-        return "rises"
-    return "holds"
-
-
 def against_study(measured: str, reported: str | None) -> str:
-    """How a measured verdict stands to the study's."""
+    """How a measured verb (gna.core.paired.decide) stands to the study's."""
     if reported is None:
         return ""
     if measured == reported:
         return " — as the study reports"
-    if measured == "holds":
-        return f" — the study reports that it {reported}; not shown at this n"
+    if measured == "undecided":
+        return f" — the study reports that it {reported}; this n cannot decide it"
     return f" — <b>contradicts the study</b>, which reports that it {'stays' if reported == 'holds' else reported}"
 
 
-def change_sentence(
-    name: str, before: dict | None, after: dict | None, what: str, reported: str | None = None
-) -> str | None:
-    """'<name>: a → b' under <what> with the verdict the two 95% intervals allow, and how it
-    stands to what the study reports (`reported`: falls, rises or holds)."""
-    if before is None or after is None:
+def change_sentence(name: str, row: dict | None, what: str, margin: float, reported: str | None = None) -> str | None:
+    """'<name>: a → b on the same n items' under <what>, with the verdict the paired tests allow
+    (a comparisons-table row, gna.core.paired) and how it stands to what the study reports
+    (`reported`: falls, rises or holds)."""
+    if row is None:
         return None
     cells = (
-        f"{html.escape(name)}: {acc_text(before['value'], before['ci_low'], before['ci_high'])} → "
-        f"{acc_text(after['value'], after['ci_low'], after['ci_high'])}"
+        f"{html.escape(name)}: {pct(row['acc_reference'])} → {pct(row['acc_condition'])} on the same {row['n']} items"
     )
-    measured = verdict(before, after)
-    if measured == "holds":
-        text = f"no change the intervals can show with {what} ({100 * (after['value'] - before['value']):+.0f} points)"
-    else:
-        text = f"<b>{measured}</b> with {what} (the intervals separate: a finding)"
-    return f"{cells}: {text}{against_study(measured, reported)}"
+    return f"{cells} with {what}: {comparison_verdict(row, margin)}{against_study(decide(row, margin).verb, reported)}"
 
 
-def findings(conds: list[tuple[str, pl.DataFrame]]) -> list[str]:
-    """Sentences comparing the top-k removal with the unmodified model, the pure SSM student with
-    its teacher (the unmodified model), the hybrid with the pure SSM, and the layer swap with the
-    pure SSM, task by task, each beside what the study reports."""
-    by_label = dict(conds)
-    pairs = []
-    base = by_label.get("unmodified")
-    for label, frame in conds:
-        if label.startswith("top ") and base is not None:
-            pairs.append((base, frame, f"the {label.removesuffix(' removed')} of the ranking removed", "topk"))
-    ssm = next((f for label, f in conds if label.endswith("(pure SSM)")), None)
-    if ssm is not None and base is not None:
-        pairs.append((base, ssm, "the teacher distilled into its pure SSM student", "ssm"))
-    for label, frame in conds:
-        if ssm is not None and label.startswith("student ") and not label.endswith("(pure SSM)"):
-            pairs.append((ssm, frame, f"the pure SSM replaced by {label.removeprefix('student ')}", "hybrid"))
-        if ssm is not None and "attention layer" in label:
-            pairs.append((ssm, frame, f"the pure SSM's layer {label.rsplit(' ', 1)[-1]} back to attention", "swap"))
+def _row(compared: pl.DataFrame, family: str, reference: str, condition: str, task: str, group: str) -> dict | None:
+    if compared.is_empty():
+        return None
+    rows = compared.filter(
+        (pl.col("family") == family)
+        & (pl.col("reference") == reference)
+        & (pl.col("condition") == condition)
+        & (pl.col("task") == task)
+        & (pl.col("group") == group)
+    )
+    return rows.row(0, named=True) if len(rows) else None
+
+
+def comparison_pairs(model: str, ctx: SectionContext) -> list[tuple[pl.DataFrame, str, str, str, str, str]]:
+    """(comparisons table, family, reference, condition, what, study kind) of each change the view
+    judges for `model`: the top-k removal (k = 5, or the largest k below it) against the
+    unmodified model, the pure SSM against its teacher, the k = 10 (or largest) hybrid against the
+    pure SSM, and the layer swap against the pure SSM."""
     out = []
-    for before, after, what, kind in pairs:
-        for (task, group), name in COLUMNS.items():
-            sentence = change_sentence(
-                name, _acc(before, task, group), _acc(after, task, group), what, STUDY[kind][KIND[task]]
+    topk = ctx.frame("heads_topk_comparisons")
+    if not topk.is_empty():
+        topk = topk.filter((pl.col("model") == model) & (pl.col("family") == "top k vs unmodified"))
+        ks = sorted(int(c.split()[1]) for c in topk["condition"].unique().to_list() if 0 < int(c.split()[1]) <= 5)
+        if ks:
+            k = ks[-1]
+            out.append(
+                (topk, "top k vs unmodified", "unmodified", f"top {k}", f"the top {k} of the ranking removed", "topk")
             )
+    hybrid = ctx.config.get("hybrid", {})
+    students = ctx.frame("hybrid_comparisons")
+    if hybrid.get("enabled") and not students.is_empty():
+        students = students.filter(pl.col("model") == model)
+        kept = sorted(hybrid.get("knowledge_heads_kept") or hybrid["heads_kept"])
+        pure = variant_name(0, hybrid["state_size"])
+        out.append(
+            (
+                students,
+                "students vs teacher",
+                TEACHER_VARIANT,
+                pure,
+                "the teacher distilled into its pure SSM student",
+                "ssm",
+            )
+        )
+        goal = 10 if 10 in kept else kept[-1]
+        if goal:
+            variant = variant_name(goal, hybrid["state_size"])
+            out.append(
+                (students, "hybrids vs pure SSM", pure, variant, f"the pure SSM replaced by {variant}", "hybrid")
+            )
+        swaps = students.filter(pl.col("family") == "layer swap vs pure SSM")
+        if len(swaps):
+            label = swaps["condition"][0]
+            out.append(
+                (students, "layer swap vs pure SSM", pure, label, f"the pure SSM's {label.split('+ ', 1)[-1]}", "swap")
+            )
+    return out
+
+
+def findings(model: str, ctx: SectionContext) -> list[str]:
+    """Sentences judging each change of comparison_pairs task by task, from the paired tests of
+    its comparisons table, each beside what the study reports."""
+    out = []
+    for compared, family, reference, condition, what, kind in comparison_pairs(model, ctx):
+        for (task, group), name in COLUMNS.items():
+            row = _row(compared, family, reference, condition, task, group)
+            sentence = change_sentence(name, row, what, ctx.margin, STUDY[kind][KIND[task]])
             if sentence:
                 out.append(sentence)
     return out
@@ -265,9 +305,9 @@ def render_knowledge(ctx: SectionContext) -> str:
             continue
         per_model[model] = conds
         parts.append(f"<h3>{html.escape(model)}</h3>" + table(view_table(conds), left=("condition",)))
-        sentences = findings(conds)
+        sentences = findings(model, ctx)
         if sentences:
-            parts.append("<ul>" + "".join(f"<li>{s}</li>" for s in sentences) + "</ul>")
+            parts.append("<ul>" + "".join(f"<li>{s}</li>" for s in sentences) + "</ul>" + comparisons_note(ctx.margin))
     plot_view(per_model, ctx.figures["knowledge_view"])
     parts.append(ctx.figure("knowledge_view"))
     return "\n".join(parts)

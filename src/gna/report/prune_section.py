@@ -8,8 +8,18 @@ import matplotlib.pyplot as plt
 import polars as pl
 import seaborn as sns
 
+from gna.core.paired import decide
 from gna.engine.chance import SKIPPED
-from gna.report.htmlkit import SectionContext, accuracy_axis, pct, save_figure, skipped_tasks_note, table
+from gna.report.htmlkit import (
+    SectionContext,
+    accuracy_axis,
+    comparisons_note,
+    comparisons_table,
+    pct,
+    save_figure,
+    skipped_tasks_note,
+    table,
+)
 
 METRIC = "acc"
 
@@ -169,6 +179,41 @@ def individual_part(individual: pl.DataFrame, minimal: list[dict], ctx: SectionC
     )
 
 
+def gradual_comparisons_part(compared: pl.DataFrame, margin: float) -> str:
+    """Per model and task, read from the prefix-vs-full comparisons: the deepest prefix that falls
+    below the full model and the shallowest that holds within the margin (paired tests), then
+    the whole table, folded."""
+    if compared.is_empty():
+        return ""
+    rows = []
+    for (model, task), part in compared.filter(pl.col("group") == "all").group_by(
+        ["model", "task"], maintain_order=True
+    ):
+        verbs = {int(r["condition"].split()[0]): decide(r, margin).verb for r in part.iter_rows(named=True)}
+        falls = [k for k, v in verbs.items() if v == "falls"]
+        holds = [k for k, v in verbs.items() if v == "holds"]
+        rows.append(
+            {
+                "model": model,
+                "task": task,
+                "deepest prefix that falls": max(falls) if falls else None,
+                "shallowest prefix that holds": min(holds) if holds else None,
+                "prefixes not decided": sum(v == "undecided" for v in verbs.values()),
+            }
+        )
+    return (
+        "<h3>Which prefixes differ from the full model, item by item</h3>"
+        "<p>Every prefix against the full model on the same items. A prefix <i>falls</i> where the paired test "
+        f"shows a loss, <i>holds</i> where its accuracy is shown to lie within ±{100 * margin:g} points of the "
+        "full model's; between them the n decides nothing.</p>"
+        + table(pl.DataFrame(rows), left=("model", "task"))
+        + comparisons_note(margin)
+        + "<details><summary>every prefix against the full model</summary>"
+        + comparisons_table(compared, margin)
+        + "</details>"
+    )
+
+
 def render_prune(ctx: SectionContext) -> str:
     """Gradual pruning, the minimal model and single-layer removal (empty without pruning results)."""
     if not ctx.paths("prune_gradual"):
@@ -193,6 +238,7 @@ def render_prune(ctx: SectionContext) -> str:
         for part in (
             intro,
             gradual_part(gradual, ctx),
+            gradual_comparisons_part(ctx.frame("prune_gradual_comparisons"), ctx.margin),
             minimal_part(minimal),
             individual_part(individual, minimal, ctx),
         )

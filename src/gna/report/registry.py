@@ -96,6 +96,7 @@ SECTIONS: tuple[Section, ...] = (
         "prune",
         (
             *_results("prune", ("gradual", "individual")),
+            Input("prune_gradual_comparisons", "data/results/prune/{model}/gradual.comparisons.parquet"),
             Input("prune_minimal", "data/results/prune/{model}/minimal_model.json"),
         ),
         _figures("Layer pruning", "prune_gradual", "prune_individual"),
@@ -105,6 +106,8 @@ SECTIONS: tuple[Section, ...] = (
         "heads",
         (
             *_results("heads", ("sweep", "ranking", "topk", "kept", "dictsize")),
+            Input("heads_topk_comparisons", "data/results/heads/{model}/topk.comparisons.parquet"),
+            Input("heads_kept_comparisons", "data/results/heads/{model}/kept.comparisons.parquet"),
             Input("heads_attribution", "data/results/heads/{model}/attribution.parquet", "attribution"),
         ),
         _figures("Heads", "heads_heatmap", "heads_topk", "heads_dictsize", "heads_attribution"),
@@ -112,7 +115,10 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section(
         "gna",
-        _results("gna", ("roles", "maps", "masking"), model="gna_model"),
+        (
+            *_results("gna", ("roles", "maps", "masking"), model="gna_model"),
+            Input("gna_masking_comparisons", "data/results/gna/{gna_model}/masking.comparisons.parquet"),
+        ),
         _figures("Gather-and-Aggregate", "gna_maps", "gna_maps_mmlu"),
         "gna.report.gna_section:render_gna",
     ),
@@ -127,6 +133,7 @@ SECTIONS: tuple[Section, ...] = (
                 "hybrid",
             ),
             Input("hybrid_memory", "data/results/hybrid/{hybrid_model}/memory.parquet", "hybrid"),
+            Input("hybrid_comparisons", "data/results/hybrid/{hybrid_model}/comparisons.parquet", "hybrid"),
             Input("hybrid_align", "data/distill/{hybrid_model}/align-n{state_size}.parquet", "hybrid"),
             Input("hybrid_align_heads", "data/distill/{hybrid_model}/align-n{state_size}-heads.parquet", "hybrid"),
             Input("hybrid_kd", "data/distill/{hybrid_model}/kd-{student_variant}.parquet", "hybrid"),

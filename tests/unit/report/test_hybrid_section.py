@@ -2,6 +2,7 @@
 
 import polars as pl
 
+from gna.core.paired import comparisons
 from gna.report.hybrid_section import (
     ablation_part,
     answer_rows_part,
@@ -35,9 +36,9 @@ TEACHER = pl.DataFrame([kv10(1.0, 0.93, 1.0), ppl(16.0)])
 def students(k10: tuple, k20: tuple) -> pl.DataFrame:
     return pl.DataFrame(
         [
-            kv10(0.04, 0.01, 0.13, heads_kept=0),
-            kv10(*k10, heads_kept=10),
-            kv10(*k20, heads_kept=20),
+            kv10(0.04, 0.01, 0.13, heads_kept=0, variant="k0-n16"),
+            kv10(*k10, heads_kept=10, variant="k10-n16"),
+            kv10(*k20, heads_kept=20, variant="k20-n16"),
             ppl(32.0, heads_kept=0),
             ppl(24.0, heads_kept=10),
             ppl(20.0, heads_kept=20),
@@ -45,12 +46,26 @@ def students(k10: tuple, k20: tuple) -> pl.DataFrame:
     )
 
 
-def test_summary_names_the_goal_student_and_whether_intervals_are_apart():
-    text = heads_kept_summary(TEACHER, students((0.96, 0.87, 0.99), (0.5, 0.36, 0.64)))
-    assert "k = 10 96.0% [87–99] (96% of the teacher's); the two intervals are apart" in text
+def compared(family: str, reference: str, condition: str, lost: int, gained: int, both: int, neither: int):
+    """A comparisons table of one pair on KV retrieval with these counts."""
+    ref = [True] * lost + [False] * gained + [True] * both + [False] * neither
+    cond = [False] * lost + [True] * gained + [True] * both + [False] * neither
+    frame = lambda outcomes: pl.DataFrame(  # noqa: E731
+        {"task": "kv_retrieval", "item_id": range(len(outcomes)), "group": "all", "correct": outcomes}
+    )
+    return comparisons({reference: frame(ref), condition: frame(cond)}, [(family, reference, condition)])
+
+
+def test_summary_names_the_goal_student_and_what_the_paired_test_shows():
+    rises = compared("hybrids vs pure SSM", "k0-n16", "k10-n16", 1, 180, 8, 11)
+    text = heads_kept_summary(TEACHER, students((0.96, 0.87, 0.99), (0.5, 0.36, 0.64)), rises, 0.05)
+    assert "k = 10 96.0% [87–99] (96% of the teacher's)" in text
+    assert "k = 10 against the pure SSM, item by item over all sizes: <b>rises</b>: +89.5 points" in text
     assert "k = 0 32.0 (2.00×), k = 10 24.0 (1.50×)" in text
-    overlap = heads_kept_summary(TEACHER, students((0.1, 0.04, 0.21), (0.5, 0.36, 0.64)))
-    assert "the two intervals overlap: no difference can be claimed" in overlap
+    few = compared("hybrids vs pure SSM", "k0-n16", "k10-n16", 1, 3, 2, 4)
+    assert "not decided at n = 10" in heads_kept_summary(
+        TEACHER, students((0.1, 0.04, 0.21), (0.5, 0.36, 0.64)), few, 0.05
+    )
 
 
 def test_budget_goal_gives_the_first_budget_that_reaches_the_goal_or_says_none_does():
@@ -101,13 +116,14 @@ def kv_all(value, low, high, n=200) -> dict:
 
 
 def test_swap_verdict_says_plainly_whether_it_contradicts_the_study():
-    pure = pl.DataFrame([kv_all(0.08, 0.05, 0.13)])
-    same = swap_verdict(pure, pl.DataFrame([kv_all(0.075, 0.05, 0.12)]))
-    assert "pure SSM 8.0% [5–13], with the layer as attention 7.5% [5–12]" in same
-    assert "the intervals overlap: the swap recovers no retrieval here, which contradicts the study" in same
-    better = swap_verdict(pure, pl.DataFrame([kv_all(0.5, 0.43, 0.57)]))
-    assert "the swap recovers retrieval, as in the study" in better
-    assert swap_verdict(pure, pl.DataFrame(schema=pure.schema)) == ""
+    family = "layer swap vs pure SSM"
+    same = swap_verdict(compared(family, "k0-n16", "swap", 1, 0, 15, 184).row(0, named=True), 0.05)
+    assert "<b>holds within ±5 points</b>" in same and "no recovery, which <b>contradicts the study</b>" in same
+    better = swap_verdict(compared(family, "k0-n16", "swap", 2, 80, 14, 104).row(0, named=True), 0.05)
+    assert "<b>rises</b>" in better and "as in the study" in better
+    unsure = swap_verdict(compared(family, "k0-n16", "swap", 3, 7, 5, 5).row(0, named=True), 0.05)
+    assert "this n cannot say whether it recovers here" in unsure
+    assert swap_verdict(None, 0.05) == ""
 
 
 def test_state_size_table_shows_the_one_dictionary_size_every_student_is_scored_at():

@@ -1,9 +1,12 @@
-"""The knowledge-vs-retrieval view: its sentences follow the 95% intervals, its table the results."""
+"""The knowledge-vs-retrieval view: its sentences follow the paired tests of the comparisons
+tables, its table the results."""
 
 import polars as pl
 
+from gna.core.paired import comparisons
 from gna.core.stats import wilson_interval
-from gna.report.knowledge_section import change_sentence, findings, view_table
+from gna.report.htmlkit import SectionContext
+from gna.report.knowledge_section import findings, view_table
 
 
 def acc_rows(task: str, values: dict[str, tuple[int, int]]) -> pl.DataFrame:
@@ -35,23 +38,91 @@ def condition(kv: int, cloze: int, choice: int, known: int) -> pl.DataFrame:
     )
 
 
-def test_a_change_is_a_finding_only_where_the_intervals_separate():
-    before = {"value": 0.98, "ci_low": 0.95, "ci_high": 0.99}
-    assert "falls" in change_sentence("KV", before, {"value": 0.2, "ci_low": 0.15, "ci_high": 0.27}, "x")
-    assert "a finding" in change_sentence("KV", before, {"value": 0.2, "ci_low": 0.15, "ci_high": 0.27}, "x")
-    overlap = change_sentence("KV", before, {"value": 0.93, "ci_low": 0.89, "ci_high": 0.96}, "x")
-    assert "no change the intervals can show" in overlap and "-5 points" in overlap
-    assert "rises" in change_sentence("KV", {"value": 0.1, "ci_low": 0.05, "ci_high": 0.2}, before, "x")
-    assert change_sentence("KV", None, before, "x") is None
+def items(task: str, outcomes: list[bool], groups: list[str] | None = None) -> pl.DataFrame:
+    """A per-item frame of `task`: item i correct where outcomes[i]."""
+    return pl.DataFrame(
+        {"task": task, "item_id": range(len(outcomes)), "group": groups or ["all"] * len(outcomes), "correct": outcomes}
+    )
 
 
-def test_view_and_findings_compare_each_condition_with_its_reference():
-    conds = [
-        ("unmodified", condition(198, 200, 83, 73)),
-        ("top 5 heads removed", condition(50, 202, 40, 35)),
-        ("student k0-n16 (pure SSM)", condition(12, 110, 66, 60)),
-        ("student k10-n16", condition(196, 105, 70, 61)),
-    ]
+def paired(task: str, lost: int, gained: int, both: int, neither: int, groups=None):
+    """(reference, condition) per-item frames of `task` with these counts."""
+    ref = [True] * lost + [False] * gained + [True] * both + [False] * neither
+    cond = [False] * lost + [True] * gained + [True] * both + [False] * neither
+    return items(task, ref, groups), items(task, cond, groups)
+
+
+def context(tmp_path, topk: dict | None = None, students: dict | None = None) -> SectionContext:
+    """A report context whose comparisons tables hold `topk` {task: (lost, gained, both, neither)}
+    (top 5 against the unmodified model) and `students` {(family, reference, condition): same}."""
+    inputs = {}
+    for key, spec in (("heads_topk_comparisons", topk), ("hybrid_comparisons", students)):
+        if not spec:
+            continue
+        frames = []
+        for (family, ref_label, cond_label), counts in spec.items():
+            per_task = {task: paired(task, *c) for task, c in counts.items()}
+            ref = pl.concat([r for r, _ in per_task.values()])
+            cond = pl.concat([c for _, c in per_task.values()])
+            frames.append(comparisons({ref_label: ref, cond_label: cond}, [(family, ref_label, cond_label)]))
+        path = tmp_path / f"{key}.parquet"
+        pl.concat(frames).with_columns(pl.lit("m").alias("model")).write_parquet(path)
+        inputs[key] = [str(path)]
+    config = {"hybrid": {"enabled": True, "heads_kept": [0, 10], "state_size": 16}}
+    return SectionContext(inputs=inputs, figures={}, captions={}, options={}, config=config)
+
+
+TOP5 = ("top k vs unmodified", "unmodified", "top 5")
+
+
+def test_a_fall_the_intervals_overlap_on_is_a_fall(tmp_path):
+    # 81/240 -> 60/240 on the same items, 21 lost and none gained: the Wilson intervals overlap
+    # ([28-40] and [20-31]); the paired test shows the fall
+    ctx = context(tmp_path, topk={TOP5: {"facts_choice": (21, 0, 60, 159)}})
+    (sentence,) = findings("m", ctx)
+    assert sentence.startswith("facts choice: 33.8% → 25.0% on the same 240 items")
+    assert "<b>falls</b>: -8.8 points" in sentence and "as the study reports" in sentence
+
+
+def test_no_change_is_claimed_only_within_the_margin(tmp_path):
+    ctx = context(
+        tmp_path,
+        topk={
+            TOP5: {
+                "kv_retrieval": (150, 0, 48, 2),  # 99% -> 24%
+                "facts_cloze": (1, 1, 200, 38),  # the same items right but two: within +-5 points
+                "facts_choice": (25, 15, 58, 142),  # four points down, 40 items changing: not decided
+            }
+        },
+    )
+    kv, cloze, choice = findings("m", ctx)
+    assert "<b>falls</b>" in kv and "as the study reports" in kv
+    assert "<b>holds within ±5 points</b>" in cloze and "as the study reports" in cloze
+    assert "not decided at n = 240" in choice and "about n = " in choice
+    assert "the study reports that it falls; this n cannot decide it" in choice
+
+
+def test_a_loss_of_knowledge_contradicts_the_study(tmp_path):
+    ctx = context(tmp_path, topk={TOP5: {"facts_cloze": (50, 0, 150, 40)}})  # 83% -> 62%
+    (cloze,) = findings("m", ctx)
+    assert "<b>falls</b>" in cloze and "<b>contradicts the study</b>, which reports that it stays" in cloze
+
+
+def test_the_students_are_judged_on_their_own_comparisons(tmp_path):
+    ctx = context(
+        tmp_path,
+        students={
+            ("students vs teacher", "teacher", "k0-n16"): {"kv_retrieval": (180, 2, 15, 3)},
+            ("hybrids vs pure SSM", "k0-n16", "k10-n16"): {"kv_retrieval": (1, 175, 16, 8)},
+        },
+    )
+    ssm, hybrid = findings("m", ctx)
+    assert "pure SSM student" in ssm and "<b>falls</b>" in ssm
+    assert "replaced by k10-n16" in hybrid and "<b>rises</b>" in hybrid and "as the study reports" in hybrid
+
+
+def test_the_view_table_shows_each_condition_with_its_interval():
+    conds = [("unmodified", condition(198, 200, 83, 73)), ("top 5 heads removed", condition(50, 202, 40, 35))]
     table = view_table(conds)
     assert table.columns == [
         "condition",
@@ -66,39 +137,6 @@ def test_view_and_findings_compare_each_condition_with_its_reference():
         "83.3% [78–88] n=240",
         "34.6% [29–41] n=240",
         "39.5% [33–47] n=185",
-    )
-    sentences = findings(conds)
-    kv_top = next(s for s in sentences if s.startswith("KV retrieval") and "top 5" in s)
-    assert "falls" in kv_top and "a finding" in kv_top
-    cloze_top = next(s for s in sentences if s.startswith("facts cloze") and "top 5" in s)
-    assert "no change" in cloze_top
-    choice_top = next(s for s in sentences if s.startswith("facts choice:") and "top 5" in s)
-    assert "falls" in choice_top  # 34.6% [29–41] -> 16.7% [13–22]
-    overlapping = findings([conds[0], ("top 5 heads removed", condition(50, 202, 62, 55))])
-    assert "no change" in next(
-        s for s in overlapping if s.startswith("facts choice:")
-    )  # 34.6% [29–41] -> 25.8% [21–32]
-    kv_students = next(s for s in sentences if s.startswith("KV retrieval") and "k10-n16" in s)
-    assert "rises" in kv_students
-
-
-def test_the_pure_ssm_is_compared_with_its_teacher():
-    conds = [("unmodified", condition(198, 200, 83, 73)), ("student k0-n16 (pure SSM)", condition(12, 110, 66, 60))]
-    sentences = [s for s in findings(conds) if "pure SSM student" in s]
-    assert len(sentences) == 4
-    assert "falls" in next(s for s in sentences if s.startswith("facts cloze"))  # 83% -> 46%: knowledge lost
-
-
-def test_each_sentence_says_how_it_stands_to_the_study():
-    conds = [("unmodified", condition(198, 200, 83, 73)), ("top 5 heads removed", condition(50, 150, 80, 70))]
-    sentences = findings(conds)
-    assert "as the study reports" in next(s for s in sentences if s.startswith("KV retrieval"))
-    # cloze 83% -> 62%: the study reports that knowledge stays
-    assert "contradicts the study</b>, which reports that it stays" in next(
-        s for s in sentences if s.startswith("facts cloze")
-    )
-    assert "the study reports that it falls; not shown at this n" in next(
-        s for s in sentences if s.startswith("facts choice:")
     )
 
 

@@ -1,0 +1,110 @@
+"""Paired comparisons (gna.core.paired) against published and independent values."""
+
+import polars as pl
+import pytest
+from scipy.stats import binomtest
+
+from gna.core.paired import comparisons, decide, describe, holm, mcnemar_p, n_to_decide, paired_interval
+from gna.core.stats import wilson_interval
+
+
+def _items(outcomes: list[tuple[bool, bool]], task: str = "kv_retrieval", start: int = 0):
+    """Two per-item frames (reference, condition) from (reference correct, condition correct) pairs."""
+    ids = list(range(start, start + len(outcomes)))
+    ref = pl.DataFrame({"task": task, "item_id": ids, "group": "all", "correct": [r for r, _ in outcomes]})
+    cond = pl.DataFrame({"task": task, "item_id": ids, "group": "all", "correct": [c for _, c in outcomes]})
+    return ref, cond
+
+
+def _table(both: int, reference_only: int, condition_only: int, neither: int):
+    return _items(
+        [(True, True)] * both
+        + [(True, False)] * reference_only
+        + [(False, True)] * condition_only
+        + [(False, False)] * neither
+    )
+
+
+def test_newcombe_interval_matches_the_published_worked_example():
+    # Fagerland, Lydersen & Laake, Statistical Analysis of Contingency Tables, ch. 8 (the
+    # contingencytables package's test): table [[59, 6], [16, 80]], Newcombe's square-and-add
+    # interval for the paired difference -0.0621 (95% CI -0.1186 to -0.0046)
+    low, high = paired_interval(both=59, reference_only=16, condition_only=6, neither=80)
+    assert (low, high) == (pytest.approx(-0.1186, abs=1e-4), pytest.approx(-0.0046, abs=1e-4))
+    # the same table read the other way round gives the mirrored interval
+    assert paired_interval(59, 6, 16, 80) == (pytest.approx(-high), pytest.approx(-low))
+
+
+@pytest.mark.parametrize("lost,gained", [(16, 6), (21, 0), (3, 3), (0, 1), (40, 25), (1, 12)])
+def test_mcnemar_is_the_exact_binomial_test_of_the_discordant_items(lost, gained):
+    # statsmodels' exact McNemar against scipy's binomial test (another library's)
+    assert mcnemar_p(lost, gained) == pytest.approx(binomtest(gained, lost + gained, 0.5).pvalue, rel=1e-9)
+    assert mcnemar_p(0, 0) == 1.0
+
+
+def test_holm_by_hand():
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm([0.2]) == [0.2] and holm([]) == []
+
+
+def test_a_fall_to_chance_that_the_intervals_overlap_on_is_a_fall():
+    # the case an interval-overlap rule read as "holds": 81/240 -> 60/240 on the same items,
+    # 21 items lost and none gained
+    ref, cond = _table(both=60, reference_only=21, condition_only=0, neither=159)
+    before, after = wilson_interval(81, 240), wilson_interval(60, 240)
+    assert after[1] > before[0]  # the two Wilson intervals overlap
+    row = comparisons({"a": ref, "b": cond}, [("f", "a", "b")]).row(0, named=True)
+    assert (row["n"], row["reference_only"], row["condition_only"]) == (240, 21, 0)
+    assert row["p_mcnemar"] == pytest.approx(2 * 0.5**21)
+    assert decide(row).verb == "falls" and describe(row).startswith("falls: -8.8 points")
+
+
+def test_equivalence_holds_only_within_the_margin():
+    ref, cond = _table(both=300, reference_only=2, condition_only=3, neither=95)
+    row = comparisons({"a": ref, "b": cond}, [("f", "a", "b")]).row(0, named=True)
+    assert decide(row, margin=0.05).verb == "holds"
+    assert decide(row, margin=0.005).verb == "undecided"  # the same data cannot show +-0.5 points
+    assert "holds within ±5 points" in describe(row, 0.05)
+
+
+def test_too_few_items_decide_nothing_and_say_how_many_would():
+    ref, cond = _table(both=10, reference_only=3, condition_only=1, neither=6)
+    row = comparisons({"a": ref, "b": cond}, [("f", "a", "b")]).row(0, named=True)
+    d = decide(row)
+    assert d.verb == "undecided" and d.n_to_decide > 20
+    assert f"about n = {d.n_to_decide}" in describe(row)
+    # a larger observed difference needs fewer items to show
+    assert n_to_decide(100, 20, -0.2, 0.05) < n_to_decide(100, 20, -0.1, 0.05)
+
+
+def test_conditions_are_paired_on_their_shared_items_and_holm_runs_per_family():
+    # the reference scored 200 items, the conditions 60 of them: each comparison uses those 60
+    ref = pl.DataFrame({"task": "kv_retrieval", "item_id": range(200), "group": "all", "correct": [True] * 200})
+    cut = pl.DataFrame({"task": "kv_retrieval", "item_id": range(0, 120, 2), "group": "all", "correct": [False] * 60})
+    same = cut.with_columns(pl.lit(True).alias("correct"))
+    other = pl.DataFrame({"task": "facts_cloze", "item_id": [0], "group": "x", "correct": [True]})
+    table = comparisons(
+        {"base": ref, "cut": cut, "same": same, "other": other},
+        [("removal", "base", "cut"), ("removal", "base", "same"), ("control", "base", "cut"), ("x", "base", "missing")],
+    )
+    assert table["n"].to_list() == [60, 60, 60] and table["reference_only"].to_list() == [60, 0, 60]
+    assert table["family"].to_list() == ["removal", "removal", "control"]
+    p = mcnemar_p(60, 0)
+    # Holm within "removal" (two rows: p and 1), alone in "control"
+    assert table["p_holm"].to_list() == pytest.approx([2 * p, 1.0, p])
+    # a task the condition did not score is not compared
+    assert comparisons({"base": ref, "other": other}, [("f", "base", "other")]).is_empty()
+
+
+def test_the_known_items_of_the_multiple_choice_facts_are_compared_too():
+    ref = pl.DataFrame(
+        {
+            "task": "facts_choice",
+            "item_id": range(4),
+            "group": ["known", "known", "unknown", "unknown"],
+            "correct": True,
+        }
+    )
+    cond = ref.with_columns(pl.Series("correct", [False, True, True, True]))
+    table = comparisons({"a": ref, "b": cond}, [("f", "a", "b")])
+    assert table.select("group", "n", "reference_only").rows() == [("all", 4, 1), ("known", 2, 1)]
