@@ -206,6 +206,22 @@ def n_to_decide(n: int, discordant: int, diff: float, margin: float) -> int:
     return int(math.ceil(need))
 
 
+def detectable_difference(n: int, discordant: int) -> float:
+    """The smallest paired difference n items detect at 80% power (McNemar, 5% two-sided; Connor
+    1987) where `discordant` of them change, the share of changing items being at least the
+    difference itself; 1.0 where no difference is detectable."""
+    if n <= 0:
+        return 1.0
+    low, high = 1.0 / n, 1.0
+    if n_to_decide(n, max(discordant, 1), high, 0.0) > n:
+        return 1.0
+    for _ in range(40):  # bisection: the n a difference needs falls as the difference grows
+        mid = (low + high) / 2
+        need = n_to_decide(n, max(discordant, round(mid * n)), mid, 0.0)
+        low, high = (low, mid) if need <= n else (mid, high)
+    return high
+
+
 def decide(row: dict, margin: float = DEFAULT_MARGIN) -> Decision:
     """The verb one comparisons-table row allows: McNemar after Holm rejects -> 'falls' / 'rises'
     (by the sign of diff); else the 90% paired interval inside +-margin -> 'holds'; else 'undecided'."""
@@ -226,7 +242,7 @@ def describe(row: dict, margin: float = DEFAULT_MARGIN) -> str:
     d = decide(row, margin)
     change = (
         f"{100 * row['diff']:+.1f} points [{100 * row['ci_low']:+.1f}, {100 * row['ci_high']:+.1f}], "
-        f"{row['reference_only']} items lost and {row['condition_only']} gained of {row['n']}"
+        f"{row['reference_only']} lost and {row['condition_only']} gained of {row['n']} items"
     )
     if d.verb in ("falls", "rises"):
         return f"{d.verb}: {change} (exact McNemar p = {row['p_mcnemar']:.2g}, Holm {row['p_holm']:.2g})"

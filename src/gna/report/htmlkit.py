@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import polars as pl  # noqa: E402
 
 from gna.core.io import atomic_path, read_json, read_parquet  # noqa: E402
-from gna.core.paired import DEFAULT_MARGIN, decide, describe  # noqa: E402
+from gna.core.paired import DEFAULT_MARGIN, decide, describe, detectable_difference  # noqa: E402
 from gna.engine.chance import SKIPPED
 
 CSS = """
@@ -244,7 +244,7 @@ def comparisons_table(frame: pl.DataFrame, margin: float) -> str:
         return ""
     rows = []
     for row in frame.iter_rows(named=True):
-        d = decide(row, margin)
+        d, discordant = decide(row, margin), row["reference_only"] + row["condition_only"]
         rows.append(
             {
                 "model": row.get("model", ""),
@@ -259,6 +259,7 @@ def comparisons_table(frame: pl.DataFrame, margin: float) -> str:
                 "lost / gained": f"{row['reference_only']} / {row['condition_only']}",
                 "McNemar p": f"{row['p_mcnemar']:.2g}",
                 "Holm p": f"{row['p_holm']:.2g}",
+                "detectable (80% power)": f"±{100 * detectable_difference(row['n'], discordant):.0f}",
                 "verdict": d.verb if d.verb != "undecided" else f"not decided (about n = {d.n_to_decide})",
             }
         )
@@ -273,7 +274,8 @@ def comparisons_note(margin: float) -> str:
         "McNemar test, and Holm's correction within each family of comparisons. <b>falls</b> / <b>rises</b>: Holm p "
         f"&lt; 0.05; <b>holds</b>: the 90% paired interval lies within ±{100 * margin:g} points (two one-sided "
         "tests, <code>report.equivalence_margin</code>); otherwise <i>not decided</i>, with about the n that would "
-        "decide it at 80% power if the observed rates held.</p>"
+        "decide it at 80% power if the observed rates held. <i>detectable</i>: the smallest paired difference (points) "
+        "the row's n detects with 80% power at its share of changing items.</p>"
     )
 
 

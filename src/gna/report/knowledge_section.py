@@ -238,8 +238,8 @@ def formats_part(formats: pl.DataFrame) -> str:
         .then(pl.lit("yes: one answer for every item"))
         .otherwise(pl.lit("no"))
         .alias("degenerate"),
-        pl.when(pl.col("chosen")).then(pl.lit("✓")).otherwise(pl.lit("")).alias("in the study"),
-    ).select("model", "format", "shots", "n", "accuracy", "chance", "degenerate", "prompt_tokens", "in the study")
+        pl.when(pl.col("chosen")).then(pl.lit("✓")).otherwise(pl.lit("")).alias("chosen"),
+    ).select("model", "format", "shots", "n", "accuracy", "chance", "degenerate", "prompt_tokens", "chosen")
     sentences = []
     for model in formats["model"].unique(maintain_order=True):
         rows = formats.filter((pl.col("model") == model) & pl.col("answer").is_not_null())
@@ -254,7 +254,7 @@ def formats_part(formats: pl.DataFrame) -> str:
         if len(chosen) and not chosen["chosen"].is_null().any() and chosen.row(0, named=True) != best:
             run = chosen.row(0, named=True)
             text += (
-                f"; the format the study runs ({run['shots']} shots, "
+                f"; the chosen format, <code>tasks.facts.choice</code> ({run['shots']} shots, "
                 f"{acc_text(run['acc'], run['ci_low'], run['ci_high'])}) "
                 + (
                     "lies within its interval: the two cannot be told apart at this n"

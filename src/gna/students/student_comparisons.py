@@ -41,7 +41,8 @@ def student_pairs(variants: list[str], pure_ssm: str, swap: str | None = None) -
 def run_hybrid_comparisons(model_name: str, pure_ssm: str, inputs: Files, outputs: Files) -> pl.DataFrame:
     """Rule hybrid_comparisons: student_pairs compared on the answers of the teacher and its
     students, written with a model column.
-    inputs: answers (the teacher's and every student's, list), optional swap (the layer swap's).
+    inputs: answers (the teacher's and every student's, list), swap (the layer swap's; an empty
+    list where hybrid.swap is off).
     outputs: comparisons."""
     per_item = {}
     for path in inputs.answers:
@@ -49,8 +50,8 @@ def run_hybrid_comparisons(model_name: str, pure_ssm: str, inputs: Files, output
         if not frame.is_empty():  # a student kept off every task by its teacher answered nothing
             per_item[frame["variant"][0]] = frame
     variants, swap = list(per_item), None
-    if inputs.get("swap"):
-        frame = read_parquet(inputs.swap)
+    for path in inputs.get("swap", []):  # none where hybrid.swap is off
+        frame = read_parquet(path)
         if not frame.is_empty():
             swap = frame["variant"][0]
             per_item[swap] = frame

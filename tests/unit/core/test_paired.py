@@ -108,3 +108,12 @@ def test_the_known_items_of_the_multiple_choice_facts_are_compared_too():
     cond = ref.with_columns(pl.Series("correct", [False, True, True, True]))
     table = comparisons({"a": ref, "b": cond}, [("f", "a", "b")])
     assert table.select("group", "n", "reference_only").rows() == [("all", 4, 1), ("known", 2, 1)]
+
+
+def test_the_detectable_difference_shrinks_with_n_and_is_what_n_to_decide_needs():
+    from gna.core.paired import detectable_difference
+
+    small, large = detectable_difference(60, 10), detectable_difference(240, 40)
+    assert 0 < large < small < 1
+    assert n_to_decide(240, 40, large, 0.0) <= 240 < n_to_decide(240, 40, large - 0.01, 0.0)
+    assert detectable_difference(3, 0) == 1.0

@@ -12,7 +12,14 @@ from gna.engine.chance import ChancePolicy
 from gna.engine.hooks import active_hooks
 from gna.engine.scoring import score_table
 from gna.phases.head_ablation import rank_heads, sweep_heads
-from gna.phases.head_tables import critical_heads, dict_size_curves, heads_kept, remove_top_k
+from gna.phases.head_tables import (
+    critical_heads,
+    dict_size_curves,
+    heads_kept,
+    kept_comparisons,
+    remove_top_k,
+    topk_comparisons,
+)
 from gna.tasks.tables import build_kv_retrieval
 
 KV = build_kv_retrieval([3, 5], 3, 0, "lookup")
@@ -122,3 +129,45 @@ def test_top_k_zero_is_read_from_the_baseline_scores(tiny_llama):
     assert acc.filter(pl.col("k") == 1).equals(
         scored.filter((pl.col("metric") == "acc") & (pl.col("group") == "all") & (pl.col("k") == 1))
     )
+
+
+def _acc(summary: pl.DataFrame, **where) -> float:
+    rows = summary.filter(
+        (pl.col("metric") == "acc") & (pl.col("group") == "all"), *[pl.col(k) == v for k, v in where.items()]
+    )
+    assert len(rows) == 1, (where, rows)
+    return rows["value"][0]
+
+
+def test_comparisons_pair_the_conditions_the_tables_summarize(tiny_llama):
+    """Each remove-top-k comparison pairs two conditions of the summary on its items (the
+    accuracies are the summary's), one family per question; the heads-kept variants are each
+    paired with all heads."""
+    model, tok = tiny_llama
+    ranking = rank_heads(sweep_heads(model, tok, KV, progress=False))
+    tables = {"kv_retrieval": KV}
+    top_k = TopK([0, 1, 2], random_draws=2, control_tasks=["kv_retrieval"], seed=1)
+    per_item = {}
+    topk = remove_top_k(model, tok, ranking, tables, top_k, progress=False, per_item=per_item)
+    assert set(per_item) == {"unmodified", "top 1", "top 2", "random 1 #0", "random 1 #1", "random 2 #0", "random 2 #1"}
+    compared = topk_comparisons(per_item, top_k)
+    assert compared.group_by("family").len().sort("family").rows() == [
+        ("random k vs unmodified", 4),
+        ("top k vs random k", 2),
+        ("top k vs unmodified", 2),
+    ]
+    for row in compared.iter_rows(named=True):
+        assert row["n"] == len(KV)
+        condition, k = row["condition"].split()[:2]
+        draw = int(row["condition"].split("#")[1]) if condition == "random" else 0
+        assert row["acc_condition"] == _acc(topk, condition=condition, k=int(k), draw=draw)
+        if row["reference"] == "unmodified":
+            assert row["acc_reference"] == _acc(topk, k=0)
+        assert row["diff"] == pytest.approx((row["condition_only"] - row["reference_only"]) / row["n"])
+    per_item = {}
+    kept = heads_kept(model, tok, ranking, [0, 1, 2], tables, progress=False, per_item=per_item)
+    compared = kept_comparisons(per_item)
+    assert sorted(compared["condition"]) == sorted(set(kept["variant"]) - {"all heads"})
+    for row in compared.iter_rows(named=True):
+        assert row["acc_reference"] == _acc(kept, variant="all heads")
+        assert row["acc_condition"] == _acc(kept, variant=row["condition"])

@@ -28,7 +28,7 @@ from polars.testing import assert_frame_equal
 from gna.core.stats import wilson_interval
 from gna.engine.chance import ChancePolicy
 from gna.phases.gather_aggregate import kv_row_segments, mmlu_row_segments
-from gna.phases.masking import masking_experiment
+from gna.phases.masking import masking_comparisons, masking_experiment
 from gna.students.spec import make_hybrid
 from gna.tasks.tables import build_kv_retrieval, build_mmlu, load_mmlu_jsonl, select_mmlu
 
@@ -64,9 +64,20 @@ def test_unrestricted_head_masks_reproduce_the_model_and_restriction_bites(tiny_
     visible = (mask[0, 2, summary] == 0).nonzero().flatten().tolist()
     assert visible == list(range(start, end)) + [summary]
     assert torch.equal(mask[0, 1], batch.mask[0, 0])
-    result = masking_experiment(model, tok, kv, kv_row_segments, heads)
+    per_item = {}
+    result = masking_experiment(model, tok, kv, kv_row_segments, heads, per_item=per_item)
     assert result["condition"].to_list() == ["(a) unmodified", "(b) G&A heads ablated", "(c) G&A pattern only"]
     assert result["acc"][0] == plain["correct"].mean()
+    # (b) and (c) each paired with (a) on the same items, with the table's accuracies
+    compared = masking_comparisons(per_item)
+    assert compared.select("reference", "condition").rows() == [
+        ("(a) unmodified", "(b) G&A heads ablated"),
+        ("(a) unmodified", "(c) G&A pattern only"),
+    ]
+    acc = dict(result.select("condition", "acc").iter_rows())
+    for row in compared.iter_rows(named=True):
+        assert row["n"] == len(kv) and row["acc_reference"] == acc["(a) unmodified"]
+        assert row["acc_condition"] == acc[row["condition"]]
 
 
 def test_heads_label_says_ssm_or_attention_only_for_students():

@@ -233,3 +233,20 @@ def test_the_minimal_models_scores_are_read_from_gradual_pruning_exactly(tiny_ll
     assert heads_kept(model, tok, ranking, kept, tables, scored=read, **args).equals(
         heads_kept(model, tok, ranking, kept, tables, **args)
     )
+
+
+def test_gradual_comparisons_pair_each_prefix_with_the_full_model(tiny_llama):
+    """One row per prefix (k < n layers) and task, on the same items, with the summary's accuracies."""
+    from gna.phases.pruning import gradual_comparisons, gradual_items, summarize_gradual
+
+    model, tok = tiny_llama
+    items = gradual_items(model, tok, {"kv_retrieval": KV}, batch_size=2, progress=False)
+    summary = summarize_gradual(items).filter((pl.col("metric") == "acc") & (pl.col("group") == "all"))
+    acc = dict(summary.select("layers_kept", "value").iter_rows())
+    compared = gradual_comparisons(items)
+    n = model.config.num_hidden_layers
+    assert compared["condition"].to_list() == [f"{k} layers" for k in range(1, n)]
+    assert set(compared["reference"]) == {f"{n} layers"} and set(compared["family"]) == {"prefix vs all layers"}
+    for row in compared.iter_rows(named=True):
+        assert row["n"] == len(KV) and row["acc_reference"] == acc[n]
+        assert row["acc_condition"] == acc[int(row["condition"].split()[0])]
