@@ -280,6 +280,7 @@ def test_task_size_edit_reruns_only_dependents(smoke):
         "hybrid_answer_rows": 1,
         "hybrid_budget": 2,
         "hybrid_ablation": 2,
+        "hybrid_comparisons": 1,
         "report": 1,
         "gna_masking": 2,
         "all": 1,
@@ -320,6 +321,7 @@ def test_state_size_edit_reruns_only_the_affected_variants(smoke):
         "distill_kd": 1,
         "hybrid_score": 1,
         "hybrid_memory": 1,
+        "hybrid_comparisons": 1,  # the students compared again, the new one among them
         "report": 1,
         "all": 1,
     }
@@ -454,6 +456,26 @@ def test_unknown_student_is_named_before_any_job(tmp_path):
     cfg["hybrid"]["gna_variants"] = ["k3-n8"]
     message = "config key 'hybrid.gna_variants': ['k3-n8'] are not students of this config"
     assert message in fails_before_any_job(tmp_path, cfg)
+
+
+def test_every_tracked_output_records_the_md5_the_job_wrote(smoke):
+    """make reproduce's guard trusts data/run/written/: every file under a DVC-tracked output of
+    the smoke run has the record its job left (gna.core.runtime.setup(outputs=...)), with the md5
+    the file has now. (Snakemake's own .snakemake_timestamp markers of folder outputs aside.)"""
+    from gna.core.guard import file_md5, written_md5
+
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    outs = [next(iter(out)) if isinstance(out, dict) else out for stage in stages.values() for out in stage["outs"]]
+    root = smoke.resolve()
+    files = [
+        f
+        for out in outs
+        for f in ([root / out] if (root / out).is_file() else sorted((root / out).rglob("*")))
+        if f.is_file() and f.name != ".snakemake_timestamp"
+    ]
+    assert len(files) > 100, files  # every phase's outputs, the students and the report among them
+    unrecorded = [str(f.relative_to(root)) for f in files if written_md5(root, f) != file_md5(f)]
+    assert not unrecorded, f"outputs without the record of the job that wrote them: {unrecorded}"
 
 
 def test_smoke_results_equal_golden(smoke):

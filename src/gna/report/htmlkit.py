@@ -236,10 +236,15 @@ def comparison_verdict(row: dict, margin: float) -> str:
     return f"<b>{text.split(':', 1)[0]}</b>:{text.split(':', 1)[1]}" if verb != "undecided" else text
 
 
+FOLD_ROWS = 12  # a longer comparisons table is folded under a line that counts its verdicts
+VERBS = ("falls", "rises", "holds", "undecided")
+
+
 def comparisons_table(frame: pl.DataFrame, margin: float) -> str:
     """A comparisons table (gna.core.paired.COLUMNS, with a model column) as the report shows it:
     one row per comparison, the accuracies before and after, the paired difference with its 95%
-    interval, items lost / gained, the p-values and the verdict the tests allow."""
+    interval, items lost / gained, the p-values and the verdict the tests allow; folded where it
+    has more than FOLD_ROWS rows."""
     if frame.is_empty():
         return ""
     rows = []
@@ -263,7 +268,12 @@ def comparisons_table(frame: pl.DataFrame, margin: float) -> str:
                 "verdict": d.verb if d.verb != "undecided" else f"not decided (about n = {d.n_to_decide})",
             }
         )
-    return table(pl.DataFrame(rows), left=("model", "comparison", "task", "verdict"))
+    shown = table(pl.DataFrame(rows), left=("model", "comparison", "task", "verdict"))
+    if len(rows) <= FOLD_ROWS:
+        return shown
+    counts = {verb: sum(decide(r, margin).verb == verb for r in frame.iter_rows(named=True)) for verb in VERBS}
+    summary = ", ".join(f"{n} {verb.replace('undecided', 'not decided')}" for verb, n in counts.items() if n)
+    return f"<details><summary>{len(rows)} comparisons: {summary} (the table)</summary>{shown}</details>"
 
 
 def comparisons_note(margin: float) -> str:

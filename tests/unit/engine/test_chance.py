@@ -24,6 +24,10 @@ def test_at_chance_follows_the_wilson_interval():
     )
     many = pl.concat([TABLE] * 10)
     assert at_chance(_items([True] * 40), many) is None  # 100% [91-100]: clear of 25%
+    # below chance is not chance: 0% [0-9] of 40 avoids the answer item by item, so it reads the
+    # items and a change can show (back up to chance); 5 of 40 (12.5% [5-26]) still contains 25%
+    assert at_chance(_items([False] * 40), many) is None
+    assert at_chance(_items([True] * 5 + [False] * 35), many).startswith("not distinguishable from chance at n=40")
     assert at_chance(_items([]), TABLE.clear()) is None
 
 

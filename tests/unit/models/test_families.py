@@ -198,6 +198,11 @@ def test_a_students_heads_compute_what_the_teachers_do_in_every_student_family(f
     with torch.no_grad():
         kept_all = make_hybrid(copy.deepcopy(model), every, 4)
         torch.testing.assert_close(kept_all(input_ids=ids).logits, model(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
+        if windows:  # the effect the tolerance must catch: the teacher without its windows
+            unwindowed = copy.deepcopy(model)
+            unwindowed.config.sliding_window = 10**6
+            moved = (unwindowed(input_ids=ids).logits - model(input_ids=ids).logits).abs().max()
+            assert moved > 100 * 1e-4, f"{arch}: removing the window moves the logits by only {moved:.2e}"
     student = make_hybrid(copy.deepcopy(model), [(1, 0)], 4)
     save_student(student, tok, tmp_path, {"state_size": 4, "kept_heads": [[1, 0]]})
     loaded, _ = load_any(tmp_path)

@@ -176,13 +176,24 @@ def test_ssm_heads(family):
     assert not torch.allclose(base, ablated, atol=1e-6)
     assert torch.equal(base, _logits(model, tok)) and active_hooks(model) == 0
     if family == "mamba":  # channel groups enter out_proj linearly: compare with weight surgery
-        out_proj = model.backbone.layers[1].mixer.out_proj
+        out_proj, width = model.backbone.layers[1].mixer.out_proj, sites[1].head_dim
         saved = out_proj.weight.detach().clone()
-        with torch.no_grad():
-            out_proj.weight[:, : sites[1].head_dim] = 0
-        assert torch.allclose(_logits(model, tok), ablated, atol=1e-5)
-        with torch.no_grad():
-            out_proj.weight.copy_(saved)
+        per_group = []
+        for group in range(n):  # every group, so ablating the wrong group's channels fails
+            with ablate_heads(model, [(1, group)]):
+                per_group.append(_logits(model, tok))
+            with torch.no_grad():
+                out_proj.weight[:, group * width : (group + 1) * width] = 0
+            surgery = _logits(model, tok)
+            with torch.no_grad():
+                out_proj.weight.copy_(saved)
+            # the tolerance (1e-5) against the effect it must be smaller than: the ablation's own
+            assert (per_group[-1] - base).abs().max() > 100 * 1e-5, group
+            torch.testing.assert_close(per_group[-1], surgery, rtol=0, atol=1e-5)
+        assert torch.equal(per_group[0], ablated)
+        for a in range(n):  # each group's ablation is its own
+            for b in range(a):
+                assert (per_group[a] - per_group[b]).abs().max() > 100 * 1e-5, (a, b)
     else:  # Mamba-2: head h's scan output is exactly zero when its x channels are (weight surgery)
         assert sites[1].module is model.backbone.layers[1].mixer.norm and sites[1].head_dim == 16
         per_head = []

@@ -139,9 +139,14 @@ def test_report_shows_the_smoke_numbers(smoke_report):
 
 @pytest.mark.slow
 def test_the_report_is_the_same_bytes_under_another_recorded_environment(smoke_report, tmp_path, monkeypatch):
-    """Another machine with the same results (another Python, torch build, CPU) renders the same
-    bytes, page and figures: those facts live in the run record, not in what DVC hashes."""
+    """Another machine with the same results (another Python, torch build, CPU, host name, core
+    count, a GPU) renders the same bytes, page and figures: those facts live in the run record,
+    not in what DVC hashes. Each is varied where any code would read it (platform, sys, socket,
+    os, torch.cuda), not only where the run record does."""
+    import os
     import platform
+    import socket
+    import sys
 
     import torch
 
@@ -150,7 +155,13 @@ def test_the_report_is_the_same_bytes_under_another_recorded_environment(smoke_r
     root, page = smoke_report
     monkeypatch.setattr(platform, "python_version", lambda: "3.12.9")
     monkeypatch.setattr(platform, "platform", lambda: "Linux-6.8-x86_64-with-glibc2.39")
+    monkeypatch.setattr(platform, "node", lambda: "gpu-node-17")
+    monkeypatch.setattr(sys, "version", "3.12.9 (main, Feb  4 2026, 14:00:00) [GCC 13.2.0]")
+    monkeypatch.setattr(socket, "gethostname", lambda: "gpu-node-17")
+    monkeypatch.setattr(os, "cpu_count", lambda: 96)
     monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     monkeypatch.setattr(provenance, "cpu_name", lambda cpuinfo=None: "AMD EPYC 9654, family 25")
     assert provenance.machine()["torch"] == "2.11.0+cu130"  # the environment the page would read
     other = render(tmp_path, {"hybrid": True, "hybrid_swap": True, "attribution": True, "facts_choice": True})

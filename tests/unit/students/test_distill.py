@@ -423,3 +423,26 @@ def test_teacher_states_past_float16_are_kept_in_float32_and_align(tiny_llama):
     assert hidden.dtype == torch.float32 and hidden.abs().max() > torch.finfo(torch.float16).max
     _, curve = align_layers(model, hidden, 4, {"steps": 2, "batch": 2, "lr": 1e-3}, 0, progress=False)
     assert curve["loss"].is_finite().all()
+
+
+def test_the_distillation_stages_count_their_layer_tokens(tiny_llama):
+    """The run record's work counts (gna.core.work) of the three distillation stages: the
+    teacher's forward over every window, each alignment step's batch through every layer, each KD
+    step's batch through the student's decoder."""
+    from gna.core import work
+
+    model, _ = tiny_llama
+    n, length, layers = 4, 12, model.config.num_hidden_layers
+    ids = torch.randint(0, model.config.vocab_size, (n, length), generator=torch.Generator().manual_seed(3))
+    work.reset()
+    acts = teacher_activations(model, ids, top_k=4, batch=3, progress=False)
+    assert work.layer_tokens() == n * length * layers
+    work.reset()
+    align_layers(model, acts["hidden"], 4, {"steps": 3, "batch": 2, "lr": 1e-3}, 0, False)
+    assert work.layer_tokens() == 3 * 2 * length * layers
+    work.reset()
+    student = make_hybrid(copy.deepcopy(model), [(1, 0)], 4)
+    targets = {"ids": ids, "top_logp": acts["top_logp"], "top_idx": acts["top_idx"], "weights": None}
+    distill_logits(student, targets, {"steps": 5, "batch": 2, "lr": 1e-3}, seed=0, progress=False)
+    assert work.layer_tokens() == 5 * 2 * length * layers
+    work.reset()

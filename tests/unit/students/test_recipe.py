@@ -11,17 +11,20 @@ from gna.core.settings import Evaluation
 from gna.core.tensor_files import read_tensors
 from gna.engine.device import device_of
 from gna.models.prepare import load_model
-from gna.students.distill import answer_weights, distill_logits, load_aligned, snapshot
+from gna.students.distill import align_layers, answer_weights, distill_logits, load_aligned, snapshot
 from gna.students.mixer import mixers
 from gna.students.recipe import ablated_student
 from gna.students.spec import make_hybrid
 from unit.students.rules import KD, ablation
 
 
-def _kd_from(teacher, kept, aligned, ids, top_logp, top_idx, weights, kd, seed) -> dict:
+def _kd_from(teacher, kept, aligned, ids, top_logp, top_idx, weights, kd, seed, first_token=True) -> dict:
     """The SSM parameters of a student made by make_hybrid, its SSM heads loaded from `aligned`
-    (None: left as initialised), after distill_logits on exactly these windows and weights."""
+    (None: left as initialised), after distill_logits on exactly these windows and weights
+    (without the first-token share where not `first_token`)."""
     student = make_hybrid(copy.deepcopy(teacher), kept, 4)
+    for m in mixers(student):
+        m.first_token_share = first_token
     if aligned is not None:
         load_aligned(student, aligned)
     distill_logits(
@@ -64,9 +67,12 @@ def test_each_ablation_removes_its_ingredient(phase, ablation):
         assert not _same(init, state) and not _same(from_aligned, state)
     ids, top_logp, top_idx, answers = data["train_ids"], data["top_logp"], data["top_idx"], data["train_answers"]
     weighted = answer_weights(answers, kd["answer_weight"])
-    if ablation in ("no_align", "no_answer_weight", "small_corpus"):
+    if ablation in ("no_align", "no_answer_weight", "small_corpus", "no_first_token"):
         recipe = _kd_from(teacher, kept, aligned, ids, top_logp, top_idx, weighted, kd, seed)
-        if ablation == "no_align":  # KD starts from the initialised SSM heads, not the aligned ones
+        if ablation == "no_first_token":  # aligned again without the share, then KD without it
+            again, _ = align_layers(copy.deepcopy(teacher), data["hidden"], 4, args["align"], seed, first_token=False)
+            expected = _kd_from(teacher, kept, again, ids, top_logp, top_idx, weighted, kd, seed, first_token=False)
+        elif ablation == "no_align":  # KD starts from the initialised SSM heads, not the aligned ones
             expected = _kd_from(teacher, kept, None, ids, top_logp, top_idx, weighted, kd, seed)
         elif ablation == "no_answer_weight":  # every position weighs the same: the plain loss
             assert answers.any() and weighted.max() == kd["answer_weight"] > 1
