@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CORES  ?= all
 
-.PHONY: venv gpu gpu-wheels reproduce test test-fast lint smoke-golden smoke-plan gpu-check dryrun pull push report lock peers
+.PHONY: venv gpu gpu-wheels reproduce check headline test test-fast lint smoke-golden smoke-plan gpu-check dryrun pull push report lock peers
 
 # torch first, pinned to the CPU wheel (any looser spec can pull a multi-GB CUDA build), then
 # the project under a full constraint file so the resolver cannot replace it.
@@ -38,6 +38,17 @@ gpu: venv
 reproduce: venv
 	$(BIN)/python -m gna.core.guard
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
+	-$(MAKE) --no-print-directory check
+
+## Did the run reproduce main's? The headline numbers and verdicts of data/ against docs/headline.json
+## (a default run's, reviewed): per entry equal / within its interval / differs, per verdict the
+## same or changed, then one line. Numbers move between CPU kinds in bf16 rounding; verdicts should not.
+## `make headline` records this run's as the new reference (after review).
+check: venv
+	$(BIN)/python -m gna.report.headline check docs/headline.json data
+
+headline: venv
+	$(BIN)/python -m gna.report.headline write data docs/headline.json
 
 ## The test suite (unit tests on tiny models, the workflow on config/smoke.yaml, one test on
 ## the real default model). `make test-fast` skips tests marked slow.

@@ -1,0 +1,179 @@
+"""Did this run reproduce the study as main records it? The headline numbers and verdicts of a
+finished run, compared with a reviewed summary (docs/headline.json, written from a default run).
+
+Results differ between CPU kinds in bf16 rounding (same conclusions, other bytes), so `git diff
+dvc.lock` cannot tell a user whether their run reproduced main's. This compares what a reader
+reads: each accuracy (equal, within the recorded 95% interval, or differs) and each verdict of
+the paired tests (the same verb, or changed), and ends with one line.
+
+    python -m gna.report.headline write data docs/headline.json   # record a run's headline
+    python -m gna.report.headline check docs/headline.json data   # compare a run with it
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import polars as pl
+
+from gna.core.paired import DEFAULT_MARGIN, decide
+from gna.core.stats import wilson_interval
+from gna.students.spec import TEACHER_VARIANT, VARIANT_PATTERN
+
+KNOWLEDGE_K = 5  # the top-k removal the knowledge view reads (the largest k of the table up to it)
+VERDICT_TASKS = ("kv_retrieval", "facts_cloze", "facts_choice")
+
+
+def _read(path: Path) -> pl.DataFrame:
+    return pl.read_parquet(path) if path.is_file() else pl.DataFrame()
+
+
+def _accuracy(name: str, value: float, n: int) -> dict:
+    low, high = wilson_interval(value * n, n)
+    return {"name": name, "kind": "accuracy", "value": value, "n": n, "ci": [low, high]}
+
+
+def _verdicts(frame: pl.DataFrame, prefix: str, margin: float, tasks=VERDICT_TASKS) -> list[dict]:
+    """A verdict entry per comparisons-table row on all items of `tasks` (None: every task)."""
+    out = []
+    rows = frame.filter(pl.col("group") == "all") if not frame.is_empty() else frame
+    for row in rows.iter_rows(named=True):
+        if tasks is not None and row["task"] not in tasks:
+            continue
+        out.append(
+            {
+                "name": f"{prefix}: {row['condition']} vs {row['reference']}, {row['task']}",
+                "kind": "verdict",
+                "value": decide(row, margin).verb,
+                "n": row["n"],
+            }
+        )
+    return out
+
+
+def headline(data_dir: str | Path, margin: float = DEFAULT_MARGIN) -> list[dict]:
+    """The headline entries of the finished run in `data_dir` (its data/ folder): per teacher the
+    baseline accuracies, the top-ranked head, the minimal model's depth, the top-k removal's
+    accuracies and verdicts, the heads-kept and masking verdicts, and the students' KV accuracies
+    and verdicts. Entries of results the run does not have are left out."""
+    data = Path(data_dir)
+    baseline = _read(data / "results" / "baseline.parquet")
+    if baseline.is_empty():
+        raise FileNotFoundError(f"{data / 'results' / 'baseline.parquet'}: no finished run there")
+    out = []
+    acc = baseline.filter((pl.col("metric") == "acc") & (pl.col("group") == "all"))
+    if "engine" in acc.columns:
+        acc = acc.filter(pl.col("engine") == "gna")
+    for row in acc.sort(["model", "task"]).iter_rows(named=True):
+        out.append(_accuracy(f"{row['model']} baseline {row['task']}", row["value"], row["n"]))
+    for model in sorted(acc["model"].unique()):
+        heads, prune = data / "results" / "heads" / model, data / "results" / "prune" / model
+        ranking = _read(heads / "ranking.parquet")
+        if not ranking.is_empty():
+            top = ranking.sort("rank").row(0, named=True)
+            out.append({"name": f"{model} top-ranked head", "kind": "label", "value": f"L{top['layer']}H{top['head']}"})
+        minimal = prune / "minimal_model.json"
+        if minimal.is_file():
+            layers = len(json.loads(minimal.read_text())["kept_layers"])
+            out.append({"name": f"{model} minimal model layers", "kind": "label", "value": str(layers)})
+        topk = _read(heads / "topk.comparisons.parquet")
+        if not topk.is_empty():
+            removal = topk.filter(pl.col("family") == "top k vs unmodified")
+            ks = sorted(int(c.split()[1]) for c in removal["condition"].unique() if int(c.split()[1]) <= KNOWLEDGE_K)
+            if ks:
+                chosen = removal.filter(pl.col("condition") == f"top {ks[-1]}")
+                for row in chosen.filter(pl.col("group") == "all").sort("task").iter_rows(named=True):
+                    out.append(_accuracy(f"{model} top {ks[-1]} removed {row['task']}", row["acc_condition"], row["n"]))
+                out += _verdicts(chosen, model, margin)
+                out += _verdicts(
+                    topk.filter((pl.col("family") == "top k vs random k") & (pl.col("condition") == f"top {ks[-1]}")),
+                    model,
+                    margin,
+                )
+        out += _verdicts(_read(heads / "kept.comparisons.parquet"), f"{model} heads kept", margin, ("kv_retrieval",))
+        gna = data / "results" / "gna" / model / "masking.comparisons.parquet"
+        out += _verdicts(_read(gna), f"{model} G&A masking", margin, None)
+        hybrid = data / "results" / "hybrid" / model
+        for path in sorted(hybrid.glob("*.parquet")):
+            if path.stem != TEACHER_VARIANT and not re.fullmatch(VARIANT_PATTERN, path.stem):
+                continue  # the budget curve, ablations, memory, comparisons: not a student's scores
+            kv = (
+                _read(path)
+                .filter((pl.col("task") == "kv_retrieval") & (pl.col("group") == "all") & (pl.col("metric") == "acc"))
+                .filter(pl.col("value").is_not_null())
+            )
+            if len(kv):
+                row = kv.row(0, named=True)
+                out.append(_accuracy(f"{model} student {path.stem} kv_retrieval", row["value"], row["n"]))
+        students = _read(hybrid / "comparisons.parquet")
+        if not students.is_empty():
+            out += _verdicts(
+                students.filter(pl.col("family") != "more heads kept vs fewer"), f"{model} students", margin
+            )
+    return out
+
+
+def compare(reference: list[dict], run: list[dict]) -> tuple[list[str], bool]:
+    """One line per reference entry: 'equal', 'within its interval' (an accuracy inside the
+    recorded 95% interval), 'differs' / 'verdict changed' with both values, or 'missing'; and
+    whether the run reproduced (no number differs, no verdict changed, nothing missing)."""
+    got = {entry["name"]: entry for entry in run}
+    lines, ok = [], True
+    for ref in reference:
+        new = got.get(ref["name"])
+        if new is None:
+            lines.append(f"missing    {ref['name']}")
+            ok = False
+            continue
+        if ref["kind"] == "accuracy":
+            a, b = ref["value"], new["value"]
+            text = f"{100 * a:.1f}% [{100 * ref['ci'][0]:.0f}–{100 * ref['ci'][1]:.0f}] n={ref['n']} → {100 * b:.1f}%"
+            if a == b:
+                lines.append(f"equal      {ref['name']}: {text}")
+            elif ref["ci"][0] <= b <= ref["ci"][1]:
+                lines.append(f"within     {ref['name']}: {text} (within its interval)")
+            else:
+                lines.append(f"DIFFERS    {ref['name']}: {text}")
+                ok = False
+        elif ref["value"] == new["value"]:
+            lines.append(f"equal      {ref['name']}: {ref['value']}")
+        else:
+            what = "VERDICT CHANGED" if ref["kind"] == "verdict" else "DIFFERS   "
+            lines.append(f"{what} {ref['name']}: {ref['value']} → {new['value']}")
+            ok = False
+    verdicts = [r for r in reference if r["kind"] == "verdict"]
+    changed = sum(1 for line in lines if line.startswith("VERDICT CHANGED"))
+    differs = sum(1 for line in lines if line.startswith(("DIFFERS", "missing")))
+    lines.append(
+        f"reproduced: {len(reference)} headline entries, every number equal or within its interval and "
+        f"all {len(verdicts)} verdicts the same"
+        if ok
+        else f"NOT reproduced: {differs} of {len(reference) - len(verdicts)} numbers differ or are missing, "
+        f"{changed} of {len(verdicts)} verdicts changed"
+    )
+    return lines, ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3 or args[0] not in ("write", "check"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    if args[0] == "write":
+        data, out = args[1], Path(args[2])
+        entries = headline(data)
+        # one entry a line: a reviewer reads a change to it in a diff
+        out.write_text("[\n" + ",\n".join(json.dumps(e, ensure_ascii=False) for e in entries) + "\n]\n")
+        print(f"wrote {len(entries)} headline entries of {data} to {out}")
+        return 0
+    reference = json.loads(Path(args[1]).read_text())
+    lines, ok = compare(reference, headline(args[2]))
+    print("\n".join(lines))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
