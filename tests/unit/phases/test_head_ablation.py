@@ -120,13 +120,14 @@ def test_ranking_and_attribution(tiny_llama):
     assert spearman(joined["logp_drop"].to_list(), joined["logp_drop_est"].to_list()) > 0.8
 
 
-def _mamba2_without_head(model, tok, layer: int, head: int):
+def _mamba2_without_head(model, tok, layer: int, head: int, mixer=None):
     """Logits of a Mamba-2 model whose head `head` of layer `layer` sees zeros: its x channels
     (the first num_heads * head_dim of the depthwise conv's channels, head-major) get a zero conv
     kernel and bias, so x = silu(0) = 0 there and the scan's output for that head, D·x included,
     is exactly 0; the other heads (their x, dt, A, D) and the shared B, C are untouched. The
-    weights are put back afterwards."""
-    mixer = model.backbone.layers[layer].mixer
+    weights are put back afterwards. `mixer`: the layer's Mamba-2 mixer where the model is not a
+    plain Mamba-2 (Zamba2's)."""
+    mixer = model.backbone.layers[layer].mixer if mixer is None else mixer
     channels = slice(head * mixer.head_dim, (head + 1) * mixer.head_dim)
     assert mixer.conv1d.weight.shape[0] == mixer.num_heads * mixer.head_dim + 2 * mixer.n_groups * mixer.ssm_state_size
     saved = [t.detach().clone() for t in (mixer.conv1d.weight, mixer.conv1d.bias)]
@@ -217,6 +218,53 @@ def test_ssm_heads(family):
         assert torch.equal(base, _logits(model, tok))
     sweep = sweep_heads(model, tok, build_kv_retrieval([3], 2, 0, "lookup"), heads=[(0, 0), (1, 1)], progress=False)
     assert len(sweep) == 3
+
+
+def test_zamba2_heads_are_ablated_where_they_are():
+    """Zamba2, checked against weight surgery as Mamba-2 is: each SSM head of a Mamba layer and of
+    a hybrid layer equals zeroing its x channels in that layer's conv; the shared attention block
+    runs in two layers, so a head ablated in one layer is not ablated in the other, and ablated in
+    both it equals zeroing its columns of the shared o_proj."""
+    from gna.engine.hooks import all_heads
+    from gna.models.tiny import tiny_random_model
+
+    model, tok = tiny_random_model({"arch": "zamba2", "layers": 4, "hidden": 32, "heads": 4, "kv_heads": 2, "seed": 1})
+    layers = model.model.layers
+    base = _logits(model, tok)
+    for layer in (0, 1):  # a Mamba layer, then a hybrid layer (its Mamba decoder beside the shared block)
+        mixer = layers[layer].mamba if hasattr(layers[layer], "mamba") else layers[layer].mamba_decoder.mamba
+        for head in range(mixer.num_heads):
+            with ablate_heads(model, [(layer, head)]):
+                ablated = _logits(model, tok)
+            assert (ablated - base).abs().max() > 100 * 1e-5, (layer, head)
+            surgery = _mamba2_without_head(model, tok, layer, head, mixer=mixer)
+            torch.testing.assert_close(ablated, surgery, rtol=0, atol=1e-5)
+    shared = [site for site in head_sites(model) if site.kind == "attention"]
+    # two blocks, one weight: the o_proj of both layers holds the same tensor
+    assert [site.layer for site in shared] == [1, 3]
+    assert shared[0].module.weight.data_ptr() == shared[1].module.weight.data_ptr()
+    head = shared[0].offset  # the first attention head of the hybrid layers (after their SSM heads)
+    assert (1, head) in all_heads(model) and (3, head) in all_heads(model)
+    per_layer = []
+    for layer in (1, 3):
+        with ablate_heads(model, [(layer, head)]):
+            per_layer.append(_logits(model, tok))
+        # a random tiny attention head moves the logits less than an SSM head (7e-4 here): still
+        # far past the 1e-5 the surgery is compared at
+        assert (per_layer[-1] - base).abs().max() > 20 * 1e-5, layer
+    assert (per_layer[0] - per_layer[1]).abs().max() > 20 * 1e-5
+    with ablate_heads(model, [(1, head), (3, head)]):
+        both = _logits(model, tok)
+    o_proj, width = shared[0].module, shared[0].head_dim
+    saved = o_proj.weight.detach().clone()
+    try:
+        with torch.no_grad():
+            o_proj.weight[:, :width] = 0
+        torch.testing.assert_close(both, _logits(model, tok), rtol=0, atol=1e-5)
+    finally:
+        with torch.no_grad():
+            o_proj.weight.copy_(saved)
+    assert torch.equal(base, _logits(model, tok)) and active_hooks(model) == 0
 
 
 def test_attribution_comparison():
