@@ -8,12 +8,14 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import polars as pl
 
+from gna.core.paired import comparisons, decide
 from gna.models.prepare import read_provenance
 from gna.report.htmlkit import (
     SectionContext,
     acc_text,
     accuracy_axis,
     accuracy_pivot,
+    comparison_verdict,
     dict_size_axis,
     errorbar,
     interval_errors,
@@ -147,33 +149,55 @@ def kv_part(ours: pl.DataFrame, kv_task: pl.DataFrame, ctx: SectionContext) -> s
     )
 
 
-def format_finding(model: str, by_format: dict[str, dict]) -> str:
-    """One model's letter vs cloze accuracy with intervals, and the study's reading only when the
-    intervals say so (letter's interval holds chance, cloze's lies above letter's)."""
-    letter, cloze = by_format["letter"], by_format["cloze"]
-    if letter["ci_low"] <= 0.25 <= letter["ci_high"] and cloze["ci_low"] > letter["ci_high"]:
+def format_finding(model: str, by_format: dict[str, dict], paired: dict | None, margin: float) -> str:
+    """One model's letter vs cloze accuracy with intervals, and the study's reading only where
+    the tests say so: letter's interval holds chance, and cloze beats letter on the same
+    questions by the paired test (`paired`: the comparisons row, letter the reference; None
+    where the per-item answers are not at hand)."""
+    letter = by_format["letter"]
+    at_chance = letter["ci_low"] <= 0.25 <= letter["ci_high"]
+    verb = decide(paired, margin).verb if paired else None
+    if at_chance and verb == "rises":
         reading = (
-            "Letter accuracy is at chance while cloze is above it (the intervals are apart): the model "
+            "Letter accuracy is at chance while cloze beats it on the same questions (paired test): the model "
             "has some of the knowledge but cannot retrieve the option letter in context."
         )
     else:
-        reading = "The intervals do not separate the two formats in the study's way at this n."
+        reading = "The tests do not separate the two formats in the study's way at this n."
+    compared = f" Cloze against letter, item by item: {comparison_verdict(paired, margin)}." if paired else ""
     cell = {k: acc_text(v["value"], v["ci_low"], v["ci_high"]) for k, v in by_format.items()}
     return (
         f"<li><b>{html.escape(model)}</b>: letter format {cell['letter']} vs cloze {cell['cloze']} on the "
-        f"same {letter['n']} questions (chance 25%). {reading}</li>"
+        f"same {letter['n']} questions (chance 25%).{compared} {reading}</li>"
     )
+
+
+def letter_vs_cloze(items: pl.DataFrame) -> dict[str, dict]:
+    """{model: the comparisons row of cloze against letter on the same MMLU questions} from the
+    baseline's per-item answers (both formats' items files, with a model column)."""
+    out = {}
+    for (model,), part in items.partition_by("model", as_dict=True).items():
+        # one task name for both formats: the questions (item ids) are the same
+        per_item = {
+            task.removeprefix("mmlu_"): rows.with_columns(pl.lit("mmlu").alias("task"))
+            for (task,), rows in part.partition_by("task", as_dict=True).items()
+        }
+        table = comparisons(per_item, [("formats", "letter", "cloze")])
+        if len(table):
+            out[model] = table.row(0, named=True)
+    return out
 
 
 def mmlu_part(mm: pl.DataFrame, ctx: SectionContext) -> str:
     """MMLU letter vs cloze per model."""
     if mm.is_empty():
         return ""
+    paired = letter_vs_cloze(ctx.frame("baseline_mmlu_items"))
     findings = []
     for model in mm["model"].unique().sort():
         by_format = {r["format"]: r for r in mm.filter(pl.col("model") == model).iter_rows(named=True)}
         if {"letter", "cloze"} <= by_format.keys():
-            findings.append(format_finding(model, by_format))
+            findings.append(format_finding(model, by_format, paired.get(model), ctx.margin))
     return "<h3>MMLU: letter vs cloze</h3><ul>" + "".join(findings) + "</ul>" + ctx.figure("baseline_mmlu")
 
 

@@ -13,7 +13,7 @@ import html
 import matplotlib.pyplot as plt
 import polars as pl
 
-from gna.core.paired import decide
+from gna.core.paired import decide, detectable_difference
 from gna.report.htmlkit import (
     SectionContext,
     acc_text,
@@ -202,6 +202,54 @@ def findings(model: str, ctx: SectionContext) -> list[str]:
     return out
 
 
+# the comparisons tables the report reads, and their names in the power table
+COMPARED = {
+    "heads_topk_comparisons": "remove top-k / random-k",
+    "heads_kept_comparisons": "heads kept",
+    "gna_masking_comparisons": "G&A masking",
+    "prune_gradual_comparisons": "gradual pruning",
+    "hybrid_comparisons": "students",
+}
+FALL = 0.10  # the fall each table should be able to show
+
+
+def power_part(ctx: SectionContext) -> str:
+    """Per comparisons table: its rows, their n, and the smallest paired difference a row detects
+    at 80% power at its own share of changing items (median over the rows, and the share of rows
+    that could show a 10-point fall), so a reader knows which "not decided" is a question of n."""
+    rows = []
+    for key, name in COMPARED.items():
+        frame = ctx.frame(key)
+        if frame.is_empty():
+            continue
+        detectable = [
+            detectable_difference(r["n"], r["reference_only"] + r["condition_only"])
+            for r in frame.iter_rows(named=True)
+        ]
+        rows.append(
+            {
+                "comparisons": name,
+                "rows": len(frame),
+                "n": f"{frame['n'].min()}–{frame['n'].max()}"
+                if frame["n"].min() != frame["n"].max()
+                else str(frame["n"][0]),
+                "detectable at 80% power (median)": f"±{100 * sorted(detectable)[len(detectable) // 2]:.0f} points",
+                f"rows that can show a {100 * FALL:.0f}-point fall": pct(
+                    sum(d <= FALL for d in detectable) / len(detectable)
+                ),
+            }
+        )
+    if not rows:
+        return ""
+    return (
+        "<h3>What the comparisons can detect</h3>"
+        "<p>For each table of paired comparisons, the smallest difference its rows detect with 80% power (McNemar, "
+        "5% two-sided) given their n and the share of items that changed between the two conditions. Where a "
+        f"{100 * FALL:.0f}-point fall is beyond a row's reach, its <i>not decided</i> is a question of n, not of the "
+        "model.</p>" + table(pl.DataFrame(rows), left=("comparisons",))
+    )
+
+
 def plot_view(per_model: dict[str, list[tuple[str, pl.DataFrame]]], path) -> None:
     """Accuracy (95% interval) per condition, one line per column of the view, per model."""
     models = list(per_model) or ["–"]
@@ -310,4 +358,5 @@ def render_knowledge(ctx: SectionContext) -> str:
             parts.append("<ul>" + "".join(f"<li>{s}</li>" for s in sentences) + "</ul>" + comparisons_note(ctx.margin))
     plot_view(per_model, ctx.figures["knowledge_view"])
     parts.append(ctx.figure("knowledge_view"))
+    parts.append(power_part(ctx))
     return "\n".join(parts)

@@ -24,7 +24,8 @@ HTML = "data/report/index.html"
 class Input:
     """A result the report reads: `pattern` is expanded over the wildcard lists it names
     ({model}, {hybrid_model}, {gna_model}, {scored_variant}, {student_variant}, {answer_row_variant},
-    {state_size}); `switch`, when set, names the config switch without which it is not made."""
+    {state_size}, {paired_mmlu_format}: letter and cloze where the config scores both, else
+    none); `switch`, when set, names the config switch without which it is not made."""
 
     key: str
     pattern: str
@@ -88,7 +89,12 @@ SECTIONS: tuple[Section, ...] = (
     Section("models", (Input("models", "data/models/{model}"),), (), "gna.report.baseline_section:render_models"),
     Section(
         "baseline",
-        (Input("baseline", "data/results/baseline.parquet"), Input("kv_task", "data/tasks/kv_retrieval.parquet")),
+        (
+            Input("baseline", "data/results/baseline.parquet"),
+            Input("kv_task", "data/tasks/kv_retrieval.parquet"),
+            # the same MMLU questions in both formats, per item: letter and cloze compared as a pair
+            Input("baseline_mmlu_items", "data/results/baseline/{model}/mmlu_{paired_mmlu_format}.items.parquet"),
+        ),
         _figures("Baseline", "baseline_kv", "baseline_mmlu"),
         "gna.report.baseline_section:render_baseline",
     ),
@@ -157,7 +163,7 @@ FIGURES: tuple[Figure, ...] = tuple(figure for section in SECTIONS for figure in
 def report_inputs(values: dict[str, list], switches: dict[str, bool]) -> dict[str, str | list[str]]:
     """Every section's inputs, {key: path or paths}: `values` gives each wildcard's list (model,
     hybrid_model, gna_model, scored_variant, student_variant, answer_row_variant, budget_variant, ablation,
-    state_size), `switches` the
+    state_size, paired_mmlu_format), `switches` the
     config switches (hybrid, hybrid_swap, attribution, facts_choice)."""
     return {put.key: put.paths(values, switches) for section in SECTIONS for put in section.inputs}
 

@@ -12,4 +12,5 @@ SMOKE_VALUES = {
     "budget_variant": ["k0-n8", "k2-n8"],
     "ablation": ["no_first_token", "small_corpus"],
     "state_size": [4, 8],
+    "paired_mmlu_format": ["letter", "cloze"],
 }

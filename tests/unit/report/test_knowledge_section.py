@@ -1,6 +1,8 @@
 """The knowledge-vs-retrieval view: its sentences follow the paired tests of the comparisons
 tables, its table the results."""
 
+import re
+
 import polars as pl
 
 from gna.core.paired import comparisons
@@ -185,3 +187,19 @@ def test_a_config_without_facts_still_writes_the_figure(tmp_path):
     )
     assert render_knowledge(ctx) == ""
     assert figure.read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_power_table_says_what_each_comparisons_table_can_detect(tmp_path):
+    from gna.report.knowledge_section import power_part
+
+    ctx = context(
+        tmp_path,
+        topk={TOP5: {"facts_choice": (21, 0, 60, 159), "kv_retrieval": (3, 2, 5, 0)}},
+        students={("students vs teacher", "teacher", "k0-n16"): {"kv_retrieval": (150, 2, 40, 8)}},
+    )
+    cells = [re.findall(r"<td[^>]*>([^<]*)</td>", row) for row in power_part(ctx).split("<tr>")[2:]]
+    # of the two top-k rows only the 240-item one can show a 10-point fall; the students' row
+    # has 152 of 200 items changing, so even 200 items detect only about 17 points
+    assert cells[0][:3] == ["remove top-k / random-k", "2", "10–240"] and cells[0][4] == "50.0%"
+    assert cells[1] == ["students", "1", "200", "±17 points", "0.0%"]
+    assert power_part(SectionContext({}, {}, {}, {}, {})) == ""  # no comparisons: no table
