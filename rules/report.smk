@@ -16,6 +16,7 @@ def get_report_inputs():
         "budget_variant": HYBRID["budget_curve"]["variants"],
         "ablation": HYBRID["ablation"]["remove"],
         "state_size": sorted({HYBRID["state_size"], *HYBRID["state_sizes"]}),
+        "facts_format": config["tasks"]["facts"]["formats"],
         "paired_mmlu_format": ["letter", "cloze"] if {"letter", "cloze"} <= set(config["tasks"]["mmlu"]["formats"]) else [],
     }
     return report_inputs(values, {"hybrid": hybrid, "hybrid_swap": hybrid and HYBRID["swap"],

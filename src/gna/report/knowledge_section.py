@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt
 import polars as pl
 
 from gna.core.paired import decide, detectable_difference
+from gna.core.stats import wilson_interval
 from gna.report.htmlkit import (
     SectionContext,
     acc_text,
@@ -26,6 +27,7 @@ from gna.report.htmlkit import (
     table,
 )
 from gna.students.spec import TEACHER_VARIANT, variant_name
+from gna.tasks.facts import LETTERS, solved_answers
 
 # (task, group) of each column of the view, and its name
 COLUMNS = {
@@ -202,6 +204,75 @@ def findings(model: str, ctx: SectionContext) -> list[str]:
     return out
 
 
+ONE_POSITION = 0.5  # a model putting more than this share of its answers on one option is flagged
+
+
+def answer_rows(tasks: pl.DataFrame, items: pl.DataFrame) -> pl.DataFrame:
+    """Per model, task and relation (and 'all'): n, accuracy, and for the multiple-choice form the
+    share of answers on each option position, the largest share, and the share that repeats the
+    first solved example's answer; from the baseline's per-item answers joined with the task
+    tables (relation, choices, context) on task and item."""
+    joined = items.select("model", "task", "item_id", "pred", "correct").join(
+        tasks.select("task", "item_id", "relation", "choices", "context", "format"), on=["task", "item_id"]
+    )
+    repeats = []
+    for row in joined.iter_rows(named=True):
+        solved = solved_answers(row["context"]) if row["task"] == "facts_choice" else []
+        answer = LETTERS[row["pred"]] if row["format"].endswith("(letter)") else row["choices"][row["pred"]].strip()
+        repeats.append(bool(solved) and answer == solved[0])
+    joined = joined.with_columns(pl.Series("repeats_example", repeats))
+    out = []
+    for relation in [None, *sorted(joined["relation"].unique())]:
+        part = joined if relation is None else joined.filter(pl.col("relation") == relation)
+        for (model, task), rows in part.group_by(["model", "task"], maintain_order=True):
+            n, correct = len(rows), int(rows["correct"].sum())
+            low, high = wilson_interval(correct, n)
+            entry = {"model": model, "task": task, "relation": relation or "all", "n": n}
+            entry |= {"value": correct / n, "ci_low": low, "ci_high": high}
+            if task == "facts_choice":
+                shares = [float((rows["pred"] == i).mean()) for i in range(len(LETTERS))]
+                entry |= {f"answer {letter}": share for letter, share in zip(LETTERS, shares)}
+                entry |= {"largest share": max(shares), "repeats the example": float(rows["repeats_example"].mean())}
+            out.append(entry)
+    return pl.DataFrame(out).sort(["model", "task", "relation"])
+
+
+def answers_part(ctx: SectionContext) -> str:
+    """Per model: each relation's cloze and multiple-choice accuracy, where the multiple-choice
+    answers go (option positions, the first solved example's answer), flagged where one position
+    takes more than half of them."""
+    tasks, items = ctx.frame("facts_tasks"), ctx.frame("facts_items")
+    if tasks.is_empty() or items.is_empty():
+        return ""
+    rows = answer_rows(tasks, items)
+    shown = rows.with_columns(
+        pl.struct("value", "ci_low", "ci_high")
+        .map_elements(lambda r: acc_text(r["value"], r["ci_low"], r["ci_high"]), return_dtype=pl.String)
+        .alias("accuracy")
+    )
+    choice_cols = [c for c in rows.columns if c.startswith("answer ")] + ["repeats the example"]
+    keep = ["model", "task", "relation", "n", "accuracy"] + [c for c in choice_cols if c in rows.columns]
+    flagged = rows.filter(pl.col("largest share") > ONE_POSITION) if "largest share" in rows.columns else rows.clear()
+    flags = "".join(
+        f"<li><b>{html.escape(r['model'])}, {html.escape(r['relation'])}</b>: one option position takes "
+        f"{pct(r['largest share'])} of the multiple-choice answers: the score there measures a position "
+        "preference more than the facts</li>"
+        for r in flagged.iter_rows(named=True)
+    )
+    return (
+        "<h3>Where the answers go, relation by relation</h3>"
+        "<p>The unmodified model's answers per relation (cloze and multiple choice), the share of multiple-choice "
+        "answers on each option position (chance puts 25% on each), and the share that repeats the first solved "
+        "example's answer. A position taking more than half of the answers is flagged.</p>"
+        + table(shown.select(keep), left=("model", "task", "relation"), fmt={c: pct for c in choice_cols})
+        + (
+            f"<ul>{flags}</ul>"
+            if flags
+            else "<p>No relation has one option position taking more than half of the answers.</p>"
+        )
+    )
+
+
 # the comparisons tables the report reads, and their names in the power table
 COMPARED = {
     "heads_topk_comparisons": "remove top-k / random-k",
@@ -358,5 +429,6 @@ def render_knowledge(ctx: SectionContext) -> str:
             parts.append("<ul>" + "".join(f"<li>{s}</li>" for s in sentences) + "</ul>" + comparisons_note(ctx.margin))
     plot_view(per_model, ctx.figures["knowledge_view"])
     parts.append(ctx.figure("knowledge_view"))
+    parts.append(answers_part(ctx))
     parts.append(power_part(ctx))
     return "\n".join(parts)

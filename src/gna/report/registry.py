@@ -25,7 +25,8 @@ class Input:
     """A result the report reads: `pattern` is expanded over the wildcard lists it names
     ({model}, {hybrid_model}, {gna_model}, {scored_variant}, {student_variant}, {answer_row_variant},
     {state_size}, {paired_mmlu_format}: letter and cloze where the config scores both, else
-    none); `switch`, when set, names the config switch without which it is not made."""
+    none; {facts_format}: tasks.facts.formats); `switch`, when set, names the config switch
+    without which it is not made."""
 
     key: str
     pattern: str
@@ -151,7 +152,12 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section(
         "knowledge",
-        (Input("facts_formats", "data/results/facts/{model}/formats.parquet", "facts_choice"),),
+        (
+            Input("facts_formats", "data/results/facts/{model}/formats.parquet", "facts_choice"),
+            # per item and relation: where the answers go (the task tables carry the relation)
+            Input("facts_tasks", "data/tasks/facts_{facts_format}.parquet"),
+            Input("facts_items", "data/results/baseline/{model}/facts_{facts_format}.items.parquet"),
+        ),
         _figures("Knowledge vs retrieval", "knowledge_view"),
         "gna.report.knowledge_section:render_knowledge",
     ),
@@ -163,7 +169,7 @@ FIGURES: tuple[Figure, ...] = tuple(figure for section in SECTIONS for figure in
 def report_inputs(values: dict[str, list], switches: dict[str, bool]) -> dict[str, str | list[str]]:
     """Every section's inputs, {key: path or paths}: `values` gives each wildcard's list (model,
     hybrid_model, gna_model, scored_variant, student_variant, answer_row_variant, budget_variant, ablation,
-    state_size, paired_mmlu_format), `switches` the
+    state_size, paired_mmlu_format, facts_format), `switches` the
     config switches (hybrid, hybrid_swap, attribution, facts_choice)."""
     return {put.key: put.paths(values, switches) for section in SECTIONS for put in section.inputs}
 

@@ -13,4 +13,5 @@ SMOKE_VALUES = {
     "ablation": ["no_first_token", "small_corpus"],
     "state_size": [4, 8],
     "paired_mmlu_format": ["letter", "cloze"],
+    "facts_format": ["cloze", "choice"],
 }

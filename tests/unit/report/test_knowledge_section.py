@@ -203,3 +203,36 @@ def test_the_power_table_says_what_each_comparisons_table_can_detect(tmp_path):
     assert cells[0][:3] == ["remove top-k / random-k", "2", "10–240"] and cells[0][4] == "50.0%"
     assert cells[1] == ["students", "1", "200", "±17 points", "0.0%"]
     assert power_part(SectionContext({}, {}, {}, {}, {})) == ""  # no comparisons: no table
+
+
+def test_answers_are_counted_by_position_and_by_the_solved_examples_answer():
+    from gna.report.knowledge_section import ONE_POSITION, answer_rows
+
+    def choice_context(solved: str) -> str:
+        return (
+            f"Question: Q?\nA. a\nB. b\nC. c\nD. d\nAnswer: {solved}\n\nQuestion: R?\nA. x\nB. y\nC. z\nD. w\nAnswer:"
+        )
+
+    tasks = pl.DataFrame(
+        {
+            "task": ["facts_choice"] * 4,
+            "item_id": [0, 1, 2, 3],
+            "relation": ["capital", "capital", "symbol", "symbol"],
+            "choices": [[" x", " y", " z", " w"]] * 4,
+            "context": [choice_context("x"), choice_context("y"), choice_context("y"), choice_context("y")],
+            "format": ["choice (text)"] * 4,
+        }
+    )
+    items = pl.DataFrame(
+        {
+            "model": "m",
+            "task": "facts_choice",
+            "item_id": [0, 1, 2, 3],
+            "pred": [0, 0, 0, 1],
+            "correct": [True, False, False, True],
+        }
+    )
+    rows = {r["relation"]: r for r in answer_rows(tasks, items).iter_rows(named=True)}
+    assert rows["all"]["answer A"] == 0.75 and rows["all"]["largest share"] == 0.75 > ONE_POSITION
+    assert rows["capital"]["repeats the example"] == 0.5  # item 0 answered x, its example's answer
+    assert rows["symbol"]["repeats the example"] == 0.5 and rows["symbol"]["value"] == 0.5

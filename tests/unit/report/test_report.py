@@ -16,6 +16,7 @@ from gna.core.config import load_schema, validate_config
 from gna.report.htmlkit import read_caption
 from gna.report.page import build_report
 from gna.report.registry import FIGURES, report_figures, report_inputs
+from gna.tasks.facts import read_local_facts, write_facts_task
 
 GOLDEN = REPO / "tests" / "data" / "smoke_results"
 SECTION_TITLES = [
@@ -49,6 +50,13 @@ def smoke_data(root: Path) -> Path:
             "template": ["lookup"] * 2,
         }
     ).write_parquet(data / "tasks/kv_retrieval.parquet")
+    # the facts task tables, built as the smoke run builds them (the golden answers refer to their items)
+    facts_cfg = validate_config(
+        yaml.safe_load((REPO / "config/smoke.yaml").read_text()), load_schema(REPO / "config/schema.yaml")
+    )["tasks"]["facts"]
+    read_local_facts(REPO / facts_cfg["data"]["path"]).write_parquet(root / "facts.parquet")
+    for fmt in facts_cfg["formats"]:
+        write_facts_task(root / "facts.parquet", facts_cfg, fmt, data / f"tasks/facts_{fmt}.parquet")
     model = data / "models/tiny-llama"
     model.mkdir(parents=True)
     (model / "gna_source.json").write_text(
