@@ -27,7 +27,7 @@ from gna.report.htmlkit import (
     table,
 )
 from gna.students.spec import TEACHER_VARIANT, variant_name
-from gna.tasks.facts import LETTERS, solved_answers
+from gna.tasks.facts import LETTERS
 
 # (task, group) of each column of the view, and its name
 COLUMNS = {
@@ -205,6 +205,14 @@ def findings(model: str, ctx: SectionContext) -> list[str]:
 
 
 ONE_POSITION = 0.5  # a model putting more than this share of its answers on one option is flagged
+
+
+def solved_answers(context: str) -> list[str]:
+    """The answers of the solved examples in a multiple-choice facts context (as
+    gna.tasks.facts.build_facts writes its choice form: each example's block ends "Answer: <its
+    answer>" and a blank line; the question's own "Answer:" ends the context), in order; [] at 0
+    shots. Read back here, from the task table, so the report needs no column the task lacks."""
+    return [block.rsplit("\nAnswer: ", 1)[1] for block in context.split("\n\n")[:-1] if "\nAnswer: " in block]
 
 
 def answer_rows(tasks: pl.DataFrame, items: pl.DataFrame) -> pl.DataFrame:

@@ -186,13 +186,6 @@ def _choice_block(relation: str, subject: str, options: list[str]) -> str:
     return f"Question: {RELATIONS[relation].question.format(subject=subject)}\n{lines}\nAnswer:"
 
 
-def solved_answers(context: str) -> list[str]:
-    """The answers of the solved examples in a multiple-choice facts context (build_facts' choice
-    form: each example's block ends "Answer: <its answer>" and a blank line; the question's own
-    "Answer:" ends the context), in order; [] at 0 shots."""
-    return [block.rsplit("\nAnswer: ", 1)[1] for block in context.split("\n\n")[:-1] if "\nAnswer: " in block]
-
-
 def build_facts(
     facts: pl.DataFrame, relations: list[str], n: int, seed: int, fmt: str, answer: str = "text", shots: int = 0
 ) -> pl.DataFrame:

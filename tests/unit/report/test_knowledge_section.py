@@ -236,3 +236,17 @@ def test_answers_are_counted_by_position_and_by_the_solved_examples_answer():
     assert rows["all"]["answer A"] == 0.75 and rows["all"]["largest share"] == 0.75 > ONE_POSITION
     assert rows["capital"]["repeats the example"] == 0.5  # item 0 answered x, its example's answer
     assert rows["symbol"]["repeats the example"] == 0.5 and rows["symbol"]["value"] == 0.5
+
+
+def test_solved_answers_are_read_back_from_the_choice_context():
+    from gna.report.knowledge_section import solved_answers
+    from gna.tasks.facts import LETTERS, build_facts, facts_frame
+
+    rows = [("capital", f"Country{i}", f"City{i}", "t") for i in range(12)]
+    facts = facts_frame(rows)
+    for answer, shots in (("text", 2), ("letter", 1), ("text", 0)):
+        table = build_facts(facts, ["capital"], 4, 0, "choice", answer=answer, shots=shots)
+        for context in table["context"]:
+            solved = solved_answers(context)
+            assert len(solved) == shots
+            assert all((s in LETTERS) if answer == "letter" else s.startswith("City") for s in solved)

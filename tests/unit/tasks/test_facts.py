@@ -202,16 +202,3 @@ def test_choice_without_cloze_is_refused_naming_the_key():
     assert math.isclose(
         validate_config(config, load_schema(REPO / "config" / "schema.yaml"))["tasks"]["facts"]["known_margin"], 1.0
     )
-
-
-def test_solved_answers_are_read_back_from_the_choice_context():
-    from gna.tasks.facts import LETTERS, build_facts, facts_frame, solved_answers
-
-    rows = [("capital", f"Country{i}", f"City{i}", "t") for i in range(12)]
-    facts = facts_frame(rows)
-    for answer, shots in (("text", 2), ("letter", 1), ("text", 0)):
-        table = build_facts(facts, ["capital"], 4, 0, "choice", answer=answer, shots=shots)
-        for context in table["context"]:
-            solved = solved_answers(context)
-            assert len(solved) == shots
-            assert all((s in LETTERS) if answer == "letter" else s.startswith("City") for s in solved)
