@@ -169,8 +169,17 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text("[\n" + ",\n".join(json.dumps(e, ensure_ascii=False) for e in entries) + "\n]\n")
         print(f"wrote {len(entries)} headline entries of {data} to {out}")
         return 0
-    reference = json.loads(Path(args[1]).read_text())
-    lines, ok = compare(reference, headline(args[2]))
+    if not Path(args[1]).is_file():
+        print(
+            f"{args[1]}: no headline recorded to compare with (`make headline` writes it from a run)", file=sys.stderr
+        )
+        return 2
+    try:
+        run = headline(args[2])
+    except FileNotFoundError as error:
+        print(error, file=sys.stderr)
+        return 2
+    lines, ok = compare(json.loads(Path(args[1]).read_text()), run)
     print("\n".join(lines))
     return 0 if ok else 1
 

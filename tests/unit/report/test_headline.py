@@ -61,6 +61,11 @@ def test_a_changed_verdict_and_a_missing_result_are_named(run):
     assert lines[-1].endswith("1 of 24 verdicts changed")
 
 
-def test_no_run_is_an_error_naming_the_file(tmp_path):
+def test_no_run_or_no_record_is_an_error_naming_the_file(tmp_path, run, capsys):
     with pytest.raises(FileNotFoundError, match="baseline.parquet: no finished run there"):
-        headline(tmp_path)
+        headline(tmp_path / "nothing")
+    assert main(["check", str(tmp_path / "none.json"), str(run)]) == 2
+    assert "none.json: no headline recorded" in capsys.readouterr().err
+    (tmp_path / "h.json").write_text("[]")
+    assert main(["check", str(tmp_path / "h.json"), str(tmp_path / "nothing")]) == 2
+    assert "no finished run there" in capsys.readouterr().err
