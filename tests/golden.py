@@ -2,10 +2,11 @@
 data/distill), stored in tests/data/smoke_results/, so that a change to any number is caught.
 
 On the kind of CPU they were recorded on (its vendor and bf16 instructions, in recorded_on.json)
-every file must match bit for bit. On another kind the float kernels round differently: the
-teacher's results (every rule before distillation) must still match, floats to a relative 1e-4;
-the students' (data/distill and every hybrid result), whose training amplifies rounding into other
-predictions of a tiny random student, must match in files, columns, dtypes and rows only.
+every file must match bit for bit. On another kind the float kernels round differently: every
+file must still match value by value, non-float columns exactly and floats to a relative 1e-4
+(the teacher's results: every rule before distillation) or 1e-3 (the students': data/distill and
+every hybrid result, whose few training steps amplify rounding). The smoke config trains its
+students in float32 so that this holds: bf16 autocast rounds by each CPU's own bf16 kernels.
 
     python tests/golden.py refresh WORKDIR   # store the results of a finished smoke run in WORKDIR
     python tests/golden.py refresh           # run the smoke config in a temporary folder first
@@ -33,6 +34,7 @@ RECORDED_ON = "recorded_on.json"
 # bit-identical results; an Intel CPU with AMX does not)
 KERNEL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 TEACHER_RTOL = 1e-4
+STUDENT_RTOL = 1e-3
 
 
 def cpu_kind(cpuinfo: str | None = None) -> str:
@@ -102,7 +104,8 @@ def recorded_kind(golden_dir: str | Path = GOLDEN_DIR) -> str | None:
 def check(name: str, actual: pl.DataFrame, expected: pl.DataFrame, same_kind: bool) -> str:
     """How result file `name` matches its golden frame: 'bit for bit', or where the golden
     results come from another kind of machine (not `same_kind`) 'within 1e-4' (the teacher's
-    results) or 'same shape' (the students'); raises AssertionError naming the first difference."""
+    results) or 'within 0.001' (the students'), non-float columns exactly; raises AssertionError
+    naming the first difference."""
     try:
         assert_frame_equal(actual, expected, check_exact=True)
         return "bit for bit"
@@ -111,11 +114,9 @@ def check(name: str, actual: pl.DataFrame, expected: pl.DataFrame, same_kind: bo
     try:
         if same_kind:
             raise exact_error
-        if trained(name):
-            assert actual.schema == expected.schema and actual.height == expected.height
-            return "same shape"
-        assert_frame_equal(actual, expected, check_exact=False, rel_tol=TEACHER_RTOL, abs_tol=0)
-        return f"within {TEACHER_RTOL:g}"
+        rtol = STUDENT_RTOL if trained(name) else TEACHER_RTOL
+        assert_frame_equal(actual, expected, check_exact=False, rel_tol=rtol, abs_tol=0)
+        return f"within {rtol:g}"
     except AssertionError as error:
         raise AssertionError(f"{name}: {first_difference(actual, expected)}\n{error}") from None
 
