@@ -228,6 +228,23 @@ class SectionContext:
         return self.options.get("equivalence_margin", DEFAULT_MARGIN)
 
 
+def comparison_row(
+    compared: pl.DataFrame, family: str, reference: str, condition: str, task: str, group: str = "all"
+) -> dict | None:
+    """The row of a comparisons table (gna.core.paired) comparing `condition` with `reference` in
+    `family` on `task` and `group`, or None where the two were not compared."""
+    if compared.is_empty():
+        return None
+    rows = compared.filter(
+        (pl.col("family") == family)
+        & (pl.col("reference") == reference)
+        & (pl.col("condition") == condition)
+        & (pl.col("task") == task)
+        & (pl.col("group") == group)
+    )
+    return rows.row(0, named=True) if len(rows) else None
+
+
 def comparison_verdict(row: dict, margin: float) -> str:
     """A comparison row's verdict as the report prints it: the verb in bold where a test decided
     it, with the paired difference, counts and p-values (gna.core.paired.describe)."""

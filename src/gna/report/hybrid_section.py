@@ -15,6 +15,7 @@ from gna.report.htmlkit import (
     acc_text,
     accuracy_columns,
     accuracy_pivot,
+    comparison_row,
     comparison_verdict,
     comparisons_note,
     comparisons_table,
@@ -329,21 +330,6 @@ def not_scored_note(scores: pl.DataFrame) -> str:
     )
 
 
-def compared_row(compared: pl.DataFrame, family: str, reference: str, condition: str, task: str) -> dict | None:
-    """The comparisons-table row of `condition` against `reference` in `family` on all items of
-    `task`, or None where the two were not compared."""
-    if compared.is_empty():
-        return None
-    rows = compared.filter(
-        (pl.col("family") == family)
-        & (pl.col("reference") == reference)
-        & (pl.col("condition") == condition)
-        & (pl.col("task") == task)
-        & (pl.col("group") == "all")
-    )
-    return rows.row(0, named=True) if len(rows) else None
-
-
 def heads_kept_summary(
     teacher: pl.DataFrame, heads: pl.DataFrame, compared: pl.DataFrame, margin: float, goal_k: int = 10
 ) -> str:
@@ -362,7 +348,7 @@ def heads_kept_summary(
     def cell(row):
         return acc_text(row["value"], row["ci_low"], row["ci_high"], row.get("degenerate"))
 
-    row = compared_row(compared, "hybrids vs pure SSM", k0["variant"], kept["variant"], "kv_retrieval")
+    row = comparison_row(compared, "hybrids vs pure SSM", k0["variant"], kept["variant"], "kv_retrieval")
     verdict = (
         f"k = {kept['heads_kept']} against the pure SSM, item by item over all sizes: {comparison_verdict(row, margin)}"
         if row

@@ -18,6 +18,7 @@ from gna.core.stats import wilson_interval
 from gna.report.htmlkit import (
     SectionContext,
     acc_text,
+    comparison_row,
     comparison_verdict,
     comparisons_note,
     errorbar,
@@ -132,19 +133,6 @@ def change_sentence(name: str, row: dict | None, what: str, margin: float, repor
     return f"{cells} with {what}: {comparison_verdict(row, margin)}{against_study(decide(row, margin).verb, reported)}"
 
 
-def _row(compared: pl.DataFrame, family: str, reference: str, condition: str, task: str, group: str) -> dict | None:
-    if compared.is_empty():
-        return None
-    rows = compared.filter(
-        (pl.col("family") == family)
-        & (pl.col("reference") == reference)
-        & (pl.col("condition") == condition)
-        & (pl.col("task") == task)
-        & (pl.col("group") == group)
-    )
-    return rows.row(0, named=True) if len(rows) else None
-
-
 def comparison_pairs(model: str, ctx: SectionContext) -> list[tuple[pl.DataFrame, str, str, str, str, str]]:
     """(comparisons table, family, reference, condition, what, study kind) of each change the view
     judges for `model`: the top-k removal (k = 5, or the largest k below it) against the
@@ -197,7 +185,7 @@ def findings(model: str, ctx: SectionContext) -> list[str]:
     out = []
     for compared, family, reference, condition, what, kind in comparison_pairs(model, ctx):
         for (task, group), name in COLUMNS.items():
-            row = _row(compared, family, reference, condition, task, group)
+            row = comparison_row(compared, family, reference, condition, task, group)
             sentence = change_sentence(name, row, what, ctx.margin, STUDY[kind][KIND[task]])
             if sentence:
                 out.append(sentence)
