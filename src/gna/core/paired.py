@@ -192,12 +192,15 @@ class Decision:
     n_to_decide: int | None = None
 
 
-def n_to_decide(n: int, discordant: int, diff: float, margin: float) -> int:
+def n_to_decide(n: int, discordant: int, diff: float, margin: float, multiplier: float = 1.0) -> int:
     """About how many items would decide a comparison with `discordant` of `n` items changing and
-    observed difference `diff`: McNemar's power at 80% (Connor 1987) where |diff| is at least the
-    margin, else the equivalence test's (two one-sided tests at 5%)."""
+    observed difference `diff`, if those rates held: McNemar's power at 80% (Connor 1987) at the
+    level 5% / `multiplier` (the row's Holm multiplier: its test must pass that level) where |diff|
+    is at least the margin, else the equivalence test's (two one-sided tests at 5%, planned for a
+    true difference of `diff`: z of 1 - beta/2, as for a true difference of 0)."""
     psi = max(discordant, 1) / max(n, 1)  # the share of items that change (one at least)
-    z_a2, z_a, z_b = _normal_quantile(1 - ALPHA / 2), _normal_quantile(1 - ALPHA), _normal_quantile(POWER)
+    alpha = ALPHA / max(multiplier, 1.0)
+    z_a2, z_a, z_b = _normal_quantile(1 - alpha / 2), _normal_quantile(1 - ALPHA), _normal_quantile(POWER)
     if abs(diff) >= margin and diff:
         need = (z_a2 * math.sqrt(psi) + z_b * math.sqrt(max(psi - diff * diff, 0.0))) ** 2 / diff**2
     else:
@@ -233,7 +236,11 @@ def decide(row: dict, margin: float = DEFAULT_MARGIN) -> Decision:
     if -margin < low and high < margin:
         return Decision("holds", margin)
     discordant = row["reference_only"] + row["condition_only"]
-    return Decision("undecided", margin, n_to_decide(row["n"], discordant, row["diff"], margin))
+    # Holm's multiplier for this row (its adjusted over its raw p), so the n is planned at the
+    # level the row's test must pass; an n at or below this one cannot be what decides it
+    multiplier = row["p_holm"] / row["p_mcnemar"] if row["p_mcnemar"] else 1.0
+    need = n_to_decide(row["n"], discordant, row["diff"], margin, multiplier)
+    return Decision("undecided", margin, max(need, row["n"] + 1))
 
 
 def describe(row: dict, margin: float = DEFAULT_MARGIN) -> str:

@@ -197,11 +197,11 @@ def run_prune_gradual(
     chance: ChancePolicy = ChancePolicy(),
     retrieval_task: str | None = None,
 ) -> pl.DataFrame:
-    """Phase prune_gradual: `gradual` on the task tables `task_paths` (each cut to `max_items`),
-    written to `out_path` with a model column, its per-item scores (gradual_items) to `items_path`. `chance`:
-    tasks on which the full model is at chance (judged on its baseline's per-item scores,
-    `baseline_paths`) are scored on the full model only; never `retrieval_task`, which defines
-    the minimal model.
+    """Phase prune_gradual: `gradual` on the task tables (each cut to `max_items`), its summary,
+    its per-item scores (gradual_items) and its comparisons each written with a model column.
+    `chance`: tasks on which the full model is at chance (judged on its baseline's per-item
+    scores) are scored on the full model only; never `retrieval_task`, which defines the minimal
+    model.
     inputs: model, tasks, optional baseline (list); outputs: summary, optional per_item, optional
     comparisons (gradual_comparisons)."""
     model_dir, task_paths, baseline_paths, out_path, items_path = (

@@ -174,8 +174,11 @@ def format_finding(model: str, by_format: dict[str, dict], paired: dict | None, 
 
 def letter_vs_cloze(items: pl.DataFrame) -> dict[str, dict]:
     """{model: the comparisons row of cloze against letter on the same MMLU questions} from the
-    baseline's per-item answers (both formats' items files, with a model column)."""
+    baseline's per-item answers (both formats' items files, with a model column); {} where
+    they are not at hand (a config scoring one format only)."""
     out = {}
+    if items.is_empty() or not {"model", "task", "item_id", "correct"} <= set(items.columns):
+        return out
     for (model,), part in items.partition_by("model", as_dict=True).items():
         # one task name for both formats: the questions (item ids) are the same
         per_item = {

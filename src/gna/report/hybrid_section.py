@@ -537,7 +537,8 @@ def ablation_part(model: str, scores: pl.DataFrame, budget: pl.DataFrame, ablati
 def swap_part(
     model: str, swap: pl.DataFrame, students: pl.DataFrame, teacher: pl.DataFrame, hy: dict, verdict: str
 ) -> str:
-    """The pure SSM, the same with the critical layer as attention again, and the teacher."""
+    """The pure SSM, the same with the critical layer as attention again, and the teacher, then
+    `verdict` (swap_verdict's sentence)."""
     sw = swap.filter(pl.col("model") == model) if not swap.is_empty() else swap
     if sw.is_empty():
         return ""

@@ -173,9 +173,8 @@ def comparison_pairs(model: str, ctx: SectionContext) -> list[tuple[pl.DataFrame
         swaps = students.filter(pl.col("family") == "layer swap vs pure SSM")
         if len(swaps):
             label = swaps["condition"][0]
-            out.append(
-                (students, "layer swap vs pure SSM", pure, label, f"the pure SSM's {label.split('+ ', 1)[-1]}", "swap")
-            )
+            what = f"the pure SSM's layer {label.rsplit(' ', 1)[-1]} back as attention"
+            out.append((students, "layer swap vs pure SSM", pure, label, what, "swap"))
     return out
 
 
@@ -208,7 +207,7 @@ def answer_rows(tasks: pl.DataFrame, items: pl.DataFrame) -> pl.DataFrame:
     share of answers on each option position, the largest share, and the share that repeats the
     first solved example's answer; from the baseline's per-item answers joined with the task
     tables (relation, choices, context) on task and item."""
-    joined = items.select("model", "task", "item_id", "pred", "correct").join(
+    joined = items.select("model", "task", "item_id", "pred", "target", "correct").join(
         tasks.select("task", "item_id", "relation", "choices", "context", "format"), on=["task", "item_id"]
     )
     repeats = []
@@ -227,8 +226,10 @@ def answer_rows(tasks: pl.DataFrame, items: pl.DataFrame) -> pl.DataFrame:
             entry |= {"value": correct / n, "ci_low": low, "ci_high": high}
             if task == "facts_choice":
                 shares = [float((rows["pred"] == i).mean()) for i in range(len(LETTERS))]
+                top = max(range(len(LETTERS)), key=shares.__getitem__)
                 entry |= {f"answer {letter}": share for letter, share in zip(LETTERS, shares)}
-                entry |= {"largest share": max(shares), "repeats the example": float(rows["repeats_example"].mean())}
+                entry |= {"largest share": shares[top], "correct there": float((rows["target"] == top).mean())}
+                entry |= {"repeats the example": float(rows["repeats_example"].mean())}
             out.append(entry)
     return pl.DataFrame(out).sort(["model", "task", "relation"])
 
@@ -251,8 +252,8 @@ def answers_part(ctx: SectionContext) -> str:
     flagged = rows.filter(pl.col("largest share") > ONE_POSITION) if "largest share" in rows.columns else rows.clear()
     flags = "".join(
         f"<li><b>{html.escape(r['model'])}, {html.escape(r['relation'])}</b>: one option position takes "
-        f"{pct(r['largest share'])} of the multiple-choice answers: the score there measures a position "
-        "preference more than the facts</li>"
+        f"{pct(r['largest share'])} of the multiple-choice answers, where the correct answer is for "
+        f"{pct(r['correct there'])} of the items: read its accuracy with that preference in mind</li>"
         for r in flagged.iter_rows(named=True)
     )
     return (

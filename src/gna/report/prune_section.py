@@ -207,10 +207,8 @@ def gradual_comparisons_part(compared: pl.DataFrame, margin: float) -> str:
         f"shows a loss, <i>holds</i> where its accuracy is shown to lie within ±{100 * margin:g} points of the "
         "full model's; between them the n decides nothing.</p>"
         + table(pl.DataFrame(rows), left=("model", "task"))
-        + comparisons_note(margin)
-        + "<details><summary>every prefix against the full model</summary>"
         + comparisons_table(compared, margin)
-        + "</details>"
+        + comparisons_note(margin)
     )
 
 

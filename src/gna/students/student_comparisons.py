@@ -19,16 +19,18 @@ log = logging.getLogger("gna.students.student_comparisons")
 
 def student_pairs(variants: list[str], pure_ssm: str, swap: str | None = None) -> list[tuple[str, str, str]]:
     """(family, reference, condition) of the students' comparisons: every student against the
-    teacher; every hybrid (k > 0) against the pure SSM `pure_ssm`; each student against the one of
-    the same state size keeping the next fewer heads, and against the one of the same k with the
-    next smaller state; the layer swap (`swap`, its label) against the pure SSM."""
+    teacher; every hybrid (k > 0) of the pure SSM's state size against the pure SSM `pure_ssm`;
+    each student against the one of the same state size keeping the next fewer heads (where that
+    is not the pure SSM, compared already), and against the one of the same k with the next
+    smaller state; the layer swap (`swap`, its label) against the pure SSM."""
     students = [v for v in variants if v != TEACHER_VARIANT]
     shape = {v: parse_variant(v) for v in students}
+    pure_n = parse_variant(pure_ssm)[1]
     pairs = [("students vs teacher", TEACHER_VARIANT, v) for v in students]
-    pairs += [("hybrids vs pure SSM", pure_ssm, v) for v in students if shape[v][0] > 0 and v != pure_ssm]
+    pairs += [("hybrids vs pure SSM", pure_ssm, v) for v in students if shape[v][0] > 0 and shape[v][1] == pure_n]
     for v, (k, n) in shape.items():
         fewer = sorted((kk, u) for u, (kk, nn) in shape.items() if nn == n and kk < k)
-        if fewer:
+        if fewer and not (fewer[-1][1] == pure_ssm and ("hybrids vs pure SSM", pure_ssm, v) in pairs):
             pairs.append(("more heads kept vs fewer", fewer[-1][1], v))
         smaller = sorted((nn, u) for u, (kk, nn) in shape.items() if kk == k and nn < n)
         if smaller:

@@ -229,11 +229,13 @@ def test_answers_are_counted_by_position_and_by_the_solved_examples_answer():
             "task": "facts_choice",
             "item_id": [0, 1, 2, 3],
             "pred": [0, 0, 0, 1],
+            "target": [0, 1, 2, 1],
             "correct": [True, False, False, True],
         }
     )
     rows = {r["relation"]: r for r in answer_rows(tasks, items).iter_rows(named=True)}
     assert rows["all"]["answer A"] == 0.75 and rows["all"]["largest share"] == 0.75 > ONE_POSITION
+    assert rows["all"]["correct there"] == 0.25  # A holds the answer of one item in four
     assert rows["capital"]["repeats the example"] == 0.5  # item 0 answered x, its example's answer
     assert rows["symbol"]["repeats the example"] == 0.5 and rows["symbol"]["value"] == 0.5
 
