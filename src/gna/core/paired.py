@@ -255,7 +255,9 @@ def describe(row: dict, margin: float = DEFAULT_MARGIN) -> str:
         return f"{d.verb}: {change} (exact McNemar p = {row['p_mcnemar']:.2g}, Holm {row['p_holm']:.2g})"
     if d.verb == "holds":
         return f"holds within ±{100 * margin:g} points: {change} (90% interval inside the margin)"
+    # which test the n is planned for: the change where it is at least the margin, else equivalence
+    what = "show the change" if abs(row["diff"]) >= margin else f"show whether it holds within ±{100 * margin:g}"
     return (
         f"not decided at n = {row['n']}: {change} (Holm p = {row['p_holm']:.2g}, not within ±{100 * margin:g}); "
-        f"about n = {d.n_to_decide} would decide it"
+        f"about n = {d.n_to_decide} would {what}"
     )
