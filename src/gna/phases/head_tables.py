@@ -169,6 +169,7 @@ def remove_top_k(
 
 
 UNMODIFIED = "unmodified"
+ALL_HEADS = "all heads"  # the heads-kept variant every other is compared with
 
 
 def topk_label(condition: str, k: int, draw: int = 0) -> str:
@@ -235,7 +236,7 @@ def heads_kept(
     others_a = [(layer_a, h) for h in range(n_heads[layer_a]) if h != head_a]
     others_b = [(layer_b, h) for h in range(n_heads[layer_b]) if h != head_b]
     variants = [
-        ("all heads", "all", "all", []),
+        (ALL_HEADS, "all", "all", []),
         (f"only H{head_a} / only H{head_b}", str(head_a), str(head_b), others_a + others_b),
         (f"∅ / only H{head_b}", "∅", str(head_b), others_a + [(layer_a, head_a)] + others_b),
         (f"only H{head_a} / ∅", str(head_a), "∅", others_a + others_b + [(layer_b, head_b)]),
@@ -273,11 +274,10 @@ def heads_kept(
     summaries = _summaries(items)
     frames = []
     for label, kept_a, kept_b, _ in variants:
-        parts = [summaries[label]] if label in summaries else []
-        if not parts:
+        if label not in summaries:
             continue
         frames.append(
-            pl.concat(parts).with_columns(
+            summaries[label].with_columns(
                 _reason_column(reasons),
                 pl.lit(label).alias("variant"),
                 pl.lit(layer_a).alias("layer_a"),
@@ -293,9 +293,8 @@ def heads_kept(
 def kept_comparisons(per_item: dict[str, pl.DataFrame]) -> pl.DataFrame:
     """The heads-kept comparisons (gna.core.paired): every variant against the minimal model with
     all heads, one Holm family."""
-    reference = "all heads"
     return comparisons(
-        per_item, [("variants vs all heads", reference, label) for label in per_item if label != reference]
+        per_item, [("variants vs all heads", ALL_HEADS, label) for label in per_item if label != ALL_HEADS]
     )
 
 
