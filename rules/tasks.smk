@@ -71,8 +71,12 @@ rule facts_task:
     output:
         "data/tasks/facts_{facts_fmt}.parquet",
     params:
-        # the lists of formats and of compared formats are left out: editing them rebuilds no task
-        facts={k: v for k, v in config["tasks"]["facts"].items() if k not in ("formats", "compare", "data", "known_margin")},
+        # the lists of formats and of compared forms, and the draws compared, are left out: editing them rebuilds no task
+        facts={
+            k: v
+            for k, v in config["tasks"]["facts"].items()
+            if k not in ("formats", "compare", "draws", "data", "known_margin")
+        },
         code=code_of("facts_task"),
     log:
         "data/logs/facts_task/{facts_fmt}.log",

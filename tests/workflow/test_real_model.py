@@ -72,11 +72,11 @@ def test_default_model_knows_simple_facts_in_cloze_form(smollm):
 
 def test_facts_option_lines_are_segments_on_the_real_tokenizer(smollm):
     from gna.phases.gather_aggregate import mmlu_letter_segments
-    from gna.tasks.facts import build_facts, read_local_facts
+    from gna.tasks.facts import ChoiceForm, build_facts, read_local_facts
 
     _, tok = smollm
     facts = read_local_facts(REPO / "tests" / "data" / "mini_facts.csv")
-    row = build_facts(facts, ["capital"], 4, seed=3, fmt="choice", shots=1).row(0, named=True)
+    row = build_facts(facts, ["capital"], 4, seed=3, fmt="choice", form=ChoiceForm("text", shots=1)).row(0, named=True)
     seg = mmlu_letter_segments(tok, row["context"], row["target"])
     lines = row["context"].split("\n")[-5:-1]
     assert [tok.convert_tokens_to_string(seg.tokens[a:b]) for a, b in seg.spans] == lines

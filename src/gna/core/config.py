@@ -172,6 +172,12 @@ def _check_semantics(config: dict) -> None:
             "config key 'tasks.facts.formats': choice needs cloze (its known items are read from the "
             "cloze scores); add cloze or remove choice"
         )
+    for i, entry in enumerate(facts["compare"]):
+        if entry.get("prefix") and not entry.get("chat"):
+            raise ConfigError(
+                f"config key 'tasks.facts.compare[{i}].prefix': the reply's 'The answer is' opens an assistant "
+                "turn of the chat template; set chat: true or remove prefix"
+            )
     heads = config["heads"]
     outside = sorted(set(heads["control_k"] or []) - set(heads["top_k"]))
     if outside:

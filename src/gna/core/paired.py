@@ -34,6 +34,8 @@ DEFAULT_MARGIN = 0.05  # "no change" means within +-5 points unless the config s
 # which groups besides "all" a table compares, per task: the multiple-choice facts on the items the
 # model knows (the knowledge view's column); every other task on all of its items
 COMPARED_GROUPS = {"facts_choice": ("known",)}
+SUBSETS = " · by relation"  # the family suffix of the per-relation and not-copyable rows
+NOT_COPYABLE = "not copyable"
 
 COLUMNS = {
     "family": pl.String,  # the rows Holm's correction runs over (one question of a phase's table)
@@ -136,8 +138,10 @@ def paired_row(reference: pl.DataFrame, condition: pl.DataFrame) -> dict:
 def comparisons(per_item: dict[str, pl.DataFrame], pairs: list[tuple[str, str, str]]) -> pl.DataFrame:
     """The comparisons table (COLUMNS) of `pairs` (family, reference label, condition label) of
     conditions in `per_item` {label: per-item frame with task, item_id, group, correct}: per task
-    both scored, on all shared items and on the COMPARED_GROUPS of that task; Holm's correction
-    over the rows of each family. A pair whose labels are missing is left out."""
+    both scored, on all shared items and on the COMPARED_GROUPS of that task; where the items
+    carry a relation, also per relation and on the items whose answer is not copyable from the
+    subject, in the family's own SUBSETS family (so they do not dilute its main rows); Holm's
+    correction over the rows of each family. A pair whose labels are missing is left out."""
     rows = []
     for family, ref_label, cond_label in pairs:
         if ref_label not in per_item or cond_label not in per_item:
@@ -147,15 +151,22 @@ def comparisons(per_item: dict[str, pl.DataFrame], pairs: list[tuple[str, str, s
             if task not in set(cond["task"].to_list()):
                 continue
             r, c = ref.filter(pl.col("task") == task), cond.filter(pl.col("task") == task)
-            groups = [("all", r, c)] + [
-                (g, r.filter(pl.col("group") == g), c) for g in COMPARED_GROUPS.get(task, ()) if "group" in r.columns
+            groups = [("all", r, c, family)] + [
+                (g, r.filter(pl.col("group") == g), c, family)
+                for g in COMPARED_GROUPS.get(task, ())
+                if "group" in r.columns
             ]
-            for group, r_items, c_items in groups:
+            if "relation" in r.columns:
+                for relation in sorted(r["relation"].drop_nulls().unique().to_list()):
+                    groups.append((relation, r.filter(pl.col("relation") == relation), c, family + SUBSETS))
+            if "copyable" in r.columns and r["copyable"].drop_nulls().len():
+                groups.append((NOT_COPYABLE, r.filter(pl.col("copyable") == False), c, family + SUBSETS))  # noqa: E712
+            for group, r_items, c_items, row_family in groups:
                 row = paired_row(r_items, c_items)
                 if row["n"]:
                     rows.append(
                         {
-                            "family": family,
+                            "family": row_family,
                             "reference": ref_label,
                             "condition": cond_label,
                             "task": task,

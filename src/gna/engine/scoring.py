@@ -73,10 +73,16 @@ def encode(tok, context: str, choices: list[str], bos: bool | None = None) -> En
     return Encoded(ctx, conts)
 
 
+# item attributes a task table may carry that comparisons split by (the facts' relation and
+# whether the answer can be copied from the subject): in every per-item frame, null where the
+# table has none, so that frames of different tasks stack
+ITEM_ATTRIBUTES = {"relation": pl.String, "copyable": pl.Boolean}
+
+
 def per_item_frame(table: pl.DataFrame, scores: list) -> pl.DataFrame:
     """One row per item of `table` from its scores [(summed log-prob per choice, greedy flag per
     choice)]: the prediction (argmax), its byte-length-normalised twin, correctness, whether greedy
-    decoding reproduces the target, and every choice's log-prob."""
+    decoding reproduces the target, every choice's log-prob, and the table's ITEM_ATTRIBUTES."""
     rows = []
     for row, (totals, greedy) in zip(table.iter_rows(named=True), scores):
         target = row["target"]
@@ -96,9 +102,10 @@ def per_item_frame(table: pl.DataFrame, scores: list) -> pl.DataFrame:
                 "greedy_match": greedy[target],
                 "logp_target": totals[target],
                 "logprobs": totals,
+                **{a: row.get(a) for a in ITEM_ATTRIBUTES},
             }
         )
-    return pl.DataFrame(rows)
+    return pl.DataFrame(rows, schema_overrides=ITEM_ATTRIBUTES)
 
 
 def known_items(table: pl.DataFrame, scored: pl.DataFrame) -> pl.DataFrame:

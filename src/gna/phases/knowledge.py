@@ -1,13 +1,20 @@
-"""The facts' format comparison: which multiple-choice format the model can answer at all.
+"""The facts' format comparison: which multiple-choice form the model can answer, chosen on data
+the report does not judge the study on.
 
-Every format in `tasks.facts.compare` (answer as the letter or as the option's text, after 0..n
-solved examples) is built over the same facts as the task and scored beside the cloze form, so
-the report can say which multiple-choice format runs (tasks.facts.choice) and how the others do.
+On the development split (its own facts and solved examples, gna.tasks.facts.split_items) every
+form of `tasks.facts.compare` (letter or text answer, shots, option marker, plain text or the
+model's chat template with or without "The answer is") is scored beside the cloze form, each
+under the four rotations of its options: the circular check counts an item only where the answer
+follows the content in all four (asked of the task's own form and of any form above chance: one
+at chance follows no content to check). On the evaluation split, the task's own form
+(`tasks.facts.choice`) is scored again over `tasks.facts.draws` draws of its solved examples, and
+under the circular check, so the report gives the spread that the draw of examples alone makes.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import polars as pl
 
@@ -15,34 +22,27 @@ from gna.core.io import read_parquet, write_parquet
 from gna.core.settings import Evaluation
 from gna.core.stats import wilson_interval
 from gna.engine.chance import chance_accuracy
-from gna.engine.scoring import known_items, score_table
+from gna.engine.scoring import known_items, score_table, starts_with_bos
 from gna.models.prepare import load_model
-from gna.tasks.facts import build_facts
+from gna.tasks.facts import LETTERS, ChoiceForm, build_facts
 
 log = logging.getLogger("gna.phases.knowledge")
 
-
-def format_row(table: pl.DataFrame, items: pl.DataFrame, answer: str | None, shots: int, tok) -> dict:
-    """One format's accuracy with its n and Wilson 95% interval, chance, how many distinct options
-    it predicts (1: the same answer for every item, i.e. it does not read the question) and its
-    prompt length in tokens."""
-    n, correct = len(items), int(items["correct"].sum())
-    low, high = wilson_interval(correct, n)
-    return {
-        "format": str(table["format"][0]),
-        "answer": answer,
-        "shots": shots,
-        "n": n,
-        "acc": correct / n,
-        "ci_low": low,
-        "ci_high": high,
-        "chance": chance_accuracy(table),
-        "distinct_predictions": items["pred"].n_unique(),
-        "prompt_tokens": sum(len(tok(c)["input_ids"]) for c in table["context"]) / n,
-    }
-
-
 PROMPT = ["item_id", "context", "choices", "target"]
+
+
+def chat_renderer(tok):
+    """messages → the prompt text of the tokenizer's chat template with the assistant's turn
+    opened, without a leading BOS where the scorer puts one itself; None without a template."""
+    if not getattr(tok, "chat_template", None):
+        return None
+    bos = tok.bos_token if starts_with_bos(tok) else None
+
+    def render(messages: list[dict]) -> str:
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return text[len(bos) :] if bos and text.startswith(bos) else text
+
+    return render
 
 
 def scores_of(
@@ -57,6 +57,45 @@ def scores_of(
     return score_table(model, tok, table, batch_size=batch_size, progress=False)
 
 
+def form_row(tables: list[pl.DataFrame], scored: list[pl.DataFrame], tok) -> dict:
+    """One form's accuracy with its n and Wilson 95% interval (rotation 0: `tables[0]`), its
+    circular accuracy where `tables` holds all four rotations (items right under every one),
+    chance, how many distinct options it predicts (1: the same answer for every item), the
+    largest share of answers on one option position, the share repeating a solved example's
+    answer, and the prompt length in tokens."""
+    table, items = tables[0], scored[0]
+    n, correct = len(items), int(items["correct"].sum())
+    low, high = wilson_interval(correct, n)
+    row = {"n": n, "acc": correct / n, "ci_low": low, "ci_high": high, "chance": chance_accuracy(table)}
+    if len(scored) == len(LETTERS):
+        right = (
+            pl.concat([s.select("item_id", "correct") for s in scored]).group_by("item_id").agg(pl.col("correct").all())
+        )
+        circ = int(right["correct"].sum())
+        c_low, c_high = wilson_interval(circ, n)
+        row |= {"circular_acc": circ / n, "circular_ci_low": c_low, "circular_ci_high": c_high}
+    else:
+        row |= {"circular_acc": None, "circular_ci_low": None, "circular_ci_high": None}
+    shares = [float((items["pred"] == i).mean()) for i in range(len(table["choices"][0]))]
+    return row | {
+        "distinct_predictions": items["pred"].n_unique(),
+        "largest_share": max(shares),
+        "repeats_example": repeats_example(table, items),
+        "prompt_tokens": sum(len(tok(c)["input_ids"]) for c in table["context"]) / n,
+    }
+
+
+def repeats_example(table: pl.DataFrame, items: pl.DataFrame) -> float | None:
+    """The share of a text-answer form's predictions that repeat a solved example's answer (None
+    for other forms: a letter or a cloze completion is no example's answer)."""
+    if not str(table["format"][0]).endswith("(text)"):
+        return None
+    joined = items.select("item_id", "pred").join(table.select("item_id", "choices", "solved_answers"), on="item_id")
+    columns = [joined[c].to_list() for c in ("pred", "choices", "solved_answers")]
+    repeats = [choices[pred].strip() in shown for pred, choices, shown in zip(*columns)]
+    return sum(repeats) / len(repeats)
+
+
 def compare_formats(
     model,
     tok,
@@ -65,33 +104,61 @@ def compare_formats(
     batch_size: int = 8,
     earlier: list[tuple[pl.DataFrame, pl.DataFrame]] = (),
 ) -> pl.DataFrame:
-    """format_row of the cloze form and of each multiple-choice format of facts_cfg['compare'],
-    over the items of `facts_cfg` (relations, n, seed); `chosen` marks the task's own format.
-    `earlier`: the task tables with their baseline scores, read instead of scoring them again."""
+    """One row per (split, form): on the development split the cloze form and every form of
+    facts_cfg['compare'], with its circular check where its accuracy is above chance or it is the
+    task's own form; on the evaluation split the task's own form (facts_cfg['choice']) at each of
+    facts_cfg['draws'] draws of solved examples, draw 0 with its circular check. `chosen` marks
+    the task's own form; chat forms are left out (a row with n = 0 and a note) where the tokenizer
+    has no chat template. `earlier`: the task tables with
+    their baseline scores, read instead of scoring them again."""
+    chat = chat_renderer(tok)
+    common = {"dev_n": facts_cfg["dev"]["n"], "chat": chat}
 
-    def build(fmt, answer="text", shots=0):
-        return build_facts(facts, facts_cfg["relations"], facts_cfg["n"], facts_cfg["seed"], fmt, answer, shots)
+    def build(fmt, form=None, split="dev"):
+        form = form or ChoiceForm()
+        return build_facts(
+            facts, facts_cfg["relations"], facts_cfg["n"], facts_cfg["seed"], fmt, form, split=split, **common
+        )
 
+    own = ChoiceForm.from_config(facts_cfg["choice"])
     rows = []
-    cloze = build("cloze")
-    rows.append(format_row(cloze, scores_of(model, tok, cloze, earlier, batch_size), None, 0, tok))
-    for entry in facts_cfg["compare"]:
-        table = build("choice", entry["answer"], entry["shots"])
-        items = scores_of(model, tok, table, earlier, batch_size)
-        rows.append(format_row(table, items, entry["answer"], entry["shots"], tok))
+
+    def add(split, form, circular, note=None):
+        """Score `form` on `split` (None: the cloze form); under its other three rotations too where
+        `circular` or its accuracy is above chance (a form at chance follows no content to check)."""
+        row = {"split": split, "form": form.label if form else "cloze", "answer": form and form.answer}
+        row |= {"shots": form and form.shots, "marker": form and form.marker, "chat": form and form.chat}
+        row |= {"prefix": form and form.prefix, "draw": form.draw if form else 0, "note": note}
+        if note:
+            rows.append(row | {"n": 0})
+            return
+        tables = [build("choice", form, split) if form else build("cloze")]
+        scored = [scores_of(model, tok, tables[0], earlier, batch_size)]
+        low = wilson_interval(int(scored[0]["correct"].sum()), len(scored[0]))[0]
+        if form and (circular or low > chance_accuracy(tables[0])):
+            tables += [build("choice", replace(form, rotation=r), split) for r in range(1, len(LETTERS))]
+            scored += [scores_of(model, tok, t, earlier, batch_size) for t in tables[1:]]
+        rows.append(row | form_row(tables, scored, tok))
         log.info(
-            "choice (%s), %d shots: acc %.3f [%.3f, %.3f]",
-            entry["answer"],
-            entry["shots"],
+            "%s, %s: acc %.3f [%.3f, %.3f], circular %s",
+            split,
+            row["form"],
             rows[-1]["acc"],
             rows[-1]["ci_low"],
             rows[-1]["ci_high"],
+            "–" if rows[-1]["circular_acc"] is None else f"{rows[-1]['circular_acc']:.3f}",
         )
-    chosen = facts_cfg["choice"]
-    return pl.DataFrame(rows).with_columns(
-        (
-            pl.col("answer").is_null() | ((pl.col("answer") == chosen["answer"]) & (pl.col("shots") == chosen["shots"]))
-        ).alias("chosen")
+
+    add("dev", None, False)
+    for entry in facts_cfg["compare"]:
+        form = ChoiceForm.from_config(entry)
+        no_chat = form.chat and chat is None
+        add("dev", form, form == own, note="the tokenizer has no chat template" if no_chat else None)
+    for draw in range(facts_cfg["draws"]):
+        add("eval", replace(own, draw=draw), draw == 0)
+    keys = ("answer", "shots", "marker", "chat", "prefix")
+    return pl.DataFrame(rows, infer_schema_length=None).with_columns(
+        pl.all_horizontal([pl.col(k) == getattr(own, k) for k in keys]).fill_null(False).alias("chosen")
     )
 
 

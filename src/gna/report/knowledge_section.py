@@ -13,7 +13,7 @@ import html
 import matplotlib.pyplot as plt
 import polars as pl
 
-from gna.core.paired import decide, detectable_difference
+from gna.core.paired import NOT_COPYABLE, SUBSETS, decide, detectable_difference
 from gna.core.stats import wilson_interval
 from gna.report.htmlkit import (
     SectionContext,
@@ -21,6 +21,7 @@ from gna.report.htmlkit import (
     comparison_row,
     comparison_verdict,
     comparisons_note,
+    comparisons_table,
     errorbar,
     pct,
     placeholder_figure,
@@ -188,48 +189,70 @@ def findings(model: str, ctx: SectionContext) -> list[str]:
             sentence = change_sentence(name, row, what, ctx.margin, STUDY[kind][KIND[task]])
             if sentence:
                 out.append(sentence)
+            if (task, group) == ("facts_cloze", "all"):  # knowledge where copying the subject cannot help
+                row = comparison_row(compared, family + SUBSETS, reference, condition, task, NOT_COPYABLE)
+                sentence = change_sentence(f"{name}, answers not copyable", row, what, ctx.margin, STUDY[kind]["cloze"])
+                if sentence:
+                    out.append(sentence)
     return out
+
+
+def subsets_part(model: str, ctx: SectionContext) -> str:
+    """The comparisons of comparison_pairs on each relation and on the items whose answer is not
+    copyable from the subject (the SUBSETS families: Holm within them), as one table."""
+    parts = []
+    for compared, family, reference, condition, _, _ in comparison_pairs(model, ctx):
+        rows = compared.filter(
+            (pl.col("family") == family + SUBSETS)
+            & (pl.col("reference") == reference)
+            & (pl.col("condition") == condition)
+        )
+        if len(rows):
+            parts.append(rows)
+    if not parts:
+        return ""
+    return (
+        "<p>The same comparisons relation by relation, and on the facts whose answer cannot be copied from the "
+        "subject's letters (<i>not copyable</i>: not German ← Germany, not Mg ← Magnesium), each a family of its "
+        "own for Holm's correction:</p>"
+        + comparisons_table(pl.concat(parts).with_columns(pl.lit(model).alias("model")), ctx.margin)
+    )
 
 
 ONE_POSITION = 0.5  # a model putting more than this share of its answers on one option is flagged
 
 
-def solved_answers(context: str) -> list[str]:
-    """The answers of the solved examples in a multiple-choice facts context (as
-    gna.tasks.facts.build_facts writes its choice form: each example's block ends "Answer: <its
-    answer>" and a blank line; the question's own "Answer:" ends the context), in order; [] at 0
-    shots. Read back here, from the task table, so the report needs no column the task lacks."""
-    return [block.rsplit("\nAnswer: ", 1)[1] for block in context.split("\n\n")[:-1] if "\nAnswer: " in block]
-
-
 def answer_rows(tasks: pl.DataFrame, items: pl.DataFrame) -> pl.DataFrame:
-    """Per model, task and relation (and 'all'): n, accuracy, and for the multiple-choice form the
-    share of answers on each option position, the largest share, and the share that repeats the
-    first solved example's answer; from the baseline's per-item answers joined with the task
-    tables (relation, choices, context) on task and item."""
+    """Per model, task and relation (and 'all', and the items whose answer is not copyable from
+    the subject): n, accuracy, and for the multiple-choice form the share of answers on each option
+    position, the largest share, and the share whose chosen option is a solved example's answer;
+    from the baseline's per-item answers joined with the task tables (relation, copyable, choices,
+    solved_answers) on task and item."""
     joined = items.select("model", "task", "item_id", "pred", "target", "correct").join(
-        tasks.select("task", "item_id", "relation", "choices", "context", "format"), on=["task", "item_id"]
+        tasks.select("task", "item_id", "relation", "copyable", "choices", "solved_answers"), on=["task", "item_id"]
     )
-    repeats = []
-    for row in joined.iter_rows(named=True):
-        solved = solved_answers(row["context"]) if row["task"] == "facts_choice" else []
-        answer = LETTERS[row["pred"]] if row["format"].endswith("(letter)") else row["choices"][row["pred"]].strip()
-        repeats.append(bool(solved) and answer == solved[0])
+    columns = [joined[c].to_list() for c in ("task", "pred", "choices", "solved_answers")]
+    repeats = [
+        task == "facts_choice" and choices[pred].strip() in (solved or [])
+        for task, pred, choices, solved in zip(*columns)
+    ]
     joined = joined.with_columns(pl.Series("repeats_example", repeats))
+    subsets = [("all", joined)]
+    subsets += [(r, joined.filter(pl.col("relation") == r)) for r in sorted(joined["relation"].unique())]
+    subsets.append((NOT_COPYABLE, joined.filter(~pl.col("copyable"))))
     out = []
-    for relation in [None, *sorted(joined["relation"].unique())]:
-        part = joined if relation is None else joined.filter(pl.col("relation") == relation)
+    for relation, part in subsets:
         for (model, task), rows in part.group_by(["model", "task"], maintain_order=True):
             n, correct = len(rows), int(rows["correct"].sum())
             low, high = wilson_interval(correct, n)
-            entry = {"model": model, "task": task, "relation": relation or "all", "n": n}
+            entry = {"model": model, "task": task, "relation": relation, "n": n}
             entry |= {"value": correct / n, "ci_low": low, "ci_high": high}
             if task == "facts_choice":
                 shares = [float((rows["pred"] == i).mean()) for i in range(len(LETTERS))]
                 top = max(range(len(LETTERS)), key=shares.__getitem__)
                 entry |= {f"answer {letter}": share for letter, share in zip(LETTERS, shares)}
                 entry |= {"largest share": shares[top], "correct there": float((rows["target"] == top).mean())}
-                entry |= {"repeats the example": float(rows["repeats_example"].mean())}
+                entry |= {"repeats an example": float(rows["repeats_example"].mean())}
             out.append(entry)
     return pl.DataFrame(out).sort(["model", "task", "relation"])
 
@@ -247,7 +270,7 @@ def answers_part(ctx: SectionContext) -> str:
         .map_elements(lambda r: acc_text(r["value"], r["ci_low"], r["ci_high"]), return_dtype=pl.String)
         .alias("accuracy")
     )
-    choice_cols = [c for c in rows.columns if c.startswith("answer ")] + ["repeats the example"]
+    choice_cols = [c for c in rows.columns if c.startswith("answer ")] + ["repeats an example"]
     keep = ["model", "task", "relation", "n", "accuracy"] + [c for c in choice_cols if c in rows.columns]
     flagged = rows.filter(pl.col("largest share") > ONE_POSITION) if "largest share" in rows.columns else rows.clear()
     flags = "".join(
@@ -258,9 +281,10 @@ def answers_part(ctx: SectionContext) -> str:
     )
     return (
         "<h3>Where the answers go, relation by relation</h3>"
-        "<p>The unmodified model's answers per relation (cloze and multiple choice), the share of multiple-choice "
-        "answers on each option position (chance puts 25% on each), and the share that repeats the first solved "
-        "example's answer. A position taking more than half of the answers is flagged.</p>"
+        "<p>The unmodified model's answers per relation and on the facts whose answer cannot be copied from the "
+        "subject's letters (<i>not copyable</i>), cloze and multiple choice; the share of multiple-choice answers on "
+        "each option position (chance puts 25% on each), and the share that picks a solved example's answer. A "
+        "position taking more than half of the answers is flagged.</p>"
         + table(shown.select(keep), left=("model", "task", "relation"), fmt={c: pct for c in choice_cols})
         + (
             f"<ul>{flags}</ul>"
@@ -343,49 +367,126 @@ def plot_view(per_model: dict[str, list[tuple[str, pl.DataFrame]]], path) -> Non
     save_figure(fig, path)
 
 
+def _acc_cell(row: dict, prefix: str = "") -> str | None:
+    value = row.get(f"{prefix}acc")
+    return acc_text(value, row[f"{prefix}ci_low"], row[f"{prefix}ci_high"]) if value is not None else None
+
+
+def formats_sentences(model: str, formats: pl.DataFrame) -> list[str]:
+    """What the format comparison of `model` shows: how many forms are above chance on the
+    development split, plainly and by the circular check; the best letter form (MMLU's answer,
+    the study's) and whether any is above chance; the chosen form against the best; its spread
+    over draws of solved examples on the evaluation split."""
+    rows = formats.filter((pl.col("model") == model) & pl.col("answer").is_not_null() & (pl.col("n") > 0))
+    dev, evaluation = rows.filter(pl.col("split") == "dev"), rows.filter(pl.col("split") == "eval")
+    if dev.is_empty():
+        return []
+    chance = dev["chance"][0]
+    above = dev.filter(pl.col("ci_low") > pl.col("chance"))
+    circular = above.filter(pl.col("circular_ci_low").fill_null(0) > pl.col("chance") ** 4)
+    out = [
+        f"Development split (n = {dev['n'][0]} facts, its own solved examples): {len(above)} of {len(dev)} "
+        f"multiple-choice forms are above chance ({pct(chance)}) by their 95% interval; {len(circular)} of those "
+        "also pass the circular check, which counts an item only where the answer follows its content under all "
+        f"four orders of the options (a uniform guess passes it {pct(chance**4)} of the time; a form at chance is "
+        "not rotated)."
+    ]
+    ranked = ["circular_acc", "acc"]
+    letters = dev.filter(pl.col("answer") == "letter").sort(ranked, descending=True, nulls_last=True)
+    if len(letters):
+        best = letters.row(0, named=True)
+        shown = f"{html.escape(best['form'])}: {_acc_cell(best)}, circular {_acc_cell(best, 'circular_') or '–'}"
+        if (best["circular_ci_low"] or 0) > chance**4 and best["ci_low"] > chance:
+            out.append(f"The letter format (MMLU's answer, the study's form) is answered: best {shown}.")
+        else:
+            out.append(
+                f"<b>No letter form is above chance on this model</b> (best {shown}): the study's letter result "
+                "cannot be decided here; every multiple-choice comparison below reads the form of "
+                "<code>tasks.facts.choice</code>, which the model may answer from memory as it answers cloze."
+            )
+    own = dev.filter(pl.col("chosen"))
+    if len(own):
+        run = own.row(0, named=True)
+        best = dev.sort(ranked, descending=True, nulls_last=True).row(0, named=True)
+        text = (
+            f"The form every experiment runs (<code>tasks.facts.choice</code>: {html.escape(run['form'])}): "
+            f"{_acc_cell(run)}, circular {_acc_cell(run, 'circular_')} on the development split"
+        )
+        if best["form"] != run["form"]:
+            trails = (best["circular_ci_low"] or 0) > (run["circular_ci_high"] or 1)
+            text += (
+                f"; the best by the circular check is {html.escape(best['form'])}, circular "
+                f"{_acc_cell(best, 'circular_')}: "
+                + (
+                    "<b>the configured form trails it</b>: choose that one in <code>tasks.facts.choice</code>"
+                    if trails
+                    else "the two cannot be told apart at this n"
+                )
+            )
+        out.append(text + ".")
+    if len(evaluation):
+        accs = evaluation.sort("draw")["acc"].to_list()
+        first = evaluation.sort("draw").row(0, named=True)
+        out.append(
+            f"On the evaluation split (n = {first['n']}) it gives {', '.join(pct(a) for a in accs)} over "
+            f"{len(accs)} draws of solved examples (spread {100 * (max(accs) - min(accs)):.1f} points, to read "
+            f"beside each interval), circular {_acc_cell(first, 'circular_') or '–'} on the task's own draw."
+        )
+    return out
+
+
 def formats_part(formats: pl.DataFrame) -> str:
+    """The format comparison (rule facts_formats): the development split's forms with their circular
+    check and answer positions, the chosen form's draws on the evaluation split, and what they show."""
     if formats.is_empty():
         return ""
     shown = formats.with_columns(
-        pl.struct("acc", "ci_low", "ci_high")
-        .map_elements(lambda r: acc_text(r["acc"], r["ci_low"], r["ci_high"]), return_dtype=pl.String)
+        pl.struct(formats.columns)
+        .map_elements(lambda r: _acc_cell(r) or r["note"], return_dtype=pl.String)
         .alias("accuracy"),
+        pl.struct(formats.columns)
+        .map_elements(lambda r: _acc_cell(r, "circular_"), return_dtype=pl.String)
+        .alias("circular check"),
         pl.when(pl.col("distinct_predictions") == 1)
-        .then(pl.lit("yes: one answer for every item"))
-        .otherwise(pl.lit("no"))
-        .alias("degenerate"),
+        .then(pl.lit("one answer for every item"))
+        .when(pl.col("largest_share") > ONE_POSITION)
+        .then(pl.format("{}% on one position", (100 * pl.col("largest_share")).round(0).cast(pl.Int64)))
+        .otherwise(pl.lit(""))
+        .alias("flag"),
         pl.when(pl.col("chosen")).then(pl.lit("✓")).otherwise(pl.lit("")).alias("chosen"),
-    ).select("model", "format", "shots", "n", "accuracy", "chance", "degenerate", "prompt_tokens", "chosen")
-    sentences = []
-    for model in formats["model"].unique(maintain_order=True):
-        rows = formats.filter((pl.col("model") == model) & pl.col("answer").is_not_null())
-        above = rows.filter(pl.col("ci_low") > pl.col("chance"))
-        best = rows.sort("acc", descending=True).row(0, named=True)
-        text = (
-            f"{html.escape(model)}: {len(above)} of {len(rows)} multiple-choice formats are above chance "
-            f"(interval clear of {pct(best['chance'])}); the most accurate is {html.escape(best['format'])} with "
-            f"{best['shots']} shots, {acc_text(best['acc'], best['ci_low'], best['ci_high'])}"
-        )
-        chosen = rows.filter(pl.col("chosen"))
-        if len(chosen) and not chosen["chosen"].is_null().any() and chosen.row(0, named=True) != best:
-            run = chosen.row(0, named=True)
-            text += (
-                f"; the chosen format, <code>tasks.facts.choice</code> ({run['shots']} shots, "
-                f"{acc_text(run['acc'], run['ci_low'], run['ci_high'])}) "
-                + (
-                    "lies within its interval: the two cannot be told apart at this n"
-                    if run["ci_high"] >= best["ci_low"]
-                    else "is <b>less accurate by the intervals</b>: choose the other in <code>tasks.facts.choice</code>"
-                )
-            )
-        sentences.append(text + ".")
+    ).rename({"repeats_example": "picks an example's answer"})
+    dev = shown.filter(pl.col("split") == "dev").select(
+        "model",
+        "form",
+        "n",
+        "accuracy",
+        "circular check",
+        "chance",
+        "flag",
+        "picks an example's answer",
+        "prompt_tokens",
+        "chosen",
+    )
+    evaluation = shown.filter(pl.col("split") == "eval").select(
+        "model", "form", "draw", "n", "accuracy", "circular check"
+    )
+    sentences = [s for model in formats["model"].unique(maintain_order=True) for s in formats_sentences(model, formats)]
     return (
-        "<h3>Which multiple-choice format the model can answer</h3>"
-        "<p>The same facts in every multiple-choice format of <code>tasks.facts.compare</code>, beside the cloze form; "
-        "the format marked ✓ (<code>tasks.facts.choice</code>) is the one every experiment runs.</p>"
+        "<h3>Which multiple-choice form the model can answer</h3>"
+        "<p>Chosen on a development split the report judges nothing else on (its own facts and solved examples): "
+        "every form of <code>tasks.facts.compare</code> — the answer as the option's letter (MMLU's) or its text; "
+        "0–5 solved examples; options marked <i>A.</i> or <i>(A)</i>; plain text or the model's own chat template, "
+        "with or without the reply opened by <i>The answer is</i> — beside the cloze form, each also under the "
+        "four rotations of its options (<b>circular check</b>: an item counts only where the answer follows its "
+        "content in all four). <i>flag</i>: one answer for every item, or more than half of the answers on one "
+        "position. ✓: the form every experiment runs (<code>tasks.facts.choice</code>).</p>"
         + table(
-            shown, left=("model", "format", "degenerate"), fmt={"chance": pct, "prompt_tokens": lambda v: f"{v:.0f}"}
+            dev,
+            left=("model", "form", "flag"),
+            fmt={"chance": pct, "prompt_tokens": lambda v: f"{v:.0f}", "picks an example's answer": pct},
         )
+        + "<p>The chosen form on the evaluation split, under other draws of its solved examples:</p>"
+        + table(evaluation, left=("model", "form"))
         + "<ul>"
         + "".join(f"<li>{s}</li>" for s in sentences)
         + "</ul>"
@@ -424,6 +525,7 @@ def render_knowledge(ctx: SectionContext) -> str:
         sentences = findings(model, ctx)
         if sentences:
             parts.append("<ul>" + "".join(f"<li>{s}</li>" for s in sentences) + "</ul>" + comparisons_note(ctx.margin))
+        parts.append(subsets_part(model, ctx))
     plot_view(per_model, ctx.figures["knowledge_view"])
     parts.append(ctx.figure("knowledge_view"))
     parts.append(answers_part(ctx))

@@ -8,12 +8,19 @@ checksum-pinned, or from a local CSV with those three columns. From them:
   scored by log-likelihood as MMLU cloze is;
 * `facts_choice` — knowledge plus the in-context step: the same question with the same four
   options listed as "A. … D." lines, answered with the letter (`answer: letter`, MMLU's format)
-  or with the option's own text (`answer: text`);
+  or with the option's own text (`answer: text`), after solved examples of the same relation
+  (a ChoiceForm says how: answer, shots, option marker, chat template, "The answer is" prefix,
+  which draw of examples, and a rotation of the options for the circular check);
 * the known items: per model, the multiple-choice items whose cloze twin (same fact, same
   options) the model gets right by at least `known_margin` nats over the best wrong option,
   so the multiple-choice score measures the in-context step on knowledge the model has.
 
-Item i of both formats is the same fact with the same options in the same order.
+Item i of both formats is the same fact with the same options in the same order. Confounds the
+builder rules out: a subject with two correct answers (a transcontinental country) is never asked
+and never an example; a solved example never makes one option string more frequent in the context
+than another; every item says whether its answer can be copied from the subject's letters
+(`copyable`), so knowledge can be read on the items where it cannot. The development split
+(`split="dev"`) holds other facts than the evaluation split, for choosing a format.
 """
 
 from __future__ import annotations
@@ -41,6 +48,24 @@ CHOICE_ANSWERS = ("letter", "text")
 LETTERS = ("A", "B", "C", "D")
 KNOWN, UNKNOWN = "known", "unknown"
 FACT_COLUMNS = ("relation", "subject", "object", "source")
+MARKERS = {"dot": "{letter}. {option}", "paren": "({letter}) {option}"}
+ANSWER_PREFIX = "The answer is"
+SPLITS = ("eval", "dev")
+
+# Countries whose territory lies on two continents: countryinfo records one region each, so the
+# other is added here (a second correct answer) and the fact is then never asked as an item.
+TRANSCONTINENTAL = {
+    "Armenia": "Europe",
+    "Azerbaijan": "Europe",
+    "Cyprus": "Europe",
+    "East Timor": "Oceania",
+    "Egypt": "Asia",
+    "Georgia": "Europe",
+    "Indonesia": "Oceania",
+    "Kazakhstan": "Europe",
+    "Russia": "Asia",
+    "Turkey": "Europe",
+}
 
 
 @dataclass(frozen=True)
@@ -73,6 +98,8 @@ def _countryinfo(archive: zipfile.ZipFile, source: str) -> list[tuple]:
             rows.append(("capital", subject, capital, source))
         if isinstance(region, str) and region:
             rows.append(("continent", subject, "the Americas" if region == "Americas" else region, source))
+            if TRANSCONTINENTAL.get(subject, region) != region:
+                rows.append(("continent", subject, TRANSCONTINENTAL[subject], f"{source} + gna.tasks.facts"))
         if isinstance(demonym, str) and demonym:
             rows.append(("demonym", subject, demonym.split(",")[0].strip(), source))
     return rows
@@ -96,11 +123,34 @@ READERS = {"countryinfo": _countryinfo, "periodictable": _periodictable}
 
 
 def facts_frame(rows: list[tuple]) -> pl.DataFrame:
+    """The facts as one table; a subject may have several answers for a relation (select_facts
+    never asks those)."""
     return (
         pl.DataFrame(rows, schema=list(FACT_COLUMNS), orient="row")
-        .unique(subset=["relation", "subject"], keep="first", maintain_order=True)
-        .sort("relation", "subject")
+        .unique(subset=["relation", "subject", "object"], keep="first", maintain_order=True)
+        .sort("relation", "subject", "object")
     )
+
+
+def single_answer(facts: pl.DataFrame, relation: str) -> list[dict]:
+    """The facts of `relation` whose subject has exactly one answer, sorted by subject."""
+    rows = facts.filter(pl.col("relation") == relation)
+    counts = rows.group_by("subject").len()
+    multi = set(counts.filter(pl.col("len") > 1)["subject"])
+    if multi:
+        log.info("%s: %d subjects with more than one answer are never asked: %s", relation, len(multi), sorted(multi))
+    return rows.filter(~pl.col("subject").is_in(sorted(multi))).sort("subject").rows(named=True)
+
+
+def copyable(subject: str, answer: str) -> bool:
+    """Whether `answer` can be written from the letters of `subject` without knowing the fact: it
+    starts with the subject's first three letters (German ← Germany), or it is a code of at most
+    three letters found in order in the subject, its first letter first (Mg ← Magnesium)."""
+    subj, ans = subject.lower(), answer.lower()
+    if len(ans) <= 3 and ans and ans[0] == subj[0]:
+        rest = iter(subj[1:])
+        return all(letter in rest for letter in ans[1:])
+    return len(subj) >= 3 and ans.startswith(subj[:3])
 
 
 def read_wheel_facts(wheel: str | Path, reader: str, source: str) -> pl.DataFrame:
@@ -150,11 +200,58 @@ def fetch_facts(data: dict, out_path: str | Path, local_path: str | Path | None 
     return facts
 
 
-def select_facts(facts: pl.DataFrame, relations: list[str], n: int, seed: int) -> list[dict]:
+@dataclass(frozen=True)
+class ChoiceForm:
+    """How a multiple-choice facts item is asked: answered with the option's `answer` (letter |
+    text), after `shots` solved examples (draw `draw` of them), options listed with `marker` (dot:
+    "A. Paris", paren: "(A) Paris"), through the model's chat template (`chat`, shots as earlier
+    turns) with the reply opened by "The answer is" (`prefix`), and the question's options rotated
+    by `rotation` places (the circular check asks each item under all four)."""
+
+    answer: str = "text"
+    shots: int = 1
+    marker: str = "dot"
+    chat: bool = False
+    prefix: bool = False
+    draw: int = 0
+    rotation: int = 0
+
+    def __post_init__(self):
+        if self.answer not in CHOICE_ANSWERS:
+            raise ValueError(f"tasks.facts.choice.answer: {self.answer!r}; allowed: {', '.join(CHOICE_ANSWERS)}")
+        if self.marker not in MARKERS:
+            raise ValueError(f"tasks.facts.choice.marker: {self.marker!r}; allowed: {', '.join(MARKERS)}")
+        if self.prefix and not self.chat:
+            raise ValueError("tasks.facts: prefix (the reply opened by 'The answer is') needs chat: true")
+        if not 0 <= self.rotation < len(LETTERS) or self.shots < 0 or self.draw < 0:
+            raise ValueError(f"a choice form needs shots >= 0, draw >= 0 and rotation 0..3: {self}")
+
+    @classmethod
+    def from_config(cls, block: dict) -> ChoiceForm:
+        """The form of a `tasks.facts.choice` or `tasks.facts.compare` entry."""
+        return cls(**{k: block[k] for k in ("answer", "shots", "marker", "chat", "prefix") if k in block})
+
+    @property
+    def label(self) -> str:
+        """e.g. 'letter, 3 shots, (A), chat + prefix'."""
+        parts = [
+            self.answer,
+            f"{self.shots} shot{'s' if self.shots != 1 else ''}",
+            MARKERS[self.marker].format(letter="A", option="").strip(),
+        ]
+        if self.chat:
+            parts.append("chat + prefix" if self.prefix else "chat")
+        return ", ".join(parts)
+
+
+def select_facts(
+    facts: pl.DataFrame, relations: list[str], n: int, seed: int, exclude: frozenset = frozenset()
+) -> list[dict]:
     """n facts, split evenly over `relations` (a relation with too few gives what it has), each with
     four options (its object and three other objects of the relation, seeded per fact so a fact's
     item does not depend on n), in a seeded order that mixes relations (evenly spaced subsets of
-    the items then hold every relation)."""
+    the items then hold every relation). Never a subject with two answers, nor an `exclude`d
+    (relation, subject)."""
     unknown = sorted(set(relations) - set(RELATIONS))
     if unknown:
         raise ValueError(f"tasks.facts.relations: unknown relations {unknown}; allowed: {', '.join(RELATIONS)}")
@@ -163,13 +260,13 @@ def select_facts(facts: pl.DataFrame, relations: list[str], n: int, seed: int) -
         raise ValueError(f"tasks.facts.relations: the facts hold no {absent} facts")
     items = []
     for i, relation in enumerate(relations):
-        rows = facts.filter(pl.col("relation") == relation).sort("subject").rows(named=True)
-        objects = sorted({r["object"] for r in rows})
+        objects = sorted(set(facts.filter(pl.col("relation") == relation)["object"]))
         if len(objects) < len(LETTERS):
             raise ValueError(
                 f"tasks.facts: relation {relation!r} has {len(objects)} distinct answers; "
                 f"four options need at least {len(LETTERS)}"
             )
+        rows = [r for r in single_answer(facts, relation) if (relation, r["subject"]) not in exclude]
         want = n // len(relations) + (1 if i < n % len(relations) else 0)
         chosen = random.Random(f"facts-{seed}-{relation}").sample(rows, min(want, len(rows)))
         for row in chosen:
@@ -181,50 +278,131 @@ def select_facts(facts: pl.DataFrame, relations: list[str], n: int, seed: int) -
     return items
 
 
-def _choice_block(relation: str, subject: str, options: list[str]) -> str:
-    lines = "\n".join(f"{letter}. {option}" for letter, option in zip(LETTERS, options))
-    return f"Question: {RELATIONS[relation].question.format(subject=subject)}\n{lines}\nAnswer:"
+def split_items(facts: pl.DataFrame, relations: list[str], n: int, seed: int, split: str = "eval", dev_n: int = 0):
+    """(the items of `split`, the facts left for solved examples): the evaluation split is
+    select_facts(n, seed); the development split `dev_n` other facts (seed + 1); the examples of
+    either split come from facts in neither."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown facts split {split!r}; allowed: {', '.join(SPLITS)}")
+    evaluation = select_facts(facts, relations, n, seed)
+    taken = frozenset((it["relation"], it["subject"]) for it in evaluation)
+    dev = select_facts(facts, relations, dev_n, seed + 1, exclude=taken) if dev_n else []
+    taken |= {(it["relation"], it["subject"]) for it in dev}
+    pool = {r: [row for row in single_answer(facts, r) if (r, row["subject"]) not in taken] for r in relations}
+    return (evaluation if split == "eval" else dev), pool
+
+
+def solved_examples(rng: random.Random, options: list[str], pool: list[dict], answers: list[str], shots: int):
+    """Up to `shots` (fact, its four options) solved examples for a question listing `options`,
+    drawn so that no option string is more frequent in the context than another: where the
+    relation has enough answers every example lists four strings found nowhere else in the
+    prompt; otherwise (few answers: continents) every example lists exactly the question's four
+    options, its own answer drawn uniformly among them (so it says nothing of the question's)."""
+    out, used = [], set(options)
+    if len(answers) >= len(LETTERS) * (shots + 1):
+        for _ in range(shots):
+            candidates = [row for row in pool if row["object"] not in used]
+            if not candidates:
+                break
+            shot = rng.choice(candidates)
+            wrong = rng.sample([a for a in answers if a not in used and a != shot["object"]], len(LETTERS) - 1)
+            shown = wrong + [shot["object"]]
+            rng.shuffle(shown)
+            used |= set(shown)
+            out.append((shot, shown))
+        return out
+    asked = set()
+    for _ in range(shots):
+        by_answer = {o: [r for r in pool if r["object"] == o and r["subject"] not in asked] for o in options}
+        open_answers = [o for o in options if by_answer[o]]
+        if not open_answers:
+            break
+        shot = rng.choice(by_answer[rng.choice(open_answers)])
+        asked.add(shot["subject"])
+        out.append((shot, rng.sample(options, len(options))))
+    return out
+
+
+def _option_lines(options: list[str], marker: str) -> str:
+    return "\n".join(MARKERS[marker].format(letter=letter, option=o) for letter, o in zip(LETTERS, options))
+
+
+def _choice_block(relation: str, subject: str, options: list[str], marker: str = "dot") -> str:
+    return (
+        f"Question: {RELATIONS[relation].question.format(subject=subject)}\n{_option_lines(options, marker)}\nAnswer:"
+    )
+
+
+def choice_prompt(relation: str, subject: str, options: list[str], examples: list, form: ChoiceForm, chat=None) -> str:
+    """The context of one multiple-choice item: its solved `examples` [(fact, options)] then the
+    question, as plain text or through `chat` (messages → the model's chat template with the
+    assistant's turn opened), the reply opened by ANSWER_PREFIX where `form.prefix`."""
+
+    def solved(fact, shown):
+        return LETTERS[shown.index(fact["object"])] if form.answer == "letter" else fact["object"]
+
+    if not form.chat:
+        shots = "".join(
+            f"{_choice_block(relation, fact['subject'], shown, form.marker)} {solved(fact, shown)}\n\n"
+            for fact, shown in examples
+        )
+        return shots + _choice_block(relation, subject, options, form.marker)
+    if chat is None:
+        raise ValueError("a chat form needs the model's chat template (chat=)")
+    ask = "the letter of the correct option" if form.answer == "letter" else "the correct option"
+
+    def question(s, shown):
+        return (
+            f"{RELATIONS[relation].question.format(subject=s)}\n{_option_lines(shown, form.marker)}\nAnswer with {ask}."
+        )
+
+    messages = []
+    for fact, shown in examples:
+        reply = solved(fact, shown)
+        messages += [
+            {"role": "user", "content": question(fact["subject"], shown)},
+            {"role": "assistant", "content": f"{ANSWER_PREFIX} {reply}." if form.prefix else reply},
+        ]
+    messages.append({"role": "user", "content": question(subject, options)})
+    return chat(messages) + (ANSWER_PREFIX if form.prefix else "")
 
 
 def build_facts(
-    facts: pl.DataFrame, relations: list[str], n: int, seed: int, fmt: str, answer: str = "text", shots: int = 0
+    facts: pl.DataFrame,
+    relations: list[str],
+    n: int,
+    seed: int,
+    fmt: str,
+    form: ChoiceForm = ChoiceForm(),
+    *,
+    split: str = "eval",
+    dev_n: int = 0,
+    chat=None,
 ) -> pl.DataFrame:
-    """The facts task in format `fmt` (cloze | choice) over select_facts' items; the choice form
-    answers with the letter or the option's text (`answer`), after `shots` solved examples of the
-    same relation drawn from facts outside the evaluation set. Group: the relation."""
+    """The facts task in format `fmt` (cloze | choice) over the items of `split` (split_items);
+    the choice form asked as `form` says, its solved examples of the same relation drawn from the
+    facts outside both splits (solved_examples). `chat`: messages → prompt text, for chat forms.
+    Group: the relation."""
     if fmt not in FACT_FORMATS:
         raise ValueError(f"unknown facts format {fmt!r}; allowed: {', '.join(FACT_FORMATS)}")
-    if answer not in CHOICE_ANSWERS:
-        raise ValueError(f"tasks.facts.choice.answer: {answer!r}; allowed: {', '.join(CHOICE_ANSWERS)}")
-    items = select_facts(facts, relations, n, seed)
-    chosen = {(it["relation"], it["subject"]) for it in items}
-    pool = {
-        r: [
-            row
-            for row in facts.filter(pl.col("relation") == r).sort("subject").rows(named=True)
-            if (r, row["subject"]) not in chosen
-        ]
-        for r in relations
-    }
+    items, pool = split_items(facts, relations, n, seed, split, dev_n)
     answers = {r: sorted(set(facts.filter(pl.col("relation") == r)["object"])) for r in relations}
     rows = []
     for item_id, it in enumerate(items):
         relation = it["relation"]
+        options, target = it["options"], it["target"]
         if fmt == "cloze":
             context = RELATIONS[relation].cloze.format(subject=it["subject"])
-            choices = [f" {o}" for o in it["options"]]
+            choices, shown = [f" {o}" for o in options], []
         else:
-            rng = random.Random(f"facts-shots-{seed}-{relation}-{it['subject']}")
-            shot_text = ""
-            for shot in rng.sample(pool[relation], min(shots, len(pool[relation]))):
-                # the example's wrong options never include the asked question's answer
-                wrong = [o for o in answers[relation] if o not in (shot["object"], it["object"])]
-                options = rng.sample(wrong, min(len(wrong), len(LETTERS) - 1)) + [shot["object"]]
-                rng.shuffle(options)
-                solved = LETTERS[options.index(shot["object"])] if answer == "letter" else shot["object"]
-                shot_text += f"{_choice_block(relation, shot['subject'], options)} {solved}\n\n"
-            context = shot_text + _choice_block(relation, it["subject"], it["options"])
-            choices = [f" {letter}" for letter in LETTERS] if answer == "letter" else [f" {o}" for o in it["options"]]
+            turn = len(LETTERS) - form.rotation
+            options, target = options[turn:] + options[:turn], (target + form.rotation) % len(LETTERS)
+            rng = random.Random(f"facts-shots-{seed}-{split}-{form.draw}-{relation}-{it['subject']}")
+            examples = solved_examples(rng, options, pool[relation], answers[relation], form.shots)
+            context = choice_prompt(relation, it["subject"], options, examples, form, chat)
+            space = "" if form.chat and not form.prefix else " "  # the reply starts a turn: no space
+            choices = [f"{space}{c}" for c in (LETTERS if form.answer == "letter" else options)]
+            shown = [fact["object"] for fact, _ in examples]
         rows.append(
             {
                 "task": f"facts_{fmt}",
@@ -232,26 +410,28 @@ def build_facts(
                 "group": relation,
                 "context": context,
                 "choices": choices,
-                "target": it["target"],
+                "target": target,
                 "relation": relation,
                 "subject": it["subject"],
-                "format": "cloze" if fmt == "cloze" else f"choice ({answer})",
+                "copyable": copyable(it["subject"], it["object"]),
+                "solved_answers": shown,
+                "format": "cloze" if fmt == "cloze" else f"choice ({form.answer})",
             }
         )
-    return pl.DataFrame(rows)
+    return pl.DataFrame(rows, schema_overrides={"solved_answers": pl.List(pl.String)})
 
 
 def write_facts_task(facts_path: str | Path, facts_cfg: dict, fmt: str, out_path: str | Path) -> pl.DataFrame:
     """Build the facts task in format `fmt` from the facts table `facts_path` and the `tasks.facts`
-    config keys relations, n, seed and choice (answer, shots); write it to `out_path` as Parquet."""
+    config keys relations, n, seed and choice (ChoiceForm.from_config); write it to `out_path`."""
     table = build_facts(
         read_parquet(facts_path),
         facts_cfg["relations"],
         facts_cfg["n"],
         facts_cfg["seed"],
         fmt,
-        facts_cfg["choice"]["answer"],
-        facts_cfg["choice"]["shots"],
+        ChoiceForm.from_config(facts_cfg["choice"]),
+        dev_n=facts_cfg.get("dev", {}).get("n", 0),
     )
     write_parquet(table, out_path)
     log.info(

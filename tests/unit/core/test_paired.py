@@ -117,3 +117,28 @@ def test_the_detectable_difference_shrinks_with_n_and_is_what_n_to_decide_needs(
     assert 0 < large < small < 1
     assert n_to_decide(240, 40, large, 0.0) <= 240 < n_to_decide(240, 40, large - 0.01, 0.0)
     assert detectable_difference(3, 0) == 1.0
+
+
+def test_facts_are_compared_per_relation_and_on_the_not_copyable_items_in_a_family_of_their_own():
+    ref = pl.DataFrame(
+        {
+            "task": "facts_cloze",
+            "item_id": range(40),
+            "group": ["capital", "symbol"] * 20,
+            "relation": ["capital", "symbol"] * 20,
+            "copyable": [False, True] * 20,
+            "correct": True,
+        }
+    )
+    cond = ref.with_columns(pl.Series("correct", [i % 2 == 1 or i >= 30 for i in range(40)]))  # 15 capitals lost
+    table = comparisons({"a": ref, "b": cond}, [("f", "a", "b")])
+    assert table.select("family", "group", "n", "reference_only").rows() == [
+        ("f", "all", 40, 15),
+        ("f · by relation", "capital", 20, 15),
+        ("f · by relation", "symbol", 20, 0),
+        ("f · by relation", "not copyable", 20, 15),
+    ]
+    # the main row's Holm value is its own p: the subsets do not dilute it
+    plain = comparisons({"a": ref.drop("relation", "copyable"), "b": cond}, [("f", "a", "b")])
+    assert table["p_holm"][0] == plain["p_holm"][0] == mcnemar_p(15, 0)
+    assert table["p_holm"][1] == pytest.approx(min(1.0, 3 * mcnemar_p(15, 0)))

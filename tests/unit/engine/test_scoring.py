@@ -162,3 +162,18 @@ def test_bos_is_put_first_where_the_tokenizer_puts_it_by_default(tiny_llama):
     assert len(seg.tokens) == len(with_bos.context) and seg.answer == seg_plain.answer + 1
     assert seg.spans == [(a + 1, b + 1) for a, b in seg_plain.spans]
     assert attention_maps(model, bos_tok, row["context"]).shape[-1] == len(with_bos.context)
+
+
+def test_per_item_scores_keep_the_facts_relation_and_copyable_flag(tiny_llama):
+    from gna.engine.scoring import ITEM_ATTRIBUTES
+    from gna.tasks.facts import build_facts, read_local_facts
+
+    model, tok = tiny_llama
+    facts = read_local_facts(MINI_MMLU.parent / "mini_facts.csv")
+    cloze = build_facts(facts, ["capital", "symbol"], 6, seed=1, fmt="cloze")
+    items = score_table(model, tok, cloze, progress=False)
+    assert items.select(*ITEM_ATTRIBUTES).equals(cloze.select(*ITEM_ATTRIBUTES))
+    kv = build_kv_retrieval([5], 2, seed=0, template="lookup")
+    kv_items = score_table(model, tok, kv, progress=False)
+    assert kv_items.select(*ITEM_ATTRIBUTES).null_count().row(0) == (len(kv), len(kv))
+    assert pl.concat([kv_items, items]).height == len(kv) + len(cloze)  # the tasks' frames stack

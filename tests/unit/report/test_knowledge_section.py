@@ -4,6 +4,7 @@ tables, its table the results."""
 import re
 
 import polars as pl
+import pytest
 
 from gna.core.paired import comparisons
 from gna.core.stats import wilson_interval
@@ -142,33 +143,65 @@ def test_the_view_table_shows_each_condition_with_its_interval():
     )
 
 
-def test_the_format_comparison_says_whether_the_chosen_format_trails_the_best():
+def formats_frame(rows: list[tuple]) -> pl.DataFrame:
+    """A facts_formats table of (split, form, answer, draw, correct, circular correct, chosen) rows, n = 80."""
+    out = []
+    for split, form, answer, draw, correct, circular, chosen in rows:
+        low, high = wilson_interval(correct, 80)
+        c_low, c_high = wilson_interval(circular, 80) if circular is not None else (None, None)
+        out.append(
+            {
+                "model": "m",
+                "split": split,
+                "form": form,
+                "answer": answer,
+                "shots": 1,
+                "draw": draw,
+                "note": None,
+                "n": 80,
+                "acc": correct / 80,
+                "ci_low": low,
+                "ci_high": high,
+                "chance": 0.25,
+                "circular_acc": None if circular is None else circular / 80,
+                "circular_ci_low": c_low,
+                "circular_ci_high": c_high,
+                "distinct_predictions": 1 if correct == 20 else 4,
+                "largest_share": 1.0 if correct == 20 else 0.3,
+                "repeats_example": None,
+                "prompt_tokens": 40.0,
+                "chosen": chosen,
+            }
+        )
+    return pl.DataFrame(out)
+
+
+def test_the_format_comparison_says_when_no_letter_form_is_above_chance_and_whether_the_chosen_form_trails():
     from gna.report.knowledge_section import formats_part
 
-    def formats(chosen_correct: int) -> pl.DataFrame:
-        rows = []
-        for shots, correct, chosen in ((0, 66, False), (1, chosen_correct, True), (3, 85, False)):
-            low, high = wilson_interval(correct, 240)
-            rows.append(
-                {
-                    "model": "m",
-                    "format": "choice (text)",
-                    "answer": "text",
-                    "shots": shots,
-                    "n": 240,
-                    "acc": correct / 240,
-                    "ci_low": low,
-                    "ci_high": high,
-                    "chance": 0.25,
-                    "distinct_predictions": 4,
-                    "prompt_tokens": 30.0 + shots,
-                    "chosen": chosen,
-                }
-            )
-        return pl.DataFrame(rows)
+    def formats(letter: int, letter_circular: int, chosen_circular: int) -> pl.DataFrame:
+        return formats_frame(
+            [
+                ("dev", "cloze", None, 0, 70, None, False),
+                ("dev", "letter, 3 shots, A.", "letter", 0, letter, letter_circular, False),
+                ("dev", "letter, 0 shots, A.", "letter", 0, 20, None, False),
+                ("dev", "text, 1 shot, A.", "text", 0, 40, chosen_circular, True),
+                ("eval", "text, 1 shot, A.", "text", 0, 27, 10, True),
+                ("eval", "text, 1 shot, A.", "text", 1, 23, None, True),
+                ("eval", "text, 1 shot, A.", "text", 2, 25, None, True),
+            ]
+        )
 
-    assert "cannot be told apart at this n" in formats_part(formats(81))  # 33.8% vs 35.4%
-    assert "less accurate by the intervals" in formats_part(formats(50))  # 20.8% vs 35.4%
+    page = formats_part(formats(letter=22, letter_circular=0, chosen_circular=25))
+    assert "No letter form is above chance on this model" in page and "one answer for every item" in page
+    assert "33.8%, 28.7%, 31.2% over 3 draws" in page and "spread 5.0 points" in page
+    assert "2 of 3 multiple-choice forms are above chance" not in page  # 20/80 and 22/80 are not
+    assert "1 of 3 multiple-choice forms are above chance" in page and "1 of those also pass the circular check" in page
+    answered = formats_part(formats(letter=60, letter_circular=45, chosen_circular=25))
+    assert "The letter format (MMLU's answer, the study's form) is answered" in answered
+    assert "<b>the configured form trails it</b>" in answered  # circular 56% [45–67] against 31% [22–42]
+    close = formats_part(formats(letter=60, letter_circular=28, chosen_circular=25))
+    assert "cannot be told apart at this n" in close
 
 
 def test_a_config_without_facts_still_writes_the_figure(tmp_path):
@@ -208,19 +241,14 @@ def test_the_power_table_says_what_each_comparisons_table_can_detect(tmp_path):
 def test_answers_are_counted_by_position_and_by_the_solved_examples_answer():
     from gna.report.knowledge_section import ONE_POSITION, answer_rows
 
-    def choice_context(solved: str) -> str:
-        return (
-            f"Question: Q?\nA. a\nB. b\nC. c\nD. d\nAnswer: {solved}\n\nQuestion: R?\nA. x\nB. y\nC. z\nD. w\nAnswer:"
-        )
-
     tasks = pl.DataFrame(
         {
             "task": ["facts_choice"] * 4,
             "item_id": [0, 1, 2, 3],
             "relation": ["capital", "capital", "symbol", "symbol"],
+            "copyable": [False, False, True, False],
             "choices": [[" x", " y", " z", " w"]] * 4,
-            "context": [choice_context("x"), choice_context("y"), choice_context("y"), choice_context("y")],
-            "format": ["choice (text)"] * 4,
+            "solved_answers": [["x"], ["y"], ["y"], ["y"]],
         }
     )
     items = pl.DataFrame(
@@ -236,19 +264,6 @@ def test_answers_are_counted_by_position_and_by_the_solved_examples_answer():
     rows = {r["relation"]: r for r in answer_rows(tasks, items).iter_rows(named=True)}
     assert rows["all"]["answer A"] == 0.75 and rows["all"]["largest share"] == 0.75 > ONE_POSITION
     assert rows["all"]["correct there"] == 0.25  # A holds the answer of one item in four
-    assert rows["capital"]["repeats the example"] == 0.5  # item 0 answered x, its example's answer
-    assert rows["symbol"]["repeats the example"] == 0.5 and rows["symbol"]["value"] == 0.5
-
-
-def test_solved_answers_are_read_back_from_the_choice_context():
-    from gna.report.knowledge_section import solved_answers
-    from gna.tasks.facts import LETTERS, build_facts, facts_frame
-
-    rows = [("capital", f"Country{i}", f"City{i}", "t") for i in range(12)]
-    facts = facts_frame(rows)
-    for answer, shots in (("text", 2), ("letter", 1), ("text", 0)):
-        table = build_facts(facts, ["capital"], 4, 0, "choice", answer=answer, shots=shots)
-        for context in table["context"]:
-            solved = solved_answers(context)
-            assert len(solved) == shots
-            assert all((s in LETTERS) if answer == "letter" else s.startswith("City") for s in solved)
+    assert rows["capital"]["repeats an example"] == 0.5  # item 0 answered x, its example's answer
+    assert rows["symbol"]["repeats an example"] == 0.5 and rows["symbol"]["value"] == 0.5
+    assert rows["not copyable"]["n"] == 3 and rows["not copyable"]["value"] == pytest.approx(2 / 3)
