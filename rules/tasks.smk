@@ -71,11 +71,12 @@ rule facts_task:
     output:
         "data/tasks/facts_{facts_fmt}.parquet",
     params:
-        # the lists of formats and of compared forms, and the draws compared, are left out: editing them rebuilds no task
+        # the lists of formats and of compared forms, the development split and the draws compared
+        # are left out: editing them rebuilds no task
         facts={
             k: v
             for k, v in config["tasks"]["facts"].items()
-            if k not in ("formats", "compare", "draws", "data", "known_margin")
+            if k not in ("formats", "compare", "dev", "draws", "data", "known_margin")
         },
         code=code_of("facts_task"),
     log:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from golden import SMOKE_RUN
 
 # Tests never reach a model hub: the hub code paths are exercised against local caches.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -60,8 +61,7 @@ def smk(workdir: Path, *args: str, config: dict | None = None, check: bool = Tru
         str(workdir),
         "--configfile",
         str(cfg_path),
-        "--cores",
-        "2",
+        *SMOKE_RUN,
         *args,
     ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)

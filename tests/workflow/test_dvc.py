@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, planned_jobs
 
-pytestmark = pytest.mark.workflow
+pytestmark = [pytest.mark.workflow, pytest.mark.slow]  # Snakemake, DVC, SLURM, SSH: minutes
 BIN = Path(sys.executable).parent
 BUCKET = "gna-results"
 # moto accepts any key; real ones must never be needed here

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-pytestmark = pytest.mark.workflow
+pytestmark = [pytest.mark.workflow, pytest.mark.slow]  # Snakemake, DVC, SLURM, SSH: minutes
 BIN = Path(sys.executable).parent
 SCRIPT = REPO / "tests" / "cluster" / "local_sshd.sh"
 STATE = Path(os.environ.get("GNA_SSHD_DIR", "/var/tmp/gna-sshd"))

@@ -37,6 +37,7 @@ def _changed(frame: pl.DataFrame) -> pl.DataFrame:
     raise AssertionError("no value to change")
 
 
+@pytest.mark.slow
 def test_golden_results_are_stable_and_timing_free(tmp_path):
     """A run's data folder holding the golden results, each file written afresh with its rows
     shuffled: refresh stores from it exactly the golden files (they are in their stable order, so

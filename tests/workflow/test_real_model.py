@@ -15,6 +15,9 @@ from gna.tasks.tables import build_kv_retrieval
 SPEC = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["models"]["smollm2-135m"]
 
 
+pytestmark = pytest.mark.slow  # the real 135M model: its download and conversion
+
+
 @pytest.fixture(scope="module")
 def smollm(tmp_path_factory):
     folder = tmp_path_factory.mktemp("smollm")

@@ -21,7 +21,7 @@ import yaml
 from conftest import REPO, planned_jobs
 from golden import GOLDEN_DIR, check, cpu_kind, recorded_kind, stable
 
-pytestmark = pytest.mark.workflow
+pytestmark = [pytest.mark.workflow, pytest.mark.slow]  # Snakemake, DVC, SLURM, SSH: minutes
 SCRIPT = REPO / "tests" / "cluster" / "local_slurm.sh"
 STATE = Path(os.environ.get("GNA_SLURM_DIR", "/var/tmp/gna-slurm"))
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
@@ -69,6 +69,11 @@ def test_smoke_baseline_runs_as_slurm_jobs_and_equals_the_local_results(tmp_path
             str(tmp_path / "config.yaml"),
             "--profile",
             str(REPO / "profiles" / "slurm"),
+            # a cluster's scheduler wants few status queries; this one answers at once
+            "--slurm-init-seconds-before-status-checks",
+            "1",
+            "--seconds-between-status-checks",
+            "1",
             *targets,
         ],
         cwd=tmp_path,

@@ -23,7 +23,7 @@ def planned_jobs_of(proc):
     return planned_jobs(proc.stdout + proc.stderr)
 
 
-pytestmark = pytest.mark.workflow
+pytestmark = [pytest.mark.workflow, pytest.mark.slow]  # Snakemake, DVC, SLURM, SSH: minutes
 
 
 def smoke_config() -> dict:

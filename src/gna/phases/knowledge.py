@@ -125,7 +125,8 @@ def compare_formats(
 
     def add(split, form, circular, note=None):
         """Score `form` on `split` (None: the cloze form); under its other three rotations too where
-        `circular` or its accuracy is above chance (a form at chance follows no content to check)."""
+        `circular` says so (True: always; None: where its accuracy is above chance, since a form at
+        chance follows no content to check; False: never)."""
         row = {"split": split, "form": form.label if form else "cloze", "answer": form and form.answer}
         row |= {"shots": form and form.shots, "marker": form and form.marker, "chat": form and form.chat}
         row |= {"prefix": form and form.prefix, "draw": form.draw if form else 0, "note": note}
@@ -135,7 +136,7 @@ def compare_formats(
         tables = [build("choice", form, split) if form else build("cloze")]
         scored = [scores_of(model, tok, tables[0], earlier, batch_size)]
         low = wilson_interval(int(scored[0]["correct"].sum()), len(scored[0]))[0]
-        if form and (circular or low > chance_accuracy(tables[0])):
+        if form and (circular or (circular is None and low > chance_accuracy(tables[0]))):
             tables += [build("choice", replace(form, rotation=r), split) for r in range(1, len(LETTERS))]
             scored += [scores_of(model, tok, t, earlier, batch_size) for t in tables[1:]]
         rows.append(row | form_row(tables, scored, tok))
@@ -153,8 +154,8 @@ def compare_formats(
     for entry in facts_cfg["compare"]:
         form = ChoiceForm.from_config(entry)
         no_chat = form.chat and chat is None
-        add("dev", form, form == own, note="the tokenizer has no chat template" if no_chat else None)
-    for draw in range(facts_cfg["draws"]):
+        add("dev", form, True if form == own else None, note="the tokenizer has no chat template" if no_chat else None)
+    for draw in range(facts_cfg["draws"]):  # the task's own draw checked, the others for their spread only
         add("eval", replace(own, draw=draw), draw == 0)
     keys = ("answer", "shots", "marker", "chat", "prefix")
     return pl.DataFrame(rows, infer_schema_length=None).with_columns(

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import polars as pl
 
-from gna.core.paired import DEFAULT_MARGIN, decide
+from gna.core.paired import DEFAULT_MARGIN, NOT_COPYABLE, SUBSETS, decide
 from gna.core.stats import wilson_interval
 from gna.students.spec import TEACHER_VARIANT, VARIANT_PATTERN
 
@@ -36,21 +36,39 @@ def _accuracy(name: str, value: float, n: int) -> dict:
     return {"name": name, "kind": "accuracy", "value": value, "n": n, "ci": [low, high]}
 
 
-def _verdicts(frame: pl.DataFrame, prefix: str, margin: float, tasks=VERDICT_TASKS) -> list[dict]:
-    """A verdict entry per comparisons-table row on all items of `tasks` (None: every task)."""
+def _verdicts(frame: pl.DataFrame, prefix: str, margin: float, tasks=VERDICT_TASKS, group: str = "all") -> list[dict]:
+    """A verdict entry per comparisons-table row on `group` of `tasks` (None: every task)."""
     out = []
-    rows = frame.filter(pl.col("group") == "all") if not frame.is_empty() else frame
+    rows = frame.filter(pl.col("group") == group) if not frame.is_empty() else frame
     for row in rows.iter_rows(named=True):
         if tasks is not None and row["task"] not in tasks:
             continue
+        where = "" if group == "all" else f" ({group})"
         out.append(
             {
-                "name": f"{prefix}: {row['condition']} vs {row['reference']}, {row['task']}",
+                "name": f"{prefix}: {row['condition']} vs {row['reference']}, {row['task']}{where}",
                 "kind": "verdict",
                 "value": decide(row, margin).verb,
                 "n": row["n"],
             }
         )
+    return out
+
+
+def _formats(formats: pl.DataFrame, model: str) -> list[dict]:
+    """The format comparison's headline: whether any letter form is above chance on the development
+    split, and the chosen form's accuracy on the evaluation split (the task's own draw)."""
+    if formats.is_empty():
+        return []
+    dev = formats.filter((pl.col("split") == "dev") & (pl.col("answer") == "letter") & (pl.col("n") > 0))
+    out = []
+    if len(dev):
+        above = bool((dev["ci_low"] > dev["chance"]).any())
+        out.append({"name": f"{model} a letter form above chance", "kind": "label", "value": "yes" if above else "no"})
+    own = formats.filter((pl.col("split") == "eval") & (pl.col("draw") == 0))
+    if len(own):
+        row = own.row(0, named=True)
+        out.append(_accuracy(f"{model} facts form {row['form']} (evaluation split)", row["acc"], row["n"]))
     return out
 
 
@@ -88,11 +106,16 @@ def headline(data_dir: str | Path, margin: float = DEFAULT_MARGIN) -> list[dict]
                 for row in chosen.filter(pl.col("group") == "all").sort("task").iter_rows(named=True):
                     out.append(_accuracy(f"{model} top {ks[-1]} removed {row['task']}", row["acc_condition"], row["n"]))
                 out += _verdicts(chosen, model, margin)
+                subsets = topk.filter(
+                    (pl.col("family") == "top k vs unmodified" + SUBSETS) & (pl.col("condition") == f"top {ks[-1]}")
+                )
+                out += _verdicts(subsets, model, margin, ("facts_cloze",), NOT_COPYABLE)
                 out += _verdicts(
                     topk.filter((pl.col("family") == "top k vs random k") & (pl.col("condition") == f"top {ks[-1]}")),
                     model,
                     margin,
                 )
+        out += _formats(_read(data / "results" / "facts" / model / "formats.parquet"), model)
         out += _verdicts(_read(heads / "kept.comparisons.parquet"), f"{model} heads kept", margin, ("kv_retrieval",))
         gna = data / "results" / "gna" / model / "masking.comparisons.parquet"
         out += _verdicts(_read(gna), f"{model} G&A masking", margin, None)

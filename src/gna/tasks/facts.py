@@ -20,7 +20,8 @@ builder rules out: a subject with two correct answers (a transcontinental countr
 and never an example; a solved example never makes one option string more frequent in the context
 than another; every item says whether its answer can be copied from the subject's letters
 (`copyable`), so knowledge can be read on the items where it cannot. The development split
-(`split="dev"`) holds other facts than the evaluation split, for choosing a format.
+(`split="dev"`) holds other facts than the evaluation split, for choosing a format; the evaluation
+split does not depend on it.
 """
 
 from __future__ import annotations
@@ -279,17 +280,19 @@ def select_facts(
 
 
 def split_items(facts: pl.DataFrame, relations: list[str], n: int, seed: int, split: str = "eval", dev_n: int = 0):
-    """(the items of `split`, the facts left for solved examples): the evaluation split is
-    select_facts(n, seed); the development split `dev_n` other facts (seed + 1); the examples of
-    either split come from facts in neither."""
+    """(the items of `split`, the facts left for its solved examples): the evaluation split is
+    select_facts(n, seed), its examples drawn from every other fact; the development split is
+    `dev_n` other facts (seed + 1), its examples drawn from facts in neither split. The evaluation
+    split and its examples do not depend on the development split, so editing it rebuilds no task."""
     if split not in SPLITS:
         raise ValueError(f"unknown facts split {split!r}; allowed: {', '.join(SPLITS)}")
-    evaluation = select_facts(facts, relations, n, seed)
-    taken = frozenset((it["relation"], it["subject"]) for it in evaluation)
-    dev = select_facts(facts, relations, dev_n, seed + 1, exclude=taken) if dev_n else []
-    taken |= {(it["relation"], it["subject"]) for it in dev}
+    items = select_facts(facts, relations, n, seed)
+    taken = frozenset((it["relation"], it["subject"]) for it in items)
+    if split == "dev":
+        items = select_facts(facts, relations, dev_n, seed + 1, exclude=taken)
+        taken |= {(it["relation"], it["subject"]) for it in items}
     pool = {r: [row for row in single_answer(facts, r) if (r, row["subject"]) not in taken] for r in relations}
-    return (evaluation if split == "eval" else dev), pool
+    return items, pool
 
 
 def solved_examples(rng: random.Random, options: list[str], pool: list[dict], answers: list[str], shots: int):
@@ -431,7 +434,6 @@ def write_facts_task(facts_path: str | Path, facts_cfg: dict, fmt: str, out_path
         facts_cfg["seed"],
         fmt,
         ChoiceForm.from_config(facts_cfg["choice"]),
-        dev_n=facts_cfg.get("dev", {}).get("n", 0),
     )
     write_parquet(table, out_path)
     log.info(

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from gna.core.guard import SET_ASIDE, check, file_md5, guard, record_written
@@ -92,6 +93,7 @@ def test_a_fresh_clone_has_nothing_to_guard(tmp_path):
     assert check(root) == []
 
 
+@pytest.mark.slow
 def test_a_job_records_its_outputs_only_when_it_succeeds(tmp_path):
     script = (
         "import sys\nfrom pathlib import Path\nfrom gna.core.runtime import setup\n"

@@ -106,6 +106,7 @@ def test_only_the_head_sweep_and_attribution_run_head_ablation():
     assert scripts_importing({module("head_ablation")}) == {"heads_sweep", "heads_attribution"}
 
 
+@pytest.mark.slow
 def test_every_script_that_scores_covers_the_engine():
     scoring = scripts_importing({module("scoring")})
     assert "baseline" in scoring

@@ -17,6 +17,7 @@ PLAN = REPO / "tests" / "data" / "smoke_plan.json"
 EARLY_RULES = {"fetch_facts", "kv_task", "mmlu_task", "facts_task", "prepare_model", "baseline", "facts_known"}
 
 
+@pytest.mark.slow
 def test_smoke_plan_is_the_workflows(tmp_path):
     recorded = json.loads(json.dumps(record_plan(REPO / "config" / "smoke.yaml", tmp_path / "work")))
     assert recorded == read_plan(PLAN), (
@@ -66,6 +67,7 @@ def test_replayed_jobs_give_the_golden_results(tmp_path):
     assert all(outcome in ("bit for bit", "within 0.0001") for outcome in written.values()), written
 
 
+@pytest.mark.slow
 def test_failed_and_skipped_jobs_stop_their_dependents(tmp_path):
     """A job that fails is reported with its log; the jobs that read its outputs, or a skipped job's,
     are not run; the others run (the task tables alone here: no model is needed)."""

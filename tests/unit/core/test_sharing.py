@@ -40,6 +40,7 @@ def _dvc_project(path, *remote_args):
     return path
 
 
+@pytest.mark.slow
 def test_each_unusable_remote_is_named_with_what_to_configure(tmp_path):
     with pytest.raises(RemoteError, match="no DVC remote is configured(.|\n)*dvc remote add -d lab s3://"):
         check_remote(_dvc_project(tmp_path / "none"), "push")

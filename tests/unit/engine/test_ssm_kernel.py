@@ -74,6 +74,7 @@ INTERPRETED = textwrap.dedent("""
 # On an H100 node's own triton 3.6.0 and numpy 2.5 the interpreter itself fails ("only 0-dimensional
 # arrays can be converted to Python scalars"); `make gpu`'s triton 3.7.1 runs it.
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the compiled kernel is compared instead")
+@pytest.mark.slow
 def test_the_kernel_equals_the_torch_scan_under_tritons_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     env.pop(KERNEL_ENV, None)

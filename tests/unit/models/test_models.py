@@ -81,6 +81,7 @@ def test_unknown_source_is_named():
         load_source({"source": "ftp"}, None)
 
 
+@pytest.mark.slow
 def test_hf_source_resolves_a_hub_id_through_the_hf_cache(tmp_path):
     """The `hf` path is the real from_pretrained(hub id) code; here the hub cache is pre-filled
     (as on a cluster node without network) and HF_HUB_OFFLINE=1 forbids any download."""

@@ -28,6 +28,10 @@ def test_a_run_reproduces_its_own_record(run, tmp_path, capsys):
     names = [e["name"] for e in headline(run)]
     assert KV in names and "tiny-llama top-ranked head" in names
     assert any(n.startswith("tiny-llama students: k2-n8 vs teacher") for n in names)
+    # the format comparison and knowledge where the answer cannot be copied from the subject
+    assert "tiny-llama a letter form above chance" in names
+    assert "tiny-llama facts form text, 1 shot, A. (evaluation split)" in names
+    assert "tiny-llama: top 4 vs unmodified, facts_cloze (not copyable)" in names
 
 
 def test_numbers_within_their_interval_pass_and_outside_it_are_named(run):
@@ -58,7 +62,7 @@ def test_a_changed_verdict_and_a_missing_result_are_named(run):
     assert not ok
     assert "VERDICT CHANGED tiny-llama students: k2-n8 vs teacher, kv_retrieval: undecided → falls" in lines
     assert "missing    tiny-llama top-ranked head" in lines
-    assert lines[-1].endswith("1 of 24 verdicts changed")
+    assert lines[-1].endswith("1 of 25 verdicts changed")
 
 
 def test_no_run_or_no_record_is_an_error_naming_the_file(tmp_path, run, capsys):

@@ -207,6 +207,11 @@ def test_the_development_split_holds_other_facts_and_examples_come_from_neither(
     key = lambda items: {(it["relation"], it["subject"]) for it in items}  # noqa: E731
     assert key(evaluation) and key(dev) and not key(evaluation) & key(dev)
     assert not key([r | {"relation": rel} for rel, rows in pool.items() for r in rows]) & (key(evaluation) | key(dev))
+    # the evaluation split and its examples do not depend on the development split: editing it rebuilds no task
+    form = ChoiceForm("text", shots=2)
+    assert build_facts(facts, RELATIONS, 8, 5, "choice", form, dev_n=8).equals(
+        build_facts(facts, RELATIONS, 8, 5, "choice", form)
+    )
     with pytest.raises(ValueError, match="unknown facts split 'test'"):
         split_items(facts, RELATIONS, 8, 5, "test")
 
