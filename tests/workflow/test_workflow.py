@@ -55,7 +55,8 @@ def test_smoke_run_writes_results_and_report(smoke):
     choice = ours.filter((pl.col("task") == "facts_choice") & (pl.col("metric") == "acc"))
     n = dict(zip(choice["group"], choice["n"]))
     assert set(n) <= {"known", "unknown", "all"} and n["all"] == 8 and n.get("known", 0) + n.get("unknown", 0) == 8
-    assert pl.read_parquet(smoke / "data/results/facts/tiny-llama/formats.parquet").height == 3
+    # the development split: cloze and the two compared forms; the evaluation split: the two draws of the own form
+    assert pl.read_parquet(smoke / "data/results/facts/tiny-llama/formats.parquet").height == 5
     acc = ours.filter(pl.col("metric") == "acc")["value"]
     assert ((acc >= 0) & (acc <= 1)).all()
     # the lm-eval cross-check scores the same letter items as our engine, so accuracies agree
