@@ -89,7 +89,7 @@ def test_smoke_run_writes_results_and_report(smoke):
         "layer swap",
         "inference memory",
         "Knowledge vs retrieval",
-        "Which multiple-choice format the model can answer",
+        "Which multiple-choice form the model can answer",
     ):
         assert needle in html, needle
     model_dir = smoke / "data/models/tiny-llama"
