@@ -4,6 +4,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CORES  ?= all
+# pytest-xdist workers for the tests; tests that share a fixture run in one worker (xdist_group)
+TEST_WORKERS ?= 2
+WORKERS := -n $(TEST_WORKERS) --dist loadgroup
 
 .PHONY: venv gpu gpu-wheels reproduce check headline test test-fast lint smoke-golden smoke-plan gpu-check dryrun pull push report lock peers
 
@@ -54,7 +57,7 @@ headline: venv
 ## the real default model). `make test-fast` skips tests marked slow.
 ## (gpu: the tests run mamba-ssm's SSD kernel through Triton's interpreter against the torch scan)
 test: venv gpu lint
-	$(BIN)/python -m pytest -m "not extended"
+	$(BIN)/python -m pytest -m "not extended" $(WORKERS)
 
 ## ruff: the lint rules and the format in pyproject.toml ([tool.ruff]); `$(BIN)/ruff format .` formats
 lint: venv
@@ -65,7 +68,7 @@ test-extended: venv
 	$(BIN)/python -m pytest -m extended
 
 test-fast: venv gpu lint
-	$(BIN)/python -m pytest -m "not slow and not extended"
+	$(BIN)/python -m pytest -m "not slow and not extended" $(WORKERS)
 
 ## Refresh the golden smoke results (tests/data/smoke_results) that the golden test compares every smoke run
 ## against: only after a change that is meant to change results.

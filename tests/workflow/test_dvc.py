@@ -4,6 +4,7 @@ the same code and config hashes the same → fresh clone → `make pull` → Sna
 do, and a later config edit still reruns exactly what it affects."""
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -12,9 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, planned_jobs
+from conftest import REPO, planned_jobs, snakemake_cli
+from golden import SMOKE_RUN
 
-pytestmark = [pytest.mark.workflow, pytest.mark.slow]  # Snakemake, DVC, SLURM, SSH: minutes
+pytestmark = [pytest.mark.workflow, pytest.mark.slow, pytest.mark.xdist_group("smoke")]  # minutes; the smoke run
 BIN = Path(sys.executable).parent
 BUCKET = "gna-results"
 # moto accepts any key; real ones must never be needed here
@@ -93,8 +95,19 @@ def project_copy(dest: Path) -> Path:
     return dest
 
 
+def recorded_project(dest: Path, smoke: Path) -> Path:
+    """The project at `dest` with the smoke run's results, recorded for Snakemake (as `make pull`
+    does) and by `dvc repro`, which runs Snakemake and finds nothing to do instead of a second run.
+    (Not a copy of one recorded project: Snakemake records the MMLU file's path, which is absolute.)"""
+    origin = project_copy(dest)
+    shutil.copytree(smoke / "data", origin / "data")
+    run([sys.executable, "-m", "snakemake", "--touch", "--forceall", "--cores", "1", "--quiet"], origin)
+    assert "Nothing to be done" in run(["dvc", "repro"], origin)
+    return origin
+
+
 def test_s3_push_clone_pull_then_nothing_to_do(tmp_path, s3_endpoint, smoke):
-    origin, clone = project_copy(tmp_path / "origin"), tmp_path / "clone"
+    origin, clone = recorded_project(tmp_path / "origin", smoke), tmp_path / "clone"
     # no remote yet: both directions say what to configure, before DVC runs
     assert "no DVC remote is configured" in make("push", origin, ok=False)
     # a local folder remote that does not exist is never created by a push
@@ -106,25 +119,23 @@ def test_s3_push_clone_pull_then_nothing_to_do(tmp_path, s3_endpoint, smoke):
     run(["dvc", "remote", "add", "-f", "-d", "lab", f"s3://{BUCKET}/smoke"], origin)
     run(["dvc", "remote", "modify", "lab", "endpointurl", s3_endpoint], origin)
     assert "holds nothing yet" in make("pull", origin, ok=False)
-    # the results of a smoke run of this same config, recorded for Snakemake here (as `make pull`
-    # does), so that `dvc repro` runs Snakemake and finds nothing to do instead of a second run
-    shutil.copytree(smoke / "data", origin / "data")
-    run([sys.executable, "-m", "snakemake", "--touch", "--forceall", "--cores", "1", "--quiet"], origin)
-    assert "Nothing to be done" in run(["dvc", "repro"], origin)
     run(["git", "add", "-A"], origin)
     run(["git", "commit", "-qm", "smoke results"], origin)
     assert "every tracked output of dvc.lock is there" in make("push", origin)
     assert "Data and pipelines are up to date." in run(["dvc", "status"], origin)
-    # the steps whose results carried wall times (scores, attribution, the report) rerun, with
-    # what reads them: same code and config, so the same hashes
+    # the steps whose results carried wall times (scores, attribution, the report) run again:
+    # same code and config, so the same hashes. The report alone in a second run, without the
+    # modification-time trigger: else everything between them would run again too (minutes)
     forced = {
         "baseline": "data/results/baseline/tiny-llama/kv_retrieval.parquet",
         "lm_eval_crosscheck": "data/results/lmeval/tiny-llama/crosscheck_mmlu_letter.parquet",
         "heads_attribution": "data/results/heads/tiny-llama/attribution.parquet",
-        "report": "data/report/index.html",
     }
-    out = run([sys.executable, "-m", "snakemake", "--cores", "2", "--force", *forced.values()], origin)
-    assert all(f"(Rule: {rule})" in out for rule in forced), out[-3000:]
+    out = run([sys.executable, "-m", "snakemake", *SMOKE_RUN, "--force", *forced.values()], origin)
+    assert {rule for rule in re.findall(r"\(Rule: (\w+)\)", out)} == set(forced), out[-3000:]
+    report = [sys.executable, "-m", "snakemake", *SMOKE_RUN, "--force", "--rerun-triggers", "params", "input", "code"]
+    out = run([*report, "--", "data/report/index.html"], origin)
+    assert {rule for rule in re.findall(r"\(Rule: (\w+)\)", out)} == {"report"}, out[-3000:]
     assert "Data and pipelines are up to date." in run(["dvc", "status"], origin)
 
     run(["git", "clone", "-q", str(origin), str(clone)], tmp_path)
@@ -133,11 +144,11 @@ def test_s3_push_clone_pull_then_nothing_to_do(tmp_path, s3_endpoint, smoke):
     assert "pulled from DVC remote 'lab' (s3://gna-results/smoke)" in out
     assert "Nothing to be done (all requested files are present and up to date)." in out
     assert (clone / "data" / "report" / "index.html").exists()
-    assert planned_jobs(run([sys.executable, "-m", "snakemake", "-n"], clone)) == {}
+    assert planned_jobs(snakemake_cli(["-n"], clone).stdout) == {}
 
     config = (clone / "config" / "config.yaml").read_text()
     (clone / "config" / "config.yaml").write_text(config.replace('title: "gna smoke run"', 'title: "edited"'))
-    assert planned_jobs(run([sys.executable, "-m", "snakemake", "-n"], clone)) == {"report": 1, "all": 1}
+    assert planned_jobs(snakemake_cli(["-n"], clone).stdout) == {"report": 1, "all": 1}
 
 
 def test_pull_from_a_remote_that_exists_only_on_another_machine_names_it(tmp_path):
@@ -157,10 +168,7 @@ def test_make_reproduce_never_records_an_output_no_job_wrote(tmp_path, smoke):
     outputs: dvc.lock is unchanged by the drills and takes the direct run's new report."""
     import polars as pl
 
-    origin = project_copy(tmp_path / "origin")
-    shutil.copytree(smoke / "data", origin / "data")
-    run([sys.executable, "-m", "snakemake", "--touch", "--forceall", "--cores", "1", "--quiet"], origin)
-    run(["dvc", "repro"], origin)
+    origin = recorded_project(tmp_path / "origin", smoke)
     lock = (origin / "dvc.lock").read_text()
     topk, gradual = (
         origin / "data/results/heads/tiny-llama/topk.parquet",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import json
 import platform
@@ -14,7 +15,8 @@ import gna
 PACKAGE_DIR = Path(gna.__file__).parent
 
 
-def _imported_names(source: str, package: str = "") -> set[str]:
+@functools.cache  # the workflow fingerprints ~36 scripts whose closures share most modules: parse each once
+def _imported_names(source: str, package: str = "") -> frozenset[str]:
     """Every dotted module name an `import` / `from ... import` statement of `source` names
     (also imports inside functions), with each imported name as a possible submodule.
     Relative imports are resolved against `package`, the dotted package the source lives in."""
@@ -30,9 +32,10 @@ def _imported_names(source: str, package: str = "") -> set[str]:
             if module:
                 names.add(module)
                 names.update(f"{module}.{alias.name}" for alias in node.names)
-    return names
+    return frozenset(names)
 
 
+@functools.cache  # asked ~20k times per workflow parse, for a few hundred names
 def _module_file(name: str, package_dir: Path) -> Path | None:
     """The source file of module `name` ('gna.x.y') inside `package_dir`, if it is one of ours."""
     parts = name.split(".")
