@@ -105,6 +105,21 @@ def smk(workdir: Path, *args: str, config: dict | None = None, check: bool = Tru
     return proc
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items):
+    """`make test` runs two pytest-xdist workers (--dist loadgroup). The tests that read the smoke
+    run share it in one worker and start first, as the longest chain (about 6 minutes on 2 cores);
+    the other groups (one local SLURM, one sshd, the real model) next; the rest spread meanwhile."""
+    for item in items:
+        if "smoke" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("smoke"))
+
+    def order(item) -> int:  # the smoke chain, then the other groups, then the rest
+        return 0 if "smoke" in item.fixturenames else 1 if item.get_closest_marker("xdist_group") else 2
+
+    items.sort(key=order)
+
+
 @pytest.fixture(scope="session")
 def smoke(tmp_path_factory):
     """A finished run of config/smoke.yaml, shared by the workflow and DVC tests, which copy it

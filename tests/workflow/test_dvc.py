@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO, planned_jobs, snakemake_cli
 from golden import SMOKE_RUN
 
-pytestmark = [pytest.mark.workflow, pytest.mark.slow, pytest.mark.xdist_group("smoke")]  # minutes; the smoke run
+pytestmark = [pytest.mark.workflow, pytest.mark.slow]  # Snakemake, DVC: minutes
 BIN = Path(sys.executable).parent
 BUCKET = "gna-results"
 # moto accepts any key; real ones must never be needed here

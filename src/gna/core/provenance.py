@@ -68,18 +68,33 @@ def import_closure(script: str | Path, package_dir: Path = PACKAGE_DIR) -> list[
     return sorted(seen)
 
 
+@functools.cache
+def code_tree(source: str) -> str:
+    """What Python runs of `source`: its syntax tree without comments and docstrings, so that
+    editing either changes no fingerprint (and reruns nothing)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            value = first.value if isinstance(first, ast.Expr) else None
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                node.body = node.body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
 def script_fingerprint(script: str | Path, package_dir: Path = PACKAGE_DIR) -> str:
-    """Short hash of a workflow script and of every gna module in its import closure.
+    """Short hash of a workflow script and of the code (`code_tree`) of every gna module in its
+    import closure.
 
     Snakemake reruns a rule when its script changes but does not see the library code the
-    script imports; rules pass this as a param, so that a change to any module a rule runs
-    reruns exactly that rule and its dependents. Computed, never listed by hand."""
+    script imports; rules pass this as a param, so that a change to the code of any module a
+    rule runs reruns exactly that rule and its dependents. Computed, never listed by hand."""
     package_dir = Path(package_dir)
     digest = hashlib.sha256(gna.__version__.encode())
     digest.update(Path(script).read_bytes())
     for module in import_closure(script, package_dir):
         digest.update(str(module.relative_to(package_dir)).encode())
-        digest.update(module.read_bytes())
+        digest.update(code_tree(module.read_text()).encode())
     return digest.hexdigest()[:12]
 
 

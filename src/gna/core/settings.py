@@ -6,8 +6,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from gna.engine.chance import ChancePolicy
-from gna.engine.precision import COMPUTE_DTYPES
-from gna.models.prepare import DTYPES
+
+# The dtype names a config may give (dtype, eval.compute_dtype). torch's dtypes for them are mapped
+# where models load (gna.models.prepare.DTYPES, gna.engine.precision.COMPUTE_DTYPES), so that these
+# settings, which the Snakefile reads while it is parsed, import no torch.
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+COMPUTE_DTYPE_NAMES = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -23,10 +27,12 @@ class Evaluation:
     def __post_init__(self):
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ValueError(f"eval.batch_size: {self.batch_size!r} is not a positive integer")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype: {self.dtype!r} is not one of {', '.join(DTYPES)}")
-        if self.compute_dtype not in COMPUTE_DTYPES:
-            raise ValueError(f"eval.compute_dtype: {self.compute_dtype!r} is not one of {', '.join(COMPUTE_DTYPES)}")
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype: {self.dtype!r} is not one of {', '.join(DTYPE_NAMES)}")
+        if self.compute_dtype not in COMPUTE_DTYPE_NAMES:
+            raise ValueError(
+                f"eval.compute_dtype: {self.compute_dtype!r} is not one of {', '.join(COMPUTE_DTYPE_NAMES)}"
+            )
 
     @classmethod
     def from_config(cls, config: dict) -> Evaluation:

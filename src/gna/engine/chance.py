@@ -32,6 +32,19 @@ def chance_accuracy(table: pl.DataFrame) -> float:
     return float(sum(1 / len(c) for c in table["choices"]) / max(len(table), 1))
 
 
+def above_chance(ci_low: float | None, chance: float) -> bool:
+    """The one rule for "above chance": the 95% interval's lower end is above the chance accuracy."""
+    return ci_low is not None and ci_low > chance
+
+
+def answered(form: dict) -> bool:
+    """A multiple-choice form the model answers (a row of the format comparison): above chance,
+    and under the circular check (each item under the four orders of its options) above a uniform
+    guess's chance of passing all four (chance to the fourth)."""
+    chance = form["chance"]
+    return above_chance(form["ci_low"], chance) and above_chance(form.get("circular_ci_low"), chance**4)
+
+
 def chance_reason(
     accuracy: tuple[float, float, float, int], chance: float, consequence: str, who: str = ""
 ) -> str | None:

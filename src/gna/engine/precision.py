@@ -17,9 +17,12 @@ from pathlib import Path
 
 import torch
 
+from gna.core.settings import COMPUTE_DTYPE_NAMES
+
 log = logging.getLogger("gna.engine.precision")
 
-COMPUTE_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
+# float32 is the model's own matmul (None: nothing to change)
+COMPUTE_DTYPES = {name: None if name == "float32" else getattr(torch, name) for name in COMPUTE_DTYPE_NAMES}
 
 
 @contextlib.contextmanager

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import sys
 
-from gna.engine.stack import UnsupportedModel, family_of
-
 PHASES = ("prepare", "baseline", "pruning", "heads", "attribution", "gna", "students")
 ATTENTION_ONLY = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "gpt_neox", "gpt2")
 STUDENT_FAMILIES = ATTENTION_ONLY  # every attention family
@@ -37,12 +35,17 @@ FAMILY_PHASES = {
 
 def student_family(model) -> str:
     """The family name students know `model` by (Gemma 3's text model: gemma3)."""
+    # the model's anatomy needs torch; the tables above do not (the config check reads them at parse time)
+    from gna.engine.stack import family_of
+
     return family_of(model).removesuffix("_text")
 
 
 def check_student_family(model) -> None:
     """Raise UnsupportedModel (naming the family and the supported ones) unless hybrid students
     can be built from `model`."""
+    from gna.engine.stack import UnsupportedModel
+
     family = student_family(model)
     if family not in STUDENT_FAMILIES:
         raise UnsupportedModel(

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from gna.core.io import atomic_dir
+from gna.core.settings import DTYPE_NAMES
 from gna.engine.device import compute_device
 from gna.engine.precision import linears_computed_in
 from gna.models.folders import STUDENT_SPEC_FILE, is_student
@@ -23,7 +24,7 @@ from gna.models.sources import SourceError, resolve_local
 
 SOURCE_KINDS = ("pypi-file", "hf", "local", "tiny-random")
 FILE_SOURCES = ("pypi-file", "local")  # read from a file or folder on this machine (source_file)
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 def _strip_quantization(model):

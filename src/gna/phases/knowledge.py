@@ -21,10 +21,10 @@ import polars as pl
 from gna.core.io import read_parquet, write_parquet
 from gna.core.settings import Evaluation
 from gna.core.stats import wilson_interval
-from gna.engine.chance import chance_accuracy
+from gna.engine.chance import above_chance, chance_accuracy
 from gna.engine.scoring import known_items, score_table, starts_with_bos
 from gna.models.prepare import load_model
-from gna.tasks.facts import LETTERS, ChoiceForm, build_facts
+from gna.tasks.facts import LETTERS, ChoiceForm, build_facts, repeats_solved_answer
 
 log = logging.getLogger("gna.phases.knowledge")
 
@@ -92,7 +92,7 @@ def repeats_example(table: pl.DataFrame, items: pl.DataFrame) -> float | None:
         return None
     joined = items.select("item_id", "pred").join(table.select("item_id", "choices", "solved_answers"), on="item_id")
     columns = [joined[c].to_list() for c in ("pred", "choices", "solved_answers")]
-    repeats = [choices[pred].strip() in shown for pred, choices, shown in zip(*columns)]
+    repeats = [repeats_solved_answer(*item) for item in zip(*columns)]
     return sum(repeats) / len(repeats)
 
 
@@ -136,7 +136,7 @@ def compare_formats(
         tables = [build("choice", form, split) if form else build("cloze")]
         scored = [scores_of(model, tok, tables[0], earlier, batch_size)]
         low = wilson_interval(int(scored[0]["correct"].sum()), len(scored[0]))[0]
-        if form and (circular or (circular is None and low > chance_accuracy(tables[0]))):
+        if form and (circular or (circular is None and above_chance(low, chance_accuracy(tables[0])))):
             tables += [build("choice", replace(form, rotation=r), split) for r in range(1, len(LETTERS))]
             scored += [scores_of(model, tok, t, earlier, batch_size) for t in tables[1:]]
         rows.append(row | form_row(tables, scored, tok))

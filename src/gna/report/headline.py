@@ -21,6 +21,7 @@ import polars as pl
 
 from gna.core.paired import DEFAULT_MARGIN, NOT_COPYABLE, SUBSETS, decide
 from gna.core.stats import wilson_interval
+from gna.engine.chance import answered
 from gna.students.spec import TEACHER_VARIANT, VARIANT_PATTERN
 
 KNOWLEDGE_K = 5  # the top-k removal the knowledge view reads (the largest k of the table up to it)
@@ -56,15 +57,16 @@ def _verdicts(frame: pl.DataFrame, prefix: str, margin: float, tasks=VERDICT_TAS
 
 
 def _formats(formats: pl.DataFrame, model: str) -> list[dict]:
-    """The format comparison's headline: whether any letter form is above chance on the development
-    split, and the chosen form's accuracy on the evaluation split (the task's own draw)."""
+    """The format comparison's headline: whether the model answers any letter form on the development
+    split (above chance, circular check included: gna.engine.chance.answered), and the chosen form's
+    accuracy on the evaluation split (the task's own draw)."""
     if formats.is_empty():
         return []
     dev = formats.filter((pl.col("split") == "dev") & (pl.col("answer") == "letter") & (pl.col("n") > 0))
     out = []
     if len(dev):
-        above = bool((dev["ci_low"] > dev["chance"]).any())
-        out.append({"name": f"{model} a letter form above chance", "kind": "label", "value": "yes" if above else "no"})
+        answers = any(answered(row) for row in dev.iter_rows(named=True))
+        out.append({"name": f"{model} a letter form answered", "kind": "label", "value": "yes" if answers else "no"})
     own = formats.filter((pl.col("split") == "eval") & (pl.col("draw") == 0))
     if len(own):
         row = own.row(0, named=True)

@@ -15,6 +15,7 @@ import polars as pl
 
 from gna.core.paired import NOT_COPYABLE, SUBSETS, decide, detectable_difference
 from gna.core.stats import wilson_interval
+from gna.engine.chance import above_chance, answered
 from gna.report.htmlkit import (
     SectionContext,
     acc_text,
@@ -29,7 +30,7 @@ from gna.report.htmlkit import (
     table,
 )
 from gna.students.spec import TEACHER_VARIANT, variant_name
-from gna.tasks.facts import LETTERS
+from gna.tasks.facts import LETTERS, repeats_solved_answer
 
 # (task, group) of each column of the view, and its name
 COLUMNS = {
@@ -38,6 +39,10 @@ COLUMNS = {
     ("facts_choice", "all"): "facts choice",
     ("facts_choice", "known"): "facts choice, known items",
 }
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _acc(frame: pl.DataFrame, task: str, group: str) -> dict | None:
@@ -233,7 +238,7 @@ def answer_rows(tasks: pl.DataFrame, items: pl.DataFrame) -> pl.DataFrame:
     )
     columns = [joined[c].to_list() for c in ("task", "pred", "choices", "solved_answers")]
     repeats = [
-        task == "facts_choice" and choices[pred].strip() in (solved or [])
+        task == "facts_choice" and repeats_solved_answer(pred, choices, solved)
         for task, pred, choices, solved in zip(*columns)
     ]
     joined = joined.with_columns(pl.Series("repeats_example", repeats))
@@ -382,8 +387,8 @@ def formats_sentences(model: str, formats: pl.DataFrame) -> list[str]:
     if dev.is_empty():
         return []
     chance = dev["chance"][0]
-    above = dev.filter(pl.col("ci_low") > pl.col("chance"))
-    circular = above.filter(pl.col("circular_ci_low").fill_null(0) > pl.col("chance") ** 4)
+    above = [row for row in dev.iter_rows(named=True) if above_chance(row["ci_low"], row["chance"])]
+    circular = [row for row in above if answered(row)]
     out = [
         f"Development split (n = {dev['n'][0]} facts, its own solved examples): {len(above)} of {len(dev)} "
         f"multiple-choice forms are above chance ({pct(chance)}) by their 95% interval; {len(circular)} of those "
@@ -396,7 +401,7 @@ def formats_sentences(model: str, formats: pl.DataFrame) -> list[str]:
     if len(letters):
         best = letters.row(0, named=True)
         shown = f"{html.escape(best['form'])}: {_acc_cell(best)}, circular {_acc_cell(best, 'circular_') or '–'}"
-        if (best["circular_ci_low"] or 0) > chance**4 and best["ci_low"] > chance:
+        if answered(best):
             out.append(f"The letter format (MMLU's answer, the study's form) is answered: best {shown}.")
         else:
             out.append(
@@ -509,7 +514,8 @@ def render_knowledge(ctx: SectionContext) -> str:
         "<p>The study's contrast on facts the model can know: the same fact asked in <b>cloze</b> form "
         f"(knowledge only) and as <b>multiple choice</b> with its four options listed (knowledge plus picking "
         f"the option in context; answer as the option's {html.escape(facts['choice']['answer'])}, "
-        f"{facts['choice']['shots']} shots). <b>Known items</b>: those whose cloze answer the model gets right by "
+        f"{plural(facts['choice']['shots'], 'solved example')}). <b>Known items</b>: those whose cloze answer "
+        "the model gets right by "
         f"at least {facts['known_margin']:g} nats over the best wrong option (a student: its teacher's), so the "
         "multiple-choice score there measures the in-context step on knowledge the model has.</p>",
         formats_part(formats),

@@ -19,7 +19,6 @@ import json
 import re
 from pathlib import Path
 
-from gna.engine.device import compute_device
 from gna.models.folders import STUDENT_SPEC_FILE as SPEC_FILE
 from gna.models.folders import is_student
 
@@ -236,5 +235,7 @@ def load_student(model_dir: Path, dtype=None, device: str | None = "auto"):
             f"{model_dir}: student weights do not match its {SPEC_FILE} "
             f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
         )
+    from gna.engine.device import compute_device  # here: the workflow reads this module without torch
+
     model.to(compute_device(device)).eval()
     return model, AutoTokenizer.from_pretrained(model_dir)

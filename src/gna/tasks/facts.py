@@ -446,6 +446,12 @@ def write_facts_task(facts_path: str | Path, facts_cfg: dict, fmt: str, out_path
     return table
 
 
+def repeats_solved_answer(pred: int, choices: list[str], solved_answers: list[str] | None) -> bool:
+    """Whether the option a model chose (index `pred` of an item's `choices`) is the answer of one
+    of its prompt's solved examples: what a form that copies its examples answers."""
+    return choices[pred].strip() in (solved_answers or [])
+
+
 def cloze_margin(cloze_items: pl.DataFrame) -> pl.Series:
     """Per item of a cloze per-item frame: log-prob of the target minus the best other option's."""
     return pl.Series(

@@ -60,8 +60,31 @@ def test_fingerprint_follows_exactly_the_closure(fake, name):
     before = script_fingerprint(script, package)
     assert script_fingerprint(script, package) == before
     with (package / name).open("a") as module:
-        module.write("# edited\n")
+        module.write("EDITED = 1\n")
     assert (script_fingerprint(script, package) != before) == (name in FAKE_CLOSURE)
+
+
+def test_comments_and_docstrings_change_no_fingerprint_code_does(fake):
+    """Fingerprints follow what Python runs: a comment or a docstring (module, class, function) is
+    no change; a string that is not a docstring, a renamed argument or a changed constant is."""
+    script, package = fake
+    module = package / "packing.py"
+    box = 'class Box:\n    """A box."""\n\n    def pack(self, x):\n        {body}\n'
+    module.write_text('"""Packing."""\n\n\n' + box.format(body="return x + 1"))
+    before = script_fingerprint(script, package)
+    for unchanged in (
+        '"""Packing, documented anew."""\n# a comment\n' + box.format(body='"""Pack."""\n        return x + 1  # why'),
+        box.replace('    """A box."""\n\n', "").format(body="return x + 1"),
+    ):
+        module.write_text(unchanged)
+        assert script_fingerprint(script, package) == before, unchanged
+    for changed in (
+        box.format(body="return x + 2"),
+        box.replace("(self, x)", "(self, y)").format(body="return y + 1"),
+        box.format(body='x = x\n        "a string after code"\n        return x + 1'),
+    ):
+        module.write_text(changed)
+        assert script_fingerprint(script, package) != before, changed
 
 
 def test_fingerprint_follows_the_script(fake):

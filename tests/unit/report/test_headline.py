@@ -29,7 +29,7 @@ def test_a_run_reproduces_its_own_record(run, tmp_path, capsys):
     assert KV in names and "tiny-llama top-ranked head" in names
     assert any(n.startswith("tiny-llama students: k2-n8 vs teacher") for n in names)
     # the format comparison and knowledge where the answer cannot be copied from the subject
-    assert "tiny-llama a letter form above chance" in names
+    assert "tiny-llama a letter form answered" in names
     assert "tiny-llama facts form text, 1 shot, A. (evaluation split)" in names
     assert "tiny-llama: top 4 vs unmodified, facts_cloze (not copyable)" in names
 
