@@ -4,9 +4,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CORES  ?= all
-# pytest-xdist workers for the tests; tests that share a fixture run in one worker (xdist_group)
+# pytest-xdist workers for the tests; modules that share a fixture run in one (tests/conftest.py)
 TEST_WORKERS ?= 2
-WORKERS := -n $(TEST_WORKERS) --dist loadgroup
+WORKERS := -n $(TEST_WORKERS)
 
 .PHONY: venv gpu gpu-wheels reproduce check headline test test-fast lint smoke-golden smoke-plan gpu-check dryrun pull push report lock peers
 

@@ -105,17 +105,38 @@ def smk(workdir: Path, *args: str, config: dict | None = None, check: bool = Tru
     return proc
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(items):
-    """`make test` runs two pytest-xdist workers (--dist loadgroup). The tests that read the smoke
-    run share it in one worker and start first, as the longest chain (about 6 minutes on 2 cores);
-    the other groups (one local SLURM, one sshd, the real model) next; the rest spread meanwhile."""
-    for item in items:
-        if "smoke" in item.fixturenames:
-            item.add_marker(pytest.mark.xdist_group("smoke"))
+# `make test` runs two pytest-xdist workers. The modules here share a costly fixture (session or
+# module scope): each runs whole in one worker, so that it is built once. pytest-xdist's own
+# xdist_group marker does not group under pytest 9 (it renames the node ids pytest 9 no longer reads).
+SHARED = {
+    "tests/workflow/test_workflow.py": "the smoke run",
+    "tests/workflow/test_dvc.py": "the smoke run",
+    "tests/workflow/test_slurm.py": "a local SLURM",
+    "tests/workflow/test_dvc_ssh.py": "an sshd",
+    "tests/workflow/test_real_model.py": "the real model",
+    "tests/unit/report/test_report.py": "a report render",
+}
 
-    def order(item) -> int:  # the smoke chain, then the other groups, then the rest
-        return 0 if "smoke" in item.fixturenames else 1 if item.get_closest_marker("xdist_group") else 2
+
+def pytest_xdist_make_scheduler(config, log):
+    """Load scheduling in which the tests of a SHARED module (the two that read the smoke run
+    together) are one unit of work, sent to one worker; every other test goes on its own."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return SHARED.get(nodeid.split("::")[0], nodeid)
+
+    return SharedFixtureScheduling(config, log)
+
+
+def pytest_collection_modifyitems(items):
+    """The smoke run's tests first, as the longest chain (about 6 minutes on 2 cores), then the
+    other shared modules, then the rest, which spread over the workers meanwhile."""
+
+    def order(item) -> int:
+        shared = SHARED.get(item.nodeid.split("::")[0])
+        return 0 if shared == "the smoke run" else 1 if shared else 2
 
     items.sort(key=order)
 

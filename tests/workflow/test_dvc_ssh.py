@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-pytestmark = [pytest.mark.workflow, pytest.mark.slow, pytest.mark.xdist_group("ssh")]  # one sshd for the module
+pytestmark = [pytest.mark.workflow, pytest.mark.slow]  # Snakemake, DVC, SSH: minutes
 BIN = Path(sys.executable).parent
 SCRIPT = REPO / "tests" / "cluster" / "local_sshd.sh"
 STATE = Path(os.environ.get("GNA_SSHD_DIR", "/var/tmp/gna-sshd"))

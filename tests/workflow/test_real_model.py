@@ -15,7 +15,7 @@ from gna.tasks.tables import build_kv_retrieval
 SPEC = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["models"]["smollm2-135m"]
 
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("real-model")]  # the 135M model: download, conversion
+pytestmark = pytest.mark.slow  # the real 135M model: its download and conversion
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import yaml
 from conftest import REPO, planned_jobs, smk, snakemake_cli
 from golden import GOLDEN_DIR, check, cpu_kind, recorded_kind, stable
 
-pytestmark = [pytest.mark.workflow, pytest.mark.slow, pytest.mark.xdist_group("slurm")]  # one local SLURM
+pytestmark = [pytest.mark.workflow, pytest.mark.slow]  # Snakemake, SLURM: minutes
 SCRIPT = REPO / "tests" / "cluster" / "local_slurm.sh"
 STATE = Path(os.environ.get("GNA_SLURM_DIR", "/var/tmp/gna-slurm"))
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]

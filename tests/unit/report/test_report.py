@@ -18,8 +18,6 @@ from gna.report.page import build_report
 from gna.report.registry import FIGURES, report_figures, report_inputs
 from gna.tasks.facts import read_local_facts, write_facts_task
 
-pytestmark = pytest.mark.xdist_group("report")  # the smoke results rendered once per module, by one worker
-
 GOLDEN = REPO / "tests" / "data" / "smoke_results"
 SECTION_TITLES = [
     "Models",
