@@ -254,6 +254,9 @@ def decide(row: dict, margin: float = DEFAULT_MARGIN) -> Decision:
     return Decision("undecided", margin, max(need, row["n"] + 1))
 
 
+PRACTICAL_N_FACTOR = 100  # a planned n over this many times the row's n is reported as impractical
+
+
 def describe(row: dict, margin: float = DEFAULT_MARGIN) -> str:
     """A plain-text account of a row: the verb, the paired difference with its interval, the
     counts lost and gained, and the test that decided it."""
@@ -268,7 +271,11 @@ def describe(row: dict, margin: float = DEFAULT_MARGIN) -> str:
         return f"holds within ±{100 * margin:g} points: {change} (90% interval inside the margin)"
     # which test the n is planned for: the change where it is at least the margin, else equivalence
     what = "show the change" if abs(row["diff"]) >= margin else f"show whether it holds within ±{100 * margin:g}"
-    return (
-        f"not decided at n = {row['n']}: {change} (Holm p = {row['p_holm']:.2g}, not within ±{100 * margin:g}); "
+    # a difference near the margin can need millions of items: say so rather than plan them
+    plan = (
         f"about n = {d.n_to_decide} would {what}"
+        if d.n_to_decide <= PRACTICAL_N_FACTOR * row["n"]
+        else f"at this difference no practical n would {what} (about {d.n_to_decide:,} items)"
     )
+    held = f"Holm p = {row['p_holm']:.2g}, not within ±{100 * margin:g}"
+    return f"not decided at n = {row['n']}: {change} ({held}); {plan}"

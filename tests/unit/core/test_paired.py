@@ -77,6 +77,18 @@ def test_too_few_items_decide_nothing_and_say_how_many_would():
     assert n_to_decide(100, 20, -0.2, 0.05) < n_to_decide(100, 20, -0.1, 0.05)
 
 
+def test_a_difference_near_the_margin_is_not_planned_as_a_practical_n():
+    """-4.8 points with a margin of 5: equivalence needs the interval to fit in a fifth of a point beside
+    it (millions of items); the sentence says no practical n would decide it, with the number."""
+    ref, cond = _table(both=30, reference_only=45, condition_only=36, neither=75)
+    row = comparisons({"a": ref, "b": cond}, [("f", "a", "b")]).row(0, named=True)
+    d = decide(row)
+    assert d.verb == "undecided" and d.n_to_decide > 100 * row["n"], d
+    text = describe(row)
+    assert "at this difference no practical n would show whether it holds within ±5" in text, text
+    assert f"{d.n_to_decide:,} items" in text and "about n = " not in text
+
+
 def test_conditions_are_paired_on_their_shared_items_and_holm_runs_per_family():
     # the reference scored 200 items, the conditions 60 of them: each comparison uses those 60
     ref = pl.DataFrame({"task": "kv_retrieval", "item_id": range(200), "group": "all", "correct": [True] * 200})
