@@ -38,13 +38,11 @@ def draw_map(ax, sub: pl.DataFrame, title: str) -> None:
     fontsize = 5 if T <= 60 else 3
     ax.set_xticks(range(T), names, rotation=90, fontsize=fontsize)
     ax.set_yticks(range(T), names, fontsize=fontsize)
-    # the tick labels once: asking matplotlib for them per marked token made the report's slowest part
-    xlabels, ylabels = ax.get_xticklabels(), ax.get_yticklabels()
     for i, mark in enumerate(labels["mark"]):
         color = MARK_COLORS.get(mark)
         if color:
-            xlabels[i].set_color(color)
-            ylabels[i].set_color(color)
+            ax.get_xticklabels()[i].set_color(color)
+            ax.get_yticklabels()[i].set_color(color)
     ax.set_title(title, fontsize=8)
 
 

@@ -50,6 +50,11 @@ def table(frame: pl.DataFrame, left: tuple[str, ...] = (), fmt: dict | None = No
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
+def plural(count: int, noun: str) -> str:
+    """'1 solved example', '3 solved examples'."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def pct(value: float) -> str:
     return f"{100 * value:.1f}%"
 

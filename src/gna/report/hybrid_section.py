@@ -22,6 +22,7 @@ from gna.report.htmlkit import (
     errorbar,
     pct,
     placeholder_figure,
+    plural,
     save_figure,
     table,
 )
@@ -519,9 +520,7 @@ def ablation_part(model: str, scores: pl.DataFrame, budget: pl.DataFrame, ablati
         full, at = scores.filter(keep), "all distillation steps"
     else:  # the ablations trained for one budget of the curve: compare with the recipe there
         full = budget.filter(keep & (pl.col("kd_steps") == steps)) if not budget.is_empty() else budget
-        at = f"{steps} distillation step{'' if steps == 1 else 's'}" + (
-            f", {full['kd_tokens'][0]:,} tokens" if len(full) else ""
-        )
+        at = plural(steps, "distillation step") + (f", {full['kd_tokens'][0]:,} tokens" if len(full) else "")
     rows = [full.with_columns(pl.lit("full recipe").alias(label))]
     if not budget.is_empty():
         aligned = budget.filter(keep & (pl.col("kd_steps") == 0))

@@ -26,6 +26,7 @@ from gna.report.htmlkit import (
     errorbar,
     pct,
     placeholder_figure,
+    plural,
     save_figure,
     table,
 )
@@ -39,10 +40,6 @@ COLUMNS = {
     ("facts_choice", "all"): "facts choice",
     ("facts_choice", "known"): "facts choice, known items",
 }
-
-
-def plural(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _acc(frame: pl.DataFrame, task: str, group: str) -> dict | None:
