@@ -100,3 +100,31 @@ def test_failed_and_skipped_jobs_stop_their_dependents(tmp_path):
     assert results["baseline[model=tiny-llama, task=kv_retrieval]"]["status"] == "not run"
     assert results["facts_task[facts_fmt=cloze]"]["status"] == "skipped"
     assert results["baseline[model=tiny-llama, task=facts_cloze]"]["status"] == "not run"
+
+
+def test_gpu_check_names_the_failures_of_a_test_run_cut_off(tmp_path):
+    """gpu_check's tests part reads pytest's verbose lines when its time runs out (a device lease
+    ends before the suite does): the failed tests are named, not lost with the unwritten JUnit file."""
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from gpu_check import finished_tests
+
+    (tmp_path / "test_three.py").write_text(
+        "import pytest\n"
+        "def test_ok(): pass\n"
+        "def test_bad(): assert 1 == 2\n"
+        "@pytest.mark.skip(reason='x')\n"
+        "def test_skip(): pass\n"
+    )
+    for workers in ([], ["-n", "2"]):
+        run = subprocess.run(
+            [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", *workers, "test_three.py"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+        )
+        seen = finished_tests(run.stdout.splitlines())
+        assert (seen["passed"], seen["failed"], seen["skipped"]) == (1, 1, 1), (workers, run.stdout[-800:])
+        assert seen["failed_tests"] == ["test_three.py::test_bad"], (workers, seen)
