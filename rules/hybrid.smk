@@ -6,11 +6,14 @@ from gna.students.spec import (ABLATIONS, TEACHER_VARIANT, VARIANT_PATTERN, abla
                                parse_variant, scored_dict_size, scored_tasks, student_name, variant_name)
 
 from gna.core.settings import StudentScoring
+from gna.tasks.tables import KD_VALIDATION, PROMPT_SETS_DIR
 
 # how the phase scores the teacher and its students (each rule passes the fields it reads)
 SCORING = StudentScoring.from_config(config)
 # the students are scored only once the corpus they were distilled on is known to hold no evaluation item
 CORPUS_CHECK = "data/distill/corpus-check.json"
+# the KV prompts of the students' checkpoint selection (hybrid.select: validation)
+KD_VALIDATION_SET = f"data/tasks/{PROMPT_SETS_DIR}/{KD_VALIDATION}.parquet"
 # the tasks.mmlu keys that choose the evaluation subset, which the corpus stays out of
 MMLU_SELECTION = {k: v for k, v in config["tasks"]["mmlu"].items() if k in ("n", "seed", "topics")}
 
@@ -103,6 +106,7 @@ rule distill_corpus_check:
     input:
         mmlu=get_mmlu_file,
         kv="data/tasks/kv_retrieval.parquet",
+        validation=KD_VALIDATION_SET,
     output:
         CORPUS_CHECK,
     params:
@@ -154,14 +158,18 @@ rule distill_kd:
         teacher="data/distill/{model}/teacher.safetensors",
         aligned="data/distill/{model}/align-n{n}.safetensors",
         ranking="data/results/heads/{model}/ranking.parquet",
+        validation=[KD_VALIDATION_SET] if HYBRID["select"] == "validation" else [],
     output:
         student=directory("data/models/" + student_name("{model}", variant_name("{k}", "{n}"))),
         curve="data/distill/{model}/kd-" + variant_name("{k}", "{n}") + ".parquet",
+        validation_curve="data/distill/{model}/kd-" + variant_name("{k}", "{n}") + "-validation.parquet",
+        changes="data/distill/{model}/kd-" + variant_name("{k}", "{n}") + "-changes.parquet",
         checkpoints="data/distill/{model}/kd-" + variant_name("{k}", "{n}") + "-checkpoints.safetensors",
     params:
         kd=HYBRID["kd"],
         checkpoints=get_checkpoint_steps,
         seed=HYBRID["seed"],
+        select={"by": HYBRID["select"], "every": HYBRID["validation"]["every"], "batch_size": EVALUATION["batch_size"]},
         dtype=config["dtype"],
         code=code_of("distill_kd"),
     log:

@@ -1,4 +1,5 @@
-"""Rule distill_corpus_check: the distillation corpus holds no evaluation item (MMLU question or KV prompt)."""
+"""Rule distill_corpus_check: neither the distillation corpus nor the KV prompts of checkpoint
+selection hold an evaluation item (MMLU question or KV prompt)."""
 
 from gna.core.runtime import setup
 from gna.students.corpus import run_corpus_check
@@ -8,6 +9,7 @@ p = snakemake.params
 run_corpus_check(
     snakemake.input.mmlu,
     snakemake.input.kv,
+    snakemake.input.validation,
     snakemake.output[0],
     corpus=p.corpus,
     seed=p.seed,

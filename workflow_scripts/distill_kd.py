@@ -15,5 +15,6 @@ run_distill_kd(
     kd=p.kd,
     checkpoints=list(p.checkpoints),
     seed=p.seed,
+    select=p.select,
     dtype=p.dtype,
 )

@@ -26,6 +26,7 @@ from gna.report.htmlkit import (
     save_figure,
     table,
 )
+from gna.report.student_training import training_part
 from gna.students.spec import TEACHER_VARIANT
 
 REFERENCE_HEADS = """
@@ -141,27 +142,6 @@ def plot_heads(students: pl.DataFrame, teacher: pl.DataFrame, path) -> None:
         title="accuracy vs heads kept (red ring: degenerate)",
     )
     ax_kv.legend(fontsize=7)
-    save_figure(fig, path)
-
-
-def plot_training(align: pl.DataFrame, kd: pl.DataFrame, path) -> None:
-    fig, (ax_a, ax_k) = plt.subplots(1, 2, figsize=(11, 3.8))
-    if not align.is_empty():
-        for n in sorted(align["state_size"].unique()):
-            sub = align.filter(pl.col("state_size") == n).group_by("step").agg(pl.col("loss").mean()).sort("step")
-            ax_a.plot(sub["step"], sub["loss"], label=f"N = {n}")
-        ax_a.set(
-            xlabel="alignment step",
-            ylabel="relative error (mean over layers)",
-            yscale="log",
-            title="stage 1: layer-local alignment",
-        )
-        ax_a.legend()
-    if not kd.is_empty():
-        for (k, n), sub in kd.sort("step").group_by(["heads_kept", "state_size"], maintain_order=True):
-            ax_k.plot(sub["step"], sub["loss"], label=f"k={k}, N={n}")
-        ax_k.set(xlabel="distillation step", ylabel="cross-entropy to teacher top-k", title="stage 2: distillation")
-        ax_k.legend(fontsize=8)
     save_figure(fig, path)
 
 
@@ -727,8 +707,7 @@ def render_hybrid(ctx: SectionContext) -> str:
     if ctx.show_reference:
         parts += [REFERENCE_HEADS, REFERENCE_STATE]
     parts.append(memory_part(ctx.frame("hybrid_memory"), hy, ctx.show_reference))
-    plot_training(ctx.frame("hybrid_align"), ctx.frame("hybrid_kd"), ctx.figures["hybrid_training"])
-    parts.append(ctx.figure("hybrid_training"))
+    parts.append(training_part(ctx, hy))
     align_heads = ctx.frame("hybrid_align_heads")
     if align_heads.is_empty():
         placeholder_figure(ctx.figures["hybrid_align_heads"], "no per-head alignment errors")

@@ -144,6 +144,8 @@ SECTIONS: tuple[Section, ...] = (
             Input("hybrid_align", "data/distill/{hybrid_model}/align-n{state_size}.parquet", "hybrid"),
             Input("hybrid_align_heads", "data/distill/{hybrid_model}/align-n{state_size}-heads.parquet", "hybrid"),
             Input("hybrid_kd", "data/distill/{hybrid_model}/kd-{student_variant}.parquet", "hybrid"),
+            Input("hybrid_validation", "data/distill/{hybrid_model}/kd-{student_variant}-validation.parquet", "hybrid"),
+            Input("hybrid_changes", "data/distill/{hybrid_model}/kd-{student_variant}-changes.parquet", "hybrid"),
             Input("hybrid_budget", "data/results/hybrid/{hybrid_model}/budget-{budget_variant}.parquet", "hybrid"),
             Input("hybrid_ablation", "data/results/hybrid/{hybrid_model}/ablation-{ablation}.parquet", "hybrid"),
         ),

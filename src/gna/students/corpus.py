@@ -138,19 +138,34 @@ def build_corpus(tok, mmlu_pool: pl.DataFrame, corpus: dict, template: str, seed
 
 
 def run_corpus_check(
-    mmlu_path: str, kv_path: str, out_path: str, corpus: dict, seed: int, mmlu: dict, template: str
+    mmlu_path: str,
+    kv_path: str,
+    validation_path: str,
+    out_path: str,
+    corpus: dict,
+    seed: int,
+    mmlu: dict,
+    template: str,
 ) -> dict:
     """Check that the distillation corpus (corpus_documents, from the MMLU questions outside the
     evaluation subset `mmlu` {n, seed, topics}) holds no evaluation item: no MMLU question of the
-    subset (by text) and no KV prompt of the evaluation table `kv_path`; raises otherwise
-    (check_no_evaluation_items). Writes what was checked to the JSON `out_path`. Model-free and
-    apart from the teacher file, so an edit of the evaluation tasks reruns this check, not the
-    distillation."""
+    subset (by text) and no KV prompt of the evaluation table `kv_path`; and that the KV prompts
+    of checkpoint selection `validation_path` are neither evaluation prompts nor corpus documents;
+    raises otherwise (check_no_evaluation_items). Writes what was checked to the JSON `out_path`.
+    Model-free and apart from the teacher file, so an edit of the evaluation tasks reruns this
+    check, not the distillation."""
     subset, pool = select_mmlu(load_mmlu_jsonl(mmlu_path), mmlu["n"], mmlu["seed"], mmlu["topics"])
     evaluation_kv = read_parquet(kv_path)["context"]
-    counts = {"evaluation_mmlu_questions": len(subset), "evaluation_kv_prompts": len(evaluation_kv)}
+    validation_kv = read_parquet(validation_path)["context"]
+    check_no_evaluation_items(validation_kv, evaluation_kv, "KV prompts of checkpoint selection")
+    counts = {
+        "evaluation_mmlu_questions": len(subset),
+        "evaluation_kv_prompts": len(evaluation_kv),
+        "validation_kv_prompts": len(validation_kv),
+    }
     for split, (mmlu_docs, kv_docs) in corpus_documents(pool, corpus, template, seed).items():
         check_no_evaluation_items([c for c, _ in kv_docs], evaluation_kv, f"{split} KV-retrieval prompts")
+        check_no_evaluation_items([c for c, _ in kv_docs], validation_kv, f"{split} KV-retrieval prompts (validation)")
         counts[f"{split}_kv_prompts"] = len(kv_docs)
         counts[f"{split}_mmlu_documents"] = len(mmlu_docs)
     check_no_evaluation_items(pool["question"], subset["question"], "MMLU questions of the corpus pool")

@@ -17,10 +17,13 @@ Only SSM parameters (HybridMixer.ssm_state) are trained; every teacher weight st
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import logging
 import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
@@ -451,13 +454,15 @@ def kd_backward(
     weights: torch.Tensor,
     low: torch.dtype | None = None,
     head_rows: int = KD_HEAD_ROWS,
+    parts: dict | None = None,
 ) -> float:
     """Forward and backward of kd_loss(student(ids).logits, target, top_idx, weights), the
     output head and loss (_TopKCrossEntropy) taken `head_rows` positions at a time: the decoder
     runs once, each slice's logits and gradient are freed before the next, and the gradient
     reaching the decoder's output is passed back through it once. Same gradients as kd_loss's
     backward (tested). `low`: bf16 autocast for the forward, as in distill_logits. Returns the
-    loss."""
+    loss; `parts` (a dict), when given, receives the unweighted mean cross-entropy at the
+    up-weighted (answer) positions and at the others ("loss_answer", "loss_other")."""
     autocast = functools.partial(torch.autocast, ids.device.type, dtype=torch.bfloat16, enabled=low is not None)
     with autocast():
         hidden = student.base_model(input_ids=ids, use_cache=False).last_hidden_state
@@ -467,6 +472,8 @@ def kd_backward(
     target, top_idx = target.reshape(-1, target.shape[-1]), top_idx.reshape(-1, top_idx.shape[-1])
     weights = weights.reshape(-1).float()
     total, loss = weights.sum(), 0.0
+    answer = weights > weights.min()  # the up-weighted positions (none where the weights are uniform)
+    sums = torch.zeros(2, dtype=torch.float64)  # unweighted cross-entropy summed: answer, other positions
     for start in range(0, len(flat), head_rows):
         rows = slice(start, start + head_rows)
         with autocast():
@@ -475,8 +482,44 @@ def kd_backward(
         part = (weights[rows] * per_position).sum() / total
         part.backward()
         loss += part.item()
+        detached = per_position.detach()
+        sums += torch.stack([detached[answer[rows]].sum(), detached[~answer[rows]].sum()]).double().cpu()
     hidden.backward(flat.grad.view_as(hidden))
+    if parts is not None:
+        n_answer = int(answer.sum())
+        n_other = len(answer) - n_answer
+        parts["loss_answer"] = float(sums[0]) / n_answer if n_answer else float("nan")
+        parts["loss_other"] = float(sums[1]) / n_other if n_other else float("nan")
     return loss
+
+
+def _train_mode(student) -> None:
+    student.train()
+    for m in student.modules():  # the frozen teacher parts compute as in evaluation (GPT-2's dropout)
+        if isinstance(m, torch.nn.Dropout):
+            m.eval()
+
+
+@dataclass
+class Selection:
+    """Checkpoint selection during KD: `score(student)` -> (accuracy, mean log-prob of the
+    target) on a validation set, taken before the first step (alignment only), every `every`
+    steps and after the last; the best by accuracy, then by log-prob (an earlier one on a tie)
+    is restored into the student at the end. `rows` and `chosen` (its step count) are filled in."""
+
+    score: Callable[[torch.nn.Module], tuple[float, float]]
+    every: int
+    rows: list[dict] = field(default_factory=list)
+    chosen: int | None = None
+
+    def due(self, steps_done: int, steps: int) -> bool:
+        return steps_done == 0 or steps_done == steps or steps_done % self.every == 0
+
+    def record(self, student, steps_done: int) -> tuple[float, float]:
+        accuracy, logp = self.score(student)
+        best = max(self.rows, key=lambda r: (r["accuracy"], r["mean_logp"]), default=None)
+        self.rows.append({"after_steps": steps_done, "accuracy": accuracy, "mean_logp": logp})
+        return best is None or (accuracy, logp) > (best["accuracy"], best["mean_logp"])
 
 
 def distill_logits(
@@ -487,6 +530,7 @@ def distill_logits(
     checkpoints: list[int] = (),
     progress: bool = True,
     desc: str = "kd",
+    select: Selection | None = None,
 ) -> tuple[pl.DataFrame, dict[int, dict]]:
     """Train the student's SSM parameters to match the teacher's top-k next-token
     distribution at every position (cross-entropy to the renormalised teacher top-k, averaged
@@ -496,7 +540,10 @@ def distill_logits(
     of the SSM parameters after each step count in `checkpoints` (0: before training).
     compute_dtype "bfloat16": forward and backward under bf16 autocast with the frozen weights
     held in bf16 (gna.engine.precision; trained parameters, optimizer state and loss stay float32;
-    about twice as fast on CPUs with bf16 instructions)."""
+    about twice as fast on CPUs with bf16 instructions). The curve's rows: the loss of each step,
+    its unweighted parts at answer and other positions, the gradient norm before clipping and the
+    learning rate. `select`: checkpoint selection by validation (Selection), the student left at
+    the chosen step."""
     ids, top_logp, top_idx = targets["ids"], targets["top_logp"], targets["top_idx"]
     weights = targets.get("weights")
     steps, batch, lr = kd["steps"], kd["batch"], kd["lr"]
@@ -508,41 +555,91 @@ def distill_logits(
     saved = {0: snapshot(student)} if 0 in checkpoints else {}
     curve = []
     if not params or not steps:
+        if select is not None:
+            select.record(student, 0)
+            select.chosen = 0
         return pl.DataFrame(curve, schema={"stage": pl.String, "step": pl.Int64, "loss": pl.Float64}), saved
+    best = None
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     rng = torch.Generator(device="cpu").manual_seed(seed)  # the same draws on any device
     target = torch.softmax(top_logp.float(), dim=-1)
     weights = torch.ones(ids.shape, device=ids.device) if weights is None else weights.float()
-    warmup = max(1, steps // 10)
-    student.train()
-    for m in student.modules():  # the frozen teacher parts compute as in evaluation (GPT-2's dropout)
-        if isinstance(m, torch.nn.Dropout):
-            m.eval()
+    warmup = kd.get("warmup") or max(1, steps // 10)
+    _train_mode(student)
     low = COMPUTE_DTYPES[compute_dtype]
+    frozen = contextlib.ExitStack()
+
+    def validate(steps_done: int) -> None:
+        # in the student's own precision, outside the training context (its frozen weights put
+        # back, no autocast): every point is scored alike, as a model is evaluated
+        nonlocal best
+        frozen.close()
+        student.eval()
+        with torch.no_grad():
+            if select.record(student, steps_done):
+                best, select.chosen = snapshot(student), steps_done
+        _train_mode(student)
+        frozen.enter_context(frozen_weights_in(student, low))
+
     try:
-        with (
-            frozen_weights_in(student, low),
-            tqdm(range(steps), desc=desc, disable=not progress, mininterval=2.0) as bar,
-        ):
+        frozen.enter_context(frozen_weights_in(student, low))
+        if select is not None:
+            validate(0)
+        with tqdm(range(steps), desc=desc, disable=not progress, mininterval=2.0) as bar:
             for step in bar:
                 for g in opt.param_groups:
                     g["lr"] = lr * _schedule(step, steps, warmup)
                 pick = torch.randperm(len(ids), generator=rng, device="cpu")[:batch].to(ids.device)
                 opt.zero_grad(set_to_none=True)
-                loss = kd_backward(student, ids[pick], target[pick], top_idx[pick], weights[pick], low)
-                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                parts = {}
+                loss = kd_backward(student, ids[pick], target[pick], top_idx[pick], weights[pick], low, parts=parts)
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
                 opt.step()
                 bar.set_postfix(loss=f"{loss:.3f}")
-                curve.append({"stage": "kd", "step": step, "loss": loss})
+                lr_now = opt.param_groups[0]["lr"]
+                curve.append(
+                    {"stage": "kd", "step": step, "loss": loss, **parts, "grad_norm": float(grad_norm), "lr": lr_now}
+                )
                 if step + 1 in checkpoints:
                     saved[step + 1] = snapshot(student)
+                if select is not None and select.due(step + 1, steps):
+                    validate(step + 1)
     finally:
+        frozen.close()
         student.eval()
         for p in params:
             p.requires_grad_(False)
+    if best is not None and select.chosen != steps:
+        restore(student, best)
     return pl.DataFrame(curve), saved
+
+
+def parameter_changes(start: dict[str, torch.Tensor], states: dict[str, dict[str, torch.Tensor]]) -> pl.DataFrame:
+    """How far KD moved each trained parameter: per SSM parameter name and layer (snapshot keys
+    "<layer>.<param>"), its size and the summed |Δ| from `start` to each state of `states`
+    {label: snapshot}, one column per label ("abs_change_<label>")."""
+    rows = []
+    for key, before in start.items():
+        layer, name = key.split(".", 1)
+        row = {"layer": int(layer), "param": name, "numel": before.numel()}
+        for label, state in states.items():
+            row[f"abs_change_{label}"] = float((state[key].float() - before.float()).abs().sum())
+        rows.append(row)
+    return pl.DataFrame(rows)
+
+
+def validation_scorer(tok, table: pl.DataFrame, batch_size: int) -> Callable:
+    """score(student) -> (accuracy, mean log-prob of the target) on the KV prompts `table`
+    (gna.engine.scoring.score_table): what checkpoint selection compares."""
+    from gna.engine.scoring import score_table
+
+    def score(student) -> tuple[float, float]:
+        scored = score_table(student, tok, table, batch_size=batch_size, progress=False)
+        return float(scored["correct"].mean()), float(scored["logp_target"].mean())
+
+    return score
 
 
 def run_distill_kd(
@@ -553,17 +650,22 @@ def run_distill_kd(
     kd: dict,
     checkpoints: list[int],
     seed: int,
+    select: dict,
     dtype: str = "float32",
 ) -> None:
     """Build student `variant` of model inputs.model (k{heads kept}-n{state size}): the best-ranked
     heads of inputs.ranking kept as attention, its SSM heads from the aligned file
     inputs.aligned; distill_logits it on the teacher file inputs.teacher with `kd` {steps, batch,
-    lr, answer_weight, compute_dtype}, and write the student folder outputs.student
-    (gna.students.spec), the KD curve outputs.curve and the SSM parameters after each step count of
-    `checkpoints` below kd["steps"] to outputs.checkpoints (keys "<step>/<layer>.<param>"; empty
-    without any)."""
+    lr, answer_weight, compute_dtype}, its weights in `dtype`. `select` {by, every, batch_size}: by "validation",
+    the student is the best checkpoint on the KV prompts inputs.validation (Selection: after
+    alignment, every `every` steps, after the last); by "last", the last step's. Writes the
+    student folder outputs.student (gna.students.spec; its spec names the chosen step), the KD
+    curve outputs.curve (per step: loss and its answer/other parts, gradient norm, learning rate),
+    the validation points outputs.validation_curve (none by "last"), how far KD moved each
+    parameter outputs.changes (parameter_changes: to the chosen and the last step) and the SSM
+    parameters after each step count of `checkpoints` to outputs.checkpoints (keys
+    "<step>/<layer>.<param>"; the last step's too where another is chosen; empty without any)."""
     heads_kept, state_size = parse_variant(variant)
-    student_dir, curve_path, checkpoints_path = outputs.student, outputs.curve, outputs.checkpoints
     model, tok = load_model(inputs.model, dtype)
     kept = ranked_heads(read_parquet(inputs.ranking), heads_kept, model_name)
     on = device_of(model)
@@ -573,14 +675,39 @@ def run_distill_kd(
     data = read_tensors(inputs.teacher, ["train_ids", "train_answers", "top_logp", "top_idx"], on)
     weights = answer_weights(data["train_answers"], kd["answer_weight"])
     targets = {"ids": data["train_ids"], "top_logp": data["top_logp"], "top_idx": data["top_idx"], "weights": weights}
+    selection = None
+    if select["by"] == "validation":
+        table = read_parquet(inputs.validation)
+        selection = Selection(validation_scorer(tok, table, select["batch_size"]), select["every"])
+    aligned = snapshot(student)
+    wanted = [c for c in checkpoints if c < kd["steps"]]
+    if checkpoints and selection is not None:
+        wanted.append(kd["steps"])  # the budget curve's last point, where the student is another step
     curve, saved = distill_logits(
-        student,
-        targets,
-        kd,
-        seed,
-        checkpoints=[c for c in checkpoints if c < kd["steps"]],
-        desc=f"kd k={heads_kept} n={state_size}",
+        student, targets, kd, seed, checkpoints=wanted, desc=f"kd k={heads_kept} n={state_size}", select=selection
     )
+    chosen = kd["steps"] if selection is None else selection.chosen
+    if chosen == kd["steps"]:
+        saved.pop(kd["steps"], None)
+    labels = [
+        pl.lit(model_name).alias("model"),
+        pl.lit(heads_kept).alias("heads_kept"),
+        pl.lit(state_size).alias("state_size"),
+    ]
+    validation = pl.DataFrame(
+        selection.rows if selection else [],
+        schema={"after_steps": pl.Int64, "accuracy": pl.Float64, "mean_logp": pl.Float64},
+    ).with_columns((pl.col("after_steps") == chosen).alias("chosen"))
+    if selection is not None:
+        log.info(
+            "%s: validation accuracy %s by step; chosen: after %d of %d KD steps",
+            variant,
+            ", ".join(f"{r['after_steps']}: {r['accuracy']:.3f}" for r in selection.rows),
+            chosen,
+            kd["steps"],
+        )
+    last = saved.get(kd["steps"], snapshot(student))
+    changes = parameter_changes(aligned, {"chosen": snapshot(student), "last": last})
     spec = hybrid_spec(
         student,
         teacher=model_name,
@@ -589,15 +716,14 @@ def run_distill_kd(
         kept_ranked=[list(h) for h in kept],
         kd_steps=kd["steps"],
         kd_tokens=kd["steps"] * kd["batch"] * data["train_ids"].shape[1],
+        chosen_step=chosen,
+        select=select["by"],
     )
-    with atomic_dir(student_dir) as tmp:
+    with atomic_dir(outputs.student) as tmp:
         save_student(student, tok, tmp, spec)
-    write_tensors({f"{step}/{key}": v for step, state in saved.items() for key, v in state.items()}, checkpoints_path)
-    write_parquet(
-        curve.with_columns(
-            pl.lit(model_name).alias("model"),
-            pl.lit(heads_kept).alias("heads_kept"),
-            pl.lit(state_size).alias("state_size"),
-        ),
-        curve_path,
+    write_tensors(
+        {f"{step}/{key}": v for step, state in saved.items() for key, v in state.items()}, outputs.checkpoints
     )
+    write_parquet(curve.with_columns(*labels), outputs.curve)
+    write_parquet(validation.with_columns(*labels), outputs.validation_curve)
+    write_parquet(changes.with_columns(*labels), outputs.changes)

@@ -299,17 +299,18 @@ def run_hybrid_budget(
 ) -> pl.DataFrame:
     """The distillation budget curve of student `variant`: score_model on the KV items of
     `scoring.dict_size` keys (kv_items; `scoring.degeneracy_items` degeneracy checks) and held-out
-    perplexity after each KD step count saved in its checkpoints and after the full budget (the
-    student itself: read from its hybrid_score results where they hold it,
-    budget_point_from_scores). Tidy rows with kd_steps and kd_tokens (tokens seen by
-    distillation) to `out_path`. inputs: model, checkpoints (its KD checkpoints), teacher, task
+    perplexity after each KD step count saved in its checkpoints and at the step checkpoint
+    selection chose (the student itself: read from its hybrid_score results where they hold it,
+    budget_point_from_scores). Tidy rows with kd_steps, kd_tokens (tokens seen by distillation)
+    and chosen (the student's own step) to `out_path`. inputs: model, checkpoints (its KD checkpoints), teacher, task
     (the KV table); optional summary and answers (its hybrid_score results)."""
     evaluation, model_dir = scoring.evaluation, inputs.model
     model, tok = load_any(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     spec = read_spec(model_dir)
     tokens_per_step = spec["kd_tokens"] / max(1, spec["kd_steps"])
     states = checkpoint_states(read_tensors(inputs.checkpoints, None, device_of(model)))
-    states[spec["kd_steps"]] = snapshot(model)
+    chosen = spec.get("chosen_step", spec["kd_steps"])  # the step checkpoint selection wrote
+    states[chosen] = snapshot(model)
     tables = kv_items(inputs.task, scoring.dict_size)
     heldout = read_tensors(inputs.teacher, ["heldout_ids"], device_of(model))["heldout_ids"]
     summary_path, answers_path = inputs.get("summary"), inputs.get("answers")
@@ -320,14 +321,18 @@ def run_hybrid_budget(
     )
     frames = []
     for step in sorted(states):
-        if step == spec["kd_steps"] and last is not None:
+        if step == chosen and last is not None:
             frame = last
             log.info("%s after %d KD steps: read from its scores (%s)", variant, step, summary_path)
         else:
             restore(model, states[step])
             frame, _ = score_model(model, tok, tables, heldout, evaluation.batch_size, scoring.degeneracy_items)
         frames.append(
-            frame.with_columns(pl.lit(step).alias("kd_steps"), pl.lit(round(step * tokens_per_step)).alias("kd_tokens"))
+            frame.with_columns(
+                pl.lit(step).alias("kd_steps"),
+                pl.lit(round(step * tokens_per_step)).alias("kd_tokens"),
+                pl.lit(step == chosen).alias("chosen"),
+            )
         )
         acc = frame.filter((pl.col("metric") == "acc") & (pl.col("group") == "all"))["value"]
         log.info("%s after %d KD steps: acc %.3f", variant, step, acc[0] if len(acc) else float("nan"))

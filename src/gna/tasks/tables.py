@@ -171,6 +171,7 @@ def build_mmlu(subset: pl.DataFrame, pool: pl.DataFrame, fmt: str, num_fewshot: 
 
 
 PROMPT_SETS_DIR = "prompts"  # data/tasks/prompts/<name>.parquet
+KD_VALIDATION = "kd_validation"  # the prompt set of the students' checkpoint selection
 
 
 def kv_prompt_sets(config: dict) -> dict[str, dict]:
@@ -179,7 +180,8 @@ def kv_prompt_sets(config: dict) -> dict[str, dict]:
     (tasks.kv_retrieval) and the phases' own sets, each built once by the kv_task rule so that a
     change of its size or seed reruns exactly the rules that read it. Items of one size depend only
     on the seed and that size (build_kv_retrieval)."""
-    kv, heads, gna = config["tasks"]["kv_retrieval"], config["heads"], config["gna"]
+    kv, heads, gna, hybrid = config["tasks"]["kv_retrieval"], config["heads"], config["gna"], config["hybrid"]
+    validation = hybrid["validation"]
 
     def prompts(sizes: list[int], n: int, seed: int) -> dict:
         return {"sizes": sizes, "n_per_size": n, "seed": seed, "template": kv["template"]}
@@ -193,6 +195,8 @@ def kv_prompt_sets(config: dict) -> dict[str, dict]:
         f"{PROMPT_SETS_DIR}/gna_map": prompts([gna["map_dict_size"]], 1, gna["seed"]),
         # one seed past the roles' prompts: heads are masked on items they were not classified on
         f"{PROMPT_SETS_DIR}/gna_masking": prompts([gna["dict_size"]], gna["masking_n"], gna["seed"] + 1),
+        # the students' checkpoint selection (hybrid.select): its own seed, never an evaluation item
+        f"{PROMPT_SETS_DIR}/{KD_VALIDATION}": prompts([hybrid["dict_size"]], validation["n"], validation["seed"]),
     }
 
 

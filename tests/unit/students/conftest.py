@@ -12,6 +12,17 @@ from gna.tasks.tables import build_kv_retrieval
 from unit.students.rules import CORPUS, KD
 
 
+def kd_outputs(root, stem: str, student) -> Files:
+    """distill_kd's outputs under `root`, named from `stem` as the rule names them from the variant."""
+    return Files(
+        student=str(student),
+        curve=str(root / f"{stem}.parquet"),
+        validation_curve=str(root / f"{stem}-validation.parquet"),
+        changes=str(root / f"{stem}-changes.parquet"),
+        checkpoints=str(root / f"{stem}-checkpoints.safetensors"),
+    )
+
+
 @pytest.fixture(scope="session")
 def phase(tmp_path_factory, tiny_llama):
     """The hybrid phase's rule functions run in order on the tiny teacher."""
@@ -43,7 +54,10 @@ def phase(tmp_path_factory, tiny_llama):
         {"steps": 2, "batch": 2, "lr": 1e-3},
         seed=1,
     )
-    for k in (0, 2):
+    # the checkpoint selection's own prompts (another seed than the evaluation table's)
+    write_parquet(build_kv_retrieval([3], 4, seed=5, template="lookup"), root / "kd_validation.parquet")
+    p["kd_validation.parquet"] = str(root / "kd_validation.parquet")
+    for k, by in ((0, "last"), (2, "validation")):
         run_distill_kd(
             "tiny",
             f"k{k}-n4",
@@ -52,14 +66,12 @@ def phase(tmp_path_factory, tiny_llama):
                 teacher=str(root / "teacher.safetensors"),
                 aligned=str(root / "align.safetensors"),
                 ranking=p["ranking.parquet"],
+                validation=p["kd_validation.parquet"],
             ),
-            Files(
-                student=str(root / f"k{k}"),
-                curve=str(root / f"kd{k}.parquet"),
-                checkpoints=str(root / f"kd{k}-checkpoints.safetensors"),
-            ),
+            kd_outputs(root, f"kd{k}", student=root / f"k{k}"),
             KD,
             checkpoints=[0, 1, 2] if k == 2 else [],
             seed=1,
+            select={"by": by, "every": 1, "batch_size": 4},
         )
     return root, p

@@ -76,16 +76,33 @@ def test_a_corpus_holding_an_evaluation_item_is_refused(tmp_path):
     mmlu = {"n": 4, "seed": 0, "topics": []}
     clean = build_kv_retrieval([3], 4, seed=0, template="lookup")
     write_parquet(clean, tmp_path / "kv.parquet")
-    counts = run_corpus_check(
-        str(MINI_MMLU), str(tmp_path / "kv.parquet"), str(tmp_path / "check.json"), config, 0, mmlu, "lookup"
-    )
+    write_parquet(build_kv_retrieval([3], 4, seed=9, template="lookup"), tmp_path / "validation.parquet")
+
+    def check(out: str) -> dict:
+        paths = [str(tmp_path / name) for name in ("kv.parquet", "validation.parquet", out)]
+        return run_corpus_check(str(MINI_MMLU), *paths, config, 0, mmlu, "lookup")
+
+    counts = check("check.json")
     assert counts["evaluation_kv_prompts"] == 4 and counts["train_kv_prompts"] > 0
+    assert counts["validation_kv_prompts"] == 4
     assert json.loads((tmp_path / "check.json").read_text())["leaked"] == 0
+    # the prompts of checkpoint selection: one of them an evaluation prompt, then a corpus document
+    write_parquet(
+        build_kv_retrieval([3], 4, seed=9, template="lookup").with_columns(pl.Series("context", clean["context"])),
+        tmp_path / "validation.parquet",
+    )
+    with pytest.raises(ValueError, match="4 KV prompts of checkpoint selection are evaluation items"):
+        check("check1.json")
     corpus_prompt = answered_kv([3], 2, corpus_kv_seed("train", 0), "lookup")[0][0]
+    write_parquet(
+        build_kv_retrieval([3], 1, seed=9, template="lookup").with_columns(pl.lit(corpus_prompt).alias("context")),
+        tmp_path / "validation.parquet",
+    )
+    with pytest.raises(ValueError, match=r"train KV-retrieval prompts \(validation\)"):
+        check("check1.json")
+    write_parquet(build_kv_retrieval([3], 4, seed=9, template="lookup"), tmp_path / "validation.parquet")
     write_parquet(clean.with_columns(pl.lit(corpus_prompt).alias("context")), tmp_path / "kv.parquet")
     with pytest.raises(ValueError, match="train KV-retrieval prompts are evaluation items"):
-        run_corpus_check(
-            str(MINI_MMLU), str(tmp_path / "kv.parquet"), str(tmp_path / "check2.json"), config, 0, mmlu, "lookup"
-        )
+        check("check2.json")
     with pytest.raises(ValueError, match="1 MMLU questions are evaluation items"):
         check_no_evaluation_items(["q1", "q2"], ["q2", "q3"], "MMLU questions")

@@ -9,8 +9,11 @@ import polars as pl
 import pytest
 import torch
 
+from gna.core.io import write_parquet
+from gna.core.settings import Files
 from gna.core.tensor_files import read_tensors, write_tensors
 from gna.engine.precision import frozen_weights_in
+from gna.engine.scoring import score_table
 from gna.students.distill import (
     align_layers,
     answer_weights,
@@ -22,12 +25,25 @@ from gna.students.distill import (
     kd_loss,
     load_aligned,
     restore,
+    run_distill_kd,
     snapshot,
     teacher_activations,
 )
 from gna.students.mixer import captured_maps, mixers
-from gna.students.spec import ablation_kd, checkpoint_steps, make_hybrid, read_spec, scored_dict_size, scored_tasks
+from gna.students.spec import (
+    ablation_kd,
+    checkpoint_steps,
+    load_any,
+    make_hybrid,
+    ranked_heads,
+    read_spec,
+    scored_dict_size,
+    scored_tasks,
+)
 from gna.students.student_evaluation import checkpoint_states
+from gna.tasks.tables import build_kv_retrieval
+from unit.students.conftest import kd_outputs
+from unit.students.rules import KD
 
 
 def test_ssm_state_names_every_trained_parameter_once(tiny_llama):
@@ -102,8 +118,9 @@ def test_distillation_writes_the_teacher_file_curves_and_students(phase):
     kd = pl.read_parquet(root / "kd2.parquet")
     assert kd["step"].to_list() == [0, 1] and set(kd["heads_kept"]) == {2}
     assert spec["kd_steps"] == 2 and spec["kd_tokens"] == 2 * 2 * 32
-    # checkpoints below the full budget only (the student is the last); none asked for k = 0
-    assert sorted(checkpoint_states(read_tensors(str(root / "kd2-checkpoints.safetensors")))) == [0, 1]
+    # checkpoints below the full budget, and the full budget where selection chose another step; none for k = 0
+    full = [] if spec["chosen_step"] == spec["kd_steps"] else [2]
+    assert sorted(checkpoint_states(read_tensors(str(root / "kd2-checkpoints.safetensors")))) == [0, 1, *full]
     assert read_tensors(str(root / "kd0-checkpoints.safetensors")) == {}
 
 
@@ -446,3 +463,67 @@ def test_the_distillation_stages_count_their_layer_tokens(tiny_llama):
     distill_logits(student, targets, {"steps": 5, "batch": 2, "lr": 1e-3}, seed=0, progress=False)
     assert work.layer_tokens() == 5 * 2 * length * layers
     work.reset()
+
+
+def test_checkpoint_selection_writes_the_best_step_where_the_last_is_worse(phase, tiny_llama, tmp_path):
+    """The validation prompts are built so that the aligned student (step 0) answers every one
+    (each target is its own prediction); KD at a learning rate that wrecks it follows. Selection
+    must write the step-0 student, say so in its spec and curve, keep the last step for the budget
+    curve, and report how far KD moved each parameter."""
+    root, p = phase
+    _, tok = tiny_llama
+    candidates = build_kv_retrieval([3, 5], 6, seed=11, template="lookup")
+    teacher, _ = load_any(p["teacher"], "float32")
+    aligned = load_aligned(
+        make_hybrid(teacher, ranked_heads(pl.read_parquet(p["ranking.parquet"]), 2), 4),
+        read_tensors(str(root / "align.safetensors")),
+    )
+    preds = score_table(aligned, tok, candidates, batch_size=4, progress=False)["pred"]
+    table = candidates.with_columns(preds.alias("target"))
+    write_parquet(table, tmp_path / "validation.parquet")
+    outputs = kd_outputs(tmp_path, "kd", student=tmp_path / "student")
+    run_distill_kd(
+        "tiny",
+        "k2-n4",
+        Files(
+            model=p["teacher"],
+            teacher=str(root / "teacher.safetensors"),
+            aligned=str(root / "align.safetensors"),
+            ranking=p["ranking.parquet"],
+            validation=str(tmp_path / "validation.parquet"),
+        ),
+        outputs,
+        {**KD, "steps": 4, "lr": 3.0},
+        checkpoints=[0, 2, 4],
+        seed=1,
+        select={"by": "validation", "every": 2, "batch_size": 4},
+    )
+    points = pl.read_parquet(outputs.validation_curve).sort("after_steps")
+    assert points["after_steps"].to_list() == [0, 2, 4]
+    assert points["accuracy"][0] == 1.0
+    if points["accuracy"][-1] == 1.0 and points["mean_logp"][-1] >= points["mean_logp"][0]:
+        pytest.fail("the wrecking KD did not make the last step worse: the construction needs a larger lr")
+    assert points.filter(pl.col("chosen"))["after_steps"].to_list() == [0]
+    spec = read_spec(tmp_path / "student")
+    assert spec["chosen_step"] == 0 and spec["kd_steps"] == 4 and spec["select"] == "validation"
+    student, _ = load_any(tmp_path / "student", "float32")
+    assert all(
+        torch.equal(v, aligned_v) for v, aligned_v in zip(snapshot(student).values(), snapshot(aligned).values())
+    )
+    # the last step stays available to the budget curve, whose student point is the chosen step
+    assert sorted(checkpoint_states(read_tensors(outputs.checkpoints))) == [0, 2, 4]
+    changes = pl.read_parquet(outputs.changes)
+    assert (changes["abs_change_chosen"] == 0).all() and (
+        changes.group_by("param").agg(pl.col("abs_change_last").sum())["abs_change_last"] > 0
+    ).any()
+    curve = pl.read_parquet(outputs.curve)
+    assert {"loss_answer", "loss_other", "grad_norm", "lr"} <= set(curve.columns) and (curve["grad_norm"] > 0).all()
+
+
+def test_selection_by_last_keeps_the_last_step_and_scores_nothing(phase):
+    root, _ = phase
+    spec = read_spec(root / "k0")
+    assert spec["chosen_step"] == spec["kd_steps"] and spec["select"] == "last"
+    assert pl.read_parquet(root / "kd0-validation.parquet").is_empty()
+    chosen = pl.read_parquet(root / "kd2-validation.parquet").filter(pl.col("chosen"))
+    assert len(chosen) == 1 and read_spec(root / "k2")["chosen_step"] == chosen["after_steps"][0]

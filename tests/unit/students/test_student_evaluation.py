@@ -16,7 +16,7 @@ from gna.engine.device import device_of
 from gna.models.prepare import load_model
 from gna.students.distill import load_aligned, snapshot
 from gna.students.mixer import mixers
-from gna.students.spec import load_any, make_hybrid
+from gna.students.spec import load_any, make_hybrid, read_spec
 from gna.students.student_evaluation import budget_point_from_scores, checkpoint_states, label_variant, swap_label
 from gna.tasks.tables import load_task_tables
 from unit.students.rules import ON, answer_rows, budget, score, swap_layer
@@ -313,7 +313,9 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
     assert set(pl.read_parquet(root / "a.parquet")["group"]) == {"5"}
     with pytest.raises(ValueError, match="no KV-retrieval items of dictionary size 4"):
         scores_of("", max_items=None, **SCORING, kv_dict_size=4)
-    last = curve.filter(pl.col("kd_steps") == 2).drop("kd_steps", "kd_tokens", "model")
+    chosen = read_spec(root / "k2")["chosen_step"]  # the student is the step selection chose
+    assert curve.filter(pl.col("chosen"))["kd_steps"].unique().to_list() == [chosen]
+    last = curve.filter(pl.col("kd_steps") == chosen).drop("kd_steps", "kd_tokens", "model", "chosen")
     assert last.sort("task", "group", "metric").equals(full.select(last.columns).sort("task", "group", "metric"))
     # scored on every size with its degeneracy check at the curve's size, the student's own
     # results give the last point: read, not scored again, and equal to scoring it
@@ -324,7 +326,7 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
         read = curve_of(
             "budget-read.parquet", summary_path=str(root / "s5.parquet"), answers_path=str(root / "a5.parquet")
         )
-    assert "after 2 KD steps: read from its scores" in caplog.text
+    assert f"after {chosen} KD steps: read from its scores" in caplog.text
     order = ["kd_steps", "task", "group", "metric"]
     assert read.select(sorted(curve.columns)).sort(order).equals(curve.select(sorted(curve.columns)).sort(order))
     # answers without the check on every item of that size are not read: the point is scored

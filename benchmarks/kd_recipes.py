@@ -1,0 +1,148 @@
+"""KD recipes compared on the validation prompts of checkpoint selection, never on evaluation items.
+
+    python benchmarks/kd_recipes.py --data DATA --model gemma3-270m --variants k10-n16 \
+        --recipes today,lr3e-4,lr1e-4,answers [--steps 14] [--out benchmarks/out/kd_recipes.parquet]
+
+Reads a finished run's model, teacher file, aligned heads (align-n<N>) and head ranking under DATA
+(the pipeline's data/ folder), builds each student as distill_kd does and distills it with each
+recipe (gna.students.distill.distill_logits), scoring the validation KV prompts (hybrid.validation:
+its own seed, hybrid.dict_size keys) before the first step and every --every steps. Prints one row
+per student and recipe (validation accuracy after alignment, best with its step, last; seconds
+per step) and writes every point. A recipe is the config's hybrid.kd with one change:
+  today        hybrid.kd as configured
+  lr<x>        learning rate x
+  answers      the loss on answer positions only (weights 1 there, 0 elsewhere)
+  steps<x>     x steps
+  warmup<x>    x warmup steps (default: a tenth of the steps, at least 1)
+  a+b          both changes
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "src")]
+
+import polars as pl  # noqa: E402
+import torch  # noqa: E402
+import yaml  # noqa: E402
+
+from gna.core.config import load_schema, validate_config  # noqa: E402
+from gna.core.io import read_parquet, write_parquet  # noqa: E402
+from gna.core.tensor_files import read_tensors  # noqa: E402
+from gna.students.distill import (  # noqa: E402
+    Selection,
+    answer_weights,
+    distill_logits,
+    load_aligned,
+    validation_scorer,
+)
+from gna.students.spec import make_hybrid, parse_variant, ranked_heads  # noqa: E402
+from gna.tasks.tables import build_kv_retrieval  # noqa: E402
+
+
+def recipe(name: str, kd: dict) -> tuple[dict, bool]:
+    """(kd settings, answers only) of a recipe name."""
+    if name == "today":
+        return dict(kd), False
+    if name == "answers":
+        return dict(kd), True
+    if name.startswith("lr"):
+        return {**kd, "lr": float(name[2:])}, False
+    if name.startswith("steps"):
+        return {**kd, "steps": int(name[5:])}, False
+    if name.startswith("warmup"):
+        return {**kd, "warmup": int(name[6:])}, False
+    if "+" in name:  # several changes at once: lr1e-4+answers
+        settings, answers = dict(kd), False
+        for part in name.split("+"):
+            changed, only = recipe(part, kd)
+            settings.update({k: v for k, v in changed.items() if v != kd.get(k)})
+            answers = answers or only
+        return settings, answers
+    raise SystemExit(f"kd_recipes: unknown recipe {name!r} (today, answers, lr<x>, steps<x>)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default="data")
+    ap.add_argument("--config", default="config/config.yaml")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--variants", default="k10-n16")
+    ap.add_argument("--recipes", default="today")
+    ap.add_argument("--steps", type=int, help="KD steps (default hybrid.kd.steps)")
+    ap.add_argument("--every", type=int, default=1, help="KD steps between validation points")
+    ap.add_argument("--out", default="benchmarks/out/kd_recipes.parquet")
+    args = ap.parse_args()
+    from gna.models.prepare import load_model
+
+    config = validate_config(
+        yaml.safe_load(Path(args.config).read_text()), load_schema(REPO / "config" / "schema.yaml")
+    )
+    hy = config["hybrid"]
+    data = Path(args.data)
+    torch.set_num_threads(2)
+    table = build_kv_retrieval(
+        [hy["dict_size"]],
+        hy["validation"]["n"],
+        hy["validation"]["seed"],
+        config["tasks"]["kv_retrieval"]["template"],
+    )
+    teacher = read_tensors(data / "distill" / args.model / "teacher.safetensors", None, "cpu")
+    ranking = read_parquet(data / "results" / "heads" / args.model / "ranking.parquet")
+    rows, summary = [], []
+    for variant in args.variants.split(","):
+        k, n = parse_variant(variant)
+        aligned = read_tensors(data / "distill" / args.model / f"align-n{n}.safetensors", None, "cpu")
+        for name in args.recipes.split(","):
+            kd, answers_only = recipe(name, hy["kd"])
+            if args.steps:
+                kd["steps"] = args.steps
+            model, tok = load_model(data / "models" / args.model, config["dtype"])
+            student = load_aligned(make_hybrid(model, ranked_heads(ranking, k, args.model), n), aligned)
+            mask = teacher["train_answers"]
+            weights = mask.float() if answers_only else answer_weights(mask, kd["answer_weight"])
+            targets = {
+                "ids": teacher["train_ids"],
+                "top_logp": teacher["top_logp"],
+                "top_idx": teacher["top_idx"],
+                "weights": weights,
+            }
+            select = Selection(validation_scorer(tok, table, config["eval"]["batch_size"]), every=args.every)
+            start = time.perf_counter()
+            curve, _ = distill_logits(student, targets, kd, hy["seed"], select=select, desc=f"{variant} {name}")
+            seconds = time.perf_counter() - start
+            points = pl.DataFrame(select.rows).join(
+                curve.select(pl.col("step") + 1, "loss", "loss_answer", "loss_other", "grad_norm").rename(
+                    {"step": "after_steps"}
+                ),
+                on="after_steps",
+                how="left",
+            )
+            rows.append(points.with_columns(pl.lit(variant).alias("variant"), pl.lit(name).alias("recipe")))
+            best = points.sort(["accuracy", "mean_logp"], descending=True).row(0, named=True)
+            summary.append(
+                {
+                    "variant": variant,
+                    "recipe": name,
+                    "aligned": points["accuracy"][0],
+                    "best": best["accuracy"],
+                    "best_step": best["after_steps"],
+                    "last": points["accuracy"][-1],
+                    "min": points["accuracy"].min(),
+                    "s_total": round(seconds, 1),
+                }
+            )
+            print(summary[-1], flush=True)
+            print(points.select("after_steps", "accuracy", "mean_logp", "loss_answer", "loss_other", "grad_norm"))
+    write_parquet(pl.concat(rows, how="diagonal_relaxed"), args.out)
+    with pl.Config(tbl_rows=100, tbl_width_chars=200):
+        print(pl.DataFrame(summary))
+
+
+if __name__ == "__main__":
+    main()
