@@ -158,7 +158,7 @@ rule distill_kd:
         teacher="data/distill/{model}/teacher.safetensors",
         aligned="data/distill/{model}/align-n{n}.safetensors",
         ranking="data/results/heads/{model}/ranking.parquet",
-        validation=[KD_VALIDATION_SET] if HYBRID["select"] == "validation" else [],
+        validation=KD_VALIDATION_SET if HYBRID["select"] == "validation" else [],
     output:
         student=directory("data/models/" + student_name("{model}", variant_name("{k}", "{n}"))),
         curve="data/distill/{model}/kd-" + variant_name("{k}", "{n}") + ".parquet",
