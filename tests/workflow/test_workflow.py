@@ -306,6 +306,26 @@ def test_prompt_set_edit_reruns_only_its_readers(smoke):
     assert "baseline" not in planned and "prune_gradual" not in planned
 
 
+def test_checkpoint_selection_prompts_are_their_own_and_never_evaluation_items(smoke):
+    """The students' validation prompts (hybrid.validation) are a data/tasks artifact that shares no
+    prompt with the evaluation set; every student names the step it was taken at and its validation
+    curve marks that step; editing how often it is scored reruns KD, not the teacher file or alignment."""
+    data = smoke / "data"
+    validation = pl.read_parquet(data / "tasks/prompts/kd_validation.parquet")
+    evaluation = pl.read_parquet(data / "tasks/kv_retrieval.parquet")
+    assert len(validation) == smoke_config()["hybrid"]["validation"]["n"]
+    assert not set(validation["context"]) & set(evaluation["context"])
+    assert json.loads((data / "distill/corpus-check.json").read_text())["validation_kv_prompts"] == len(validation)
+    for student in sorted((data / "models").glob("tiny-llama-hybrid-*")):
+        spec = json.loads((student / "gna_hybrid.json").read_text())
+        curve = pl.read_parquet(data / f"distill/tiny-llama/kd-{spec['variant']}-validation.parquet")
+        assert curve.filter(pl.col("chosen"))["after_steps"].to_list() == [spec["chosen_step"]], student.name
+    cfg = smoke_config()
+    cfg["hybrid"]["validation"]["every"] = 2
+    planned = planned_jobs_of(smk(smoke, "-n", config=cfg))
+    assert planned["distill_kd"] == 3 and not {"distill_teacher", "distill_align", "kv_task"} & set(planned), planned
+
+
 def test_batch_size_edit_reruns_the_rules_that_batch_and_not_the_teachers_distillation_files(smoke):
     """eval.batch_size reaches every rule that batches through its Evaluation settings, but not the
     rules that do not (the teacher's distillation file, alignment): they are not computed again.

@@ -500,26 +500,51 @@ def _train_mode(student) -> None:
             m.eval()
 
 
+# an earlier checkpoint replaces the last only where the validation items show it better
+SELECTION_ALPHA = 0.05
+
+
 @dataclass
 class Selection:
-    """Checkpoint selection during KD: `score(student)` -> (accuracy, mean log-prob of the
-    target) on a validation set, taken before the first step (alignment only), every `every`
-    steps and after the last; the best by accuracy, then by log-prob (an earlier one on a tie)
-    is restored into the student at the end. `rows` and `chosen` (its step count) are filled in."""
+    """Checkpoint selection during KD: `score(student)` -> (per-item correctness, mean log-prob of
+    the target) on a validation set, taken before the first step (alignment only), every `every`
+    steps and after the last. The best point (by accuracy, then log-prob, then the earlier step)
+    replaces the last step's student only where it answers better on the same items by an exact
+    McNemar test (p < SELECTION_ALPHA): a tie or a difference the items cannot show keeps the
+    most trained student. `rows` (one per point, with the test's p against the last) and `chosen`
+    (a step count) are filled in; `finish` decides."""
 
-    score: Callable[[torch.nn.Module], tuple[float, float]]
+    score: Callable[[torch.nn.Module], tuple[list[bool], float]]
     every: int
     rows: list[dict] = field(default_factory=list)
     chosen: int | None = None
+    correct: dict[int, list[bool]] = field(default_factory=dict)
 
     def due(self, steps_done: int, steps: int) -> bool:
         return steps_done == 0 or steps_done == steps or steps_done % self.every == 0
 
-    def record(self, student, steps_done: int) -> tuple[float, float]:
-        accuracy, logp = self.score(student)
+    def record(self, student, steps_done: int) -> bool:
+        """Score the student after `steps_done` steps; whether it is the best point so far."""
+        correct, logp = self.score(student)
+        accuracy = sum(correct) / max(1, len(correct))
         best = max(self.rows, key=lambda r: (r["accuracy"], r["mean_logp"]), default=None)
         self.rows.append({"after_steps": steps_done, "accuracy": accuracy, "mean_logp": logp})
+        self.correct[steps_done] = list(correct)
         return best is None or (accuracy, logp) > (best["accuracy"], best["mean_logp"])
+
+    def finish(self, last: int) -> int:
+        """The chosen step: the best point where it beats the last by the paired test, else `last`."""
+        from gna.core.paired import mcnemar_p
+
+        best = max(self.rows, key=lambda r: (r["accuracy"], r["mean_logp"]))["after_steps"]
+        for row in self.rows:
+            pairs = list(zip(self.correct[row["after_steps"]], self.correct[last]))
+            row["p_vs_last"] = mcnemar_p(sum(a and not b for a, b in pairs), sum(b and not a for a, b in pairs))
+        chosen = next(r for r in self.rows if r["after_steps"] == best)
+        last_row = next(r for r in self.rows if r["after_steps"] == last)
+        better = chosen["accuracy"] > last_row["accuracy"] and chosen["p_vs_last"] < SELECTION_ALPHA
+        self.chosen = best if better else last
+        return self.chosen
 
 
 def distill_logits(
@@ -557,7 +582,7 @@ def distill_logits(
     if not params or not steps:
         if select is not None:
             select.record(student, 0)
-            select.chosen = 0
+            select.finish(0)
         return pl.DataFrame(curve, schema={"stage": pl.String, "step": pl.Int64, "loss": pl.Float64}), saved
     best = None
     for p in params:
@@ -579,7 +604,7 @@ def distill_logits(
         student.eval()
         with torch.no_grad():
             if select.record(student, steps_done):
-                best, select.chosen = snapshot(student), steps_done
+                best = snapshot(student)
         _train_mode(student)
         frozen.enter_context(frozen_weights_in(student, low))
 
@@ -611,7 +636,7 @@ def distill_logits(
         student.eval()
         for p in params:
             p.requires_grad_(False)
-    if best is not None and select.chosen != steps:
+    if select is not None and select.finish(steps) != steps:
         restore(student, best)
     return pl.DataFrame(curve), saved
 
@@ -631,13 +656,13 @@ def parameter_changes(start: dict[str, torch.Tensor], states: dict[str, dict[str
 
 
 def validation_scorer(tok, table: pl.DataFrame, batch_size: int) -> Callable:
-    """score(student) -> (accuracy, mean log-prob of the target) on the KV prompts `table`
+    """score(student) -> (per-item correctness, mean log-prob of the target) on the KV prompts `table`
     (gna.engine.scoring.score_table): what checkpoint selection compares."""
     from gna.engine.scoring import score_table
 
-    def score(student) -> tuple[float, float]:
+    def score(student) -> tuple[list[bool], float]:
         scored = score_table(student, tok, table, batch_size=batch_size, progress=False)
-        return float(scored["correct"].mean()), float(scored["logp_target"].mean())
+        return scored["correct"].to_list(), float(scored["logp_target"].mean())
 
     return score
 
@@ -657,8 +682,9 @@ def run_distill_kd(
     heads of inputs.ranking kept as attention, its SSM heads from the aligned file
     inputs.aligned; distill_logits it on the teacher file inputs.teacher with `kd` {steps, batch,
     lr, answer_weight, compute_dtype}, its weights in `dtype`. `select` {by, every, batch_size}: by "validation",
-    the student is the best checkpoint on the KV prompts inputs.validation (Selection: after
-    alignment, every `every` steps, after the last); by "last", the last step's. Writes the
+    the student is the last step's unless the best checkpoint on the KV prompts inputs.validation
+    (Selection: after alignment, every `every` steps, after the last) answers them better by a
+    paired test; by "last", the last step's. Writes the
     student folder outputs.student (gna.students.spec; its spec names the chosen step), the KD
     curve outputs.curve (per step: loss and its answer/other parts, gradient norm, learning rate),
     the validation points outputs.validation_curve (none by "last"), how far KD moved each
@@ -696,7 +722,7 @@ def run_distill_kd(
     ]
     validation = pl.DataFrame(
         selection.rows if selection else [],
-        schema={"after_steps": pl.Int64, "accuracy": pl.Float64, "mean_logp": pl.Float64},
+        schema={"after_steps": pl.Int64, "accuracy": pl.Float64, "mean_logp": pl.Float64, "p_vs_last": pl.Float64},
     ).with_columns((pl.col("after_steps") == chosen).alias("chosen"))
     if selection is not None:
         log.info(
