@@ -64,6 +64,14 @@ def _first_to_last(curve: pl.DataFrame, column: str) -> str:
     return f"{ordered[0]:.2f} → {ordered[-1]:.2f}"
 
 
+def _p_best(points: pl.DataFrame) -> str:
+    """The paired test's p of the best point against the last (– where the last is the best)."""
+    if "p_vs_last" not in points.columns:
+        return "–"
+    best = points.sort(["accuracy", "mean_logp"], descending=[True, True]).row(0, named=True)
+    return "–" if best["after_steps"] == points["after_steps"].max() else f"{best['p_vs_last']:.2g}"
+
+
 def selection_table(validation: pl.DataFrame, kd: pl.DataFrame, changes: pl.DataFrame, n: int) -> pl.DataFrame:
     """One row per model and student: validation accuracy (n prompts, 95% interval) after
     alignment alone, at the chosen step and after the last step; the KD loss at answer and at other
@@ -85,6 +93,7 @@ def selection_table(validation: pl.DataFrame, kd: pl.DataFrame, changes: pl.Data
                 "student": f"k{k}-n{size}",
                 "alignment only": _validation_acc(first, n),
                 "chosen": f"{_validation_acc(chosen, n)} (step {chosen['after_steps']})",
+                "best vs last, p": _p_best(sub),
                 f"last (step {last['after_steps']})": _validation_acc(last, n),
                 "KD loss, answer positions": _first_to_last(curve, "loss_answer"),
                 "KD loss, other positions": _first_to_last(curve, "loss_other"),
@@ -121,12 +130,13 @@ def training_part(ctx: SectionContext, hy: dict) -> str:
     n = hy["validation"]["n"]
     parts.append(
         "<h3>Checkpoint selection and what distillation did</h3>"
-        f"<p>Each student is the checkpoint of its own distillation that retrieves best on {n} KV prompts of "
-        f"{hy['dict_size']} keys with their own seed (never evaluation items; checked by distill_corpus_check), "
-        f"scored after alignment alone, every {hy['validation']['every']} KD steps and after the last; ties go "
-        "to the higher mean log-prob of the target, then to the earlier step. Losses are the unweighted "
-        "cross-entropy to the teacher's top-k at the positions that predict an answer token and at the others, "
-        "first and last step; the gradient norm is before clipping to 1.</p>"
+        f"<p>Each student is scored on {n} KV prompts of {hy['dict_size']} keys with their own seed (never "
+        "evaluation items; checked by distill_corpus_check) after alignment alone, every "
+        f"{hy['validation']['every']} KD steps and after the last. The last step's student is kept unless the "
+        "best point (by accuracy, then the target's mean log-prob) answers these prompts better by an exact "
+        "paired test (McNemar, p &lt; 0.05): then that checkpoint is the student. Losses are the unweighted "
+        "cross-entropy to the teacher's top-k at the positions that predict an answer token and at the "
+        "others, first and last step; the gradient norm is before clipping to 1.</p>"
         + table(selection_table(validation, kd, changes, n), left=("model", "student"))
     )
     kept = validation.filter(pl.col("heads_kept") > 0).select("model", "heads_kept", "state_size").unique()
