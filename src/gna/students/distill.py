@@ -473,7 +473,7 @@ def kd_backward(
     weights = weights.reshape(-1).float()
     total, loss = weights.sum(), 0.0
     answer = weights > weights.min()  # the up-weighted positions (none where the weights are uniform)
-    sums = torch.zeros(2, dtype=torch.float64)  # unweighted cross-entropy summed: answer, other positions
+    sums = torch.zeros(2, dtype=torch.float64, device="cpu")  # unweighted cross-entropy: answer, other positions
     for start in range(0, len(flat), head_rows):
         rows = slice(start, start + head_rows)
         with autocast():
