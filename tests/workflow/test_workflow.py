@@ -90,6 +90,8 @@ def test_smoke_run_writes_results_and_report(smoke):
         "inference memory",
         "Knowledge vs retrieval",
         "Which multiple-choice form the model can answer",
+        "Checkpoint selection and what distillation did",
+        "Which SSM parameters distillation moved",
     ):
         assert needle in html, needle
     model_dir = smoke / "data/models/tiny-llama"

@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import polars as pl
 
 from gna.core.stats import wilson_interval
-from gna.report.htmlkit import SectionContext, acc_text, save_figure, table
+from gna.report.htmlkit import SectionContext, acc_text, plural, save_figure, table
 
 
 def plot_training(align: pl.DataFrame, kd: pl.DataFrame, validation: pl.DataFrame, path) -> None:
@@ -61,6 +61,8 @@ def _first_to_last(curve: pl.DataFrame, column: str) -> str:
     if curve.is_empty() or column not in curve.columns:
         return "–"
     ordered = curve.sort("step")[column]
+    if ordered.is_nan().any():  # no position of that kind in a step's windows
+        return "–"
     return f"{ordered[0]:.2f} → {ordered[-1]:.2f}"
 
 
@@ -127,12 +129,13 @@ def training_part(ctx: SectionContext, hy: dict) -> str:
     parts = [ctx.figure("hybrid_training")]
     if validation.is_empty():
         return "".join(parts)
-    n = hy["validation"]["n"]
+    n, steps = hy["validation"]["n"], hy["validation"]["every"]
+    every = "every KD step" if steps == 1 else f"every {plural(steps, 'KD step')}"
     parts.append(
         "<h3>Checkpoint selection and what distillation did</h3>"
         f"<p>Each student is scored on {n} KV prompts of {hy['dict_size']} keys with their own seed (never "
-        "evaluation items; checked by distill_corpus_check) after alignment alone, every "
-        f"{hy['validation']['every']} KD steps and after the last. The last step's student is kept unless the "
+        f"evaluation items; checked by distill_corpus_check) after alignment alone, {every} and after the "
+        "last. The last step's student is kept unless the "
         "best point (by accuracy, then the target's mean log-prob) answers these prompts better by an exact "
         "paired test (McNemar, p &lt; 0.05): then that checkpoint is the student. Losses are the unweighted "
         "cross-entropy to the teacher's top-k at the positions that predict an answer token and at the "
