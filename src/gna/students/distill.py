@@ -707,14 +707,17 @@ def run_distill_kd(
         selection = Selection(validation_scorer(tok, table, select["batch_size"]), select["every"])
     aligned = snapshot(student)
     wanted = [c for c in checkpoints if c < kd["steps"]]
-    if checkpoints and selection is not None:
-        wanted.append(kd["steps"])  # the budget curve's last point, where the student is another step
+    if selection is not None:
+        wanted.append(kd["steps"])  # the last step: its changes, and the budget curve's last point
     curve, saved = distill_logits(
         student, targets, kd, seed, checkpoints=wanted, desc=f"kd k={heads_kept} n={state_size}", select=selection
     )
     chosen = kd["steps"] if selection is None else selection.chosen
-    if chosen == kd["steps"]:
-        saved.pop(kd["steps"], None)
+    last = saved.pop(kd["steps"], None)
+    if last is None:  # without selection the student is the last step
+        last = snapshot(student)
+    elif checkpoints and chosen != kd["steps"]:
+        saved[kd["steps"]] = last
     labels = [
         pl.lit(model_name).alias("model"),
         pl.lit(heads_kept).alias("heads_kept"),
@@ -732,7 +735,6 @@ def run_distill_kd(
             chosen,
             kd["steps"],
         )
-    last = saved.get(kd["steps"], snapshot(student))
     changes = parameter_changes(aligned, {"chosen": snapshot(student), "last": last})
     spec = hybrid_spec(
         student,

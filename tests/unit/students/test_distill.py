@@ -483,16 +483,17 @@ def test_checkpoint_selection_writes_the_best_step_where_the_last_is_worse(phase
     table = candidates.with_columns(preds.alias("target"))
     write_parquet(table, tmp_path / "validation.parquet")
     outputs = kd_outputs(tmp_path, "kd", student=tmp_path / "student")
+    inputs = Files(
+        model=p["teacher"],
+        teacher=str(root / "teacher.safetensors"),
+        aligned=str(root / "align.safetensors"),
+        ranking=p["ranking.parquet"],
+        validation=str(tmp_path / "validation.parquet"),
+    )
     run_distill_kd(
         "tiny",
         "k2-n4",
-        Files(
-            model=p["teacher"],
-            teacher=str(root / "teacher.safetensors"),
-            aligned=str(root / "align.safetensors"),
-            ranking=p["ranking.parquet"],
-            validation=str(tmp_path / "validation.parquet"),
-        ),
+        inputs,
         outputs,
         {**KD, "steps": 4, "lr": 3.0},
         checkpoints=[0, 2, 4],
@@ -513,6 +514,20 @@ def test_checkpoint_selection_writes_the_best_step_where_the_last_is_worse(phase
     )
     # the last step stays available to the budget curve, whose student point is the chosen step
     assert sorted(checkpoint_states(read_tensors(outputs.checkpoints))) == [0, 2, 4]
+    # without budget checkpoints the last step's changes are still the last step's, not the chosen one's
+    bare = kd_outputs(tmp_path, "bare", student=tmp_path / "bare-student")
+    run_distill_kd(
+        "tiny",
+        "k2-n4",
+        inputs,
+        bare,
+        {**KD, "steps": 4, "lr": 3.0},
+        checkpoints=[],
+        seed=1,
+        select={"by": "validation", "every": 2, "batch_size": 4},
+    )
+    assert read_tensors(bare.checkpoints) == {}
+    assert pl.read_parquet(bare.changes).equals(pl.read_parquet(outputs.changes))
     changes = pl.read_parquet(outputs.changes)
     assert (changes["abs_change_chosen"] == 0).all() and (
         changes.group_by("param").agg(pl.col("abs_change_last").sum())["abs_change_last"] > 0
