@@ -167,6 +167,7 @@ rule distill_kd:
         checkpoints="data/distill/{model}/kd-" + variant_name("{k}", "{n}") + "-checkpoints.safetensors",
     params:
         kd=HYBRID["kd"],
+        realign=HYBRID["realign"],
         checkpoints=get_checkpoint_steps,
         seed=HYBRID["seed"],
         select={"by": HYBRID["select"], "every": HYBRID["validation"]["every"], "batch_size": EVALUATION["batch_size"]},
@@ -253,8 +254,8 @@ rule hybrid_ablation:
         "data/results/hybrid/{model}/ablation-{ablation}.parquet",
     params:
         variant=HYBRID["ablation"]["variant"],
-        recipe={"align": HYBRID["align"], "kd": ablation_kd(HYBRID), "align_windows": HYBRID["corpus"]["align_windows"],
-                "seed": HYBRID["seed"]},
+        recipe={"align": HYBRID["align"], "realign": HYBRID["realign"], "kd": ablation_kd(HYBRID),
+                "align_windows": HYBRID["corpus"]["align_windows"], "seed": HYBRID["seed"]},
         scoring=SCORING.as_params("dict_size", "degeneracy_items", "evaluation"),
         code=code_of("hybrid_ablation"),
     log:

@@ -17,4 +17,5 @@ run_distill_kd(
     seed=p.seed,
     select=p.select,
     dtype=p.dtype,
+    realign=p.realign,
 )

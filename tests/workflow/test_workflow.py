@@ -326,6 +326,10 @@ def test_checkpoint_selection_prompts_are_their_own_and_never_evaluation_items(s
     cfg["hybrid"]["validation"]["every"] = 2
     planned = planned_jobs_of(smk(smoke, "-n", config=cfg))
     assert planned["distill_kd"] == 3 and not {"distill_teacher", "distill_align", "kv_task"} & set(planned), planned
+    cfg = smoke_config()
+    cfg["hybrid"]["realign"]["lr"] = 0.01  # realignment is per student: KD and the ablations that realign
+    planned = planned_jobs_of(smk(smoke, "-n", config=cfg))
+    assert planned["distill_kd"] == 3 and not {"distill_teacher", "distill_align"} & set(planned), planned
 
 
 def test_batch_size_edit_reruns_the_rules_that_batch_and_not_the_teachers_distillation_files(smoke):

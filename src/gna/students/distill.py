@@ -10,6 +10,9 @@ Stages, each a workflow rule so Snakemake caches it:
             one alignment serves every heads-kept variant with that state size; the kept
             heads and the MLPs are the teacher's own, so a perfect fit reproduces h_{i+1}
             (run_distill_align).
+  realign   per variant, before kd: every layer's SSM heads fitted again, first layer first, on the
+            stream the student itself produces entering that layer (realign_in_context): the
+            student never sees the teacher's stream past its first replaced head.
   kd        end-to-end knowledge distillation of one variant (kept heads from the ranking,
             SSM heads from `align`) on the teacher's next-token distributions (run_distill_kd).
 Only SSM parameters (HybridMixer.ssm_state) are trained; every teacher weight stays frozen.
@@ -40,7 +43,7 @@ from gna.engine.stack import UnsupportedModel
 from gna.models.families import check_student_family, skip_hint
 from gna.models.prepare import load_model
 from gna.students.corpus import build_corpus
-from gna.students.mixer import HybridMixer, layers_of, mixer_input, mixers, rotary
+from gna.students.mixer import HybridMixer, layer_forward, layers_of, mixer_input, mixers, rotary
 from gna.students.spec import hybrid_spec, make_hybrid, parse_variant, ranked_heads, save_student
 from gna.tasks.tables import load_mmlu_jsonl, select_mmlu
 
@@ -232,6 +235,92 @@ def align_layers(
                 curve += [{"stage": "align", "step": step, "layer": i, "loss": v} for i, v in enumerate(per_layer)]
     state = snapshot(student)
     return state, pl.DataFrame(curve)
+
+
+def realign_in_context(student, hidden: torch.Tensor, realign: dict, seed: int, progress: bool = True) -> pl.DataFrame:
+    """Fit every layer's SSM heads of `student` (a hybrid with aligned heads; changed in place)
+    again, first layer first, on the student's own stream: the input of layer i is what the
+    student's layers 0..i-1 (kept heads and SSM heads as they run now) make of the windows, the
+    targets are still the teacher heads' outputs on the teacher's stream `hidden` [layers, n, T, d].
+    Alignment fits each head on the teacher's stream, which a student never sees past its first
+    replaced head; keeping more heads exact then changes what the later SSM heads read and can cost
+    retrieval (measured: Gemma 3's k = 20 below its k = 10, docs/phases.md). realign: {steps (per
+    layer; 0 = none), lr, batch, compute_dtype} (config hybrid.realign). Returns per layer the SSM
+    heads' relative error on the student's stream before and after (layer, error_before,
+    error_after)."""
+    steps, batch, lr = realign["steps"], realign.get("batch", 4), realign["lr"]
+    compute_dtype = realign.get("compute_dtype", "float32")
+    rows = []
+    if not steps:
+        return pl.DataFrame(rows, schema={"layer": pl.Int64, "error_before": pl.Float64, "error_after": pl.Float64})
+    torch.manual_seed(seed)
+    for p in student.parameters():
+        p.requires_grad_(False)
+    base = student.base_model
+    n_layers, n_seq, length, _ = hidden.shape
+    pos = torch.arange(length, device=hidden.device)[None]
+    rng = torch.Generator(device="cpu").manual_seed(seed)
+    stream = hidden[0].float()  # the embeddings: the same in teacher and student
+    warmup = max(1, steps // 10)
+    pairs = list(zip(layers_of(student), mixers(student)))
+    for i, (layer, m) in enumerate(tqdm(pairs, desc="realign", disable=not progress, mininterval=2.0)):
+        with torch.no_grad():
+            u = mixer_input(layer, stream)
+            rope = rotary(base, u, pos.expand(n_seq, -1), i)
+        if m.ssm_heads:
+            metric = _output_metric(m)[m.ssm_heads]
+            with torch.no_grad():
+                theirs = mixer_input(layer, hidden[i].float())
+                target = torch.cat(
+                    [
+                        torch.einsum(
+                            "blhp,hpq->blhq",
+                            m.attention_output(theirs[b : b + batch], tuple(t[b : b + batch] for t in rope)
+                                               if rope is not None else None, None, m.ssm_heads).float(),
+                            metric,
+                        )
+                        for b in range(0, n_seq, batch)
+                    ]
+                )
+
+            def error(which) -> torch.Tensor:
+                with torch.autocast(u.device.type, dtype=torch.bfloat16, enabled=compute_dtype == "bfloat16"):
+                    heads = m.ssm_output(u[which], None)
+                pred = torch.einsum("blhp,hpq->blhq", heads.float(), metric)
+                return (pred - target[which]).square().sum() / target[which].square().sum().clamp_min(1e-12)
+
+            everything = torch.arange(n_seq, device=u.device)
+            with torch.no_grad():
+                before = float(error(everything))
+            params = m.ssm_params()
+            for p in params:
+                p.requires_grad_(True)
+            opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+            for step in range(steps):
+                for g in opt.param_groups:
+                    g["lr"] = lr * _schedule(step, steps, warmup)
+                pick = torch.randperm(n_seq, generator=rng, device="cpu")[:batch].to(u.device)
+                work.add(len(pick) * length, 1)
+                opt.zero_grad(set_to_none=True)
+                error(pick).backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                opt.step()
+            for p in params:
+                p.requires_grad_(False)
+            with torch.no_grad():
+                rows.append({"layer": i, "error_before": before, "error_after": float(error(everything))})
+        with torch.no_grad():  # the stream entering the next layer, through this layer as it is now
+            stream = torch.cat(
+                [
+                    layer_forward(
+                        layer,
+                        stream[b : b + batch],
+                        lambda v, b=b: m(v, None if rope is None else tuple(t[b : b + batch] for t in rope))[0],
+                    )
+                    for b in range(0, n_seq, batch)
+                ]
+            )
+    return pl.DataFrame(rows, schema={"layer": pl.Int64, "error_before": pl.Float64, "error_after": pl.Float64})
 
 
 @torch.no_grad()
@@ -677,10 +766,12 @@ def run_distill_kd(
     seed: int,
     select: dict,
     dtype: str = "float32",
+    realign: dict | None = None,
 ) -> None:
     """Build student `variant` of model inputs.model (k{heads kept}-n{state size}): the best-ranked
     heads of inputs.ranking kept as attention, its SSM heads from the aligned file
-    inputs.aligned; distill_logits it on the teacher file inputs.teacher with `kd` {steps, batch,
+    inputs.aligned, fitted again on its own stream by `realign` {steps, lr, batch, compute_dtype}
+    (realign_in_context; None or 0 steps: not); distill_logits it on the teacher file inputs.teacher with `kd` {steps, batch,
     lr, answer_weight, compute_dtype}, its weights in `dtype`. `select` {by, every, batch_size}: by "validation",
     the student is the last step's unless the best checkpoint on the KV prompts inputs.validation
     (Selection: after alignment, every `every` steps, after the last) answers them better by a
@@ -698,6 +789,16 @@ def run_distill_kd(
     # the teacher's own forward is in the teacher file: the loaded model becomes the student (no copy held)
     student = load_aligned(make_hybrid(model, kept, state_size), read_tensors(inputs.aligned, None, on))
     del model
+    if realign and realign["steps"]:
+        errors = realign_in_context(
+            student, read_tensors(inputs.teacher, ["hidden"], on)["hidden"], realign, seed, progress=True
+        )
+        log.info(
+            "%s: realigned on its own stream; SSM heads' relative error there: median %.3f before, %.3f after",
+            variant,
+            errors["error_before"].median() if len(errors) else float("nan"),
+            errors["error_after"].median() if len(errors) else float("nan"),
+        )
     data = read_tensors(inputs.teacher, ["train_ids", "train_answers", "top_logp", "top_idx"], on)
     weights = answer_weights(data["train_answers"], kd["answer_weight"])
     targets = {"ids": data["train_ids"], "top_logp": data["top_logp"], "top_idx": data["top_idx"], "weights": weights}

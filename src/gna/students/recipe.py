@@ -1,7 +1,7 @@
 """The distillation recipe and its ablations: what each ingredient of gna.students.distill buys.
 
 The pipeline's recipe for a student: SSM heads initialised from their attention heads, layer
-alignment (stage 1) with the first-token share, then end-to-end distillation (stage 2) on all
+alignment (stage 1) with the first-token share, realignment on the student's own stream, then end-to-end distillation (stage 2) on all
 training windows with the answer positions weighted. An ablation trains one student with one
 ingredient removed and scores it like the budget curve (one task and held-out perplexity); the
 full recipe and "alignment only" come from the student itself and its budget curve.
@@ -19,7 +19,7 @@ from gna.core.tensor_files import read_tensors
 from gna.engine.device import device_of
 from gna.engine.precision import linears_computed_in
 from gna.models.prepare import load_model
-from gna.students.distill import align_layers, answer_weights, distill_logits, load_aligned
+from gna.students.distill import align_layers, answer_weights, distill_logits, load_aligned, realign_in_context
 from gna.students.mixer import mixers
 from gna.students.spec import ABLATIONS, make_hybrid, parse_variant, ranked_heads
 from gna.students.student_evaluation import kv_items, score_model
@@ -39,7 +39,7 @@ def ablated_student(
     """A student trained by the recipe with `ablation` (a key of ABLATIONS) removed, made from
     `teacher` in place (the teacher's forward is in the teacher file; no copy is held beside the
     student). aligned: the recipe's aligned SSM heads at `state_size`; data: the teacher file's
-    tensors; recipe: {align, kd (hybrid.align, hybrid.kd), align_windows
+    tensors; recipe: {align, realign, kd (hybrid.align, hybrid.realign, hybrid.kd), align_windows
     (hybrid.corpus.align_windows), seed (hybrid.seed)}."""
     align, kd, seed = recipe["align"], recipe["kd"], recipe["seed"]
     if ablation not in ABLATIONS:
@@ -54,6 +54,8 @@ def ablated_student(
             m.first_token_share = False
     if ablation != "no_align":
         load_aligned(student, aligned)
+        if ablation != "no_realign" and recipe.get("realign"):
+            realign_in_context(student, data["hidden"], recipe["realign"], seed, progress=False)
     ids, top_logp, top_idx = data["train_ids"], data["top_logp"], data["top_idx"]
     weights = answer_weights(data["train_answers"], 1 if ablation == "no_answer_weight" else kd["answer_weight"])
     if ablation == "small_corpus":
@@ -78,7 +80,8 @@ def run_hybrid_ablation(
     kept = ranked_heads(read_parquet(inputs.ranking), heads_kept, model_name)
     needed = ["train_ids", "train_answers", "top_logp", "top_idx", "heldout_ids"]
     on = device_of(teacher)
-    data = read_tensors(inputs.teacher, needed + (["hidden"] if ablation == "no_first_token" else []), on)
+    realigns = ablation not in ("init_only", "no_align", "no_realign") and bool(recipe.get("realign", {}).get("steps"))
+    data = read_tensors(inputs.teacher, needed + (["hidden"] if ablation == "no_first_token" or realigns else []), on)
     student = ablated_student(teacher, kept, state_size, ablation, read_tensors(inputs.aligned, None, on), data, recipe)
     linears_computed_in(student.eval(), evaluation.compute_dtype)
     frame, _ = score_model(

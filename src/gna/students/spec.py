@@ -29,6 +29,7 @@ TEACHER_VARIANT = "teacher"  # the teacher itself, where results list it beside 
 ABLATIONS = {
     "init_only": "no training: SSM heads as initialised from their attention heads",
     "no_align": "without layer alignment (end-to-end distillation from the initialisation)",
+    "no_realign": "without realignment (SSM heads as aligned on the teacher's stream, not the student's own)",
     "no_answer_weight": "without answer weighting (every position weighs the same in distillation)",
     "small_corpus": "distillation on the alignment windows only (corpus.align_windows, not train_windows)",
     "no_first_token": "without the first-token share (alignment and distillation with it fixed at 0)",

@@ -73,5 +73,6 @@ def phase(tmp_path_factory, tiny_llama):
             checkpoints=[0, 1, 2] if k == 2 else [],
             seed=1,
             select={"by": by, "every": 1, "batch_size": 4},
+            realign={"steps": 2, "batch": 2, "lr": 1e-2} if k == 2 else None,
         )
     return root, p

@@ -563,3 +563,48 @@ def test_selection_keeps_the_last_step_unless_the_items_show_an_earlier_one_bett
     assert run([[True] * 50, last]).chosen == 0
     tied = run([last, last])
     assert tied.chosen == 1 and tied.rows[0]["p_vs_last"] == 1.0
+
+
+def test_realignment_fits_each_layer_on_the_students_own_stream(tiny_llama):
+    """realign_in_context: each layer's error before and after is measured on the stream the
+    student's own forward makes (checked against the hidden states its forward produces after the
+    stage, which a fit on the teacher's stream would not match), falls in every layer, and only SSM
+    parameters move; 0 steps changes nothing."""
+    from gna.students.distill import _output_metric, realign_in_context
+    from gna.students.mixer import layers_of, mixer_input, rotary
+
+    model, _ = tiny_llama
+    ids = torch.randint(0, model.config.vocab_size, (4, 16), generator=torch.Generator().manual_seed(5))
+    theirs = teacher_activations(model, ids, top_k=2, progress=False)["hidden"].float()
+    aligned, _ = align_layers(model, theirs, 4, {"steps": 3, "batch": 2, "lr": 1e-2}, 0, False)
+    student = load_aligned(make_hybrid(copy.deepcopy(model), [(1, 0), (2, 1)], 4), aligned)
+    frozen = {k: v.clone() for k, v in student.state_dict().items()}
+    trained = [q for m in mixers(student) for q in m.ssm_params()]
+    ssm_keys = {name for name, p in student.named_parameters() if any(p is q for q in trained)}
+
+    none = realign_in_context(student, theirs, {"steps": 0, "lr": 1e-2}, seed=0, progress=False)
+    assert none.is_empty() and all(torch.equal(v, student.state_dict()[k]) for k, v in frozen.items())
+
+    errors = realign_in_context(student, theirs, {"steps": 30, "batch": 2, "lr": 1e-2}, seed=0, progress=False)
+    assert errors["layer"].to_list() == list(range(model.config.num_hidden_layers))
+    assert (errors["error_after"] < errors["error_before"]).all()
+    after = student.state_dict()
+    moved = {k for k, v in frozen.items() if not torch.equal(v, after[k])}
+    assert moved and moved <= ssm_keys
+
+    # the stream it fitted on is the student's own forward (identical to the teacher's at layer 0 only)
+    own = teacher_activations(student, ids, top_k=2, progress=False)["hidden"].float()
+    assert torch.equal(own[0], theirs[0]) and not torch.allclose(own[1], theirs[1])
+    base, pos = student.base_model, torch.arange(ids.shape[1])[None].expand(len(ids), -1)
+    for i, (layer, m) in enumerate(zip(layers_of(student), mixers(student))):
+        metric = _output_metric(m)[m.ssm_heads]
+        u, t = mixer_input(layer, own[i]), mixer_input(layer, theirs[i])
+        target = torch.einsum("blhp,hpq->blhq", m.attention_output(t, rotary(base, t, pos, i), None, m.ssm_heads), metric)
+        with torch.no_grad():
+            pred = torch.einsum("blhp,hpq->blhq", m.ssm_output(u, None), metric)
+            on_theirs = torch.einsum("blhp,hpq->blhq", m.ssm_output(t, None), metric)
+        err = float((pred - target).square().sum() / target.square().sum())
+        assert err == pytest.approx(errors["error_after"][i], rel=1e-3)
+        if i > 0:  # measured on the teacher's stream it would read otherwise
+            err_theirs = float((on_theirs - target).square().sum() / target.square().sum())
+            assert err_theirs != pytest.approx(errors["error_after"][i], rel=1e-2)

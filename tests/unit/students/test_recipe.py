@@ -11,22 +11,32 @@ from gna.core.settings import Evaluation
 from gna.core.tensor_files import read_tensors
 from gna.engine.device import device_of
 from gna.models.prepare import load_model
-from gna.students.distill import align_layers, answer_weights, distill_logits, load_aligned, snapshot
+from gna.students.distill import (
+    align_layers,
+    answer_weights,
+    distill_logits,
+    load_aligned,
+    realign_in_context,
+    snapshot,
+)
 from gna.students.mixer import mixers
 from gna.students.recipe import ablated_student
 from gna.students.spec import make_hybrid
 from unit.students.rules import KD, ablation
 
 
-def _kd_from(teacher, kept, aligned, ids, top_logp, top_idx, weights, kd, seed, first_token=True) -> dict:
+def _kd_from(teacher, kept, aligned, ids, top_logp, top_idx, weights, kd, seed, first_token=True, realign=None) -> dict:
     """The SSM parameters of a student made by make_hybrid, its SSM heads loaded from `aligned`
-    (None: left as initialised), after distill_logits on exactly these windows and weights
-    (without the first-token share where not `first_token`)."""
+    (None: left as initialised) and realigned by `realign` = (hidden, settings) where given, after
+    distill_logits on exactly these windows and weights (without the first-token share where not
+    `first_token`)."""
     student = make_hybrid(copy.deepcopy(teacher), kept, 4)
     for m in mixers(student):
         m.first_token_share = first_token
     if aligned is not None:
         load_aligned(student, aligned)
+    if realign is not None:
+        realign_in_context(student, *realign, seed, progress=False)
     distill_logits(
         student,
         {"ids": ids, "top_logp": top_logp, "top_idx": top_idx, "weights": weights},
@@ -41,7 +51,9 @@ def _same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], v) for k, v in b.items())
 
 
-@pytest.mark.parametrize("ablation", ["init_only", "no_align", "no_answer_weight", "small_corpus", "no_first_token"])
+@pytest.mark.parametrize(
+    "ablation", ["init_only", "no_align", "no_realign", "no_answer_weight", "small_corpus", "no_first_token"]
+)
 def test_each_ablation_removes_its_ingredient(phase, ablation):
     """Each ablated student is, bit for bit, the recipe's KD run with exactly its ingredient
     removed (built here from make_hybrid, load_aligned and distill_logits), and differs from the
@@ -55,7 +67,9 @@ def test_each_ablation_removes_its_ingredient(phase, ablation):
     # two steps over every window: the answer positions and the windows beyond align_windows are
     # in every batch, and Adam's second step follows the gradients' size, not only their signs
     kd, seed, align_windows = {**KD, "steps": 2, "batch": 6}, 1, 4
-    args = dict(align={"steps": 2, "batch": 2, "lr": 1e-3}, kd=kd, align_windows=align_windows, seed=seed)
+    realign = {"steps": 2, "batch": 2, "lr": 1e-2}
+    args = dict(align={"steps": 2, "batch": 2, "lr": 1e-3}, realign=realign, kd=kd, align_windows=align_windows, seed=seed)
+    mine = (data["hidden"], realign)  # the recipe's realignment
     student = ablated_student(copy.deepcopy(teacher), kept, 4, ablation, aligned, data, args)
     state = snapshot(student)
     init = snapshot(make_hybrid(copy.deepcopy(teacher), kept, 4))
@@ -67,20 +81,30 @@ def test_each_ablation_removes_its_ingredient(phase, ablation):
         assert not _same(init, state) and not _same(from_aligned, state)
     ids, top_logp, top_idx, answers = data["train_ids"], data["top_logp"], data["top_idx"], data["train_answers"]
     weighted = answer_weights(answers, kd["answer_weight"])
-    if ablation in ("no_align", "no_answer_weight", "small_corpus", "no_first_token"):
-        recipe = _kd_from(teacher, kept, aligned, ids, top_logp, top_idx, weighted, kd, seed)
-        if ablation == "no_first_token":  # aligned again without the share, then KD without it
+    if ablation != "init_only":
+        recipe = _kd_from(teacher, kept, aligned, ids, top_logp, top_idx, weighted, kd, seed, realign=mine)
+        if ablation == "no_first_token":  # aligned again without the share, then realigned and KD without it
             again, _ = align_layers(copy.deepcopy(teacher), data["hidden"], 4, args["align"], seed, first_token=False)
-            expected = _kd_from(teacher, kept, again, ids, top_logp, top_idx, weighted, kd, seed, first_token=False)
+            expected = _kd_from(
+                teacher, kept, again, ids, top_logp, top_idx, weighted, kd, seed, first_token=False, realign=mine
+            )
         elif ablation == "no_align":  # KD starts from the initialised SSM heads, not the aligned ones
             expected = _kd_from(teacher, kept, None, ids, top_logp, top_idx, weighted, kd, seed)
+        elif ablation == "no_realign":  # KD starts from the heads as aligned on the teacher's stream
+            expected = _kd_from(teacher, kept, aligned, ids, top_logp, top_idx, weighted, kd, seed)
         elif ablation == "no_answer_weight":  # every position weighs the same: the plain loss
             assert answers.any() and weighted.max() == kd["answer_weight"] > 1
-            expected = _kd_from(teacher, kept, aligned, ids, top_logp, top_idx, None, kd, seed)
+            expected = _kd_from(teacher, kept, aligned, ids, top_logp, top_idx, None, kd, seed, realign=mine)
         else:  # only the first align_windows windows (those alignment saw), not all train windows
             assert len(ids) > align_windows
             expected = _kd_from(
-                teacher, kept, aligned, *(t[:align_windows] for t in (ids, top_logp, top_idx, weighted)), kd, seed
+                teacher,
+                kept,
+                aligned,
+                *(t[:align_windows] for t in (ids, top_logp, top_idx, weighted)),
+                kd,
+                seed,
+                realign=mine,
             )
         assert _same(expected, state), f"{ablation}: not the recipe with its ingredient removed"
         assert not _same(recipe, state), f"{ablation}: the full recipe's student (the switch did nothing)"

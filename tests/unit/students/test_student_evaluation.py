@@ -14,7 +14,7 @@ from gna.core.tensor_files import read_tensors
 from gna.engine.chance import ChancePolicy, chance_accuracy
 from gna.engine.device import device_of
 from gna.models.prepare import load_model
-from gna.students.distill import load_aligned, snapshot
+from gna.students.distill import load_aligned, realign_in_context, snapshot
 from gna.students.mixer import mixers
 from gna.students.spec import load_any, make_hybrid, read_spec
 from gna.students.student_evaluation import budget_point_from_scores, checkpoint_states, label_variant, swap_label
@@ -340,12 +340,14 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
     assert len(pl.read_parquet(root / "a1.parquet").filter(pl.col("group") == "5")) == 1
     assert budget_point_from_scores(str(root / "s1.parquet"), str(root / "a1.parquet"), at[5]) is None
     assert budget_point_from_scores(str(root / "s5.parquet"), str(root / "a5.parquet"), at[5]) is not None
-    # step 0 is the aligned student: the same scores as a student built from the aligned file
+    # step 0 is the aligned student, realigned as the phase's k = 2 student is (conftest)
     teacher = load_model(p["teacher"])[0]
     aligned = load_aligned(
         make_hybrid(teacher, [(2, 1), (0, 3)], 4),
         read_tensors(str(root / "align.safetensors"), None, device_of(teacher)),
     )
+    hidden = read_tensors(str(root / "teacher.safetensors"), ["hidden"], device_of(teacher))["hidden"]
+    realign_in_context(aligned, hidden, {"steps": 2, "batch": 2, "lr": 1e-2}, seed=1, progress=False)
     first = checkpoint_states(read_tensors(str(root / "kd2-checkpoints.safetensors")))[0]  # on the CPU
     for key, value in snapshot(aligned).items():
         assert torch.equal(first[key], value.cpu())
