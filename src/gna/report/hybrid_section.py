@@ -458,7 +458,8 @@ def budget_part(model: str, budget: pl.DataFrame, teacher: pl.DataFrame, size: i
         figure = ctx.figure("hybrid_budget")
     return (
         f"<h3>{html.escape(model)}: accuracy vs distillation budget</h3>"
-        f"<p>Each student scored on the KV items of {size} keys after 0 (layer alignment only), then "
+        f"<p>Each student scored on the KV items of {size} keys after 0 (aligned: layer alignment, then "
+        "realignment on its own stream where hybrid.realign is on; no KD), then "
         "increasing numbers of end-to-end distillation tokens, from checkpoints of its own distillation "
         "run.</p>"
         + table(shown, left=("student, distillation tokens",), fmt=_fmt(shown))
@@ -469,11 +470,12 @@ def budget_part(model: str, budget: pl.DataFrame, teacher: pl.DataFrame, size: i
 
 RECIPE = (
     "<p>The recipe: SSM heads initialised from their attention heads; stage 1 starts them from the "
-    "teacher heads' attention profiles (first-token share, local skip, decay) and aligns them layer by layer; stage "
+    "teacher heads' attention profiles (first-token share, local skip, decay) and aligns them layer by layer on the "
+    "teacher's stream, then again on each student's own stream (realignment); stage "
     "2 distills end to end on all training windows with the positions "
     "that predict an answer token (KV values, MMLU letters) weighted. Each row below removes one "
     "ingredient and retrains the same student for the budget in the title, beside the full recipe at that "
-    "budget; 'alignment only' is the budget curve's first point.</p>"
+    "budget; 'aligned, no KD' is the budget curve's first point.</p>"
 )
 
 
@@ -504,7 +506,7 @@ def ablation_part(model: str, scores: pl.DataFrame, budget: pl.DataFrame, ablati
     rows = [full.with_columns(pl.lit("full recipe").alias(label))]
     if not budget.is_empty():
         aligned = budget.filter(keep & (pl.col("kd_steps") == 0))
-        rows.append(aligned.with_columns(pl.lit("alignment only (0 distillation tokens)").alias(label)))
+        rows.append(aligned.with_columns(pl.lit("aligned, no KD (0 distillation tokens)").alias(label)))
     rows.append(sub.filter(keep).with_columns(pl.col("description").alias(label)))
     shown = _metric_table(pl.concat(rows, how="diagonal_relaxed"), label)
     return (

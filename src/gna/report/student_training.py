@@ -41,7 +41,7 @@ def plot_training(align: pl.DataFrame, kd: pl.DataFrame, validation: pl.DataFram
                 chosen["after_steps"], chosen["accuracy"], s=90, facecolors="none", edgecolors=line.get_color()
             )
         ax_v.set(
-            xlabel="KD steps (0: alignment only)",
+            xlabel="KD steps (0: aligned, no KD)",
             ylabel="KV accuracy, validation prompts",
             ylim=(-0.02, 1.02),
             title="checkpoint selection (ring: chosen)",
@@ -75,8 +75,8 @@ def _p_best(points: pl.DataFrame) -> str:
 
 
 def selection_table(validation: pl.DataFrame, kd: pl.DataFrame, changes: pl.DataFrame, n: int) -> pl.DataFrame:
-    """One row per model and student: validation accuracy (n prompts, 95% interval) after
-    alignment alone, at the chosen step and after the last step; the KD loss at answer and at other
+    """One row per model and student: validation accuracy (n prompts, 95% interval) once
+    aligned (before KD), at the chosen step and after the last step; the KD loss at answer and at other
     positions on the first and last step; the largest gradient norm; the summed |Δ| of the SSM
     parameters at the last step."""
     keys = ["model", "heads_kept", "state_size"]
@@ -93,7 +93,7 @@ def selection_table(validation: pl.DataFrame, kd: pl.DataFrame, changes: pl.Data
             {
                 "model": model,
                 "student": f"k{k}-n{size}",
-                "alignment only": _validation_acc(first, n),
+                "aligned, no KD": _validation_acc(first, n),
                 "chosen": f"{_validation_acc(chosen, n)} (step {chosen['after_steps']})",
                 "best vs last, p": _p_best(sub),
                 f"last (step {last['after_steps']})": _validation_acc(last, n),
@@ -134,7 +134,8 @@ def training_part(ctx: SectionContext, hy: dict) -> str:
     parts.append(
         "<h3>Checkpoint selection and what distillation did</h3>"
         f"<p>Each student is scored on {n} KV prompts of {hy['dict_size']} keys with their own seed (never "
-        f"evaluation items; checked by distill_corpus_check) after alignment alone, {every} and after the "
+        f"evaluation items; checked by distill_corpus_check) once aligned (alignment, then realignment; "
+        f"before KD), {every} and after the "
         "last. The last step's student is kept unless the "
         "best point (by accuracy, then the target's mean log-prob) answers these prompts better by an exact "
         "paired test (McNemar, p &lt; 0.05): then that checkpoint is the student. Losses are the unweighted "

@@ -237,6 +237,37 @@ def align_layers(
     return state, pl.DataFrame(curve)
 
 
+def _sliced(rope, b: int, batch: int):
+    """Rotary tables (cos, sin) of windows b..b+batch (None: learned positions)."""
+    return None if rope is None else tuple(t[b : b + batch] for t in rope)
+
+
+def _fit_error(m: HybridMixer, u, target, metric, which, compute_dtype: str) -> torch.Tensor:
+    """Relative squared error of the SSM heads of mixer `m` on windows `which` of `u` against
+    `target` (teacher head outputs, both in the output metric)."""
+    with torch.autocast(u.device.type, dtype=torch.bfloat16, enabled=compute_dtype == "bfloat16"):
+        heads = m.ssm_output(u[which], None)
+    pred = torch.einsum("blhp,hpq->blhq", heads.float(), metric)
+    return (pred - target[which]).square().sum() / target[which].square().sum().clamp_min(1e-12)
+
+
+@torch.no_grad()
+def _teacher_head_outputs(layer, m: HybridMixer, hidden, rope, metric, batch: int) -> torch.Tensor:
+    """The outputs of the teacher heads that `m` replaces, on the teacher's stream `hidden`, in
+    the output metric: [n, T, S, P]."""
+    theirs = mixer_input(layer, hidden.float())
+    return torch.cat(
+        [
+            torch.einsum(
+                "blhp,hpq->blhq",
+                m.attention_output(theirs[b : b + batch], _sliced(rope, b, batch), None, m.ssm_heads).float(),
+                metric,
+            )
+            for b in range(0, len(theirs), batch)
+        ]
+    )
+
+
 def realign_in_context(student, hidden: torch.Tensor, realign: dict, seed: int, progress: bool = True) -> pl.DataFrame:
     """Fit every layer's SSM heads of `student` (a hybrid with aligned heads; changed in place)
     again, first layer first, on the student's own stream: the input of layer i is what the
@@ -250,17 +281,19 @@ def realign_in_context(student, hidden: torch.Tensor, realign: dict, seed: int, 
     error_after)."""
     steps, batch, lr = realign["steps"], realign.get("batch", 4), realign["lr"]
     compute_dtype = realign.get("compute_dtype", "float32")
+    schema = {"layer": pl.Int64, "error_before": pl.Float64, "error_after": pl.Float64}
     rows = []
     if not steps:
-        return pl.DataFrame(rows, schema={"layer": pl.Int64, "error_before": pl.Float64, "error_after": pl.Float64})
+        return pl.DataFrame(rows, schema=schema)
     torch.manual_seed(seed)
     for p in student.parameters():
         p.requires_grad_(False)
     base = student.base_model
-    n_layers, n_seq, length, _ = hidden.shape
+    _, n_seq, length, _ = hidden.shape
     pos = torch.arange(length, device=hidden.device)[None]
     rng = torch.Generator(device="cpu").manual_seed(seed)
     stream = hidden[0].float()  # the embeddings: the same in teacher and student
+    everything = torch.arange(n_seq, device=hidden.device)
     warmup = max(1, steps // 10)
     pairs = list(zip(layers_of(student), mixers(student)))
     for i, (layer, m) in enumerate(tqdm(pairs, desc="realign", disable=not progress, mininterval=2.0)):
@@ -269,29 +302,9 @@ def realign_in_context(student, hidden: torch.Tensor, realign: dict, seed: int, 
             rope = rotary(base, u, pos.expand(n_seq, -1), i)
         if m.ssm_heads:
             metric = _output_metric(m)[m.ssm_heads]
+            target = _teacher_head_outputs(layer, m, hidden[i], rope, metric, batch)
             with torch.no_grad():
-                theirs = mixer_input(layer, hidden[i].float())
-                target = torch.cat(
-                    [
-                        torch.einsum(
-                            "blhp,hpq->blhq",
-                            m.attention_output(theirs[b : b + batch], tuple(t[b : b + batch] for t in rope)
-                                               if rope is not None else None, None, m.ssm_heads).float(),
-                            metric,
-                        )
-                        for b in range(0, n_seq, batch)
-                    ]
-                )
-
-            def error(which) -> torch.Tensor:
-                with torch.autocast(u.device.type, dtype=torch.bfloat16, enabled=compute_dtype == "bfloat16"):
-                    heads = m.ssm_output(u[which], None)
-                pred = torch.einsum("blhp,hpq->blhq", heads.float(), metric)
-                return (pred - target[which]).square().sum() / target[which].square().sum().clamp_min(1e-12)
-
-            everything = torch.arange(n_seq, device=u.device)
-            with torch.no_grad():
-                before = float(error(everything))
+                before = float(_fit_error(m, u, target, metric, everything, compute_dtype))
             params = m.ssm_params()
             for p in params:
                 p.requires_grad_(True)
@@ -302,25 +315,21 @@ def realign_in_context(student, hidden: torch.Tensor, realign: dict, seed: int, 
                 pick = torch.randperm(n_seq, generator=rng, device="cpu")[:batch].to(u.device)
                 work.add(len(pick) * length, 1)
                 opt.zero_grad(set_to_none=True)
-                error(pick).backward()
+                _fit_error(m, u, target, metric, pick, compute_dtype).backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
                 opt.step()
             for p in params:
                 p.requires_grad_(False)
             with torch.no_grad():
-                rows.append({"layer": i, "error_before": before, "error_after": float(error(everything))})
+                after = float(_fit_error(m, u, target, metric, everything, compute_dtype))
+            rows.append({"layer": i, "error_before": before, "error_after": after})
         with torch.no_grad():  # the stream entering the next layer, through this layer as it is now
-            stream = torch.cat(
-                [
-                    layer_forward(
-                        layer,
-                        stream[b : b + batch],
-                        lambda v, b=b: m(v, None if rope is None else tuple(t[b : b + batch] for t in rope))[0],
-                    )
-                    for b in range(0, n_seq, batch)
-                ]
-            )
-    return pl.DataFrame(rows, schema={"layer": pl.Int64, "error_before": pl.Float64, "error_after": pl.Float64})
+            parts = []
+            for b in range(0, n_seq, batch):
+                window_rope = _sliced(rope, b, batch)
+                parts.append(layer_forward(layer, stream[b : b + batch], lambda v: m(v, window_rope)[0]))  # noqa: B023
+            stream = torch.cat(parts)
+    return pl.DataFrame(rows, schema=schema)
 
 
 @torch.no_grad()
@@ -596,7 +605,7 @@ SELECTION_ALPHA = 0.05
 @dataclass
 class Selection:
     """Checkpoint selection during KD: `score(student)` -> (per-item correctness, mean log-prob of
-    the target) on a validation set, taken before the first step (alignment only), every `every`
+    the target) on a validation set, taken before the first step (aligned, no KD), every `every`
     steps and after the last. The best point (by accuracy, then log-prob, then the earlier step)
     replaces the last step's student only where it answers better on the same items by an exact
     McNemar test (p < SELECTION_ALPHA): a tie or a difference the items cannot show keeps the
@@ -771,12 +780,12 @@ def run_distill_kd(
     """Build student `variant` of model inputs.model (k{heads kept}-n{state size}): the best-ranked
     heads of inputs.ranking kept as attention, its SSM heads from the aligned file
     inputs.aligned, fitted again on its own stream by `realign` {steps, lr, batch, compute_dtype}
-    (realign_in_context; None or 0 steps: not); distill_logits it on the teacher file inputs.teacher with `kd` {steps, batch,
-    lr, answer_weight, compute_dtype}, its weights in `dtype`. `select` {by, every, batch_size}: by "validation",
-    the student is the last step's unless the best checkpoint on the KV prompts inputs.validation
-    (Selection: after alignment, every `every` steps, after the last) answers them better by a
-    paired test; by "last", the last step's. Writes the
-    student folder outputs.student (gna.students.spec; its spec names the chosen step), the KD
+    (realign_in_context; None or 0 steps: not); distill_logits it on the teacher file
+    inputs.teacher with `kd` {steps, batch, lr, answer_weight, compute_dtype}, its weights in
+    `dtype`. `select` {by, every, batch_size}: by "validation", the student is the last step's
+    unless the best checkpoint on the KV prompts inputs.validation (Selection: once aligned,
+    every `every` steps, after the last) answers them better by a paired test; by "last", the
+    last step's. Writes the student folder outputs.student (gna.students.spec; its spec names the chosen step), the KD
     curve outputs.curve (per step: loss and its answer/other parts, gradient norm, learning rate),
     the validation points outputs.validation_curve (none by "last"), how far KD moved each
     parameter outputs.changes (parameter_changes: to the chosen and the last step) and the SSM

@@ -1,10 +1,11 @@
 """The distillation recipe and its ablations: what each ingredient of gna.students.distill buys.
 
 The pipeline's recipe for a student: SSM heads initialised from their attention heads, layer
-alignment (stage 1) with the first-token share, realignment on the student's own stream, then end-to-end distillation (stage 2) on all
-training windows with the answer positions weighted. An ablation trains one student with one
-ingredient removed and scores it like the budget curve (one task and held-out perplexity); the
-full recipe and "alignment only" come from the student itself and its budget curve.
+alignment (stage 1) with the first-token share, realignment on the student's own stream, then
+end-to-end distillation (stage 2) on all training windows with the answer positions weighted.
+An ablation trains one student with one ingredient removed and scores it like the budget curve
+(one task and held-out perplexity); the full recipe and "aligned, no KD" come from the student
+itself and its budget curve.
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ def scored_dict_size(hybrid: dict, variant: str) -> int | None:
 
 
 def checkpoint_steps(steps: int, points: int) -> list[int]:
-    """`points` + 1 step counts evenly spaced from 0 (alignment only) to `steps` (the student)."""
+    """`points` + 1 step counts evenly spaced from 0 (aligned, no KD) to `steps` (the student)."""
     return sorted({round(i * steps / points) for i in range(points + 1)})
 
 

@@ -599,7 +599,8 @@ def test_realignment_fits_each_layer_on_the_students_own_stream(tiny_llama):
     for i, (layer, m) in enumerate(zip(layers_of(student), mixers(student))):
         metric = _output_metric(m)[m.ssm_heads]
         u, t = mixer_input(layer, own[i]), mixer_input(layer, theirs[i])
-        target = torch.einsum("blhp,hpq->blhq", m.attention_output(t, rotary(base, t, pos, i), None, m.ssm_heads), metric)
+        theirs_out = m.attention_output(t, rotary(base, t, pos, i), None, m.ssm_heads)
+        target = torch.einsum("blhp,hpq->blhq", theirs_out, metric)
         with torch.no_grad():
             pred = torch.einsum("blhp,hpq->blhq", m.ssm_output(u, None), metric)
             on_theirs = torch.einsum("blhp,hpq->blhq", m.ssm_output(t, None), metric)

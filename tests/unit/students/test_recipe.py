@@ -68,7 +68,8 @@ def test_each_ablation_removes_its_ingredient(phase, ablation):
     # in every batch, and Adam's second step follows the gradients' size, not only their signs
     kd, seed, align_windows = {**KD, "steps": 2, "batch": 6}, 1, 4
     realign = {"steps": 2, "batch": 2, "lr": 1e-2}
-    args = dict(align={"steps": 2, "batch": 2, "lr": 1e-3}, realign=realign, kd=kd, align_windows=align_windows, seed=seed)
+    align = {"steps": 2, "batch": 2, "lr": 1e-3}
+    args = dict(align=align, realign=realign, kd=kd, align_windows=align_windows, seed=seed)
     mine = (data["hidden"], realign)  # the recipe's realignment
     student = ablated_student(copy.deepcopy(teacher), kept, 4, ablation, aligned, data, args)
     state = snapshot(student)
