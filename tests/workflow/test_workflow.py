@@ -285,7 +285,7 @@ def test_task_size_edit_reruns_only_dependents(smoke):
         "hybrid_swap": 1,
         "hybrid_answer_rows": 1,
         "hybrid_budget": 2,
-        "hybrid_ablation": 2,
+        "hybrid_ablation": 3,
         "hybrid_comparisons": 1,
         "report": 1,
         "gna_masking": 2,
