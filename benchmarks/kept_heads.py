@@ -49,6 +49,7 @@ def main() -> None:
     ap.add_argument("--state-size", type=int, default=16)
     ap.add_argument("--sets", default="0,2,5,10,20")
     ap.add_argument("--realign", default="0,40", help="realignment steps per layer to compare (0 = none)")
+    ap.add_argument("--windows", type=int, default=None, help="hybrid.realign.windows (default: the config's)")
     ap.add_argument("--out", default="benchmarks/out/kept_heads.parquet")
     args = ap.parse_args()
     from gna.models.prepare import load_model
@@ -72,7 +73,8 @@ def main() -> None:
             start = time.perf_counter()
             model, tok = load_model(data / "models" / args.model, config["dtype"])
             student = load_aligned(make_hybrid(model, kept_set(name, ranked), n), aligned)
-            realign_in_context(student, hidden, {**hy["realign"], "steps": steps}, hy["seed"], progress=False)
+            realign = {**hy["realign"], "steps": steps, **({"windows": args.windows} if args.windows else {})}
+            realign_in_context(student, hidden, realign, hy["seed"], progress=False)
             with torch.no_grad():
                 correct, logp = validation_scorer(tok, table, config["eval"]["batch_size"])(student.eval())
             low, high = wilson_interval(sum(correct), len(correct))
@@ -81,6 +83,7 @@ def main() -> None:
                     "set": name,
                     "heads_kept": len(kept_set(name, ranked)),
                     "realign_steps": steps,
+                    "realign_windows": args.windows or hy["realign"]["windows"] or len(hidden[0]),
                     "n": len(correct),
                     "accuracy": sum(correct) / len(correct),
                     "ci_low": low,

@@ -207,7 +207,7 @@ def align_layers(
     pos = torch.arange(length, device=hidden.device)[None]
     rng = torch.Generator(device="cpu").manual_seed(seed)  # the same draws on any device
     init_from_teacher_maps(ms, base, hidden, pos)
-    targets = attention_targets(base, ms, metrics, hidden, batch)
+    targets = attention_targets(base, ms, hidden, batch)
     curve = []
     warmup = max(1, steps // 10)
     with tqdm(range(steps), desc=f"align n={state_size}", disable=not progress, mininterval=2.0) as bar:
@@ -252,20 +252,16 @@ def _fit_error(m: HybridMixer, u, target, metric, which, compute_dtype: str) -> 
 
 
 @torch.no_grad()
-def _teacher_head_outputs(layer, m: HybridMixer, hidden, rope, metric, batch: int) -> torch.Tensor:
-    """The outputs of the teacher heads that `m` replaces, on the teacher's stream `hidden`, in
-    the output metric: [n, T, S, P]."""
-    theirs = mixer_input(layer, hidden.float())
-    return torch.cat(
-        [
-            torch.einsum(
-                "blhp,hpq->blhq",
-                m.attention_output(theirs[b : b + batch], _sliced(rope, b, batch), None, m.ssm_heads).float(),
-                metric,
-            )
-            for b in range(0, len(theirs), batch)
-        ]
-    )
+def head_outputs(base, i: int, m: HybridMixer, hidden: torch.Tensor, heads: list[int], batch: int):
+    """The outputs of attention heads `heads` of layer i (mixer `m`) on the teacher's stream
+    entering it, `hidden` [n, T, d], in the output metric (_output_metric): [b, T, len(heads), P]
+    per `batch` windows, in order (a generator)."""
+    layer, metric = layers_of(base)[i], _output_metric(m)[heads]
+    pos = torch.arange(hidden.shape[1], device=hidden.device)[None]
+    for start in range(0, len(hidden), batch):
+        u = mixer_input(layer, hidden[start : start + batch].float())
+        rope = rotary(base, u, pos.expand(len(u), -1), i)
+        yield torch.einsum("blhp,hpq->blhq", m.attention_output(u, rope, None, heads).float(), metric)
 
 
 def realign_in_context(student, hidden: torch.Tensor, realign: dict, seed: int, progress: bool = True) -> pl.DataFrame:
@@ -285,7 +281,7 @@ def realign_in_context(student, hidden: torch.Tensor, realign: dict, seed: int, 
     rows = []
     if not steps:
         return pl.DataFrame(rows, schema=schema)
-    torch.manual_seed(seed)
+    hidden = hidden[:, : realign.get("windows")]
     for p in student.parameters():
         p.requires_grad_(False)
     base = student.base_model
@@ -302,7 +298,7 @@ def realign_in_context(student, hidden: torch.Tensor, realign: dict, seed: int, 
             rope = rotary(base, u, pos.expand(n_seq, -1), i)
         if m.ssm_heads:
             metric = _output_metric(m)[m.ssm_heads]
-            target = _teacher_head_outputs(layer, m, hidden[i], rope, metric, batch)
+            target = torch.cat(list(head_outputs(base, i, m, hidden[i], m.ssm_heads, batch)))
             with torch.no_grad():
                 before = float(_fit_error(m, u, target, metric, shown, compute_dtype))
             params = m.ssm_params()
@@ -335,24 +331,22 @@ def realign_in_context(student, hidden: torch.Tensor, realign: dict, seed: int, 
 
 
 @torch.no_grad()
-def attention_targets(base, ms, metrics, hidden: torch.Tensor, batch: int) -> torch.Tensor:
+def attention_targets(base, ms, hidden: torch.Tensor, batch: int) -> torch.Tensor:
     """[layers, n, T, H, P] (`compact`): every attention head's output for the teacher's hidden
     states `hidden` [layers, n, T, d], in the output metric (_output_metric) — what alignment
     fits, fixed, so computed once rather than at every step."""
-    n_layers, n_seq, length, _ = hidden.shape
-    pos = torch.arange(length, device=hidden.device)[None]
+    n_layers, n_seq = hidden.shape[:2]
     out = None
-    for i, (layer, m, metric) in enumerate(zip(layers_of(base), ms, metrics)):
-        for start in range(0, n_seq, batch):
-            u = mixer_input(layer, hidden[i, start : start + batch].float())
-            rope = rotary(base, u, pos.expand(len(u), -1), i)
-            heads = m.attention_output(u, rope, None, list(range(m.num_heads)))
-            target = compact(torch.einsum("blhp,hpq->blhq", heads.float(), metric))
+    for i, m in enumerate(ms):
+        start = 0
+        for heads in head_outputs(base, i, m, hidden[i], list(range(m.num_heads)), batch):
+            target = compact(heads)
             if out is None:
                 out = target.new_empty(n_layers, n_seq, *target.shape[1:])
             elif target.dtype == torch.float32 and out.dtype == torch.float16:  # from the first that needs it
                 out = out.float()
-            out[i, start : start + len(u)] = target
+            out[i, start : start + len(target)] = target
+            start += len(target)
     return out
 
 

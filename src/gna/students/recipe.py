@@ -28,6 +28,12 @@ from gna.students.student_evaluation import kv_items, score_model
 log = logging.getLogger("gna.students.recipe")
 
 
+def realigns(ablation: str, recipe: dict) -> bool:
+    """Whether the student without `ablation` is realigned on its own stream (and so needs the
+    teacher file's hidden states)."""
+    return ablation not in ("init_only", "no_align", "no_realign") and bool((recipe.get("realign") or {}).get("steps"))
+
+
 def ablated_student(
     teacher,
     kept: list[tuple[int, int]],
@@ -55,7 +61,7 @@ def ablated_student(
             m.first_token_share = False
     if ablation != "no_align":
         load_aligned(student, aligned)
-        if ablation != "no_realign" and recipe.get("realign"):
+        if realigns(ablation, recipe):
             realign_in_context(student, data["hidden"], recipe["realign"], seed, progress=False)
     ids, top_logp, top_idx = data["train_ids"], data["top_logp"], data["top_idx"]
     weights = answer_weights(data["train_answers"], 1 if ablation == "no_answer_weight" else kd["answer_weight"])
@@ -81,8 +87,8 @@ def run_hybrid_ablation(
     kept = ranked_heads(read_parquet(inputs.ranking), heads_kept, model_name)
     needed = ["train_ids", "train_answers", "top_logp", "top_idx", "heldout_ids"]
     on = device_of(teacher)
-    realigns = ablation not in ("init_only", "no_align", "no_realign") and bool(recipe.get("realign", {}).get("steps"))
-    data = read_tensors(inputs.teacher, needed + (["hidden"] if ablation == "no_first_token" or realigns else []), on)
+    hidden = ablation == "no_first_token" or realigns(ablation, recipe)
+    data = read_tensors(inputs.teacher, needed + (["hidden"] if hidden else []), on)
     student = ablated_student(teacher, kept, state_size, ablation, read_tensors(inputs.aligned, None, on), data, recipe)
     linears_computed_in(student.eval(), evaluation.compute_dtype)
     frame, _ = score_model(

@@ -609,3 +609,24 @@ def test_realignment_fits_each_layer_on_the_students_own_stream(tiny_llama):
         if i > 0:  # measured on the teacher's stream it would read otherwise
             err_theirs = float((on_theirs - target).square().sum() / target.square().sum())
             assert err_theirs != pytest.approx(errors["error_after"][i], rel=1e-2)
+
+
+def test_realignment_runs_on_the_first_windows_it_is_given(tiny_llama):
+    """realign.windows: the stage sees the first `windows` windows only (the same fit as on those
+    windows alone), and fewer windows fit otherwise than all."""
+    from gna.students.distill import realign_in_context
+
+    model, _ = tiny_llama
+    ids = torch.randint(0, model.config.vocab_size, (4, 16), generator=torch.Generator().manual_seed(5))
+    theirs = teacher_activations(model, ids, top_k=2, progress=False)["hidden"].float()
+    aligned, _ = align_layers(model, theirs, 4, {"steps": 3, "batch": 2, "lr": 1e-2}, 0, False)
+    realign = {"steps": 5, "batch": 2, "lr": 1e-2}
+
+    def realigned(hidden, **extra):
+        student = load_aligned(make_hybrid(copy.deepcopy(model), [(1, 0)], 4), aligned)
+        realign_in_context(student, hidden, {**realign, **extra}, seed=0, progress=False)
+        return student.state_dict()
+
+    first_two, alone, every = realigned(theirs, windows=2), realigned(theirs[:, :2]), realigned(theirs)
+    assert all(torch.equal(v, alone[k]) for k, v in first_two.items())
+    assert any(not torch.equal(v, every[k]) for k, v in first_two.items())
