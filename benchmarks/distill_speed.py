@@ -1,5 +1,5 @@
 """One end-to-end distillation (KD) step: the output head and loss taken a slice of positions at a
-time (gna.students.distill.kd_backward, the pipeline's path) against the reference, kd_loss on
+time (gna.students.kd.kd_backward, the pipeline's path) against the reference, kd_loss on
 the whole batch's logits then backward — time per step and peak memory, each path in its own
 process (peak RSS only grows within a process), same student, same batches.
 
@@ -26,7 +26,7 @@ import torch
 from _common import model_or_tiny
 
 from gna.engine.precision import COMPUTE_DTYPES, frozen_weights_in
-from gna.students.distill import kd_backward, kd_loss
+from gna.students.kd import kd_backward, kd_loss
 from gna.students.mixer import mixers
 from gna.students.spec import make_hybrid
 

@@ -139,7 +139,7 @@ def scoring_and_sweep(spec: dict, heads_layers: list[int]) -> dict:
     """Scoring at two batch sizes and the exact sweep against the naive loop, bf16 weights."""
     from _common import extrapolated_fast_sweep_s
 
-    from gna.engine.hooks import head_sites, heads_per_layer
+    from gna.engine.anatomy import head_sites, heads_per_layer
     from gna.engine.scoring import score_table
     from gna.phases.head_ablation import sweep_heads, sweep_heads_naive
     from gna.tasks.tables import build_kv_retrieval
@@ -181,8 +181,10 @@ def scoring_and_sweep(spec: dict, heads_layers: list[int]) -> dict:
 def students(spec: dict) -> dict:
     """A k = 10 student of a float32 random model: teacher activations, alignment, KD, scoring."""
     from gna.engine.scoring import score_table
-    from gna.students.distill import align_layers, distill_logits, load_aligned, teacher_activations
+    from gna.students.alignment import align_layers, load_aligned
+    from gna.students.kd import distill_logits
     from gna.students.spec import make_hybrid
+    from gna.students.teacher_file import teacher_activations
     from gna.tasks.tables import build_kv_retrieval
 
     out = {}

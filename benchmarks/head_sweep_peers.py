@@ -35,9 +35,8 @@ from pathlib import Path
 import torch
 from _common import extrapolated_fast_sweep_s
 
-from gna.engine.hooks import all_heads, head_sites, heads_per_layer
+from gna.engine.anatomy import all_heads, decoder_layers, head_sites, heads_per_layer
 from gna.engine.scoring import encode_table
-from gna.engine.stack import decoder_layers
 from gna.models.prepare import load_model
 from gna.phases.head_ablation import sweep_heads
 from gna.tasks.tables import build_kv_retrieval

@@ -33,9 +33,8 @@ import polars as pl
 from _common import extrapolated_fast_sweep_s, model_or_tiny
 
 from gna.engine.ablation import score_ablations
-from gna.engine.hooks import all_heads, head_sites, heads_per_layer
+from gna.engine.anatomy import all_heads, decoder_layers, head_sites, heads_per_layer
 from gna.engine.precision import linears_computed_in, linears_in_full_precision
-from gna.engine.stack import decoder_layers
 from gna.phases.head_ablation import rank_heads, sweep_heads, sweep_heads_naive, sweep_heads_verified, top_heads
 from gna.tasks.tables import build_kv_retrieval
 

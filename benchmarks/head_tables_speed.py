@@ -23,7 +23,8 @@ import numpy as np
 import polars as pl
 from _common import model_or_tiny
 
-from gna.engine.hooks import ablate_heads, all_heads
+from gna.engine.anatomy import all_heads
+from gna.engine.hooks import ablate_heads
 from gna.engine.precision import linears_computed_in
 from gna.engine.scoring import score_table
 from gna.phases.head_ablation import score_ablations

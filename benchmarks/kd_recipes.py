@@ -5,7 +5,7 @@
 
 Reads a finished run's model, teacher file, aligned heads (align-n<N>) and head ranking under DATA
 (the pipeline's data/ folder), builds each student as distill_kd does and distills it with each
-recipe (gna.students.distill.distill_logits), scoring the validation KV prompts (hybrid.validation:
+recipe (gna.students.kd.distill_logits), scoring the validation KV prompts (hybrid.validation:
 its own seed, hybrid.dict_size keys) before the first step and every --every steps. Prints one row
 per student and recipe (validation accuracy after alignment, best with its step, last; seconds
 per step) and writes every point. A recipe is the config's hybrid.kd with one change:
@@ -31,18 +31,13 @@ import polars as pl  # noqa: E402
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
-from gna.core.config import load_schema, validate_config  # noqa: E402
 from gna.core.io import read_parquet, write_parquet  # noqa: E402
 from gna.core.tensor_files import read_tensors  # noqa: E402
-from gna.students.distill import (  # noqa: E402
-    Selection,
-    answer_weights,
-    distill_logits,
-    load_aligned,
-    validation_scorer,
-)
+from gna.students.alignment import load_aligned  # noqa: E402
+from gna.students.kd import Selection, answer_weights, distill_logits, validation_scorer  # noqa: E402
 from gna.students.spec import make_hybrid, parse_variant, ranked_heads  # noqa: E402
 from gna.tasks.tables import build_kv_retrieval  # noqa: E402
+from gna.workflow.config import load_schema, validate_config  # noqa: E402
 
 
 def recipe(name: str, kd: dict) -> tuple[dict, bool]:

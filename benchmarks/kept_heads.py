@@ -26,13 +26,14 @@ import polars as pl  # noqa: E402
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
-from gna.core.config import load_schema, validate_config  # noqa: E402
 from gna.core.io import read_parquet, write_parquet  # noqa: E402
 from gna.core.stats import wilson_interval  # noqa: E402
 from gna.core.tensor_files import read_tensors  # noqa: E402
-from gna.students.distill import load_aligned, realign_in_context, validation_scorer  # noqa: E402
+from gna.students.alignment import load_aligned, realign_in_context
+from gna.students.kd import validation_scorer  # noqa: E402
 from gna.students.spec import make_hybrid, ranked_heads  # noqa: E402
 from gna.tasks.tables import build_kv_retrieval  # noqa: E402
+from gna.workflow.config import load_schema, validate_config  # noqa: E402
 
 
 def kept_set(name: str, ranked: list[tuple[int, int]]) -> list[tuple[int, int]]:

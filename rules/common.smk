@@ -3,7 +3,7 @@ import os
 import re
 from pathlib import Path
 
-from gna.core.config import built_tasks, load_schema, validate_config
+from gna.workflow.config import built_tasks, load_schema, validate_config
 from gna.core.provenance import script_fingerprint
 from gna.core.resources import mem_mb, model_params_b
 from gna.core.settings import Evaluation, TopK
@@ -27,7 +27,7 @@ KV_SETS = kv_prompt_sets(config)
 # how every model-loading rule loads and scores (dtype, eval.compute_dtype, eval.batch_size); rules
 # that do not batch take it without the batch size, so that editing it does not rerun them
 EVALUATION = Evaluation.from_config(config).as_params()
-# the chance policy (gna.engine.chance): one block for every phase
+# the chance policy (gna.core.chance): one block for every phase
 CHANCE = {"skip": config["chance"]["skip"]}
 EVALUATION_UNBATCHED = {k: v for k, v in EVALUATION.items() if k != "batch_size"}
 LM_EVAL_TASKS = config["lm_eval"]["tasks"]

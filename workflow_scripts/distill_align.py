@@ -2,7 +2,7 @@
 
 from gna.core.runtime import setup
 from gna.core.settings import Files
-from gna.students.distill import run_distill_align
+from gna.students.alignment import run_distill_align
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 p = snakemake.params

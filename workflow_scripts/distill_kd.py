@@ -2,7 +2,7 @@
 
 from gna.core.runtime import setup
 from gna.core.settings import Files
-from gna.students.distill import run_distill_kd
+from gna.students.kd import run_distill_kd
 from gna.students.spec import variant_name
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)

@@ -2,7 +2,7 @@
 
 from gna.core.runtime import setup
 from gna.core.settings import Evaluation, Files
-from gna.students.distill import run_distill_teacher
+from gna.students.teacher_file import run_distill_teacher
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)
 p = snakemake.params

@@ -1,8 +1,8 @@
 """Rule heads_topk: every task with the top-k ranked heads removed, beside random-k controls."""
 
+from gna.core.chance import ChancePolicy
 from gna.core.runtime import setup
 from gna.core.settings import Evaluation, Files, TopK
-from gna.engine.chance import ChancePolicy
 from gna.phases.head_tables import run_heads_topk
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)

@@ -1,8 +1,8 @@
 """Rule prune_gradual: accuracy of every prefix of the model's layers on each pruning task."""
 
+from gna.core.chance import ChancePolicy
 from gna.core.runtime import setup
 from gna.core.settings import Evaluation, Files
-from gna.engine.chance import ChancePolicy
 from gna.phases.pruning import run_prune_gradual
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)

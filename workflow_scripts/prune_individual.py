@@ -1,8 +1,8 @@
 """Rule prune_individual: remove each layer of the minimal model in turn and score every task."""
 
+from gna.core.chance import ChancePolicy
 from gna.core.runtime import setup
 from gna.core.settings import Evaluation, Files
-from gna.engine.chance import ChancePolicy
 from gna.phases.pruning import run_prune_individual
 
 setup(snakemake.log[0], snakemake.threads, outputs=snakemake.output)

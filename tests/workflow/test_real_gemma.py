@@ -11,8 +11,8 @@ import torch
 import yaml
 from conftest import REPO
 
+from gna.engine.anatomy import sliding_windows
 from gna.engine.scoring import score_table, score_table_ref
-from gna.engine.stack import sliding_windows
 from gna.models.prepare import load_model, prepare_model
 from gna.models.sources import fetch_pinned_file
 from gna.tasks.tables import build_kv_retrieval

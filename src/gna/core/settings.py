@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from gna.engine.chance import ChancePolicy
+from gna.core.chance import ChancePolicy
 
 # The dtype names a config may give (dtype, eval.compute_dtype). torch's dtypes for them are mapped
 # where models load (gna.models.prepare.DTYPES, gna.engine.precision.COMPUTE_DTYPES), so that these

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from gna.engine.hooks import ablate_heads, head_sites
+from gna.engine.anatomy import decoder_layers, head_sites
+from gna.engine.hooks import ablate_heads
 from gna.engine.scoring import Variant, score_variants
-from gna.engine.stack import decoder_layers
 
 
 def score_ablations(

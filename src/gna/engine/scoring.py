@@ -1,6 +1,6 @@
 """The evaluation engine: log-likelihood of each choice after a context.
 
-Fast path: one batch driver (`run_batches`) packs each item's context and all of its choices
+Fast path: one batch driver (`score_batches`) packs each item's context and all of its choices
 into one sequence with a block attention mask (gna.engine.packing) — one sequence per choice
 where a layer is recurrent (SSM) — batches them, and hands each batch to a forward function
 that records one pass of the model's own decoder and reruns layers from it (gna.engine.stack,
@@ -25,11 +25,12 @@ import polars as pl
 import torch
 from tqdm.auto import tqdm
 
+from gna.core.chance import DEGENERACY_METRIC, DEGENERATE_AGREEMENT
 from gna.core.stats import wilson_exprs, wilson_interval
-from gna.engine.chance import DEGENERACY_METRIC, DEGENERATE_AGREEMENT
+from gna.engine.anatomy import UnsupportedModel, decoder_layers, family_of
 from gna.engine.device import device_of
 from gna.engine.packing import PackedBatch, PackedItem, collate, pack
-from gna.engine.stack import DecoderStack, UnsupportedModel, check_engine, decoder_layers, family_of, reference_scores
+from gna.engine.stack import DecoderStack, check_engine, reference_scores
 
 
 @dataclass
@@ -151,14 +152,14 @@ def _batches(units: list[Unit], batch_size: int) -> list[list[Unit]]:
     return [[units[i] for i in order[j : j + batch_size]] for j in range(0, len(order), batch_size)]
 
 
-# forward(stack, batch, units) -> {key: stack.readout of the batch}; see run_batches
+# forward(stack, batch, units) -> {key: stack.readout of the batch}; see score_batches
 BatchForward = Callable[[DecoderStack, PackedBatch, list[Unit]], dict]
 # layer_masks(batch, rows) -> {layer: additive mask [B, 1 or heads, T, T]}; rows: each batch
 # row's item index in the table; see score_table
 LayerMasks = Callable[[PackedBatch, list[int]], dict[int, torch.Tensor]]
 
 
-def run_batches(
+def score_batches(
     model,
     tok,
     table: pl.DataFrame,
@@ -235,7 +236,7 @@ def score_table(
         run = stack.record(batch, layers, masks, keep)  # one pass; depth k reads the state after k layers
         return {k: stack.readout(run.after(k), batch) for k in wanted}
 
-    frames = run_batches(model, tok, table, forward, batch_size, progress, desc)
+    frames = score_batches(model, tok, table, forward, batch_size, progress, desc)
     if depths is None:
         return frames[wanted[0]]
     return pl.concat([frames[k].with_columns(pl.lit(k).alias("depth")) for k in wanted])
@@ -281,7 +282,7 @@ def score_variants(
             readouts[v.key] = stack.readout(out, batch)
         return readouts
 
-    return run_batches(model, tok, table, forward, batch_size, progress, desc)
+    return score_batches(model, tok, table, forward, batch_size, progress, desc)
 
 
 def score_removals(

@@ -22,61 +22,17 @@ from dataclasses import dataclass, field
 import torch
 
 from gna.core import work
+from gna.engine.anatomy import (
+    UnsupportedModel,
+    decoder_layers,
+    family_of,
+    final_norm,
+    head_sites,
+    layer_list,
+    sliding_windows,
+)
 from gna.engine.packing import PackedBatch, collate, pack
 from gna.engine.precision import linears_in_full_precision
-
-# decoder-layer containers and final norms across families (Llama/Gemma/Qwen/Phi/OLMo: layers,
-# norm; GPT-2: h, ln_f; GPT-NeoX: final_layer_norm; Mamba: norm_f; Zamba2: final_layernorm)
-LAYER_LISTS = ("layers", "h", "blocks")
-FINAL_NORMS = ("norm", "final_layernorm", "final_layer_norm", "ln_f", "norm_f")
-
-
-class UnsupportedModel(TypeError):
-    pass
-
-
-def family_of(model) -> str:
-    return getattr(model.config, "model_type", None) or type(model).__name__
-
-
-def _named_child(model, names: tuple[str, ...], kind: type, what: str) -> tuple[str, torch.nn.Module]:
-    """(name, module) of the first of `names` that the decoder (`base_model`) has as a `kind`."""
-    base = model.base_model
-    for name in names:
-        child = getattr(base, name, None)
-        if isinstance(child, kind):
-            return name, child
-    raise UnsupportedModel(f"{family_of(model)} ({type(base).__name__}): no {what} (looked for {', '.join(names)})")
-
-
-def decoder_layers(model) -> torch.nn.ModuleList:
-    return _named_child(model, LAYER_LISTS, torch.nn.ModuleList, "list of decoder layers")[1]
-
-
-def final_norm(model) -> torch.nn.Module:
-    return _named_child(model, FINAL_NORMS, torch.nn.Module, "final norm")[1]
-
-
-def sliding_windows(config, n_layers: int) -> list[int | None]:
-    """Per layer, the sliding-window size its attention uses (None: full causal attention), as
-    the config declares it: per-layer `layer_types` (Gemma 2/3, Qwen2/3, …) or one
-    `sliding_window` for every layer (Mistral)."""
-    window = getattr(config, "sliding_window", None)
-    types = getattr(config, "layer_types", None)
-    if types is not None:
-        unknown = sorted(
-            {t for t in types}
-            - {"full_attention", "sliding_attention", "linear_attention", "hybrid", "mamba", "attention"}
-        )
-        if unknown:
-            raise UnsupportedModel(
-                f"{config.model_type}: layer types {unknown} are not supported "
-                "(supported: full and sliding-window attention, SSM layers)"
-            )
-        return [window if t == "sliding_attention" else None for t in types[:n_layers]]
-    if window is not None and getattr(config, "use_sliding_window", True):
-        return [window] * n_layers
-    return [None] * n_layers
 
 
 @contextlib.contextmanager
@@ -87,7 +43,7 @@ def pruned_layers(model, keep: list[int]):
     Layers get renumbered `layer_idx` so a cache stays aligned, and per-layer config lists
     (`layer_types`) follow; everything is restored in `finally`, also on error."""
     base = model.base_model
-    name, original = _named_child(model, LAYER_LISTS, torch.nn.ModuleList, "list of decoder layers")
+    name, original = layer_list(model)
     cfg = model.config
     saved_cfg = {
         k: getattr(cfg, k)
@@ -174,8 +130,6 @@ class DecoderStack:
             raise UnsupportedModel(f"{family_of(model)}: no output embeddings (not a causal LM head)")
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
         self.windows = sliding_windows(model.config, self.n_layers)
-        from gna.engine.hooks import head_sites
-
         # a context and all its choices share one sequence only where every layer honours the
         # block mask: attention layers do, a recurrent (SSM) layer would read the other choices
         self.packs_choices = all(s.kind == "attention" for s in head_sites(model))

@@ -36,7 +36,7 @@ FAMILY_PHASES = {
 def student_family(model) -> str:
     """The family name students know `model` by (Gemma 3's text model: gemma3)."""
     # the model's anatomy needs torch; the tables above do not (the config check reads them at parse time)
-    from gna.engine.stack import family_of
+    from gna.engine.anatomy import family_of
 
     return family_of(model).removesuffix("_text")
 
@@ -44,7 +44,7 @@ def student_family(model) -> str:
 def check_student_family(model) -> None:
     """Raise UnsupportedModel (naming the family and the supported ones) unless hybrid students
     can be built from `model`."""
-    from gna.engine.stack import UnsupportedModel
+    from gna.engine.anatomy import UnsupportedModel
 
     family = student_family(model)
     if family not in STUDENT_FAMILIES:
@@ -56,28 +56,6 @@ def check_student_family(model) -> None:
 
 def skip_hint(model_name: str, phase: str) -> str:
     return f"to run the rest of the study on it, set models.{model_name}.skip: [{phase}] in the config"
-
-
-def check_config_families(config: dict) -> None:
-    """At config time, for models whose family the config names (tiny-random `arch`): a phase
-    the family refuses must be in the model's `skip`, else ConfigError naming the key."""
-    from gna.core.config import ConfigError
-
-    hybrid_on = config.get("hybrid", {}).get("enabled", True)
-    for name, spec in config["models"].items():
-        if spec.get("source") != "tiny-random":
-            continue
-        arch, skip = spec.get("arch", "llama"), spec.get("skip", [])
-        if hybrid_on and "hybrid" not in skip and arch not in STUDENT_FAMILIES:
-            raise ConfigError(
-                f"config key 'models.{name}.skip': students cannot be distilled from {arch} "
-                f"({REFUSED_BECAUSE['students']}; supported: {', '.join(STUDENT_FAMILIES)}); "
-                f"{skip_hint(name, 'hybrid')}"
-            )
-        if "gna" not in skip and arch not in ATTENTION_ONLY:
-            raise ConfigError(
-                f"config key 'models.{name}.skip': {REFUSED_BECAUSE['gna']} ({arch}); {skip_hint(name, 'gna')}"
-            )
 
 
 def family_table() -> str:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import polars as pl
 
+from gna.core.chance import chance_accuracy
 from gna.core.io import read_parquet, write_parquet
 from gna.core.runtime import peak_rss_mb
 from gna.core.settings import Evaluation
-from gna.engine.chance import chance_accuracy
 from gna.engine.scoring import score_table, summarize_task
 from gna.models.prepare import load_model
 from gna.tasks.lmeval_bridge import (
@@ -23,7 +23,7 @@ from gna.tasks.lmeval_bridge import (
     fitting_batch_size,
     longest_request,
     results_to_frame,
-    run_tasks,
+    evaluate_tasks,
 )
 
 log = logging.getLogger("gna.phases.evaluation")
@@ -110,7 +110,7 @@ def run_lm_eval_task(
     model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     start = time.perf_counter()
     longest = longest_request(tok, items_file) if items_file is not None else ASSUMED_TOKENS
-    results = run_tasks(
+    results = evaluate_tasks(
         model,
         tok,
         [task],

@@ -17,10 +17,9 @@ import torch
 
 from gna.core.io import read_parquet, write_parquet
 from gna.core.settings import Evaluation, Files
+from gna.engine.anatomy import UnsupportedModel, family_of, head_sites
 from gna.engine.device import device_of
-from gna.engine.hooks import head_sites
 from gna.engine.scoring import starts_with_bos
-from gna.engine.stack import UnsupportedModel, family_of
 from gna.models.families import skip_hint
 from gna.students.mixer import captured_maps, mixers, ssm_heads_of
 from gna.students.spec import load_any

@@ -19,10 +19,11 @@ from tqdm.auto import tqdm
 from gna.core.io import read_parquet, write_json, write_parquet
 from gna.core.settings import Evaluation, Files
 from gna.engine.ablation import score_ablations
+from gna.engine.anatomy import HeadSite, all_heads, decoder_layers, head_sites, site_of
 from gna.engine.device import device_of
-from gna.engine.hooks import HeadSite, ablate_heads, all_heads, head_sites, site_of
-from gna.engine.scoring import run_batches, score_table
-from gna.engine.stack import check_engine, decoder_layers
+from gna.engine.hooks import ablate_heads
+from gna.engine.scoring import score_batches, score_table
+from gna.engine.stack import check_engine
 from gna.models.prepare import load_model
 
 log = logging.getLogger("gna.phases.head_ablation")
@@ -177,7 +178,7 @@ def attribution_scores(
     handles = [s.module.register_forward_pre_hook(capture(s)) for s in sites]
     handles.append(model.get_input_embeddings().register_forward_hook(grad_from_embeddings))
     try:
-        run_batches(model, tok, table, forward, batch_size, progress, desc="attribution", grad=True)
+        score_batches(model, tok, table, forward, batch_size, progress, desc="attribution", grad=True)
     finally:
         for handle in handles:
             handle.remove()

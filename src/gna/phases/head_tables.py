@@ -14,12 +14,12 @@ import random
 
 import polars as pl
 
+from gna.core.chance import SKIPPED, ChancePolicy
 from gna.core.io import read_json, read_parquet, write_parquet
 from gna.core.paired import comparisons
 from gna.core.settings import Evaluation, Files, TopK
 from gna.engine.ablation import score_ablations
-from gna.engine.chance import SKIPPED, ChancePolicy
-from gna.engine.hooks import all_heads, head_sites, heads_per_layer
+from gna.engine.anatomy import all_heads, head_sites, heads_per_layer
 from gna.engine.scoring import known_items, known_or_scored, summarize_task
 from gna.models.prepare import load_model
 from gna.phases.pruning import prefix_scores

@@ -18,10 +18,10 @@ from dataclasses import replace
 
 import polars as pl
 
+from gna.core.chance import above_chance, chance_accuracy
 from gna.core.io import read_parquet, write_parquet
 from gna.core.settings import Evaluation
 from gna.core.stats import wilson_interval
-from gna.engine.chance import above_chance, chance_accuracy
 from gna.engine.scoring import known_items, score_table, starts_with_bos
 from gna.models.prepare import load_model
 from gna.tasks.facts import LETTERS, ChoiceForm, build_facts, repeats_solved_answer

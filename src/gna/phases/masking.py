@@ -20,11 +20,11 @@ import logging
 import polars as pl
 import torch
 
+from gna.core.chance import SKIPPED, ChancePolicy
 from gna.core.io import read_parquet, write_parquet
 from gna.core.paired import comparisons, empty
 from gna.core.settings import Evaluation, Files
 from gna.engine.ablation import score_ablations
-from gna.engine.chance import SKIPPED, ChancePolicy
 from gna.engine.packing import PackedBatch
 from gna.engine.scoring import accuracy_of, known_or_scored, score_table
 from gna.phases.gather_aggregate import ROLES, Segments, best_role_head, kv_row_segments, mmlu_row_segments

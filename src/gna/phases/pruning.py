@@ -13,10 +13,10 @@ import logging
 
 import polars as pl
 
+from gna.core.chance import SKIPPED, ChancePolicy, skipped
 from gna.core.io import read_json, read_parquet, write_json, write_parquet
 from gna.core.paired import comparisons, empty
 from gna.core.settings import Evaluation, Files
-from gna.engine.chance import SKIPPED, ChancePolicy, skipped
 from gna.engine.scoring import known_or_scored, score_removals, score_table, summarize_task
 from gna.models.prepare import load_model
 from gna.tasks.tables import load_item_scores, load_task_tables
@@ -44,7 +44,7 @@ def gradual_items(
     scored: dict[str, pl.DataFrame] | None = None,
 ) -> pl.DataFrame:
     """Per-item scores of every prefix model (k = 1..n layers) on each task: score_table's frame
-    with layers_kept and skipped_reason. `chance` (gna.engine.chance): a task on which the full
+    with layers_kept and skipped_reason. `chance` (gna.core.chance): a task on which the full
     model is at chance is scored on the full model only (layers_kept = n), with the reason in
     skipped_reason (null where every depth ran): no prefix can show a loss there. `scored`:
     {task: the full model's per-item scores on a superset of the table's items (its baseline)},

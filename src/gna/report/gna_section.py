@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 
-from gna.engine.chance import SKIPPED
+from gna.core.chance import SKIPPED
 from gna.report.htmlkit import (
     SectionContext,
     comparisons_note,

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import polars as pl
 
+from gna.core.chance import answered
 from gna.core.paired import DEFAULT_MARGIN, NOT_COPYABLE, SUBSETS, decide
 from gna.core.stats import wilson_interval
-from gna.engine.chance import answered
 from gna.students.spec import TEACHER_VARIANT, VARIANT_PATTERN
 
 KNOWLEDGE_K = 5  # the top-k removal the knowledge view reads (the largest k of the table up to it)
@@ -58,7 +58,7 @@ def _verdicts(frame: pl.DataFrame, prefix: str, margin: float, tasks=VERDICT_TAS
 
 def _formats(formats: pl.DataFrame, model: str) -> list[dict]:
     """The format comparison's headline: whether the model answers any letter form on the development
-    split (above chance, circular check included: gna.engine.chance.answered), and the chosen form's
+    split (above chance, circular check included: gna.core.chance.answered), and the chosen form's
     accuracy on the evaluation split (the task's own draw)."""
     if formats.is_empty():
         return []

@@ -14,9 +14,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import polars as pl  # noqa: E402
 
+from gna.core.chance import SKIPPED
 from gna.core.io import atomic_path, read_json, read_parquet  # noqa: E402
 from gna.core.paired import DEFAULT_MARGIN, decide, describe, detectable_difference  # noqa: E402
-from gna.engine.chance import SKIPPED
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}

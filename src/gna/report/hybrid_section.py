@@ -8,8 +8,8 @@ import html
 import matplotlib.pyplot as plt
 import polars as pl
 
+from gna.core.chance import SKIPPED
 from gna.core.paired import decide
-from gna.engine.chance import SKIPPED
 from gna.report.htmlkit import (
     SectionContext,
     acc_text,

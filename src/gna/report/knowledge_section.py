@@ -13,9 +13,9 @@ import html
 import matplotlib.pyplot as plt
 import polars as pl
 
+from gna.core.chance import above_chance, answered
 from gna.core.paired import NOT_COPYABLE, SUBSETS, decide, detectable_difference
 from gna.core.stats import wilson_interval
-from gna.engine.chance import above_chance, answered
 from gna.report.htmlkit import (
     SectionContext,
     acc_text,

@@ -2,7 +2,7 @@
 their answers, and synthetic KV-retrieval prompts with their answers, from a seed namespace the
 evaluation never uses, joined into token windows; held-out windows (other questions, other
 seeds) measure perplexity. Each window comes with a mask of the positions that predict an
-answer token, so distillation can weight them (gna.students.distill.distill_logits)."""
+answer token, so distillation can weight them (gna.students.kd.distill_logits)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ import polars as pl
 import torch
 
 from gna.core.io import write_parquet
+from gna.engine.anatomy import final_norm, sliding_windows
 from gna.engine.device import device_of
-from gna.engine.stack import final_norm, sliding_windows
 from gna.students.mixer import LOCAL_WIDTH, layer_forward, layers_of, mixer_of, rotary
 from gna.students.spec import load_student, read_spec
 

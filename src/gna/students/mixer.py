@@ -7,7 +7,7 @@ for the others — and sends the concatenation through the teacher's shared o_pr
 place in the model therefore never changes, so the head ranking names the same head in
 teacher and student, and k = 0 is a pure SSM with the teacher's MLPs. An SSM head starts from
 its attention head (C ← Q of the head, B ← K and x ← V of its K/V group, decays spread over
-time scales as in Mamba), then distillation fits it (gna.students.distill). Beside the scan,
+time scales as in Mamba), then distillation fits it (gna.students.alignment, gna.students.kd). Beside the scan,
 each SSM head reads the last few tokens' values directly (the local skip, gna.engine.ssm) and
 the first token's value through a fitted share (an attention sink).
 
@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gna.engine.anatomy import sliding_windows
 from gna.engine.precision import linear_group
 from gna.engine.ssm import (
     TreeLayout,
@@ -40,7 +41,6 @@ from gna.engine.ssm import (
     ssd_tree,
     tree_layout,
 )
-from gna.engine.stack import sliding_windows
 
 C_INIT_SCALE = 0.03
 SINK_INIT = 0.3  # teacher heads put about a third of their attention on the first token
@@ -660,7 +660,7 @@ def rotary(base, hidden: torch.Tensor, positions: torch.Tensor, layer_idx: int):
 
 
 def layers_of(model):
-    from gna.engine.stack import decoder_layers
+    from gna.engine.anatomy import decoder_layers
 
     return decoder_layers(model)
 
@@ -703,3 +703,17 @@ def captured_maps(model):
         out.extend(m.captured for m in ms)
         for m in ms:
             m.capture, m.captured = False, None
+
+
+def snapshot(student) -> dict[str, torch.Tensor]:
+    """The SSM parameters of every mixer {"<layer>.<param>": tensor} (a copy)."""
+    return {f"{m.layer_idx}.{k}": v.detach().clone() for m in mixers(student) for k, v in m.ssm_state().items()}
+
+
+@torch.no_grad()
+def restore(student, state: dict[str, torch.Tensor]):
+    """Load a snapshot (of the same student) back into its mixers."""
+    for m in mixers(student):
+        for k, v in m.ssm_state().items():
+            v.copy_(state[f"{m.layer_idx}.{k}"])
+    return student

@@ -1,4 +1,4 @@
-"""The distillation recipe and its ablations: what each ingredient of gna.students.distill buys.
+"""The distillation recipe and its ablations: what each ingredient (gna.students.alignment, gna.students.kd) buys.
 
 The pipeline's recipe for a student: SSM heads initialised from their attention heads, layer
 alignment (stage 1) with the first-token share, realignment on the student's own stream, then
@@ -20,7 +20,8 @@ from gna.core.tensor_files import read_tensors
 from gna.engine.device import device_of
 from gna.engine.precision import linears_computed_in
 from gna.models.prepare import load_model
-from gna.students.distill import align_layers, answer_weights, distill_logits, load_aligned, realign_in_context
+from gna.students.alignment import align_layers, load_aligned, realign_in_context
+from gna.students.kd import answer_weights, distill_logits
 from gna.students.mixer import mixers
 from gna.students.spec import ABLATIONS, make_hybrid, parse_variant, ranked_heads
 from gna.students.student_evaluation import kv_items, score_model

@@ -10,14 +10,13 @@ import polars as pl
 import torch
 import torch.nn.functional as F
 
+from gna.core.chance import SKIPPED, ChancePolicy, skipped
 from gna.core.io import read_parquet, write_parquet
 from gna.core.settings import Files, StudentScoring
 from gna.core.tensor_files import read_tensors
-from gna.engine.chance import SKIPPED, ChancePolicy, skipped
 from gna.engine.device import device_of
 from gna.engine.scoring import known_items, score_table, summarize_task
-from gna.students.distill import restore, snapshot
-from gna.students.mixer import swapped_to_attention
+from gna.students.mixer import restore, snapshot, swapped_to_attention
 from gna.students.spec import TEACHER_VARIANT, load_any, parse_variant, ranked_heads, read_spec
 from gna.tasks.tables import context_swapped, load_item_scores, load_task_tables
 

@@ -8,9 +8,9 @@ import logging
 import polars as pl
 import torch
 
+from gna.core.chance import SKIPPED, ChancePolicy
 from gna.core.io import read_parquet, write_parquet
 from gna.core.settings import Files, StudentScoring
-from gna.engine.chance import SKIPPED, ChancePolicy
 from gna.engine.packing import PackedBatch
 from gna.engine.scoring import accuracy_of, known_or_scored, score_table
 from gna.students.mixer import mixers

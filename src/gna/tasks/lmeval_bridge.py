@@ -1,7 +1,7 @@
 """Bridge to EleutherAI's lm-evaluation-harness (lm-eval 0.4.x), using its real code.
 
 * `make_lm` wraps an already-loaded model/tokenizer in lm-eval's HFLM (no second load).
-* `run_tasks` runs `lm_eval.simple_evaluate` on task names: the built-in registry (hub
+* `evaluate_tasks` runs `lm_eval.simple_evaluate` on task names: the built-in registry (hub
   datasets such as "mmlu", "arc_easy") and/or YAML tasks found under `include_path`.
 * `results_to_frame` turns the raw results dict into a tidy polars frame.
 * `write_local_mmlu_task` writes our MMLU items (jsonl) plus an lm-eval task YAML whose 0-shot
@@ -108,7 +108,7 @@ def _task_manager(include_path: str | Path | None, include_defaults: bool):
     from lm_eval.tasks import TaskManager
 
     if not include_defaults and not include_path:
-        raise ValueError("run_tasks: include_defaults=False needs an include_path with task YAMLs")
+        raise ValueError("evaluate_tasks: include_defaults=False needs an include_path with task YAMLs")
     if include_path is not None and not Path(include_path).is_dir():
         raise FileNotFoundError(f"lm-eval include_path is not a directory: {include_path}")
     return TaskManager(include_path=str(include_path) if include_path else None, include_defaults=include_defaults)
@@ -128,7 +128,7 @@ def check_task_names(task_manager, tasks: list[str], searched: str = "lm-eval's 
         )
 
 
-def run_tasks(
+def evaluate_tasks(
     model,
     tok,
     tasks: list[str],

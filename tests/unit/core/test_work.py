@@ -5,9 +5,9 @@ import subprocess
 import sys
 
 from gna.core import work
+from gna.engine.anatomy import decoder_layers
 from gna.engine.packing import collate, pack
 from gna.engine.scoring import encode_table, score_removals, score_table
-from gna.engine.stack import decoder_layers
 from gna.tasks.tables import build_kv_retrieval
 
 KV = build_kv_retrieval([3], 4, 0, "lookup")

@@ -91,11 +91,13 @@ def _phase_calls():
     from gna.phases.head_ablation import attribution_scores, sweep_heads
     from gna.phases.masking import masking_experiment
     from gna.phases.pruning import gradual, individual
+    from gna.students.alignment import align_layers, head_errors
     from gna.students.decoding import measured_cache
-    from gna.students.distill import align_layers, distill_logits, head_errors, teacher_activations
+    from gna.students.kd import distill_logits
     from gna.students.spec import make_hybrid
     from gna.students.student_evaluation import score_model
     from gna.students.student_masking import answer_rows_experiment
+    from gna.students.teacher_file import teacher_activations
 
     kv = build_kv_retrieval([3, 5], 2, 0, "lookup")
     tables = {"kv_retrieval": kv}

@@ -7,7 +7,8 @@ import polars as pl
 import pytest
 import torch
 
-from gna.engine.hooks import ablate_heads, all_heads
+from gna.engine.anatomy import all_heads
+from gna.engine.hooks import ablate_heads
 from gna.engine.precision import float32_kernel_available, float32_linear, linear_group, linears_computed_in
 from gna.engine.scoring import score_table
 from gna.students.mixer import mixers

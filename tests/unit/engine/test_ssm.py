@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 import torch
 
-from gna.engine.chance import ChancePolicy
+from gna.core.chance import ChancePolicy
 from gna.engine.device import device_of
 from gna.engine.packing import collate, pack
 from gna.engine.ssm import (

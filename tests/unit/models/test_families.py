@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from gna.engine.anatomy import all_heads, decoder_layers, head_sites, sliding_windows
 from gna.engine.device import device_of
-from gna.engine.hooks import ablate_heads, active_hooks, all_heads, head_sites
+from gna.engine.hooks import ablate_heads, active_hooks
 from gna.engine.scoring import score_removals, score_table, score_table_ref
-from gna.engine.stack import DecoderStack, decoder_layers, pruned_layers, sliding_windows
+from gna.engine.stack import DecoderStack, pruned_layers
 from gna.models.families import FAMILY_PHASES, STUDENT_FAMILIES, check_student_family
 from gna.models.prepare import load_model, prepare_model
 from gna.models.tiny import ARCHS, tiny_random_model
@@ -177,9 +178,10 @@ def test_a_students_heads_compute_what_the_teachers_do_in_every_student_family(f
     the prompt is longer); a student with SSM heads saves and reloads bit for bit, decodes step by
     step as its forward computes, and takes a KD step."""
     from gna.students.decoding import prefill, step
-    from gna.students.distill import distill_logits, teacher_activations
+    from gna.students.kd import distill_logits
     from gna.students.mixer import mixers
     from gna.students.spec import load_any, make_hybrid, save_student
+    from gna.students.teacher_file import teacher_activations
 
     arch, model, tok = family
     if arch not in STUDENT_FAMILIES:
@@ -243,23 +245,24 @@ def test_the_readme_family_table_is_the_generated_one():
 
 
 def test_a_tiny_family_a_phase_refuses_must_skip_it_in_the_config():
-    from gna.models.families import check_config_families
+    from gna.workflow.config import check_families
 
     def config(**spec):
         return {"models": {"m": {"source": "tiny-random", **spec}}, "hybrid": {"enabled": True}}
 
     with pytest.raises(ValueError, match=r"models\.m\.skip.*mamba.*skip: \[hybrid\]"):
-        check_config_families(config(arch="mamba", skip=["gna"]))
+        check_families(config(arch="mamba", skip=["gna"]))
     with pytest.raises(ValueError, match=r"models\.m\.skip.*G&A maps need attention.*skip: \[gna\]"):
-        check_config_families(config(arch="mamba", skip=["hybrid"]))
-    check_config_families(config(arch="mamba", skip=["hybrid", "gna"]))
+        check_families(config(arch="mamba", skip=["hybrid"]))
+    check_families(config(arch="mamba", skip=["hybrid", "gna"]))
     for arch in ("gemma3", "gpt2", "mistral"):  # students for every attention family, windowed or not
-        check_config_families(config(arch=arch))
-    check_config_families(config(arch="llama"))
+        check_families(config(arch=arch))
+    check_families(config(arch="llama"))
 
 
 def test_a_model_whose_read_out_the_engine_does_not_know_is_refused_by_family():
-    from gna.engine.stack import UnsupportedModel, check_engine
+    from gna.engine.anatomy import UnsupportedModel
+    from gna.engine.stack import check_engine
 
     model, tok = tiny_random_model({"arch": "qwen3", "layers": 2, "hidden": 32, "seed": 0})
     check_engine(model)

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from gna.engine.ablation import score_ablations
-from gna.engine.hooks import ablate_heads, active_hooks, all_heads, head_sites
+from gna.engine.anatomy import all_heads, head_sites
+from gna.engine.hooks import ablate_heads, active_hooks
 from gna.engine.scoring import score_table
 from gna.phases.head_ablation import (
     attribution_cost,
@@ -225,7 +226,7 @@ def test_zamba2_heads_are_ablated_where_they_are():
     a hybrid layer equals zeroing its x channels in that layer's conv; the shared attention block
     runs in two layers, so a head ablated in one layer is not ablated in the other, and ablated in
     both it equals zeroing its columns of the shared o_proj."""
-    from gna.engine.hooks import all_heads
+    from gna.engine.anatomy import all_heads
     from gna.models.tiny import tiny_random_model
 
     model, tok = tiny_random_model({"arch": "zamba2", "layers": 4, "hidden": 32, "heads": 4, "kv_heads": 2, "seed": 1})

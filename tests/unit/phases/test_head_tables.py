@@ -7,8 +7,8 @@ from dataclasses import replace
 import polars as pl
 import pytest
 
+from gna.core.chance import ChancePolicy
 from gna.core.settings import TopK
-from gna.engine.chance import ChancePolicy
 from gna.engine.hooks import active_hooks
 from gna.engine.scoring import score_table
 from gna.phases.head_ablation import rank_heads, sweep_heads

@@ -25,8 +25,8 @@ from conftest import MINI_MMLU, REPO
 from golden import cpu_kind
 from polars.testing import assert_frame_equal
 
+from gna.core.chance import ChancePolicy
 from gna.core.stats import wilson_interval
-from gna.engine.chance import ChancePolicy
 from gna.phases.gather_aggregate import kv_row_segments, mmlu_row_segments
 from gna.phases.masking import masking_comparisons, masking_experiment
 from gna.students.spec import make_hybrid
@@ -109,7 +109,7 @@ def test_choice_masking_is_gated_by_accuracy(tiny_llama):
 def test_choice_masking_skips_a_table_at_chance_by_its_interval(tiny_llama):
     """The facts' choice form, option lines as segments: with the chance policy an accuracy whose
     interval contains chance runs (a) only, whatever min_acc allows; without it all three run."""
-    from gna.engine.chance import at_chance
+    from gna.core.chance import at_chance
     from gna.engine.scoring import score_table
     from gna.phases.masking import choice_masking
     from gna.tasks.facts import ChoiceForm, build_facts, read_local_facts

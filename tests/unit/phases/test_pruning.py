@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from gna.engine.chance import ChancePolicy, at_chance
+from gna.core.chance import ChancePolicy, at_chance
 from gna.engine.scoring import score_removals, score_table, score_table_ref
 from gna.engine.stack import pruned_layers
 from gna.phases.pruning import gradual, individual, minimal_prefix

@@ -12,11 +12,11 @@ import yaml
 from conftest import REPO
 from smoke_values import SMOKE_VALUES
 
-from gna.core.config import load_schema, validate_config
 from gna.report.htmlkit import read_caption
 from gna.report.page import build_report
 from gna.report.registry import FIGURES, report_figures, report_inputs
 from gna.tasks.facts import read_local_facts, write_facts_task
+from gna.workflow.config import load_schema, validate_config
 
 GOLDEN = REPO / "tests" / "data" / "smoke_results"
 SECTION_TITLES = [

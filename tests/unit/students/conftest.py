@@ -7,7 +7,9 @@ from conftest import MINI_MMLU  # tests/conftest.py (this file is unit.students.
 
 from gna.core.io import write_parquet
 from gna.core.settings import Files
-from gna.students.distill import run_distill_align, run_distill_kd, run_distill_teacher
+from gna.students.alignment import run_distill_align
+from gna.students.kd import run_distill_kd
+from gna.students.teacher_file import run_distill_teacher
 from gna.tasks.tables import build_kv_retrieval
 from unit.students.rules import CORPUS, KD
 

@@ -4,8 +4,8 @@ StudentScoring), and the corpus and KD settings of the tiny students (the `phase
 conftest.py). Imported as `unit.students.rules`: tests/unit/students is a package (its
 __init__.py), so that its conftest.py does not take the module name `conftest` of tests/conftest.py."""
 
+from gna.core.chance import ChancePolicy
 from gna.core.settings import Evaluation, Files, StudentScoring
-from gna.engine.chance import ChancePolicy
 from gna.students.recipe import run_hybrid_ablation
 from gna.students.student_evaluation import run_hybrid_budget, run_hybrid_score, run_hybrid_swap
 from gna.students.student_masking import run_hybrid_answer_rows

@@ -11,15 +11,9 @@ from gna.core.settings import Evaluation
 from gna.core.tensor_files import read_tensors
 from gna.engine.device import device_of
 from gna.models.prepare import load_model
-from gna.students.distill import (
-    align_layers,
-    answer_weights,
-    distill_logits,
-    load_aligned,
-    realign_in_context,
-    snapshot,
-)
-from gna.students.mixer import mixers
+from gna.students.alignment import align_layers, load_aligned, realign_in_context
+from gna.students.kd import answer_weights, distill_logits
+from gna.students.mixer import mixers, snapshot
 from gna.students.recipe import ablated_student
 from gna.students.spec import make_hybrid
 from unit.students.rules import KD, ablation

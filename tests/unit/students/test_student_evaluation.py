@@ -8,14 +8,14 @@ import polars as pl
 import pytest
 import torch
 
+from gna.core.chance import ChancePolicy, chance_accuracy
 from gna.core.io import write_parquet
 from gna.core.settings import Evaluation
 from gna.core.tensor_files import read_tensors
-from gna.engine.chance import ChancePolicy, chance_accuracy
 from gna.engine.device import device_of
 from gna.models.prepare import load_model
-from gna.students.distill import load_aligned, realign_in_context, snapshot
-from gna.students.mixer import mixers
+from gna.students.alignment import load_aligned, realign_in_context
+from gna.students.mixer import mixers, snapshot
 from gna.students.spec import load_any, make_hybrid, read_spec
 from gna.students.student_evaluation import budget_point_from_scores, checkpoint_states, label_variant, swap_label
 from gna.tasks.tables import load_task_tables

@@ -9,7 +9,6 @@ from dataclasses import replace
 import polars as pl
 import pytest
 
-from gna.core.config import ConfigError, load_schema, validate_config
 from gna.engine.scoring import score_table, score_table_ref
 from gna.models.sources import ChecksumError
 from gna.phases.knowledge import chat_renderer, compare_formats
@@ -28,6 +27,7 @@ from gna.tasks.facts import (
     select_facts,
     split_items,
 )
+from gna.workflow.config import ConfigError, load_schema, validate_config
 from tests.conftest import REPO
 
 MINI_FACTS = REPO / "tests" / "data" / "mini_facts.csv"

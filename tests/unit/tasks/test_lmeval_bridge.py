@@ -63,7 +63,7 @@ def test_lmeval_matches_score_table(setup):
     items = build_mmlu(subset, setup["pool"], "letter", 0, 0)
     ours = score_table(model, tok, items, batch_size=5, progress=False)
 
-    results = bridge.run_tasks(
+    results = bridge.evaluate_tasks(
         model, tok, [TASK], include_path=str(setup["task_dir"]), include_defaults=False, log_samples=True, batch_size=4
     )
     samples = sorted(results["samples"][TASK], key=lambda s: s["doc_id"])
@@ -127,7 +127,7 @@ def test_local_task_yaml_mirrors_lmeval_mmlu(setup):
 
 def test_unknown_task_raises_value_error(setup):
     with pytest.raises(ValueError, match=r"no_such_task_xyz.*lm-eval ls tasks"):
-        bridge.run_tasks(
+        bridge.evaluate_tasks(
             setup["model"],
             setup["tok"],
             [TASK, "no_such_task_xyz"],
@@ -140,7 +140,7 @@ def test_unknown_task_raises_value_error(setup):
 def test_hub_task_names_pass_the_check_unknown_do_not(setup):
     """Built-in names (hub datasets) are accepted by the same check; only the unknown is named."""
     with pytest.raises(ValueError) as err:
-        bridge.run_tasks(setup["model"], setup["tok"], ["arc_easy", "mmlu", "no_such_task_xyz"])
+        bridge.evaluate_tasks(setup["model"], setup["tok"], ["arc_easy", "mmlu", "no_such_task_xyz"])
     message = str(err.value)
     assert "['no_such_task_xyz']" in message and "arc_easy" not in message
 

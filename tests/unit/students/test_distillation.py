@@ -14,23 +14,15 @@ from gna.core.settings import Files
 from gna.core.tensor_files import read_tensors, write_tensors
 from gna.engine.precision import frozen_weights_in
 from gna.engine.scoring import score_table
-from gna.students.distill import (
-    Selection,
+from gna.students.alignment import (
     align_layers,
-    answer_weights,
-    distill_logits,
     first_token_attention,
     head_errors,
     init_from_teacher_maps,
-    kd_backward,
-    kd_loss,
     load_aligned,
-    restore,
-    run_distill_kd,
-    snapshot,
-    teacher_activations,
 )
-from gna.students.mixer import captured_maps, mixers
+from gna.students.kd import Selection, answer_weights, distill_logits, kd_backward, kd_loss, run_distill_kd
+from gna.students.mixer import captured_maps, mixers, restore, snapshot
 from gna.students.spec import (
     ablation_kd,
     checkpoint_steps,
@@ -42,6 +34,7 @@ from gna.students.spec import (
     scored_tasks,
 )
 from gna.students.student_evaluation import checkpoint_states
+from gna.students.teacher_file import teacher_activations
 from gna.tasks.tables import build_kv_retrieval
 from unit.students.conftest import kd_outputs
 from unit.students.rules import KD
@@ -570,7 +563,7 @@ def test_realignment_fits_each_layer_on_the_students_own_stream(tiny_llama):
     student's own forward makes (checked against the hidden states its forward produces after the
     stage, which a fit on the teacher's stream would not match), falls in every layer, and only SSM
     parameters move; 0 steps changes nothing."""
-    from gna.students.distill import _output_metric, realign_in_context
+    from gna.students.alignment import _output_metric, realign_in_context
     from gna.students.mixer import layers_of, mixer_input, rotary
 
     model, _ = tiny_llama
@@ -614,7 +607,7 @@ def test_realignment_fits_each_layer_on_the_students_own_stream(tiny_llama):
 def test_realignment_runs_on_the_first_windows_it_is_given(tiny_llama):
     """realign.windows: the stage sees the first `windows` windows only (the same fit as on those
     windows alone), and fewer windows fit otherwise than all."""
-    from gna.students.distill import realign_in_context
+    from gna.students.alignment import realign_in_context
 
     model, _ = tiny_llama
     ids = torch.randint(0, model.config.vocab_size, (4, 16), generator=torch.Generator().manual_seed(5))

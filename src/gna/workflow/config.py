@@ -22,7 +22,7 @@ class ConfigError(ValueError):
 MOVED_KEYS = {
     # it sets the ablations', the state-size sweep's and the degeneracy check's size too
     "hybrid.budget_curve.dict_size": ("hybrid.dict_size", "the same value"),
-    # one chance policy for every phase (gna.engine.chance)
+    # one chance policy for every phase (gna.core.chance)
     **{
         old: ("chance.skip", "one switch for every phase")
         for old in (
@@ -114,9 +114,7 @@ def validate_config(config: dict, schema: dict) -> dict:
         raise ConfigError("invalid config:\n  " + "\n  ".join(messages))
     _check_semantics(config)
     _check_students(config)
-    from gna.models.families import check_config_families
-
-    check_config_families(config)
+    check_families(config)
     return canonical(config)
 
 
@@ -215,3 +213,25 @@ def _check_semantics(config: dict) -> None:
                     f"config key 'models.{name}': heads ({heads}) must be a multiple of kv_heads "
                     f"({kv_heads}) and divide hidden ({hidden})"
                 )
+
+
+def check_families(config: dict) -> None:
+    """For models whose family the config names (tiny-random `arch`): a phase the family refuses
+    (gna.models.families) must be in the model's `skip`, else ConfigError naming the key."""
+    from gna.models.families import ATTENTION_ONLY, REFUSED_BECAUSE, STUDENT_FAMILIES, skip_hint
+
+    hybrid_on = config.get("hybrid", {}).get("enabled", True)
+    for name, spec in config["models"].items():
+        if spec.get("source") != "tiny-random":
+            continue
+        arch, skip = spec.get("arch", "llama"), spec.get("skip", [])
+        if hybrid_on and "hybrid" not in skip and arch not in STUDENT_FAMILIES:
+            raise ConfigError(
+                f"config key 'models.{name}.skip': students cannot be distilled from {arch} "
+                f"({REFUSED_BECAUSE['students']}; supported: {', '.join(STUDENT_FAMILIES)}); "
+                f"{skip_hint(name, 'hybrid')}"
+            )
+        if "gna" not in skip and arch not in ATTENTION_ONLY:
+            raise ConfigError(
+                f"config key 'models.{name}.skip': {REFUSED_BECAUSE['gna']} ({arch}); {skip_hint(name, 'gna')}"
+            )

@@ -4,7 +4,7 @@ import pytest
 import yaml
 from conftest import REPO
 
-from gna.core.config import ConfigError, load_schema, validate_config
+from gna.workflow.config import ConfigError, load_schema, validate_config
 
 SCHEMA = load_schema(REPO / "config" / "schema.yaml")
 

@@ -1,10 +1,10 @@
-"""The chance policy (gna.engine.chance): one decision, one reason text, one column, for every phase."""
+"""The chance policy (gna.core.chance): one decision, one reason text, one column, for every phase."""
 
 import polars as pl
 import pytest
 
+from gna.core.chance import SKIPPED, ChancePolicy, at_chance, chance_accuracy, skipped
 from gna.core.stats import wilson_interval
-from gna.engine.chance import SKIPPED, ChancePolicy, at_chance, chance_accuracy, skipped
 
 # four items of four choices: chance is 25%
 TABLE = pl.DataFrame({"task": ["t"] * 4, "choices": [["a", "b", "c", "d"]] * 4})
