@@ -20,10 +20,10 @@ from gna.tasks.lmeval_bridge import (
     ASSUMED_TOKENS,
     CROSSCHECK_TASK,
     crosscheck_task_yaml,
+    evaluate_tasks,
     fitting_batch_size,
     longest_request,
     results_to_frame,
-    evaluate_tasks,
 )
 
 log = logging.getLogger("gna.phases.evaluation")
