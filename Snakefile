@@ -13,7 +13,8 @@ include: "rules/baseline.smk"
 include: "rules/prune.smk"
 include: "rules/heads.smk"
 include: "rules/gna.smk"
-include: "rules/hybrid.smk"
+include: "rules/students_training.smk"
+include: "rules/students_scoring.smk"
 include: "rules/report.smk"
 
 

@@ -1,5 +1,6 @@
-# SSM and hybrid students: distillation stages (teacher → align per state size → KD per
-# variant), scoring, the layer swap and the inference-memory table. Students are written to
+# The students phase, training: SSM and hybrid students by distillation stage (teacher file →
+# alignment per state size → realignment and KD per student) and the recipe's ablations; what
+# students_scoring.smk reads is defined here. Students are written to
 # data/models/<model>-hybrid-k<heads kept>-n<state size> (names from gna.students.spec), loadable
 # like any prepared model.
 from gna.students.spec import (ABLATIONS, TEACHER_VARIANT, VARIANT_PATTERN, ablation_kd, checkpoint_steps,
@@ -185,63 +186,6 @@ rule distill_kd:
         "../workflow_scripts/distill_kd.py"
 
 
-rule hybrid_score:
-    input:
-        model=get_scored_model,
-        teacher="data/distill/{model}/teacher.safetensors",
-        tasks=lambda wc: task_files(scored_tasks(HYBRID, wc.variant, TASKS), wc.model),
-        # the teacher's per-item scores are its baseline's: read, not scored again
-        baseline=lambda wc: (expand("data/results/baseline/{model}/{task}.items.parquet", model=wc.model,
-                                    task=scored_tasks(HYBRID, wc.variant, TASKS))
-                             if wc.variant == TEACHER_VARIANT else []),
-        teacher_summary=get_teacher_summary,
-        corpus_check=CORPUS_CHECK,
-    output:
-        summary="data/results/hybrid/{model}/{variant}.parquet",
-        answers="data/results/hybrid/{model}/answers/{variant}.parquet",
-    params:
-        scoring=SCORING.as_params(),
-        kv_dict_size=lambda wc: scored_dict_size(HYBRID, wc.variant),
-        code=code_of("hybrid_score"),
-    log:
-        "data/logs/hybrid_score/{model}-{variant}.log",
-    benchmark:
-        "data/benchmarks/hybrid_score/{model}-{variant}.tsv"
-    threads: 2
-    resources:
-        mem_mb=job_mem_mb("hybrid_score"),
-        runtime=120,
-    script:
-        "../workflow_scripts/hybrid_score.py"
-
-
-rule hybrid_budget:
-    input:
-        model="data/models/" + student_name("{model}", "{variant}"),
-        checkpoints="data/distill/{model}/kd-{variant}-checkpoints.safetensors",
-        teacher="data/distill/{model}/teacher.safetensors",
-        task="data/tasks/kv_retrieval.parquet",
-        corpus_check=CORPUS_CHECK,
-        # the full budget's point is the student's own scores (their degeneracy check is at dict_size)
-        summary="data/results/hybrid/{model}/{variant}.parquet",
-        answers="data/results/hybrid/{model}/answers/{variant}.parquet",
-    output:
-        "data/results/hybrid/{model}/budget-{variant}.parquet",
-    params:
-        scoring=SCORING.as_params("dict_size", "degeneracy_items", "evaluation"),
-        code=code_of("hybrid_budget"),
-    log:
-        "data/logs/hybrid_budget/{model}-{variant}.log",
-    benchmark:
-        "data/benchmarks/hybrid_budget/{model}-{variant}.tsv"
-    threads: 2
-    resources:
-        mem_mb=job_mem_mb("hybrid_budget"),
-        runtime=120,
-    script:
-        "../workflow_scripts/hybrid_budget.py"
-
-
 rule hybrid_ablation:
     input:
         model="data/models/{model}",
@@ -268,92 +212,3 @@ rule hybrid_ablation:
         runtime=240,
     script:
         "../workflow_scripts/hybrid_ablation.py"
-
-
-rule hybrid_swap:
-    input:
-        model=lambda wc: f"data/models/{student_name(wc.model, pure_ssm_variant())}",
-        ranking="data/results/heads/{model}/ranking.parquet",
-        teacher="data/distill/{model}/teacher.safetensors",
-        tasks=lambda wc: task_files(TASKS, wc.model),
-        teacher_summary=get_teacher_summary,
-        corpus_check=CORPUS_CHECK,
-    output:
-        summary="data/results/hybrid/{model}/swap.parquet",
-        answers="data/results/hybrid/{model}/answers/swap.parquet",
-    params:
-        variant=pure_ssm_variant(),
-        scoring=SCORING.as_params(),
-        code=code_of("hybrid_swap"),
-    log:
-        "data/logs/hybrid_swap/{model}.log",
-    benchmark:
-        "data/benchmarks/hybrid_swap/{model}.tsv"
-    threads: 2
-    resources:
-        mem_mb=job_mem_mb("hybrid_swap"),
-        runtime=120,
-    script:
-        "../workflow_scripts/hybrid_swap.py"
-
-
-rule hybrid_memory:
-    input:
-        model="data/models/{model}",
-        students=lambda wc: [f"data/models/{student_name(wc.model, v)}" for v in hybrid_variants()],
-    output:
-        "data/results/hybrid/{model}/memory.parquet",
-    params:
-        memory=HYBRID["memory"],
-        code=code_of("hybrid_memory"),
-    log:
-        "data/logs/hybrid_memory/{model}.log",
-    benchmark:
-        "data/benchmarks/hybrid_memory/{model}.tsv"
-    threads: 2
-    resources:
-        mem_mb=job_mem_mb("hybrid_memory"),
-        runtime=60,
-    script:
-        "../workflow_scripts/hybrid_memory.py"
-
-
-rule hybrid_answer_rows:
-    input:
-        model="data/models/" + student_name("{model}", "{variant}"),
-        # the unmodified condition is the student's own scores, read rather than computed again
-        answers="data/results/hybrid/{model}/answers/{variant}.parquet",
-        tasks=lambda wc: task_files(TASKS, wc.model),
-        teacher_summary=get_teacher_summary,
-        corpus_check=CORPUS_CHECK,
-    output:
-        "data/results/hybrid/{model}/answer-rows-{variant}.parquet",
-    params:
-        scoring=StudentScoring.from_config(config, "answer_rows_items").as_params("items", "chance", "evaluation"),
-        code=code_of("hybrid_answer_rows"),
-    log:
-        "data/logs/hybrid_answer_rows/{model}-{variant}.log",
-    benchmark:
-        "data/benchmarks/hybrid_answer_rows/{model}-{variant}.tsv"
-    threads: 2
-    resources:
-        mem_mb=job_mem_mb("hybrid_answer_rows"),
-        runtime=120,
-    script:
-        "../workflow_scripts/hybrid_answer_rows.py"
-
-
-rule hybrid_comparisons:
-    input:
-        answers=lambda wc: expand("data/results/hybrid/{model}/answers/{variant}.parquet", model=wc.model,
-                                  variant=[TEACHER_VARIANT] + hybrid_variants()),
-        swap=lambda wc: [f"data/results/hybrid/{wc.model}/answers/swap.parquet"] if HYBRID["swap"] else [],
-    output:
-        comparisons="data/results/hybrid/{model}/comparisons.parquet",
-    params:
-        pure_ssm=pure_ssm_variant(),
-        code=code_of("hybrid_comparisons"),
-    log:
-        "data/logs/hybrid_comparisons/{model}.log",
-    script:
-        "../workflow_scripts/hybrid_comparisons.py"
