@@ -39,7 +39,7 @@ localrules:
 
 rule all:
     input:
-        get_all_results(),
+        all_results(config),
         "data/report/index.html",
     default_target: True
 

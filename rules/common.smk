@@ -9,6 +9,7 @@ from gna.core.resources import mem_mb, model_params_b
 from gna.core.settings import Evaluation, TopK
 from gna.models.sources import check_local_sources
 from gna.tasks.tables import kv_prompt_sets
+from gna.workflow.plan import all_results, answer_row_variants, gna_models, gna_students, pure_ssm_variant, teachers
 
 # `--configfile X` replaces the default config instead of merging model lists into it.
 if not workflow.overwrite_configfiles:
@@ -19,7 +20,7 @@ config.update(_validated)
 check_local_sources(config, workflow.basedir)
 
 MODELS = list(config["models"])
-TEACHERS = [m for m in MODELS if "hybrid" not in config["models"][m].get("skip", [])]  # teachers of students
+TEACHERS = teachers(config)  # teachers of students
 TASKS = built_tasks(config)
 FACTS_TASKS = [t for t in TASKS if t.startswith("facts_")]
 # every KV-retrieval prompt set (data/tasks/<name>.parquet): the evaluation set and the phases' own
@@ -126,35 +127,12 @@ def hybrid_variants():
 
 
 # students that also go through the Gather-and-Aggregate rules, named like models
-GNA_STUDENTS = [student_name(m, v) for m in TEACHERS for v in HYBRID["gna_variants"]] if HYBRID["enabled"] else []
+GNA_STUDENTS = gna_students(config)
 # the attribution check compares the pre-ranking with the exact sweep, so it needs one
 ATTRIBUTION_CHECK = config["heads"]["sweep_mode"] == "exact"
-GNA_MODELS = [m for m in MODELS if "gna" not in config["models"][m].get("skip", [])] + GNA_STUDENTS
+GNA_MODELS = gna_models(config)
 
 
 def get_ranking(wildcards):
     """A student's heads keep their teacher's identities, so it uses the teacher's ranking."""
     return f"data/results/heads/{teacher_of(wildcards.model)}/ranking.parquet"
-
-
-def get_all_results():
-    """Every phase's results, listed explicitly so a phase added to an existing run is scheduled
-    even when the report it feeds is already up to date."""
-    per_model = [
-        "data/results/prune/{model}/gradual.parquet",
-        "data/results/prune/{model}/gradual.comparisons.parquet",
-        "data/results/prune/{model}/individual.parquet",
-        "data/results/heads/{model}/ranking.parquet",
-        *(["data/results/heads/{model}/attribution.parquet"] if ATTRIBUTION_CHECK else []),
-        "data/results/heads/{model}/topk.parquet",
-        "data/results/heads/{model}/topk.comparisons.parquet",
-        "data/results/heads/{model}/kept.parquet",
-        "data/results/heads/{model}/kept.comparisons.parquet",
-        "data/results/heads/{model}/dictsize.parquet",
-    ]
-    gna = expand("data/results/gna/{model}/{kind}.parquet", model=GNA_MODELS,
-                 kind=["roles", "masking", "masking.comparisons"])
-    if "choice" in config["tasks"]["facts"]["formats"]:
-        per_model.append("data/results/facts/{model}/formats.parquet")
-    return (["data/results/baseline.parquet"] + [p for t in per_model for p in expand(t, model=MODELS)] + gna
-            + get_hybrid_results())

@@ -12,7 +12,7 @@ def get_report_inputs():
         "gna_model": GNA_MODELS,
         "scored_variant": [TEACHER_VARIANT] + hybrid_variants(),
         "student_variant": hybrid_variants(),
-        "answer_row_variant": answer_row_variants(),
+        "answer_row_variant": answer_row_variants(HYBRID),
         "budget_variant": HYBRID["budget_curve"]["variants"],
         "ablation": HYBRID["ablation"]["remove"],
         "state_size": sorted({HYBRID["state_size"], *HYBRID["state_sizes"]}),

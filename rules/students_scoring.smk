@@ -62,7 +62,7 @@ rule hybrid_budget:
 
 rule hybrid_swap:
     input:
-        model=lambda wc: f"data/models/{student_name(wc.model, pure_ssm_variant())}",
+        model=lambda wc: f"data/models/{student_name(wc.model, pure_ssm_variant(HYBRID))}",
         ranking="data/results/heads/{model}/ranking.parquet",
         teacher="data/distill/{model}/teacher.safetensors",
         tasks=lambda wc: task_files(TASKS, wc.model),
@@ -72,7 +72,7 @@ rule hybrid_swap:
         summary="data/results/hybrid/{model}/swap.parquet",
         answers="data/results/hybrid/{model}/answers/swap.parquet",
     params:
-        variant=pure_ssm_variant(),
+        variant=pure_ssm_variant(HYBRID),
         scoring=SCORING.as_params(),
         code=code_of("hybrid_swap"),
     log:
@@ -141,7 +141,7 @@ rule hybrid_comparisons:
     output:
         comparisons="data/results/hybrid/{model}/comparisons.parquet",
     params:
-        pure_ssm=pure_ssm_variant(),
+        pure_ssm=pure_ssm_variant(HYBRID),
         code=code_of("hybrid_comparisons"),
     log:
         "data/logs/hybrid_comparisons/{model}.log",

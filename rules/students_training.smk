@@ -19,33 +19,6 @@ KD_VALIDATION_SET = f"data/tasks/{PROMPT_SETS_DIR}/{KD_VALIDATION}.parquet"
 MMLU_SELECTION = {k: v for k, v in config["tasks"]["mmlu"].items() if k in ("n", "seed", "topics")}
 
 
-def answer_row_variants():
-    """The hybrids (k > 0) among the students that get G&A maps (gna_variants)."""
-    return [v for v in HYBRID["gna_variants"] if parse_variant(v)[0] > 0]
-
-
-def pure_ssm_variant():
-    return variant_name(0, HYBRID["state_size"])
-
-
-def get_hybrid_results():
-    if not HYBRID["enabled"]:
-        return []
-    results = expand("data/results/hybrid/{model}/{variant}.parquet", model=TEACHERS,
-                     variant=[TEACHER_VARIANT] + hybrid_variants())
-    results += expand("data/results/hybrid/{model}/memory.parquet", model=TEACHERS)
-    results += expand("data/results/hybrid/{model}/comparisons.parquet", model=TEACHERS)
-    results += expand("data/results/hybrid/{model}/answer-rows-{variant}.parquet", model=TEACHERS,
-                      variant=answer_row_variants())
-    if HYBRID["swap"]:
-        results += expand("data/results/hybrid/{model}/swap.parquet", model=TEACHERS)
-    results += expand("data/results/hybrid/{model}/budget-{variant}.parquet", model=TEACHERS,
-                      variant=HYBRID["budget_curve"]["variants"])
-    results += expand("data/results/hybrid/{model}/ablation-{ablation}.parquet", model=TEACHERS,
-                      ablation=HYBRID["ablation"]["remove"])
-    return results
-
-
 def get_checkpoint_steps(wildcards):
     """KD step counts whose SSM parameters distill_kd keeps: the budget curve's, for its variants."""
     curve = HYBRID["budget_curve"]

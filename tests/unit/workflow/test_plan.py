@@ -1,0 +1,52 @@
+"""The study's plan from a validated config (gna.workflow.plan): the lists the rules read while the
+Snakefile is parsed."""
+
+from pathlib import Path
+
+import yaml
+
+from gna.workflow.config import load_schema, validate_config
+from gna.workflow.plan import all_results, answer_row_variants, gna_models, hybrid_results, pure_ssm_variant, teachers
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _config(**changes) -> dict:
+    raw = yaml.safe_load((REPO / "config" / "smoke.yaml").read_text())
+    for dotted, value in changes.items():
+        *path, key = dotted.split(".")
+        node = raw
+        for part in path:
+            node = node.setdefault(part, {})
+        node[key] = value
+    return validate_config(raw, load_schema(REPO / "config" / "schema.yaml"))
+
+
+def test_teachers_and_gna_models_follow_each_models_skip_list():
+    config = _config()
+    names = list(config["models"])
+    skipping = {m for m, s in config["models"].items() if "hybrid" in s.get("skip", [])}
+    assert teachers(config) == [m for m in names if m not in skipping]
+    students = [f"{m}-hybrid-{v}" for m in teachers(config) for v in config["hybrid"]["gna_variants"]]
+    assert gna_models(config)[-len(students) :] == students
+    off = _config(**{"hybrid.enabled": False})
+    assert not [m for m in gna_models(off) if "-hybrid-" in m] and hybrid_results(off) == []
+
+
+def test_every_student_result_is_listed_once_and_the_phase_can_be_left_out():
+    config = _config()
+    hybrid = config["hybrid"]
+    results = hybrid_results(config)
+    assert len(results) == len(set(results))
+    for model in teachers(config):
+        root = f"data/results/hybrid/{model}"
+        assert f"{root}/teacher.parquet" in results and f"{root}/comparisons.parquet" in results
+        assert {f"{root}/ablation-{a}.parquet" for a in hybrid["ablation"]["remove"]} <= set(results)
+        assert {f"{root}/answer-rows-{v}.parquet" for v in answer_row_variants(hybrid)} <= set(results)
+    assert all(int(v.split("-")[0][1:]) > 0 for v in answer_row_variants(hybrid))
+    assert pure_ssm_variant(hybrid) == f"k0-n{hybrid['state_size']}"
+    everything = all_results(config)
+    assert everything[0] == "data/results/baseline.parquet" and everything[-len(results) :] == results
+    exact = _config(**{"heads.sweep_mode": "exact"})
+    assert any(p.endswith("attribution.parquet") for p in all_results(exact))
+    assert not any(p.endswith("attribution.parquet") for p in all_results(_config(**{"heads.sweep_mode": "verified"})))
