@@ -3,14 +3,10 @@
 import polars as pl
 
 from gna.core.paired import comparisons
-from gna.report.hybrid_section import (
-    ablation_part,
-    answer_rows_part,
-    budget_goal,
-    heads_kept_summary,
-    state_size_part,
-    swap_verdict,
-)
+from gna.report.hybrid_section import answer_rows_part, heads_kept_summary, state_size_part
+from gna.report.student_budget import budget_goal
+from gna.report.student_recipe import ablation_part
+from gna.report.student_swap import swap_verdict
 
 
 def kv10(value, low, high, n=50, **extra) -> dict:
@@ -168,8 +164,8 @@ def test_answer_rows_lists_tasks_not_run_with_their_reason():
 
 
 def test_tasks_the_students_were_not_scored_on_are_named_with_the_reason():
-    from gna.report.hybrid_section import _kv_at, accuracy_rows, not_scored_note
     from gna.report.knowledge_section import _acc
+    from gna.report.student_tables import accuracy_rows, kv_at, not_scored_note
 
     # a student's table: KV scored, MMLU letter kept off by the teacher (one row, no value, the reason)
     reason = "the teacher keeps its answer on 100% of 50 items"
@@ -192,4 +188,4 @@ def test_tasks_the_students_were_not_scored_on_are_named_with_the_reason():
     # tables, figures and the knowledge view read only what was scored
     assert accuracy_rows(rows)["task"].to_list() == ["kv_retrieval"]
     assert _acc(rows, "mmlu_letter", "all") is None and _acc(rows, "kv_retrieval", "all")["value"] == 0.9
-    assert len(_kv_at(rows, None)) == 1 and _kv_at(rows.filter(pl.col("task") != "kv_retrieval"), None).is_empty()
+    assert len(kv_at(rows, None)) == 1 and kv_at(rows.filter(pl.col("task") != "kv_retrieval"), None).is_empty()

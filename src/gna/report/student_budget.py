@@ -1,0 +1,107 @@
+"""The students' report: accuracy against the distillation budget (budget-<student>.parquet)."""
+
+from __future__ import annotations
+
+import html
+
+import matplotlib.pyplot as plt
+import polars as pl
+
+from gna.report.htmlkit import SectionContext, acc_text, errorbar, save_figure, table
+from gna.report.student_tables import PERPLEXITY, kv_at, metric_formats, metric_table
+
+
+def plot_budget(budget: pl.DataFrame, teacher: pl.DataFrame, size: int, path) -> None:
+    """KV accuracy at `size` keys (95% intervals) and perplexity against the tokens seen by
+    end-to-end distillation, one line per student."""
+    fig, (ax_acc, ax_ppl) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, ((variant,), sub) in enumerate(budget.sort("kd_tokens").group_by("variant", maintain_order=True)):
+        acc = kv_at(sub, size)
+        errorbar(ax_acc, acc["kd_tokens"], acc["value"], acc["ci_low"], acc["ci_high"], color=f"C{i}", label=variant)
+        if "degenerate" in acc.columns:
+            flagged = acc.filter(pl.col("degenerate").fill_null(False))
+            ax_acc.scatter(flagged["kd_tokens"], flagged["value"], s=120, facecolors="none", edgecolors="red", zorder=5)
+        ppl = sub.filter(pl.col("metric") == "perplexity")
+        ax_ppl.plot(ppl["kd_tokens"], ppl["value"], "o-", color=f"C{i}", label=variant)
+    t = kv_at(teacher, size)["value"]
+    if len(t):
+        ax_acc.axhline(t[0], ls="--", color="gray", label="teacher")
+    t_ppl = teacher.filter(pl.col("metric") == "perplexity")["value"]
+    if len(t_ppl):
+        ax_ppl.axhline(t_ppl[0], ls="--", color="gray", label="teacher")
+        ax_ppl.axhline(1.5 * t_ppl[0], ls=":", color="gray", label="1.5 × teacher")
+    ax_acc.set(
+        xlabel="tokens seen by end-to-end distillation",
+        ylabel="accuracy (95% interval)",
+        ylim=(-0.02, 1.02),
+        title=f"KV-retrieval at {size} keys vs distillation tokens",
+    )
+    ax_ppl.set(
+        xlabel="tokens seen by end-to-end distillation",
+        ylabel=PERPLEXITY,
+        yscale="log",
+        title="perplexity vs distillation tokens",
+    )
+    ax_acc.legend(fontsize=8)
+    ax_ppl.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+def budget_goal(budget: pl.DataFrame, teacher: pl.DataFrame, size: int, share: float = 0.8) -> str:
+    """For each student with kept heads on the budget curve: the first budget whose KV accuracy
+    at `size` keys reaches `share` of the teacher's, or that none does."""
+    t = kv_at(teacher, size)
+    if t.is_empty() or budget.is_empty():
+        return ""
+    goal = share * t["value"][0]
+    sentences = []
+    for (variant, _k), sub in budget.filter(pl.col("heads_kept") > 0).group_by(
+        "variant", "heads_kept", maintain_order=True
+    ):
+        kv = kv_at(sub, size).sort("kd_tokens")
+        if kv.is_empty():
+            continue
+        ok = kv.filter((pl.col("value") >= goal) & ~pl.col("degenerate").fill_null(False))
+        if len(ok):
+            first = ok.row(0, named=True)
+            sentences.append(
+                f"{variant} reaches {share:.0%} of the teacher's KV accuracy at {size} keys "
+                f"({goal:.0%}) after {first['kd_tokens']:,} distillation tokens "
+                f"({acc_text(first['value'], first['ci_low'], first['ci_high'])})."
+            )
+        else:
+            last = kv.row(-1, named=True)
+            sentences.append(
+                f"{variant} does not reach {share:.0%} of the teacher's KV accuracy at {size} keys "
+                f"({goal:.0%}) on this curve: {acc_text(last['value'], last['ci_low'], last['ci_high'])} "
+                f"after {last['kd_tokens']:,} tokens, its largest budget here."
+            )
+    return f"<p><b>Goal of {share:.0%} of the teacher:</b> {' '.join(sentences)}</p>" if sentences else ""
+
+
+def budget_part(model: str, budget: pl.DataFrame, teacher: pl.DataFrame, size: int, ctx: SectionContext | None) -> str:
+    """The budget curve: a table per student and budget, the goal sentence and (for `ctx`) the figure."""
+    sub = budget.filter(pl.col("model") == model) if not budget.is_empty() else budget
+    if sub.is_empty():
+        return ""
+    # every KV item here has `size` keys, so the 'all' accuracy repeats that column
+    labelled = (
+        sub.filter(~((pl.col("metric") == "acc") & (pl.col("group") == "all")))
+        .sort("variant", "kd_tokens")
+        .with_columns(pl.format("{}, {} tokens", "variant", "kd_tokens").alias("student, distillation tokens"))
+    )
+    shown = metric_table(labelled, "student, distillation tokens")
+    figure = ""
+    if ctx is not None:
+        plot_budget(sub, teacher, size, ctx.figures["hybrid_budget"])
+        figure = ctx.figure("hybrid_budget")
+    return (
+        f"<h3>{html.escape(model)}: accuracy vs distillation budget</h3>"
+        f"<p>Each student scored on the KV items of {size} keys after 0 (aligned: layer alignment, then "
+        "realignment on its own stream where hybrid.realign is on; no KD), then "
+        "increasing numbers of end-to-end distillation tokens, from checkpoints of its own distillation "
+        "run.</p>"
+        + table(shown, left=("student, distillation tokens",), fmt=metric_formats(shown))
+        + figure
+        + budget_goal(sub, teacher, size)
+    )
