@@ -123,7 +123,8 @@ DESIGN = (
     "Gather-and-Aggregate tools apply to teacher and student head by head, and the KV cache shrinks "
     "exactly with the heads removed. Stage 1 aligns every SSM head, given the teacher's hidden state "
     "entering its layer, to its attention head's contribution to the residual stream (once per state "
-    "size, shared by all heads-kept variants); stage 2 distills each variant end to end on the "
+    "size, shared by all heads-kept variants), then, per student, again on the stream the student itself "
+    "makes entering each layer (realignment); stage 2 distills each variant end to end on the "
     "teacher's next-token distributions. Only SSM parameters are trained.</p>"
 )
 
