@@ -52,5 +52,19 @@ def setup(log_path: str | None, threads: int = 1, outputs=None) -> logging.Logge
     return log
 
 
+def run_rule(smk, run, settings_type):
+    """A workflow script's one call: set the job up (setup: the rule's first log, its threads,
+    its outputs recorded on success) and call `run(inputs, outputs, settings)` with the rule's
+    files (gna.core.settings.Files; its logs named other than `log` join the outputs: records
+    beside the log) and `settings_type.of(params.settings)` (a RuleSettings class)."""
+    from gna.core.settings import Files
+
+    logs = dict(smk.log.items()) if smk.log else {}
+    setup(smk.log[0] if smk.log else None, smk.threads, outputs=smk.output)
+    outputs = Files.of({**dict(smk.output.items()), **{k: v for k, v in logs.items() if k != "log"}})
+    settings = settings_type.of(dict(getattr(smk.params, "settings", None) or {}))
+    return run(Files.of(dict(smk.input.items())), outputs, settings)
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -3,6 +3,9 @@ are made, each naming the config key it comes from."""
 
 from __future__ import annotations
 
+import dataclasses
+import types
+import typing
 from dataclasses import asdict, dataclass
 
 from gna.core.chance import ChancePolicy
@@ -12,6 +15,61 @@ from gna.core.chance import ChancePolicy
 # settings, which the Snakefile reads while it is parsed, import no torch.
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 COMPUTE_DTYPE_NAMES = ("float32", "bfloat16")
+
+
+def typed(kind, value, key: str = "settings"):
+    """`value` (what a rule passes: dicts, lists, scalars) as the type `kind`: a dict becomes the
+    settings dataclass `kind` (its fields typed in turn; an unknown key raises, naming it), a list
+    a tuple where `kind` is one; anything else is kept as it is. `key` names the value in errors."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if value is None:
+        return None
+    if origin in (typing.Union, types.UnionType):
+        for option in args:
+            if option is not type(None) and (dataclasses.is_dataclass(option) or typing.get_origin(option)):
+                return typed(option, value, key)
+        return value
+    if dataclasses.is_dataclass(kind) and isinstance(kind, type):
+        if isinstance(value, kind):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"{key}: {value!r} is not a mapping of {kind.__name__}'s keys")
+        hints = typing.get_type_hints(kind)
+        names = {f.name for f in dataclasses.fields(kind) if f.init}
+        unknown = sorted(set(value) - names)
+        if unknown:
+            raise ValueError(f"{key}: unknown keys {unknown} ({kind.__name__} takes {', '.join(sorted(names))})")
+        return kind(**{k: typed(hints[k], v, f"{key}.{k}") for k, v in value.items()})
+    if origin is tuple and isinstance(value, (list, tuple)):
+        inner = args[0] if args and (len(args) == 1 or args[-1] is Ellipsis) else None
+        return tuple(v if inner is None else typed(inner, v, key) for v in value)
+    return value
+
+
+def plain(value):
+    """A settings object as plain data (dicts, lists, scalars) for a rule's params, which
+    Snakemake compares between runs; typed() builds it back."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
+class RuleSettings:
+    """Base of the settings a rule hands its run_<rule> function (run_<rule>(inputs, outputs,
+    settings)): a frozen dataclass of typed fields, one per value the rule reads (config blocks
+    as their own settings classes, the wildcards a job is run for). The rule passes it as plain
+    data (params: settings=...); `of` builds it in the job."""
+
+    @classmethod
+    def of(cls, values: dict):
+        return typed(cls, values, cls.__name__)
+
+    def as_params(self) -> dict:
+        return plain(self)
 
 
 @dataclass(frozen=True)

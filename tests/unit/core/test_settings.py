@@ -1,8 +1,10 @@
 """gna.core.settings: the settings rules pass to the library, checked where they are made."""
 
+import dataclasses
+
 import pytest
 
-from gna.core.settings import Evaluation
+from gna.core.settings import Evaluation, RuleSettings
 
 
 def test_evaluation_from_the_config_round_trips_through_params():
@@ -74,3 +76,33 @@ def test_files_name_their_roles_and_a_missing_role():
     with pytest.raises(AttributeError, match="no 'teacher' file here \\(files: model, tasks, baseline\\)"):
         _ = files.teacher
     assert Files.of({"model": "m", "tasks": ("a",)}).tasks == ["a"]  # as from Snakemake's named lists
+
+
+@dataclasses.dataclass(frozen=True)
+class _Block(RuleSettings):
+    steps: int
+    sizes: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rule(RuleSettings):
+    model: str
+    block: _Block
+    evaluation: Evaluation = Evaluation()
+    optional: _Block | None = None
+
+
+def test_rule_settings_are_built_typed_from_what_a_rule_passes_and_back():
+    settings = _Rule.of({"model": "m", "block": {"steps": 3, "sizes": [4, 16]}, "evaluation": {"batch_size": 2}})
+    assert settings.block == _Block(3, (4, 16)) and settings.evaluation.batch_size == 2 and settings.optional is None
+    assert _Rule.of(settings.as_params()) == settings
+    assert settings.as_params()["block"] == {"steps": 3, "sizes": [4, 16]}
+
+
+def test_rule_settings_name_the_unknown_or_misplaced_key():
+    with pytest.raises(ValueError, match=r"_Rule.block: unknown keys \['step'\]"):
+        _Rule.of({"model": "m", "block": {"step": 3}})
+    with pytest.raises(ValueError, match=r"_Rule.block: 3 is not a mapping"):
+        _Rule.of({"model": "m", "block": 3})
+    with pytest.raises(ValueError, match="eval.batch_size"):
+        _Rule.of({"model": "m", "block": {"steps": 1}, "evaluation": {"batch_size": 0}})
