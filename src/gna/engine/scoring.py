@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import polars as pl
 import torch
@@ -31,6 +32,17 @@ from gna.engine.anatomy import UnsupportedModel, decoder_layers, family_of
 from gna.engine.device import device_of
 from gna.engine.packing import PackedBatch, PackedItem, collate, pack
 from gna.engine.stack import DecoderStack, check_engine, reference_scores
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """A model ready to be scored: the model, its tokenizer, the items per forward (eval.batch_size)
+    and whether progress bars show. What every scoring function takes first."""
+
+    model: Any
+    tok: Any
+    batch_size: int = 8
+    progress: bool = True
 
 
 @dataclass
