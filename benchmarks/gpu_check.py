@@ -48,6 +48,8 @@ sys.path[:0] = [str(REPO / "src"), str(REPO / "tests"), str(REPO / "benchmarks")
 
 import torch  # noqa: E402
 
+from gna.engine.scoring import Scorer
+
 PARTS = ("machine", "kernel", "paper", "smoke", "tests")
 UNIT_TESTS = ["tests/unit/engine", "tests/unit/students", "tests/unit/phases", "tests/unit/models"]
 LLAMA_1B = {
@@ -148,10 +150,10 @@ def scoring_and_sweep(spec: dict, heads_layers: list[int]) -> dict:
     (model, tok), out["build_s"] = synced(lambda: random_llama(spec, torch.bfloat16))
     out["params_b"] = round(sum(p.numel() for p in model.parameters()) / 1e9, 2)
     table = build_kv_retrieval([10, 20, 40], 50, seed=0, template="lookup")
-    score_table(model, tok, table.head(8), batch_size=8, progress=False)  # first call: CUDA set-up
+    score_table(Scorer(model, tok, batch_size=8, progress=False), table.head(8))  # first call: CUDA set-up
     for batch in (32, 8):
         _, out[f"score_150_batch{batch}_s"] = synced(
-            lambda b=batch: score_table(model, tok, table, batch_size=b, progress=False)
+            lambda b=batch: score_table(Scorer(model, tok, batch_size=b, progress=False), table)
         )
     few = build_kv_retrieval([10, 20, 40], 11, seed=1, template="lookup").head(32)
     n_heads = model.config.num_attention_heads
@@ -220,7 +222,7 @@ def students(spec: dict) -> dict:
     table = build_kv_retrieval([10, 20, 40], 50, seed=0, template="lookup")
     with torch.no_grad():
         _, out["student_score_150_batch32_s"] = synced(
-            lambda: score_table(student, tok, table, batch_size=32, progress=False)
+            lambda: score_table(Scorer(student, tok, batch_size=32, progress=False), table)
         )
     if DEVICE == "cuda":
         out["peak_gpu_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)

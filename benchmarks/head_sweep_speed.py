@@ -35,6 +35,7 @@ from _common import extrapolated_fast_sweep_s, model_or_tiny
 from gna.engine.ablation import score_ablations
 from gna.engine.anatomy import all_heads, decoder_layers, head_sites, heads_per_layer
 from gna.engine.precision import linears_computed_in, linears_in_full_precision
+from gna.engine.scoring import Scorer
 from gna.phases.head_ablation import rank_heads, sweep_heads, sweep_heads_naive, sweep_heads_verified, top_heads
 from gna.tasks.tables import build_kv_retrieval
 
@@ -79,7 +80,7 @@ def naive_part(model, tok, table, layer_stride: int) -> dict:
     naive_acc = [float(naive[h]["correct"].mean()) for h in sorted(heads)]
     exact_same_acc = sum(a == b for a, b in zip(accs(fast), naive_acc))
     # the sweep's score is a head's mean log-prob; per item (untimed, the same exact fast path):
-    per_item = score_ablations(model, tok, table, {head: [head] for head in heads}, progress=False)
+    per_item = score_ablations(Scorer(model, tok, progress=False), table, {head: [head] for head in heads})
     worst_item = max(float((per_item[h]["logp_target"] - naive[h]["logp_target"]).abs().max()) for h in heads)
     n_all = sum(per_layer.values())
     # naive cost is the same for every head; the fast cost of a head grows with the layers after it

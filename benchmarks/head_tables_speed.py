@@ -26,7 +26,7 @@ from _common import model_or_tiny
 from gna.engine.anatomy import all_heads
 from gna.engine.hooks import ablate_heads
 from gna.engine.precision import linears_computed_in
-from gna.engine.scoring import score_table
+from gna.engine.scoring import Scorer, score_table
 from gna.phases.head_ablation import score_ablations
 from gna.tasks.tables import build_kv_retrieval
 
@@ -62,16 +62,16 @@ def main() -> None:
     linears_computed_in(model, args.compute_dtype)
     table = build_kv_retrieval([10], args.n, 0, "lookup")
     chosen = conditions(model, args.ranking, [int(k) for k in args.ks.split(",")], args.draws)
-    score_table(model, tok, table.head(args.batch_size), batch_size=args.batch_size, progress=False)  # warm-up
+    score_table(Scorer(model, tok, batch_size=args.batch_size, progress=False), table.head(args.batch_size))  # warm-up
 
     start = time.perf_counter()
     reference = {}
     for key, heads in chosen.items():
         with ablate_heads(model, heads):
-            reference[key] = score_table(model, tok, table, batch_size=args.batch_size, progress=False)
+            reference[key] = score_table(Scorer(model, tok, batch_size=args.batch_size, progress=False), table)
     t_ref = time.perf_counter() - start
     start = time.perf_counter()
-    fast = score_ablations(model, tok, table, chosen, batch_size=args.batch_size, progress=False)
+    fast = score_ablations(Scorer(model, tok, batch_size=args.batch_size, progress=False), table, chosen)
     t_fast = time.perf_counter() - start
 
     worst = max(

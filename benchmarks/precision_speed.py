@@ -24,15 +24,15 @@ import torch
 from _common import model_or_tiny
 
 from gna.engine.precision import linears_computed_in
-from gna.engine.scoring import score_table
+from gna.engine.scoring import Scorer, score_table
 from gna.students.spec import load_any
 from gna.tasks.tables import build_kv_retrieval
 
 
 def timed_scores(model, tok, table, batch_size: int):
-    score_table(model, tok, table.head(batch_size), batch_size=batch_size, progress=False)  # warm-up
+    score_table(Scorer(model, tok, batch_size=batch_size, progress=False), table.head(batch_size))  # warm-up
     start = time.perf_counter()
-    scores = score_table(model, tok, table, batch_size=batch_size, progress=False)
+    scores = score_table(Scorer(model, tok, batch_size=batch_size, progress=False), table)
     return scores, time.perf_counter() - start
 
 

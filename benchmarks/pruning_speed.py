@@ -20,7 +20,7 @@ import numpy as np
 import polars as pl
 from _common import model_or_tiny
 
-from gna.engine.scoring import score_removals, score_table
+from gna.engine.scoring import Scorer, score_removals, score_table
 from gna.tasks.tables import build_kv_retrieval
 
 
@@ -44,10 +44,10 @@ def main() -> None:
     results = {"model": name, "n_layers": n, "items": len(table), "threads": args.threads}
 
     start = time.perf_counter()
-    naive = {k: score_table(model, tok, table, layers=list(range(k)), progress=False) for k in range(1, n + 1)}
+    naive = {k: score_table(Scorer(model, tok, progress=False), table, layers=list(range(k))) for k in range(1, n + 1)}
     t_naive = time.perf_counter() - start
     start = time.perf_counter()
-    fast = score_table(model, tok, table, depths=list(range(1, n + 1)), progress=False)
+    fast = score_table(Scorer(model, tok, progress=False), table, depths=list(range(1, n + 1)))
     t_fast = time.perf_counter() - start
     diff = max(float(np.abs(_flat(naive[k]) - _flat(fast.filter(pl.col("depth") == k))).max()) for k in naive)
     same_acc = all(
@@ -64,10 +64,12 @@ def main() -> None:
     keep = list(range(n))
     removals = keep[-args.removals :] if args.removals < n else keep
     start = time.perf_counter()
-    naive_r = {r: score_table(model, tok, table, layers=[l for l in keep if l != r], progress=False) for r in removals}
+    naive_r = {
+        r: score_table(Scorer(model, tok, progress=False), table, layers=[l for l in keep if l != r]) for r in removals
+    }
     t_naive_r = time.perf_counter() - start
     start = time.perf_counter()
-    fast_r = score_removals(model, tok, table, keep, removals, progress=False)
+    fast_r = score_removals(Scorer(model, tok, progress=False), table, keep, removals)
     t_fast_r = time.perf_counter() - start
     diff_r = max(
         float(np.abs(_flat(naive_r[r]) - _flat(fast_r.filter(pl.col("removed_layer") == r))).max()) for r in removals

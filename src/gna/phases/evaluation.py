@@ -14,7 +14,7 @@ from gna.core.chance import chance_accuracy
 from gna.core.io import read_parquet, write_parquet
 from gna.core.runtime import peak_rss_mb
 from gna.core.settings import Evaluation
-from gna.engine.scoring import score_table, summarize_task
+from gna.engine.scoring import Scorer, score_table, summarize_task
 from gna.models.prepare import load_model
 from gna.tasks.lmeval_bridge import (
     ASSUMED_TOKENS,
@@ -73,7 +73,9 @@ def run_baseline(
         raise ValueError(f"task file has no items: {task_path}")
     model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     start = time.perf_counter()
-    items = score_table(model, tok, table, batch_size=evaluation.batch_size, desc=f"{model_name} {table['task'][0]}")
+    items = score_table(
+        Scorer(model, tok, batch_size=evaluation.batch_size), table, desc=f"{model_name} {table['task'][0]}"
+    )
     seconds = time.perf_counter() - start
     summary = baseline_summary(model_name, table, items)
     write_parquet(items.with_columns(pl.lit(model_name).alias("model")), items_path)

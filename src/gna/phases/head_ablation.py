@@ -22,7 +22,7 @@ from gna.engine.ablation import score_ablations
 from gna.engine.anatomy import HeadSite, all_heads, decoder_layers, head_sites, site_of
 from gna.engine.device import device_of
 from gna.engine.hooks import ablate_heads
-from gna.engine.scoring import score_batches, score_table
+from gna.engine.scoring import Scorer, score_batches, score_table
 from gna.engine.stack import check_engine
 from gna.models.prepare import load_model
 
@@ -50,12 +50,9 @@ def sweep_heads(
     sites = head_sites(model)
     heads = heads if heads is not None else all_heads(model)
     frames = score_ablations(
-        model,
-        tok,
+        Scorer(model, tok, batch_size=batch_size, progress=progress),
         table,
         {"base": [], **{head: [head] for head in heads}},
-        batch_size=batch_size,
-        progress=progress,
         desc="head sweep",
     )
     rows = [{"layer": -1, "head": -1, "kind": "none", **_summary(frames["base"])}]
@@ -86,7 +83,7 @@ def sweep_heads_naive(
     out = {}
     for layer, head in tqdm(heads, desc="head sweep (naive)", disable=not progress, mininterval=2.0):
         with ablate_heads(model, [(layer, head)], sites):
-            out[(layer, head)] = score_table(model, tok, table, batch_size=batch_size, progress=False)
+            out[(layer, head)] = score_table(Scorer(model, tok, batch_size=batch_size, progress=False), table)
     return out
 
 
@@ -178,7 +175,9 @@ def attribution_scores(
     handles = [s.module.register_forward_pre_hook(capture(s)) for s in sites]
     handles.append(model.get_input_embeddings().register_forward_hook(grad_from_embeddings))
     try:
-        score_batches(model, tok, table, forward, batch_size, progress, desc="attribution", grad=True)
+        score_batches(
+            Scorer(model, tok, batch_size=batch_size, progress=progress), table, forward, desc="attribution", grad=True
+        )
     finally:
         for handle in handles:
             handle.remove()

@@ -20,7 +20,7 @@ from gna.core.paired import comparisons
 from gna.core.settings import Evaluation, Files, TopK
 from gna.engine.ablation import score_ablations
 from gna.engine.anatomy import all_heads, head_sites, heads_per_layer
-from gna.engine.scoring import known_items, known_or_scored, summarize_task
+from gna.engine.scoring import Scorer, known_items, known_or_scored, summarize_task
 from gna.models.prepare import load_model
 from gna.phases.pruning import prefix_scores
 from gna.tasks.tables import load_item_scores, load_task_tables
@@ -44,7 +44,13 @@ def _score_items(
     entry of `ablations` {key: heads} ablated (and only `layers` run, if given), all conditions
     of a task sharing one pass (score_ablations)."""
     per_task = [
-        score_ablations(model, tok, table, ablations, layers, batch_size, progress, f"{desc}: {task}")
+        score_ablations(
+            Scorer(model, tok, batch_size=batch_size, progress=progress),
+            table,
+            ablations,
+            layers=layers,
+            desc=f"{desc}: {task}",
+        )
         for task, table in tables.items()
     ]
     return {key: pl.concat([frames[key] for frames in per_task]) for key in ablations}
@@ -128,7 +134,7 @@ def remove_top_k(
         wanted = {i: heads for i, (condition, k, draw, heads) in enumerate(jobs) if task in used_by(condition, k, draw)}
         unablated = [i for i in wanted if jobs[i][1] == 0]
         if chance.applies(task):
-            base = known_or_scored(model, tok, table, (scored or {}).get(task), batch_size)
+            base = known_or_scored(Scorer(model, tok, batch_size=batch_size), table, (scored or {}).get(task))
             reasons[task] = chance.reason(base, table, "removing heads")
             if reasons[task] is not None:
                 log.info("remove top-k: %s at k = 0 only, %s", task, reasons[task])
@@ -245,7 +251,9 @@ def heads_kept(
     reasons, unablated = {}, {}
     for task, table in tables.items():
         if chance.applies(task):
-            base = known_or_scored(model, tok, table, (scored or {}).get(task), batch_size, layers=kept_layers)
+            base = known_or_scored(
+                Scorer(model, tok, batch_size=batch_size), table, (scored or {}).get(task), layers=kept_layers
+            )
             reasons[task] = chance.reason(base, table, "removing heads")
             if reasons[task] is not None:
                 log.info("heads kept: %s with all heads only, %s", task, reasons[task])

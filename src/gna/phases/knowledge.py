@@ -22,7 +22,7 @@ from gna.core.chance import above_chance, chance_accuracy
 from gna.core.io import read_parquet, write_parquet
 from gna.core.settings import Evaluation
 from gna.core.stats import wilson_interval
-from gna.engine.scoring import known_items, score_table, starts_with_bos
+from gna.engine.scoring import Scorer, known_items, score_table, starts_with_bos
 from gna.models.prepare import load_model
 from gna.tasks.facts import LETTERS, ChoiceForm, build_facts, repeats_solved_answer
 
@@ -54,7 +54,7 @@ def scores_of(
     for task_table, items in earlier:
         if task_table.select(PROMPT).equals(table.select(PROMPT)):
             return known_items(table, items)
-    return score_table(model, tok, table, batch_size=batch_size, progress=False)
+    return score_table(Scorer(model, tok, batch_size=batch_size, progress=False), table)
 
 
 def form_row(tables: list[pl.DataFrame], scored: list[pl.DataFrame], tok) -> dict:

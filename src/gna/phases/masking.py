@@ -26,7 +26,7 @@ from gna.core.paired import comparisons, empty
 from gna.core.settings import Evaluation, Files
 from gna.engine.ablation import score_ablations
 from gna.engine.packing import PackedBatch
-from gna.engine.scoring import accuracy_of, known_or_scored, score_table
+from gna.engine.scoring import Scorer, accuracy_of, known_or_scored, score_table
 from gna.phases.gather_aggregate import ROLES, Segments, best_role_head, kv_row_segments, mmlu_row_segments
 from gna.students.mixer import mixers, ssm_heads_of
 from gna.students.spec import load_any
@@ -103,7 +103,7 @@ def score_masked(
             masks[layer] = m if base is None else torch.minimum(base, m)  # both restrictions
         return masks
 
-    return score_table(model, tok, table, batch_size=batch_size, progress=False, layer_masks=layer_masks)
+    return score_table(Scorer(model, tok, batch_size=batch_size, progress=False), table, layer_masks=layer_masks)
 
 
 def heads_label(heads: dict[str, tuple[int, int]], ssm_heads: set[tuple[int, int]] | None = None) -> str:
@@ -153,7 +153,7 @@ def masking_experiment(
         wanted = {CONDITIONS[1]: list(heads.values())}
         if with_plain:
             wanted = {CONDITIONS[0]: [], **wanted}
-        frames = score_ablations(model, tok, items, wanted, batch_size=batch_size, progress=False)
+        frames = score_ablations(Scorer(model, tok, batch_size=batch_size, progress=False), items, wanted)
         return [(condition, frame, None) for condition, frame in frames.items()]
 
     def left_out_because(unmodified: pl.DataFrame, items: pl.DataFrame, left_out: str) -> str | None:
@@ -173,7 +173,9 @@ def masking_experiment(
         if not len(items):
             continue
         if chance.applies(items["task"][0]):  # (a) first, then (b) only where it can show a loss
-            unmodified = known_or_scored(model, tok, items, (scored or {}).get(items["task"][0]), batch_size)
+            unmodified = known_or_scored(
+                Scorer(model, tok, batch_size=batch_size), items, (scored or {}).get(items["task"][0])
+            )
             reason = left_out_because(unmodified, items, "(b)")
             results.append((CONDITIONS[0], unmodified, reason))
             if reason is None:
@@ -211,7 +213,7 @@ def choice_masking(
     distinguishable from chance); otherwise only the unmodified row, its skipped_reason saying
     that (b) and (c) were not run. The gate reads the model's per-item scores from `scored` where they hold
     the table's items."""
-    plain = known_or_scored(model, tok, letter, (scored or {}).get(letter["task"][0]), batch_size)
+    plain = known_or_scored(Scorer(model, tok, batch_size=batch_size), letter, (scored or {}).get(letter["task"][0]))
     acc = float(plain["correct"].mean())
     reason = f"at chance (< {min_acc:.0%})" if acc < min_acc else None
     if reason is None:

@@ -17,7 +17,7 @@ from gna.core.chance import SKIPPED, ChancePolicy, skipped
 from gna.core.io import read_json, read_parquet, write_json, write_parquet
 from gna.core.paired import comparisons, empty
 from gna.core.settings import Evaluation, Files
-from gna.engine.scoring import known_or_scored, score_removals, score_table, summarize_task
+from gna.engine.scoring import Scorer, known_or_scored, score_removals, score_table, summarize_task
 from gna.models.prepare import load_model
 from gna.tasks.tables import load_item_scores, load_task_tables
 
@@ -55,15 +55,12 @@ def gradual_items(
     for task, table in tables.items():
         reason = None
         if chance.applies(task):
-            full = known_or_scored(model, tok, table, (scored or {}).get(task), batch_size)
+            full = known_or_scored(Scorer(model, tok, batch_size=batch_size), table, (scored or {}).get(task))
             reason = chance.reason(full, table, "removing layers")
         if reason is None:
             items = score_table(
-                model,
-                tok,
+                Scorer(model, tok, batch_size=batch_size, progress=progress),
                 table,
-                batch_size=batch_size,
-                progress=progress,
                 desc=f"gradual {task}",
                 depths=list(range(1, n + 1)),
             ).rename({"depth": "layers_kept"})
@@ -156,18 +153,17 @@ def individual(
     scoring it again where they hold the table's items."""
     frames = []
     for task, table in tables.items():
-        base = known_or_scored(model, tok, table, (scored or {}).get(task), batch_size, layers=kept_layers)
+        base = known_or_scored(
+            Scorer(model, tok, batch_size=batch_size), table, (scored or {}).get(task), layers=kept_layers
+        )
         items = base.with_columns(pl.lit(-1).alias("removed_layer"))
         reason = chance.reason(base, table, "removing layers")
         if reason is None:
             removed = score_removals(
-                model,
-                tok,
+                Scorer(model, tok, batch_size=batch_size, progress=progress),
                 table,
                 kept_layers,
                 kept_layers,
-                batch_size=batch_size,
-                progress=progress,
                 desc=f"remove-one {task}",
             )
             items = pl.concat([items, removed])

@@ -21,6 +21,7 @@ from gna.core.settings import Files
 from gna.core.tensor_files import read_tensors, write_tensors
 from gna.engine.device import device_of
 from gna.engine.precision import COMPUTE_DTYPES, frozen_weights_in
+from gna.engine.scoring import Scorer
 from gna.models.prepare import load_model
 from gna.students.alignment import load_aligned, lr_schedule, realign_in_context
 from gna.students.mixer import layers_of, mixers, restore, snapshot
@@ -293,7 +294,7 @@ def validation_scorer(tok, table: pl.DataFrame, batch_size: int) -> Callable:
     from gna.engine.scoring import score_table
 
     def score(student) -> tuple[list[bool], float]:
-        scored = score_table(student, tok, table, batch_size=batch_size, progress=False)
+        scored = score_table(Scorer(student, tok, batch_size=batch_size, progress=False), table)
         return scored["correct"].to_list(), float(scored["logp_target"].mean())
 
     return score

@@ -15,7 +15,7 @@ from gna.core.io import read_parquet, write_parquet
 from gna.core.settings import Files, StudentScoring
 from gna.core.tensor_files import read_tensors
 from gna.engine.device import device_of
-from gna.engine.scoring import known_items, score_table, summarize_task
+from gna.engine.scoring import Scorer, known_items, score_table, summarize_task
 from gna.students.mixer import restore, snapshot, swapped_to_attention
 from gna.students.spec import TEACHER_VARIANT, load_any, parse_variant, ranked_heads, read_spec
 from gna.tasks.tables import context_swapped, load_item_scores, load_task_tables
@@ -48,7 +48,7 @@ def score_model(
         if scored and name in scored:
             per_item = known_items(table, scored[name])
         else:
-            per_item = score_table(model, tok, table, batch_size=batch_size, progress=progress, desc=name)
+            per_item = score_table(Scorer(model, tok, batch_size=batch_size, progress=progress), table, desc=name)
         pool = (degeneracy_pool or {}).get(name, table)
         check = context_swapped(pool, degeneracy_items) if degeneracy_items != 0 else table.clear()
         if degeneracy_items != 0 and check.is_empty():
@@ -60,7 +60,7 @@ def score_model(
             )
         if not check.is_empty():
             swapped = score_table(
-                model, tok, check, batch_size=batch_size, progress=progress, desc=f"{name}, contexts swapped"
+                Scorer(model, tok, batch_size=batch_size, progress=progress), check, desc=f"{name}, contexts swapped"
             )
             per_item = per_item.join(
                 swapped.select("item_id", pl.col("pred").alias("pred_other_context")), on="item_id", how="left"

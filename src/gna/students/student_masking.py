@@ -12,7 +12,7 @@ from gna.core.chance import SKIPPED, ChancePolicy
 from gna.core.io import read_parquet, write_parquet
 from gna.core.settings import Files, StudentScoring
 from gna.engine.packing import PackedBatch
-from gna.engine.scoring import accuracy_of, known_or_scored, score_table
+from gna.engine.scoring import Scorer, accuracy_of, known_or_scored, score_table
 from gna.students.mixer import mixers
 from gna.students.spec import load_any
 from gna.students.student_evaluation import skip_where_teacher_cannot_compare
@@ -61,7 +61,7 @@ def answer_rows_experiment(
 
     rows = []
     for task, table in tables.items():
-        plain = known_or_scored(model, tok, table, (scored or {}).get(task), batch_size)
+        plain = known_or_scored(Scorer(model, tok, batch_size=batch_size), table, (scored or {}).get(task))
         reason = chance.reason(plain, table, "masking answer rows")
         if reason is not None:
             log.info("%s: the masked condition not run, the unmodified student is %s", task, reason)
@@ -79,7 +79,7 @@ def answer_rows_experiment(
             ("unmodified", plain),
             (
                 "attention answer rows masked",
-                score_table(model, tok, table, batch_size=batch_size, progress=False, layer_masks=layer_masks),
+                score_table(Scorer(model, tok, batch_size=batch_size, progress=False), table, layer_masks=layer_masks),
             ),
         ):
             rows.append(

@@ -11,7 +11,7 @@ import torch
 from polars.testing import assert_frame_equal
 
 from gna.engine.device import compute_device, device_of
-from gna.engine.scoring import score_table
+from gna.engine.scoring import Scorer, score_table
 from gna.tasks.tables import build_kv_retrieval
 
 
@@ -58,9 +58,9 @@ def test_the_meta_default_catches_a_tensor_created_without_a_device():
 def test_scoring_places_every_tensor_on_the_model_device(tiny_llama):
     model, tok = tiny_llama
     table = build_kv_retrieval([3, 5], 2, 0, "lookup")
-    reference = score_table(model, tok, table, progress=False)
+    reference = score_table(Scorer(model, tok, progress=False), table)
     with default_device_meta():
-        placed = score_table(model, tok, table, progress=False)
+        placed = score_table(Scorer(model, tok, progress=False), table)
     assert device_of(model).type == "cpu"
     assert_frame_equal(placed, reference)
 
@@ -147,7 +147,7 @@ def _swapped_scores(student, tok, table):
     from gna.students.mixer import swapped_to_attention
 
     with swapped_to_attention(student, [1]):
-        return score_table(student, tok, table, progress=False)
+        return score_table(Scorer(student, tok, progress=False), table)
 
 
 def _adam_steps_under_meta() -> bool:

@@ -10,7 +10,7 @@ import torch
 from gna.engine.anatomy import all_heads
 from gna.engine.hooks import ablate_heads
 from gna.engine.precision import float32_kernel_available, float32_linear, linear_group, linears_computed_in
-from gna.engine.scoring import score_table
+from gna.engine.scoring import Scorer, score_table
 from gna.students.mixer import mixers
 from gna.students.spec import make_hybrid
 from gna.tasks.tables import build_kv_retrieval
@@ -103,13 +103,15 @@ def test_bf16_linears_on_a_student_keep_its_scan_in_float32(tiny_llama):
 def test_bf16_scoring_agrees_with_float32(tiny_llama):
     model, tok = tiny_llama
     table = build_kv_retrieval([3], 6, 1, "lookup")
-    reference = score_table(model, tok, table, batch_size=4, progress=False)
-    fast = score_table(linears_computed_in(copy.deepcopy(model), "bfloat16"), tok, table, batch_size=4, progress=False)
+    reference = score_table(Scorer(model, tok, batch_size=4, progress=False), table)
+    fast = score_table(
+        Scorer(linears_computed_in(copy.deepcopy(model), "bfloat16"), tok, batch_size=4, progress=False), table
+    )
     assert reference["item_id"].to_list() == fast["item_id"].to_list()
     diff = (reference["logp_target"] - fast["logp_target"]).abs().max()
     assert 0 < diff < BF16_LOGP_TOL, diff
     head_effect = _smallest_head_effect(
-        model, lambda m: score_table(m, tok, table, batch_size=4, progress=False)["logp_target"]
+        model, lambda m: score_table(Scorer(m, tok, batch_size=4, progress=False), table)["logp_target"]
     )
     assert BF16_LOGP_TOL < head_effect, head_effect  # the weakest head's ablation would fail the check above
     assert pl.Series(reference["pred"] == fast["pred"]).mean() >= 5 / 6

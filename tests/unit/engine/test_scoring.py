@@ -4,7 +4,7 @@ import pytest
 from conftest import MINI_MMLU
 
 from gna.core.stats import wilson_interval
-from gna.engine.scoring import encode, score_table, score_table_ref, summarize, summarize_task
+from gna.engine.scoring import Scorer, encode, score_table, score_table_ref, summarize, summarize_task
 from gna.tasks.tables import build_kv_retrieval, build_mmlu, load_mmlu_jsonl, select_mmlu
 
 
@@ -23,7 +23,7 @@ def _tables():
 def test_fast_engine_equals_full_forward_reference(tiny_llama, name):
     model, tok = tiny_llama
     table = _tables()[name]
-    fast = score_table(model, tok, table, batch_size=4, progress=False)
+    fast = score_table(Scorer(model, tok, batch_size=4, progress=False), table)
     ref = score_table_ref(model, tok, table)
     a = np.concatenate(fast["logprobs"].to_list())
     b = np.concatenate(ref["logprobs"].to_list())
@@ -42,7 +42,7 @@ def test_encode_moves_trailing_space_into_choice(tiny_llama):
 def test_summary_metrics_match_per_item(tiny_llama):
     model, tok = tiny_llama
     table = _tables()["kv"]
-    items = score_table(model, tok, table, progress=False)
+    items = score_table(Scorer(model, tok, progress=False), table)
     summary = summarize(items, by_group=True)
     for size in ("3", "5"):
         acc = summary.filter((pl.col("group") == size) & (pl.col("metric") == "acc"))["value"][0]
@@ -92,7 +92,7 @@ def test_baseline_summary_adds_chance_format_and_engine(tiny_llama):
     model, tok = tiny_llama
     for name, groups in (("kv", ["3", "5", "all"]), ("letter", ["all"])):
         table = _tables()[name]
-        items = score_table(model, tok, table, progress=False)
+        items = score_table(Scorer(model, tok, progress=False), table)
         summary = baseline_summary("tiny", table, items)
         assert summary.select("task", "group", "n", "metric", "value", "ci_low", "ci_high").equals(
             summarize_task(items)
@@ -113,13 +113,10 @@ def test_layer_masks_replace_the_packed_mask_only_where_given(tiny_llama):
     model, tok = tiny_llama
     table = _tables()["kv"]
     flat = lambda f: np.concatenate(f["logprobs"].to_list())  # noqa: E731
-    plain = score_table(model, tok, table, batch_size=2, progress=False)
+    plain = score_table(Scorer(model, tok, batch_size=2, progress=False), table)
     same = score_table(
-        model,
-        tok,
+        Scorer(model, tok, batch_size=2, progress=False),
         table,
-        batch_size=2,
-        progress=False,
         layer_masks=lambda batch, rows: {layer: batch.mask for layer in range(3)},
     )
     assert np.array_equal(flat(plain), flat(same))
@@ -130,7 +127,7 @@ def test_layer_masks_replace_the_packed_mask_only_where_given(tiny_llama):
         eye = torch.eye(batch.mask.shape[-1], dtype=torch.bool)
         return {1: torch.zeros_like(batch.mask).masked_fill_(~eye, torch.finfo(batch.mask.dtype).min)}
 
-    masked = score_table(model, tok, table, batch_size=2, progress=False, layer_masks=self_only)
+    masked = score_table(Scorer(model, tok, batch_size=2, progress=False), table, layer_masks=self_only)
     assert sorted(seen) == list(range(len(table)))  # rows: the batch's item indices in the table
     assert not np.allclose(flat(plain), flat(masked), atol=1e-4)
 
@@ -171,9 +168,9 @@ def test_per_item_scores_keep_the_facts_relation_and_copyable_flag(tiny_llama):
     model, tok = tiny_llama
     facts = read_local_facts(MINI_MMLU.parent / "mini_facts.csv")
     cloze = build_facts(facts, ["capital", "symbol"], 6, seed=1, fmt="cloze")
-    items = score_table(model, tok, cloze, progress=False)
+    items = score_table(Scorer(model, tok, progress=False), cloze)
     assert items.select(*ITEM_ATTRIBUTES).equals(cloze.select(*ITEM_ATTRIBUTES))
     kv = build_kv_retrieval([5], 2, seed=0, template="lookup")
-    kv_items = score_table(model, tok, kv, progress=False)
+    kv_items = score_table(Scorer(model, tok, progress=False), kv)
     assert kv_items.select(*ITEM_ATTRIBUTES).null_count().row(0) == (len(kv), len(kv))
     assert pl.concat([kv_items, items]).height == len(kv) + len(cloze)  # the tasks' frames stack

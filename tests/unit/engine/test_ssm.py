@@ -10,6 +10,7 @@ import torch
 from gna.core.chance import ChancePolicy
 from gna.engine.device import device_of
 from gna.engine.packing import collate, pack
+from gna.engine.scoring import Scorer
 from gna.engine.ssm import (
     causal_predecessors,
     local_matrix,
@@ -220,7 +221,7 @@ def test_packed_engine_equals_reference_on_a_hybrid(hybrid):
 
     student, tok = hybrid
     table = build_kv_retrieval([3, 5], 3, seed=1, template="lookup")
-    fast = score_table(student, tok, table, batch_size=3, progress=False)
+    fast = score_table(Scorer(student, tok, batch_size=3, progress=False), table)
     ref = score_table_ref(student, tok, table)
     for a, b in zip(fast["logprobs"].to_list(), ref["logprobs"].to_list()):
         assert a == pytest.approx(b, abs=1e-4)
@@ -340,7 +341,7 @@ def test_per_head_masks_on_a_student_reproduce_it_and_restricting_an_ssm_head_bi
     student, tok = hybrid
     kv = build_kv_retrieval([3, 5], 3, 0, "lookup")
     flat = lambda f: np.concatenate(f["logprobs"].to_list())  # noqa: E731
-    plain = flat(score_table(student, tok, kv, progress=False))
+    plain = flat(score_table(Scorer(student, tok, progress=False), kv))
     for heads in (
         {"gather": (1, 2), "aggregate": (2, 1)},  # SSM heads (layer 1 and 2: heads 1, 2 are SSM)
         {"gather": (0, 1), "aggregate": (2, 3)},
@@ -383,7 +384,7 @@ def test_answer_rows_read_the_unmodified_scores_they_are_given(hybrid):
     part = {"kv_retrieval": kv[1:4]}
     plain = answer_rows_experiment(student, part, tok, batch_size=2)
     # the student's own scores of a superset of the items, batched differently
-    answers = score_table(student, tok, kv, batch_size=3, progress=False)
+    answers = score_table(Scorer(student, tok, batch_size=3, progress=False), kv)
     read = answer_rows_experiment(student, part, tok, batch_size=2, scored={"kv_retrieval": answers})
     assert read.drop("mean_logp").equals(plain.drop("mean_logp"))
     assert read["mean_logp"].to_list() == pytest.approx(plain["mean_logp"].to_list(), abs=1e-5)
@@ -405,7 +406,7 @@ def test_answer_rows_are_not_masked_where_the_unmodified_student_is_at_chance(hy
 
     student, tok = hybrid
     kv = build_kv_retrieval([3], 12, 0, "lookup")
-    answers = score_table(student, tok, kv, batch_size=4, progress=False)
+    answers = score_table(Scorer(student, tok, batch_size=4, progress=False), kv)
     # 1 of 12 right on 3 keys (chance 1/3): at chance, so only the unmodified row, with the reason
     at_chance = (
         answers.with_columns(pl.col("item_id").cum_count().alias("_i"))

@@ -13,7 +13,7 @@ import torch
 from gna.engine.anatomy import all_heads, decoder_layers, head_sites, sliding_windows
 from gna.engine.device import device_of
 from gna.engine.hooks import ablate_heads, active_hooks
-from gna.engine.scoring import score_removals, score_table, score_table_ref
+from gna.engine.scoring import Scorer, score_removals, score_table, score_table_ref
 from gna.engine.stack import DecoderStack, pruned_layers
 from gna.models.families import FAMILY_PHASES, STUDENT_FAMILIES, check_student_family
 from gna.models.prepare import load_model, prepare_model
@@ -52,7 +52,7 @@ def test_engine_logprobs_equal_the_models_own_forward(family):
     longest = max(len(tok(c).input_ids) for c in KV["context"])
     if any(windows):
         assert longest > max(w for w in windows if w)  # the prompts reach past every window
-    fast, ref = score_table(model, tok, KV, batch_size=3, progress=False), score_table_ref(model, tok, KV)
+    fast, ref = score_table(Scorer(model, tok, batch_size=3, progress=False), KV), score_table_ref(model, tok, KV)
     assert np.abs(_flat(fast) - _flat(ref)).max() <= 1e-4
     assert fast["pred"].to_list() == ref["pred"].to_list()
 
@@ -60,11 +60,11 @@ def test_engine_logprobs_equal_the_models_own_forward(family):
 def test_pruning_gradual_and_individual_equal_the_pruned_models_forward(family):
     arch, model, tok = family
     n = model.config.num_hidden_layers
-    depths = score_table(model, tok, KV, depths=[1, n - 1], progress=False)
+    depths = score_table(Scorer(model, tok, progress=False), KV, depths=[1, n - 1])
     # Zamba2's own forward tells a layer its position in the loop, and its shared blocks pick
     # per-layer adapters by it: only a prefix of its layers is a model its own forward can run
     gone = n - 1 if arch == "zamba2" else 1
-    removed = score_removals(model, tok, KV, list(range(n)), [gone], progress=False)
+    removed = score_removals(Scorer(model, tok, progress=False), KV, list(range(n)), [gone])
     for keep, fast in (
         (list(range(1)), depths.filter(depths["depth"] == 1)),
         (list(range(n - 1)), depths.filter(depths["depth"] == n - 1)),
@@ -163,10 +163,10 @@ def test_students_are_built_for_supported_families_and_refused_by_name_otherwise
     # keeping every head scores as the teacher, one with SSM heads as its own reference path
     n_layers, n_heads = model.config.num_hidden_layers, model.config.num_attention_heads
     kept_all = make_hybrid(copy.deepcopy(model), [(i, h) for i in range(n_layers) for h in range(n_heads)], 4)
-    teacher = score_table(model, tok, KV, progress=False)
-    assert np.abs(_flat(score_table(kept_all, tok, KV, progress=False)) - _flat(teacher)).max() <= 1e-4
+    teacher = score_table(Scorer(model, tok, progress=False), KV)
+    assert np.abs(_flat(score_table(Scorer(kept_all, tok, progress=False), KV)) - _flat(teacher)).max() <= 1e-4
     student = make_hybrid(copy.deepcopy(model), [(1, 0)], 4)
-    fast, ref = score_table(student, tok, KV, progress=False), score_table_ref(student, tok, KV)
+    fast, ref = score_table(Scorer(student, tok, progress=False), KV), score_table_ref(student, tok, KV)
     # on CUDA the packed trunk's scan can be mamba-ssm's kernel, whose dots use TF32, beside the
     # float32 recurrence of the choices (measured on an H100: 1.02e-4 for llama)
     tol = 1e-4 if device_of(student).type == "cpu" else 1e-3
@@ -269,4 +269,4 @@ def test_a_model_whose_read_out_the_engine_does_not_know_is_refused_by_family():
     model, tok = tiny_random_model({"arch": "qwen3", "layers": 2, "hidden": 32, "seed": 0})
     model.config.final_logit_softcapping = 1e-3  # the engine would cap logits that Qwen3's own head does not
     with pytest.raises(UnsupportedModel, match=r"qwen3 \(Qwen3ForCausalLM\): the engine's log-probs differ"):
-        score_table(model, tok, KV, progress=False)
+        score_table(Scorer(model, tok, progress=False), KV)

@@ -6,7 +6,7 @@ import torch
 from gna.engine.ablation import score_ablations
 from gna.engine.anatomy import all_heads, head_sites
 from gna.engine.hooks import ablate_heads, active_hooks
-from gna.engine.scoring import score_table
+from gna.engine.scoring import Scorer, score_table
 from gna.phases.head_ablation import (
     attribution_cost,
     attribution_scores,
@@ -94,18 +94,18 @@ def test_ablations_sharing_one_pass_equal_a_full_forward_each(tiny_llama, layers
     layer) against its reference: score_table with the heads ablated, once per condition."""
     model, tok = tiny_llama
     ablations = {"none": [], "one late": [(2, 1)], "two": [(2, 0), (2, 3)], "early and late": [(0, 2), (2, 0)]}
-    fast = score_ablations(model, tok, KV, ablations, layers, progress=False)
+    fast = score_ablations(Scorer(model, tok, progress=False), KV, ablations, layers=layers)
     assert list(fast) == list(ablations) and active_hooks(model) == 0
     for key, heads in ablations.items():
         with ablate_heads(model, heads):
-            ref = score_table(model, tok, KV, progress=False, layers=layers)
+            ref = score_table(Scorer(model, tok, progress=False), KV, layers=layers)
         assert fast[key]["pred"].to_list() == ref["pred"].to_list()
         np.testing.assert_allclose(
             np.concatenate(fast[key]["logprobs"].to_list()), np.concatenate(ref["logprobs"].to_list()), atol=1e-5
         )
     assert not np.allclose(fast["two"]["logp_target"], fast["none"]["logp_target"])
     with pytest.raises(ValueError, match=r"cannot ablate heads of layers \[1\]: not among the layers run"):
-        score_ablations(model, tok, KV, {"x": [(1, 0)]}, [0, 2], progress=False)
+        score_ablations(Scorer(model, tok, progress=False), KV, {"x": [(1, 0)]}, layers=[0, 2])
 
 
 def test_ranking_and_attribution(tiny_llama):
@@ -394,7 +394,7 @@ def test_verified_sweep_is_exact_where_it_measures(tiny_llama):
     exact = full.join(fast.select("layer", "head"), on=["layer", "head"]).sort("layer", "head")
     assert exact.equals(fast.sort("layer", "head"))
     # the unablated row comes from the sweep's own pass and equals plain scoring
-    base = score_table(model, tok, KV, progress=False)
+    base = score_table(Scorer(model, tok, progress=False), KV)
     assert fast.filter(pl.col("layer") == -1)["mean_logp"][0] == pytest.approx(base["logp_target"].mean(), abs=1e-6)
 
 

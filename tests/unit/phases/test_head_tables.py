@@ -10,7 +10,7 @@ import pytest
 from gna.core.chance import ChancePolicy
 from gna.core.settings import TopK
 from gna.engine.hooks import active_hooks
-from gna.engine.scoring import score_table
+from gna.engine.scoring import Scorer, score_table
 from gna.phases.head_ablation import rank_heads, sweep_heads
 from gna.phases.head_tables import (
     critical_heads,
@@ -34,7 +34,7 @@ def test_head_tables(tiny_llama):
     assert topk.equals(again)
     assert set(topk.filter(pl.col("condition") == "random")["draw"]) == {0, 1}
     k0 = topk.filter((pl.col("k") == 0) & (pl.col("metric") == "acc") & (pl.col("group") == "all"))["value"][0]
-    assert k0 == score_table(model, tok, KV, progress=False)["correct"].mean()
+    assert k0 == score_table(Scorer(model, tok, progress=False), KV)["correct"].mean()
     kept_layers = [0, 1, 2]
     a, b = critical_heads(ranking, kept_layers)
     assert a[0] != b[0]
@@ -61,7 +61,7 @@ def test_head_tables_score_a_task_at_chance_unablated_only(tiny_llama):
     assert skipped["skipped_reason"].str.contains("so removing heads cannot show a loss").all()
     assert skipped.drop("skipped_reason").equals(every.filter(pl.col("k") == 0).drop("skipped_reason"))
     # judged on the given baseline scores: all correct is above chance, so every condition runs
-    right = score_table(model, tok, KV, progress=False).with_columns(pl.lit(True).alias("correct"))
+    right = score_table(Scorer(model, tok, progress=False), KV).with_columns(pl.lit(True).alias("correct"))
     ran = remove_top_k(
         model,
         tok,
@@ -113,7 +113,7 @@ def test_top_k_zero_is_read_from_the_baseline_scores(tiny_llama):
     args = dict(progress=False)
     top = TopK([0, 1], random_draws=1, control_tasks=["kv_retrieval"], seed=1)
     scored = remove_top_k(model, tok, ranking, tables, top, **args)
-    baseline = score_table(model, tok, KV, progress=False)
+    baseline = score_table(Scorer(model, tok, progress=False), KV)
     read = remove_top_k(model, tok, ranking, tables, top, scored={"kv_retrieval": baseline}, **args)
     assert read.equals(scored)
     # a ranking shorter than a k (a verified sweep) is refused, not silently cut to fewer heads

@@ -27,6 +27,7 @@ from polars.testing import assert_frame_equal
 
 from gna.core.chance import ChancePolicy
 from gna.core.stats import wilson_interval
+from gna.engine.scoring import Scorer
 from gna.phases.gather_aggregate import kv_row_segments, mmlu_row_segments
 from gna.phases.masking import masking_comparisons, masking_experiment
 from gna.students.spec import make_hybrid
@@ -48,7 +49,7 @@ def test_unrestricted_head_masks_reproduce_the_model_and_restriction_bites(tiny_
     model, tok = tiny_llama
     kv = build_kv_retrieval([3, 5], 3, 0, "lookup")
     heads = {"gather": (1, 2), "aggregate": (2, 0)}
-    plain = score_table(model, tok, kv, progress=False)
+    plain = score_table(Scorer(model, tok, progress=False), kv)
     same = score_masked(model, tok, kv, kv_row_segments, heads, restrict=False)
     flat = lambda f: np.concatenate(f["logprobs"].to_list())  # noqa: E731
     assert np.array_equal(flat(plain), flat(same))
@@ -97,7 +98,7 @@ def test_choice_masking_is_gated_by_accuracy(tiny_llama):
     subset, pool = select_mmlu(load_mmlu_jsonl(MINI_MMLU), 3, 0, [])
     letter = build_mmlu(subset, pool, "letter", 1, 0)
     heads = {"gather": (1, 2), "aggregate": (2, 0)}
-    acc = score_table(model, tok, letter, progress=False)["correct"].mean()
+    acc = score_table(Scorer(model, tok, progress=False), letter)["correct"].mean()
     gated = choice_masking(model, tok, letter, heads, min_acc=acc + 0.01)
     assert gated["condition"].to_list() == ["(a) unmodified"] and gated["acc"][0] == acc
     assert gated["skipped_reason"][0].startswith("at chance") and gated["heads"][0] == "gather L1H2, aggregate L2H0"
@@ -117,7 +118,9 @@ def test_choice_masking_skips_a_table_at_chance_by_its_interval(tiny_llama):
     model, tok = tiny_llama
     facts = read_local_facts(MINI_MMLU.parent / "mini_facts.csv")
     choice = build_facts(facts, ["capital", "demonym"], 6, seed=2, fmt="choice", form=ChoiceForm("text", shots=1))
-    assert at_chance(score_table(model, tok, choice, progress=False), choice) is not None  # 6 items: any accuracy
+    assert (
+        at_chance(score_table(Scorer(model, tok, progress=False), choice), choice) is not None
+    )  # 6 items: any accuracy
     heads = {"gather": (1, 2), "aggregate": (2, 0)}
     skipped = choice_masking(model, tok, choice, heads, min_acc=0.0, chance=ChancePolicy(skip=True))
     assert skipped["condition"].to_list() == ["(a) unmodified"]
@@ -141,7 +144,7 @@ def test_masking_reads_condition_a_from_the_models_own_scores(tiny_llama):
     choice = build_facts(facts, ["capital", "demonym"], 6, seed=2, fmt="choice", form=ChoiceForm("text", shots=1))
     kv = build_kv_retrieval([3], 3, 0, "lookup")
     heads = {"gather": (1, 2), "aggregate": (2, 0)}
-    scored = {t["task"][0]: score_table(model, tok, t, progress=False) for t in (cloze, choice)}
+    scored = {t["task"][0]: score_table(Scorer(model, tok, progress=False), t) for t in (cloze, choice)}
     args = dict(batch_size=4, knowledge=[cloze], chance=ChancePolicy(skip=True))
     plain = masking_experiment(model, tok, kv, kv_row_segments, heads, **args)
     assert masking_experiment(model, tok, kv, kv_row_segments, heads, scored=scored, **args).equals(plain)
@@ -196,7 +199,7 @@ def _relabelled_to_own_picks(model, tok, table: pl.DataFrame) -> pl.DataFrame:
 
     from gna.engine.scoring import score_table
 
-    scores = score_table(model, tok, table, progress=False)
+    scores = score_table(Scorer(model, tok, progress=False), table)
     return table.with_columns(pl.Series("target", [int(np.argmax(s)) for s in scores["logprobs"].to_list()]))
 
 

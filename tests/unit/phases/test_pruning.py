@@ -5,7 +5,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from gna.core.chance import ChancePolicy, at_chance
-from gna.engine.scoring import score_removals, score_table, score_table_ref
+from gna.engine.scoring import Scorer, score_removals, score_table, score_table_ref
 from gna.engine.stack import pruned_layers
 from gna.phases.pruning import gradual, individual, minimal_prefix
 from gna.tasks.tables import build_kv_retrieval, subset_evenly
@@ -75,7 +75,7 @@ def test_pruned_model_cache_stays_aligned(tiny_llama):
 def test_one_pass_depth_readout_equals_each_pruned_model(tiny_llama):
     model, tok = tiny_llama
     n = model.config.num_hidden_layers
-    fast = score_table(model, tok, KV, depths=list(range(1, n + 1)), progress=False)
+    fast = score_table(Scorer(model, tok, progress=False), KV, depths=list(range(1, n + 1)))
     for k in range(1, n + 1):
         with pruned_layers(model, list(range(k))):
             ref = score_table_ref(model, tok, KV)
@@ -85,14 +85,14 @@ def test_one_pass_depth_readout_equals_each_pruned_model(tiny_llama):
 def test_layer_removal_prefix_reuse_equals_pruned_reference(tiny_llama):
     model, tok = tiny_llama
     keep = [0, 1, 2]
-    fast = score_removals(model, tok, KV, keep, keep, progress=False)
+    fast = score_removals(Scorer(model, tok, progress=False), KV, keep, keep)
     for r in keep:
         rest = [l for l in keep if l != r]
         with pruned_layers(model, rest):
             ref = score_table_ref(model, tok, KV)
         np.testing.assert_allclose(_flat(fast.filter(pl.col("removed_layer") == r)), _flat(ref), atol=1e-4)
     with pytest.raises(ValueError, match="not among the kept layers"):
-        score_removals(model, tok, KV, [0, 1], [2], progress=False)
+        score_removals(Scorer(model, tok, progress=False), KV, [0, 1], [2])
 
 
 def test_sweeps_are_tidy(tiny_llama):
@@ -107,7 +107,7 @@ def test_sweeps_are_tidy(tiny_llama):
 
 def test_a_task_at_chance_is_scored_on_the_minimal_model_only_with_the_reason(tiny_llama):
     model, tok = tiny_llama
-    base = score_table(model, tok, KV, layers=[0, 1], progress=False)
+    base = score_table(Scorer(model, tok, progress=False), KV, layers=[0, 1])
     assert at_chance(base, KV) is not None  # a random model on 3- and 5-key lookups
     i = individual(model, tok, {"kv_retrieval": KV}, [0, 1], progress=False, chance=ChancePolicy(skip=True))
     assert set(i["removed_layer"]) == {-1}
@@ -138,7 +138,7 @@ def test_gradual_pruning_scores_a_task_at_chance_on_the_full_model_only(tiny_lla
         every
     )
     # the decision reads the full model's given scores (its baseline): scores above chance keep every depth
-    full = score_table(model, tok, KV, progress=False)
+    full = score_table(Scorer(model, tok, progress=False), KV)
     right = full.with_columns(pl.lit(True).alias("correct"))
     assert gradual(
         model, tok, tables, progress=False, chance=ChancePolicy(skip=True), scored={"kv_retrieval": right}
@@ -214,7 +214,7 @@ def test_the_minimal_models_scores_are_read_from_gradual_pruning_exactly(tiny_ll
     write_parquet(items.with_columns(pl.lit("m").alias("model")), tmp_path / "gradual.items.parquet")
     kept = list(range(2))
     read = prefix_scores(str(tmp_path / "gradual.items.parquet"), kept)
-    assert read["kv_retrieval"].equals(score_table(model, tok, KV, batch_size=2, progress=False, layers=kept))
+    assert read["kv_retrieval"].equals(score_table(Scorer(model, tok, batch_size=2, progress=False), KV, layers=kept))
     assert prefix_scores(str(tmp_path / "gradual.items.parquet"), [0, 2]) == {}  # not a prefix
     assert prefix_scores(None, kept) == {}
     shifted = {"kv_retrieval": read["kv_retrieval"].with_columns(pl.col("logp_target") - 1)}

@@ -13,7 +13,7 @@ from gna.core.io import write_parquet
 from gna.core.settings import Files
 from gna.core.tensor_files import read_tensors, write_tensors
 from gna.engine.precision import frozen_weights_in
-from gna.engine.scoring import score_table
+from gna.engine.scoring import Scorer, score_table
 from gna.students.alignment import (
     align_layers,
     first_token_attention,
@@ -417,7 +417,7 @@ def test_a_bfloat16_teacher_gets_float32_ssm_heads_that_align_distil_score_and_d
     targets = {"ids": ids, "top_logp": acts["top_logp"], "top_idx": acts["top_idx"]}
     curve, _ = distill_logits(student, targets, {"steps": 2, "batch": 2, "lr": 1e-3}, seed=0, progress=False)
     assert align_curve["loss"].is_finite().all() and curve["loss"].is_finite().all()
-    scores = score_table(student, tok, build_kv_retrieval([3], 2, 0, "lookup"), progress=False)
+    scores = score_table(Scorer(student, tok, progress=False), build_kv_retrieval([3], 2, 0, "lookup"))
     assert scores["logprobs"].explode().is_finite().all()
     assert measured_cache(student, 12) > 0
 
@@ -472,7 +472,7 @@ def test_checkpoint_selection_writes_the_best_step_where_the_last_is_worse(phase
         make_hybrid(teacher, ranked_heads(pl.read_parquet(p["ranking.parquet"]), 2), 4),
         read_tensors(str(root / "align.safetensors")),
     )
-    preds = score_table(aligned, tok, candidates, batch_size=4, progress=False)["pred"]
+    preds = score_table(Scorer(aligned, tok, batch_size=4, progress=False), candidates)["pred"]
     table = candidates.with_columns(preds.alias("target"))
     write_parquet(table, tmp_path / "validation.parquet")
     outputs = kd_outputs(tmp_path, "kd", student=tmp_path / "student")

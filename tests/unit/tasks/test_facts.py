@@ -9,7 +9,7 @@ from dataclasses import replace
 import polars as pl
 import pytest
 
-from gna.engine.scoring import score_table, score_table_ref
+from gna.engine.scoring import Scorer, score_table, score_table_ref
 from gna.models.sources import ChecksumError
 from gna.phases.knowledge import chat_renderer, compare_formats
 from gna.tasks.facts import (
@@ -269,7 +269,7 @@ def test_known_items_on_a_tiny_model_match_its_reference_scores(tiny_llama, fact
     ]
     threshold = sorted(margins)[len(margins) // 2]  # half the items known, whatever the random model says
     expected = [KNOWN if m >= threshold else UNKNOWN for m in margins]
-    marked = known_items(choice, score_table(model, tok, cloze, progress=False), threshold)
+    marked = known_items(choice, score_table(Scorer(model, tok, progress=False), cloze), threshold)
     assert marked["group"].to_list() == expected
     assert 0 < expected.count(KNOWN) < len(expected)
     assert marked.drop("group", "cloze_margin").equals(choice.drop("group"))
@@ -308,10 +308,10 @@ def test_format_comparison_scores_each_form_on_the_dev_split_with_its_circular_c
             for r in range(4)
         ]
 
-    letter = [score_table(model, tok, t, progress=False) for t in rotations(ChoiceForm("letter", 0))]
+    letter = [score_table(Scorer(model, tok, progress=False), t) for t in rotations(ChoiceForm("letter", 0))]
     assert result["acc"][1] == pytest.approx(letter[0]["correct"].mean())
     assert result["circular_acc"][1] is None  # at chance: no content to follow, not rotated
-    own = [score_table(model, tok, t, progress=False) for t in rotations(ChoiceForm("text", 1))]
+    own = [score_table(Scorer(model, tok, progress=False), t) for t in rotations(ChoiceForm("text", 1))]
     every = [all(d["correct"][i] for d in own) for i in range(8)]
     assert result["circular_acc"][2] == pytest.approx(sum(every) / 8)  # the task's own form: always rotated
     assert result["circular_acc"][0] is None and result["circular_acc"][5] is None  # cloze; draws after the first
@@ -324,7 +324,7 @@ def test_format_comparison_scores_each_form_on_the_dev_split_with_its_circular_c
     assert result["repeats_example"][1] is None and 0 <= result["repeats_example"][2] <= 1
     # the evaluation split's first draw is the task's own table, read from its baseline scores
     own = build_facts(facts, RELATIONS, 8, 5, "choice", ChoiceForm("text", 1), dev_n=8)
-    earlier = [(own, score_table(model, tok, own, progress=False).with_columns(pl.lit(True).alias("correct")))]
+    earlier = [(own, score_table(Scorer(model, tok, progress=False), own).with_columns(pl.lit(True).alias("correct")))]
     read = compare_formats(model, tok, facts, cfg, batch_size=4, earlier=earlier)
     assert read["acc"][4] == 1.0 and read.drop(
         "acc", "ci_low", "ci_high", "circular_acc", "circular_ci_low", "circular_ci_high"

@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from gna.core.settings import Evaluation
-from gna.engine.scoring import score_table
+from gna.engine.scoring import Scorer, score_table
 from gna.models.tiny import tiny_random_model
 from gna.tasks import lmeval_bridge as bridge
 from gna.tasks.tables import build_mmlu, load_mmlu_jsonl, select_mmlu
@@ -61,7 +61,7 @@ def test_lmeval_matches_score_table(setup):
     model, tok, subset = setup["model"], setup["tok"], setup["subset"]
     assert len(subset) == 12
     items = build_mmlu(subset, setup["pool"], "letter", 0, 0)
-    ours = score_table(model, tok, items, batch_size=5, progress=False)
+    ours = score_table(Scorer(model, tok, batch_size=5, progress=False), items)
 
     results = bridge.evaluate_tasks(
         model, tok, [TASK], include_path=str(setup["task_dir"]), include_defaults=False, log_samples=True, batch_size=4

@@ -35,9 +35,13 @@ def script_call(script: Path) -> tuple[str, str, str]:
             calls.append(node)
     assert len(calls) == 1, f"{script.name}: {len(calls)} statements besides imports (one run_rule call expected)"
     call = calls[0].value if isinstance(calls[0], ast.Expr) else None
-    assert isinstance(call, ast.Call) and getattr(call.func, "id", None) == "run_rule", f"{script.name}: not run_rule(...)"
+    assert isinstance(call, ast.Call) and getattr(call.func, "id", None) == "run_rule", (
+        f"{script.name}: not run_rule(...)"
+    )
     args = [getattr(a, "id", None) for a in call.args]
-    assert len(args) == 3 and args[0] == "snakemake" and not call.keywords, f"{script.name}: run_rule(snakemake, run, settings)"
+    assert len(args) == 3 and args[0] == "snakemake" and not call.keywords, (
+        f"{script.name}: run_rule(snakemake, run, settings)"
+    )
     return imported[args[1]], args[1], imported[args[2]] + "." + args[2]
 
 
@@ -49,7 +53,9 @@ def test_every_script_calls_its_rule_function_with_the_one_shape(script):
     assert list(inspect.signature(function).parameters) == ["inputs", "outputs", "settings"], run
     settings_module, settings_name = settings.rsplit(".", 1)
     kind = getattr(importlib.import_module(settings_module), settings_name)
-    assert issubclass(kind, RuleSettings) and dataclasses.is_dataclass(kind), f"{settings} is not a RuleSettings dataclass"
+    assert issubclass(kind, RuleSettings) and dataclasses.is_dataclass(kind), (
+        f"{settings} is not a RuleSettings dataclass"
+    )
     assert typing.get_type_hints(function)["settings"] is kind, f"{run}'s settings are not annotated {settings_name}"
     doc = inspect.getdoc(function) or ""
     assert "inputs" in doc and "outputs" in doc, f"{run}'s docstring names no input and output roles"
@@ -59,7 +65,11 @@ def raw_dict_fields(kind, seen=()) -> list[str]:
     """Fields of settings class `kind` (and of the settings classes it holds) typed as a plain dict."""
     found = []
     for name, hint in typing.get_type_hints(kind).items():
-        options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, __import__("types").UnionType) else (hint,)
+        options = (
+            typing.get_args(hint)
+            if typing.get_origin(hint) in (typing.Union, __import__("types").UnionType)
+            else (hint,)
+        )
         for option in options:
             if option is dict or typing.get_origin(option) is dict:
                 found.append(f"{kind.__name__}.{name}")
@@ -89,7 +99,11 @@ def section(block: str, name: str) -> list[str]:
     if not match:
         return []
     indent = len(match.group(1)) + 4
-    return [line.strip() for line in match.group(2).splitlines() if line.strip() and len(line) - len(line.lstrip()) == indent]
+    return [
+        line.strip()
+        for line in match.group(2).splitlines()
+        if line.strip() and len(line) - len(line.lstrip()) == indent
+    ]
 
 
 def test_every_rule_passes_its_settings_as_one_param_and_names_its_files():
