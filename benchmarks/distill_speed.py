@@ -26,7 +26,7 @@ import torch
 from _common import model_or_tiny
 
 from gna.engine.precision import COMPUTE_DTYPES, frozen_weights_in
-from gna.students.kd import kd_backward, kd_loss
+from gna.students.kd import KDBatch, kd_backward, kd_loss
 from gna.students.mixer import mixers
 from gna.students.spec import make_hybrid
 
@@ -51,6 +51,11 @@ def student_and_batches(args):
     return student, params, name, (ids, target, top_idx, weights)
 
 
+def sliced_backward(student, ids, target, top_idx, weights, low) -> float:
+    """The pipeline's path: kd_backward on the batch (KDBatch)."""
+    return kd_backward(student, KDBatch(ids, target, top_idx, weights), low)
+
+
 def reference_backward(student, ids, target, top_idx, weights, low) -> float:
     with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=low is not None):
         logits = student(input_ids=ids, use_cache=False).logits
@@ -64,7 +69,7 @@ def run_path(args) -> dict:
     and the gradients of the first batch."""
     student, params, name, (ids, target, top_idx, weights) = student_and_batches(args)
     low = COMPUTE_DTYPES[args.compute_dtype]
-    step = kd_backward if args.path == "sliced" else reference_backward
+    step = sliced_backward if args.path == "sliced" else reference_backward
     times, first = [], None
     with frozen_weights_in(student, low):
         for i in range(args.steps):

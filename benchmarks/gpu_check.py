@@ -183,8 +183,8 @@ def scoring_and_sweep(spec: dict, heads_layers: list[int]) -> dict:
 def students(spec: dict) -> dict:
     """A k = 10 student of a float32 random model: teacher activations, alignment, KD, scoring."""
     from gna.engine.scoring import score_table
-    from gna.students.alignment import align_layers, load_aligned
-    from gna.students.kd import distill_logits
+    from gna.students.alignment import Align, align_layers, load_aligned
+    from gna.students.kd import KD, Watch, distill_logits
     from gna.students.spec import make_hybrid
     from gna.students.teacher_file import teacher_activations
     from gna.tasks.tables import build_kv_retrieval
@@ -202,7 +202,7 @@ def students(spec: dict) -> dict:
             model,
             acts["hidden"],
             state_size=16,
-            align={"steps": 4, "batch": 2, "lr": 1e-3, "compute_dtype": "bfloat16"},
+            align=Align(steps=4, batch=2, lr=1e-3, compute_dtype="bfloat16"),
             seed=0,
             progress=False,
         )
@@ -214,9 +214,9 @@ def students(spec: dict) -> dict:
         lambda: distill_logits(
             student,
             {"ids": ids, "top_logp": acts["top_logp"], "top_idx": acts["top_idx"]},
-            {"steps": 3, "batch": 2, "lr": 1e-3, "compute_dtype": "bfloat16"},
+            KD(steps=3, batch=2, lr=1e-3, compute_dtype="bfloat16"),
             seed=0,
-            progress=False,
+            watch=Watch(progress=False),
         )
     )
     table = build_kv_retrieval([10, 20, 40], 50, seed=0, template="lookup")

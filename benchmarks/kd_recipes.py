@@ -34,7 +34,7 @@ import yaml  # noqa: E402
 from gna.core.io import read_parquet, write_parquet  # noqa: E402
 from gna.core.tensor_files import read_tensors  # noqa: E402
 from gna.students.alignment import load_aligned  # noqa: E402
-from gna.students.kd import Selection, answer_weights, distill_logits, validation_scorer  # noqa: E402
+from gna.students.kd import KD, Selection, Watch, answer_weights, distill_logits, validation_scorer  # noqa: E402
 from gna.students.spec import make_hybrid, parse_variant, ranked_heads  # noqa: E402
 from gna.tasks.tables import build_kv_retrieval  # noqa: E402
 from gna.workflow.config import load_schema, validate_config  # noqa: E402
@@ -109,7 +109,8 @@ def main() -> None:
             }
             select = Selection(validation_scorer(tok, table, config["eval"]["batch_size"]), every=args.every)
             start = time.perf_counter()
-            curve, _ = distill_logits(student, targets, kd, hy["seed"], select=select, desc=f"{variant} {name}")
+            watch = Watch(select=select, desc=f"{variant} {name}")
+            curve, _ = distill_logits(student, targets, KD(**kd), hy["seed"], watch)
             seconds = time.perf_counter() - start
             points = pl.DataFrame(select.rows).join(
                 curve.select(pl.col("step") + 1, "loss", "loss_answer", "loss_other", "grad_norm").rename(

@@ -29,7 +29,7 @@ import yaml  # noqa: E402
 from gna.core.io import read_parquet, write_parquet  # noqa: E402
 from gna.core.stats import wilson_interval  # noqa: E402
 from gna.core.tensor_files import read_tensors  # noqa: E402
-from gna.students.alignment import load_aligned, realign_in_context
+from gna.students.alignment import Realign, load_aligned, realign_in_context
 from gna.students.kd import validation_scorer  # noqa: E402
 from gna.students.spec import make_hybrid, ranked_heads  # noqa: E402
 from gna.tasks.tables import build_kv_retrieval  # noqa: E402
@@ -75,7 +75,7 @@ def main() -> None:
             model, tok = load_model(data / "models" / args.model, config["dtype"])
             student = load_aligned(make_hybrid(model, kept_set(name, ranked), n), aligned)
             realign = {**hy["realign"], "steps": steps, **({"windows": args.windows} if args.windows else {})}
-            realign_in_context(student, hidden, realign, hy["seed"], progress=False)
+            realign_in_context(student, hidden, Realign(**realign), hy["seed"], progress=False)
             with torch.no_grad():
                 correct, logp = validation_scorer(tok, table, config["eval"]["batch_size"])(student.eval())
             low, high = wilson_interval(sum(correct), len(correct))

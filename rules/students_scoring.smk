@@ -8,18 +8,22 @@ rule hybrid_score:
         model=get_scored_model,
         teacher="data/distill/{model}/teacher.safetensors",
         tasks=lambda wc: task_files(scored_tasks(HYBRID, wc.variant, TASKS), wc.model),
-        # the teacher's per-item scores are its baseline's: read, not scored again
-        baseline=lambda wc: (expand("data/results/baseline/{model}/{task}.items.parquet", model=wc.model,
-                                    task=scored_tasks(HYBRID, wc.variant, TASKS))
-                             if wc.variant == TEACHER_VARIANT else []),
+        baseline=lambda wc: (  # the teacher's per-item scores are its baseline's: read, not scored again
+            expand("data/results/baseline/{model}/{task}.items.parquet", model=wc.model,
+                   task=scored_tasks(HYBRID, wc.variant, TASKS))
+            if wc.variant == TEACHER_VARIANT else []),
         teacher_summary=get_teacher_summary,
         corpus_check=CORPUS_CHECK,
     output:
         summary="data/results/hybrid/{model}/{variant}.parquet",
         answers="data/results/hybrid/{model}/answers/{variant}.parquet",
     params:
-        scoring=SCORING.as_params(),
-        kv_dict_size=lambda wc: scored_dict_size(HYBRID, wc.variant),
+        settings=lambda wildcards: {
+            "model": wildcards.model,
+            "variant": wildcards.variant,
+            "scoring": SCORING.as_params(),
+            "kv_dict_size": scored_dict_size(HYBRID, wildcards.variant),
+        },
         code=code_of("hybrid_score"),
     log:
         "data/logs/hybrid_score/{model}-{variant}.log",
@@ -40,13 +44,16 @@ rule hybrid_budget:
         teacher="data/distill/{model}/teacher.safetensors",
         task="data/tasks/kv_retrieval.parquet",
         corpus_check=CORPUS_CHECK,
-        # the full budget's point is the student's own scores (their degeneracy check is at dict_size)
-        summary="data/results/hybrid/{model}/{variant}.parquet",
-        answers="data/results/hybrid/{model}/answers/{variant}.parquet",
+        summary="data/results/hybrid/{model}/{variant}.parquet",  # the full budget's point: the student's own
+        answers="data/results/hybrid/{model}/answers/{variant}.parquet",  # scores (degeneracy check at dict_size)
     output:
-        "data/results/hybrid/{model}/budget-{variant}.parquet",
+        budget="data/results/hybrid/{model}/budget-{variant}.parquet",
     params:
-        scoring=SCORING.as_params("dict_size", "degeneracy_items", "evaluation"),
+        settings=lambda wildcards: {
+            "model": wildcards.model,
+            "variant": wildcards.variant,
+            "scoring": SCORING.as_params("dict_size", "degeneracy_items", "evaluation"),
+        },
         code=code_of("hybrid_budget"),
     log:
         "data/logs/hybrid_budget/{model}-{variant}.log",
@@ -72,8 +79,11 @@ rule hybrid_swap:
         summary="data/results/hybrid/{model}/swap.parquet",
         answers="data/results/hybrid/{model}/answers/swap.parquet",
     params:
-        variant=pure_ssm_variant(HYBRID),
-        scoring=SCORING.as_params(),
+        settings=lambda wildcards: {
+            "model": wildcards.model,
+            "variant": pure_ssm_variant(HYBRID),
+            "scoring": SCORING.as_params(),
+        },
         code=code_of("hybrid_swap"),
     log:
         "data/logs/hybrid_swap/{model}.log",
@@ -92,9 +102,9 @@ rule hybrid_memory:
         model="data/models/{model}",
         students=lambda wc: [f"data/models/{student_name(wc.model, v)}" for v in hybrid_variants()],
     output:
-        "data/results/hybrid/{model}/memory.parquet",
+        memory="data/results/hybrid/{model}/memory.parquet",
     params:
-        memory=HYBRID["memory"],
+        settings=lambda wildcards: {"model": wildcards.model, "memory": HYBRID["memory"]},
         code=code_of("hybrid_memory"),
     log:
         "data/logs/hybrid_memory/{model}.log",
@@ -111,15 +121,18 @@ rule hybrid_memory:
 rule hybrid_answer_rows:
     input:
         model="data/models/" + student_name("{model}", "{variant}"),
-        # the unmodified condition is the student's own scores, read rather than computed again
-        answers="data/results/hybrid/{model}/answers/{variant}.parquet",
+        answers="data/results/hybrid/{model}/answers/{variant}.parquet",  # the unmodified condition, read
         tasks=lambda wc: task_files(TASKS, wc.model),
         teacher_summary=get_teacher_summary,
         corpus_check=CORPUS_CHECK,
     output:
-        "data/results/hybrid/{model}/answer-rows-{variant}.parquet",
+        answer_rows="data/results/hybrid/{model}/answer-rows-{variant}.parquet",
     params:
-        scoring=StudentScoring.from_config(config, "answer_rows_items").as_params("items", "chance", "evaluation"),
+        settings=lambda wildcards: {
+            "model": wildcards.model,
+            "variant": wildcards.variant,
+            "scoring": StudentScoring.from_config(config, "answer_rows_items").as_params("items", "chance", "evaluation"),
+        },
         code=code_of("hybrid_answer_rows"),
     log:
         "data/logs/hybrid_answer_rows/{model}-{variant}.log",
@@ -141,7 +154,7 @@ rule hybrid_comparisons:
     output:
         comparisons="data/results/hybrid/{model}/comparisons.parquet",
     params:
-        pure_ssm=pure_ssm_variant(HYBRID),
+        settings=lambda wildcards: {"model": wildcards.model, "pure_ssm": pure_ssm_variant(HYBRID)},
         code=code_of("hybrid_comparisons"),
     log:
         "data/logs/hybrid_comparisons/{model}.log",

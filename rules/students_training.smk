@@ -53,14 +53,16 @@ rule distill_teacher:
         model="data/models/{model}",
         mmlu=get_mmlu_file,
     output:
-        "data/distill/{model}/teacher.safetensors",
+        teacher="data/distill/{model}/teacher.safetensors",
     params:
-        corpus=HYBRID["corpus"],
-        top_k=HYBRID["top_k_logits"],
-        seed=HYBRID["seed"],
-        mmlu=MMLU_SELECTION,
-        template=config["tasks"]["kv_retrieval"]["template"],
-        evaluation=EVALUATION_UNBATCHED,
+        settings={
+            "corpus": HYBRID["corpus"],
+            "top_k": HYBRID["top_k_logits"],
+            "seed": HYBRID["seed"],
+            "mmlu": MMLU_SELECTION,
+            "template": config["tasks"]["kv_retrieval"]["template"],
+            "evaluation": EVALUATION_UNBATCHED,
+        },
         code=code_of("distill_teacher"),
     log:
         "data/logs/distill_teacher/{model}.log",
@@ -82,12 +84,14 @@ rule distill_corpus_check:
         kv="data/tasks/kv_retrieval.parquet",
         validation=KD_VALIDATION_SET,
     output:
-        CORPUS_CHECK,
+        check=CORPUS_CHECK,
     params:
-        corpus=HYBRID["corpus"],
-        seed=HYBRID["seed"],
-        mmlu=MMLU_SELECTION,
-        template=config["tasks"]["kv_retrieval"]["template"],
+        settings={
+            "corpus": HYBRID["corpus"],
+            "seed": HYBRID["seed"],
+            "mmlu": MMLU_SELECTION,
+            "template": config["tasks"]["kv_retrieval"]["template"],
+        },
         code=code_of("distill_corpus_check"),
     log:
         "data/logs/distill_corpus_check.log",
@@ -110,9 +114,13 @@ rule distill_align:
         curve="data/distill/{model}/align-n{n}.parquet",
         heads="data/distill/{model}/align-n{n}-heads.parquet",
     params:
-        align=HYBRID["align"],
-        seed=HYBRID["seed"],
-        dtype=config["dtype"],
+        settings=lambda wildcards: {
+            "model": wildcards.model,
+            "state_size": int(wildcards.n),
+            "align": HYBRID["align"],
+            "seed": HYBRID["seed"],
+            "dtype": config["dtype"],
+        },
         code=code_of("distill_align"),
     log:
         "data/logs/distill_align/{model}-n{n}.log",
@@ -140,12 +148,17 @@ rule distill_kd:
         changes="data/distill/{model}/kd-" + variant_name("{k}", "{n}") + "-changes.parquet",
         checkpoints="data/distill/{model}/kd-" + variant_name("{k}", "{n}") + "-checkpoints.safetensors",
     params:
-        kd=HYBRID["kd"],
-        realign=HYBRID["realign"],
-        checkpoints=get_checkpoint_steps,
-        seed=HYBRID["seed"],
-        select={"by": HYBRID["select"], "every": HYBRID["validation"]["every"], "batch_size": EVALUATION["batch_size"]},
-        dtype=config["dtype"],
+        settings=lambda wildcards: {
+            "model": wildcards.model,
+            "variant": variant_name(wildcards.k, wildcards.n),
+            "kd": HYBRID["kd"],
+            "realign": HYBRID["realign"],
+            "checkpoints": get_checkpoint_steps(wildcards),
+            "seed": HYBRID["seed"],
+            "select": {"by": HYBRID["select"], "every": HYBRID["validation"]["every"],
+                       "batch_size": EVALUATION["batch_size"]},
+            "dtype": config["dtype"],
+        },
         code=code_of("distill_kd"),
     log:
         "data/logs/distill_kd/{model}-k{k}-n{n}.log",
@@ -168,12 +181,16 @@ rule hybrid_ablation:
         task="data/tasks/kv_retrieval.parquet",
         corpus_check=CORPUS_CHECK,
     output:
-        "data/results/hybrid/{model}/ablation-{ablation}.parquet",
+        ablation="data/results/hybrid/{model}/ablation-{ablation}.parquet",
     params:
-        variant=HYBRID["ablation"]["variant"],
-        recipe={"align": HYBRID["align"], "realign": HYBRID["realign"], "kd": ablation_kd(HYBRID),
-                "align_windows": HYBRID["corpus"]["align_windows"], "seed": HYBRID["seed"]},
-        scoring=SCORING.as_params("dict_size", "degeneracy_items", "evaluation"),
+        settings=lambda wildcards: {
+            "model": wildcards.model,
+            "ablation": wildcards.ablation,
+            "variant": HYBRID["ablation"]["variant"],
+            "recipe": {"align": HYBRID["align"], "realign": HYBRID["realign"], "kd": ablation_kd(HYBRID),
+                       "align_windows": HYBRID["corpus"]["align_windows"], "seed": HYBRID["seed"]},
+            "scoring": SCORING.as_params("dict_size", "degeneracy_items", "evaluation"),
+        },
         code=code_of("hybrid_ablation"),
     log:
         "data/logs/hybrid_ablation/{model}-{ablation}.log",

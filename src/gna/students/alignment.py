@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+from dataclasses import dataclass
 
 import polars as pl
 import torch
@@ -23,7 +24,7 @@ from tqdm.auto import tqdm
 
 from gna.core import work
 from gna.core.io import write_parquet
-from gna.core.settings import Files
+from gna.core.settings import Files, RuleSettings
 from gna.core.tensor_files import read_tensors, write_tensors
 from gna.engine.device import device_of
 from gna.models.prepare import load_model
@@ -32,6 +33,38 @@ from gna.students.spec import make_hybrid
 from gna.students.teacher_file import compact
 
 log = logging.getLogger("gna.students.alignment")
+
+
+# every how many steps alignment's loss curve records each layer's error (and at the last step)
+CURVE_EVERY = 10
+
+
+@dataclass(frozen=True)
+class Align:
+    """Layer alignment (config block hybrid.align): `steps` steps of `batch` windows at learning
+    rate `lr`; compute_dtype "bfloat16": the SSM heads' forward and backward under bf16 autocast
+    (targets, parameters, optimizer and loss stay float32). `first_token`: False switches the
+    first-token share off (HybridMixer.first_token_share; the recipe's no_first_token ablation,
+    not a config key)."""
+
+    steps: int = 80
+    batch: int = 4
+    lr: float = 0.005
+    compute_dtype: str = "float32"
+    first_token: bool = True
+
+
+@dataclass(frozen=True)
+class Realign:
+    """Realignment on the student's own stream (config block hybrid.realign): `steps` steps per
+    layer (0: none) of `batch` windows at learning rate `lr`, on the first `windows` alignment
+    windows (None: all); compute_dtype as in Align."""
+
+    steps: int = 10
+    lr: float = 0.002
+    batch: int = 4
+    compute_dtype: str = "float32"
+    windows: int | None = None
 
 
 def lr_schedule(step: int, steps: int, warmup: int) -> float:
@@ -56,26 +89,16 @@ def _output_metric(mixer: HybridMixer) -> torch.Tensor:
 
 
 def align_layers(
-    model,
-    hidden: torch.Tensor,
-    state_size: int,
-    align: dict,
-    seed: int,
-    progress: bool = True,
-    log_every: int = 10,
-    first_token: bool = True,
+    model, hidden: torch.Tensor, state_size: int, align: Align, seed: int, progress: bool = True
 ) -> tuple[dict, pl.DataFrame]:
     """Fit one SSM head per attention head of every layer (the pure-SSM student, k = 0).
 
-    hidden: [layers, n, T, d] teacher hidden states entering each layer. align: {steps, batch,
-    lr, compute_dtype (default float32)} (config hybrid.align); compute_dtype "bfloat16": the SSM
-    heads' forward and backward under bf16 autocast (targets, parameters, optimizer and loss stay
-    float32). first_token: False switches the first-token share off
-    (HybridMixer.first_token_share; the recipe ablation).
+    hidden: [layers, n, T, d] teacher hidden states entering each layer. align: the steps, batch,
+    learning rate, compute dtype and first-token share (Align, config hybrid.align).
     Returns the SSM parameters {"<layer>.<param>": tensor} and the loss curve (relative error
-    per layer)."""
-    steps, batch, lr = align["steps"], align["batch"], align["lr"]
-    compute_dtype = align.get("compute_dtype", "float32")
+    per layer, every CURVE_EVERY steps and at the last)."""
+    steps, batch, lr = align.steps, align.batch, align.lr
+    compute_dtype, first_token = align.compute_dtype, align.first_token
     torch.manual_seed(seed)
     student = make_hybrid(copy.deepcopy(model), [], state_size)
     for p in student.parameters():
@@ -117,7 +140,7 @@ def align_layers(
             opt.step()
             mean = sum(per_layer) / len(per_layer)
             bar.set_postfix(rel_err=f"{mean:.3f}")
-            if step % log_every == 0 or step == steps - 1:
+            if step % CURVE_EVERY == 0 or step == steps - 1:
                 curve += [{"stage": "align", "step": step, "layer": i, "loss": v} for i, v in enumerate(per_layer)]
     state = snapshot(student)
     return state, pl.DataFrame(curve)
@@ -150,24 +173,27 @@ def head_outputs(base, i: int, m: HybridMixer, hidden: torch.Tensor, heads: list
         yield torch.einsum("blhp,hpq->blhq", m.attention_output(u, rope, None, heads).float(), metric)
 
 
-def realign_in_context(student, hidden: torch.Tensor, realign: dict, seed: int, progress: bool = True) -> pl.DataFrame:
+def realign_in_context(
+    student, hidden: torch.Tensor, realign: Realign, seed: int, progress: bool = True
+) -> pl.DataFrame:
     """Fit every layer's SSM heads of `student` (a hybrid with aligned heads; changed in place)
     again, first layer first, on the student's own stream: the input of layer i is what the
     student's layers 0..i-1 (kept heads and SSM heads as they run now) make of the windows, the
     targets are still the teacher heads' outputs on the teacher's stream `hidden` [layers, n, T, d].
     Alignment fits each head on the teacher's stream, which a student never sees past its first
     replaced head; keeping more heads exact then changes what the later SSM heads read and can cost
-    retrieval (measured: Gemma 3's k = 20 below its k = 10, docs/phases.md). realign: {steps (per
-    layer; 0 = none), lr, batch, compute_dtype} (config hybrid.realign). Returns per layer the SSM
+    retrieval (measured: Gemma 3's k = 20 below its k = 10, docs/phases.md). realign: its steps per
+    layer (0 = none), learning rate, batch, compute dtype and windows (Realign, config
+    hybrid.realign). Returns per layer the SSM
     heads' relative error on the student's stream before and after, on the first four windows as
     head_errors measures alignment's (layer, error_before, error_after)."""
-    steps, batch, lr = realign["steps"], realign.get("batch", 4), realign["lr"]
-    compute_dtype = realign.get("compute_dtype", "float32")
+    steps, batch, lr = realign.steps, realign.batch, realign.lr
+    compute_dtype = realign.compute_dtype
     schema = {"layer": pl.Int64, "error_before": pl.Float64, "error_after": pl.Float64}
     rows = []
     if not steps:
         return pl.DataFrame(rows, schema=schema)
-    hidden = hidden[:, : realign.get("windows")]
+    hidden = hidden[:, : realign.windows]
     for p in student.parameters():
         p.requires_grad_(False)
     base = student.base_model
@@ -310,18 +336,29 @@ def head_errors(model, hidden: torch.Tensor, n_seq: int = 4) -> pl.DataFrame:
     return pl.DataFrame(rows)
 
 
-def run_distill_align(
-    model_name: str, state_size: int, inputs: Files, outputs: Files, align: dict, seed: int, dtype: str = "float32"
-) -> None:
-    """align_layers at `state_size` on the hidden states of the teacher file inputs.teacher (of the
-    model inputs.model), with `align` {steps, batch, lr, compute_dtype}: writes the aligned SSM
-    heads to outputs.weights, the loss curve to outputs.curve and the per-head errors after
-    alignment (head_errors of the pure SSM) to outputs.heads, each with model and state_size
-    columns."""
+@dataclass(frozen=True)
+class DistillAlign(RuleSettings):
+    """Rule distill_align's settings: the `model` (wildcard model) aligned at `state_size`
+    (wildcard n) by `align` (hybrid.align) with `seed` (hybrid.seed), loaded in `dtype` (config
+    key dtype)."""
+
+    model: str
+    state_size: int
+    align: Align = Align()
+    seed: int = 99
+    dtype: str = "float32"
+
+
+def run_distill_align(inputs: Files, outputs: Files, settings: DistillAlign) -> None:
+    """align_layers at settings.state_size on the hidden states of the teacher file inputs.teacher
+    (of the model inputs.model), with settings.align: writes the aligned SSM heads to
+    outputs.weights, the loss curve to outputs.curve and the per-head errors after alignment
+    (head_errors of the pure SSM) to outputs.heads, each with model and state_size columns."""
+    model_name, state_size = settings.model, settings.state_size
     weights_path, curve_path, heads_path = outputs.weights, outputs.curve, outputs.heads
-    model, _ = load_model(inputs.model, dtype)
+    model, _ = load_model(inputs.model, settings.dtype)
     hidden = read_tensors(inputs.teacher, ["hidden"], device_of(model))["hidden"]
-    state, curve = align_layers(model, hidden, state_size, align, seed)
+    state, curve = align_layers(model, hidden, state_size, settings.align, settings.seed)
     write_tensors(state, weights_path)
     labels = [pl.lit(model_name).alias("model"), pl.lit(state_size).alias("state_size")]
     write_parquet(curve.with_columns(*labels), curve_path)

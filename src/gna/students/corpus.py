@@ -8,12 +8,44 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
 
 import polars as pl
 import torch
 
 from gna.core.io import read_parquet, write_json
+from gna.core.settings import Files, RuleSettings
 from gna.tasks.tables import build_kv_retrieval, build_mmlu, load_mmlu_jsonl, select_mmlu
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The distillation corpus (config block hybrid.corpus): windows of `seq_len` tokens,
+    `train_windows` for distillation (the first `align_windows` also for alignment) and
+    `heldout_windows` for perplexity; KV documents over dictionary sizes `kv_sizes`, a `kv_share`
+    of the documents (the rest answered MMLU questions), `heldout_share` of the MMLU pool held out."""
+
+    seq_len: int = 256
+    train_windows: int = 128
+    align_windows: int = 32
+    heldout_windows: int = 8
+    kv_sizes: tuple[int, ...] = (5, 10, 20)
+    kv_share: float = 0.5
+    heldout_share: float = 0.2
+
+
+@dataclass(frozen=True)
+class MmluSelection:
+    """The MMLU evaluation subset the corpus stays out of (config keys tasks.mmlu.n, seed, topics;
+    gna.tasks.tables.select_mmlu)."""
+
+    n: int | None = 200
+    seed: int = 1234
+    topics: tuple[str, ...] = ()
+
+    def split(self, table: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """(evaluation subset, remaining pool) of the MMLU `table`."""
+        return select_mmlu(table, self.n, self.seed, list(self.topics))
 
 
 def answered_mmlu(pool: pl.DataFrame, seed: int) -> list[tuple[str, str]]:
@@ -56,14 +88,14 @@ def token_windows(
     tok,
     mmlu_docs: list[tuple[str, str]],
     kv_docs: list[tuple[str, str]],
-    kv_share: float,
-    seq_len: int,
+    corpus: Corpus,
     n_windows: int,
     seed: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Documents (context, answer) drawn at random (KV with probability kv_share), joined by EOS
-    and cut into `n_windows` windows of `seq_len` tokens. Returns (ids [n_windows, seq_len],
+    """Documents (context, answer) drawn at random (KV with probability corpus.kv_share), joined by
+    EOS and cut into `n_windows` windows of corpus.seq_len tokens. Returns (ids [n_windows, seq_len],
     predicts_answer [n_windows, seq_len] bool: the next token is an answer token)."""
+    kv_share, seq_len = corpus.kv_share, corpus.seq_len
     sep = tok.eos_token_id if tok.eos_token_id is not None else 0
     rng = random.Random(f"corpus-{seed}")
     mmlu_docs, kv_docs = list(mmlu_docs), list(kv_docs)
@@ -106,57 +138,61 @@ def split_pool(pool: pl.DataFrame, heldout_share: float) -> tuple[pl.DataFrame, 
     return pool[n_held:], pool[:n_held]
 
 
-def corpus_splits(corpus: dict, seed: int) -> list[tuple[str, int, int]]:
+def corpus_splits(corpus: Corpus, seed: int) -> list[tuple[str, int, int]]:
     """(split, windows, seed) of the corpus's "train" and "heldout" splits."""
-    return [("train", corpus["train_windows"], seed), ("heldout", corpus["heldout_windows"], seed + 1)]
+    return [("train", corpus.train_windows, seed), ("heldout", corpus.heldout_windows, seed + 1)]
 
 
-def corpus_documents(mmlu_pool: pl.DataFrame, corpus: dict, template: str, seed: int) -> dict:
+def corpus_documents(mmlu_pool: pl.DataFrame, corpus: Corpus, template: str, seed: int) -> dict:
     """{split: (MMLU documents, KV documents)} for each of corpus_splits, each a list of
     (context, answer): disjoint question halves of `mmlu_pool` and KV seed namespaces."""
-    pools = dict(zip(("train", "heldout"), split_pool(mmlu_pool, corpus["heldout_share"])))
+    pools = dict(zip(("train", "heldout"), split_pool(mmlu_pool, corpus.heldout_share)))
     docs = {}
     for split, n, split_seed in corpus_splits(corpus, seed):
-        n_kv = corpus["seq_len"] * n // 16 if corpus["kv_share"] > 0 else 0  # more than enough documents
-        kv_docs = answered_kv(corpus["kv_sizes"], n_kv, corpus_kv_seed(split, seed), template) if n_kv else []
+        n_kv = corpus.seq_len * n // 16 if corpus.kv_share > 0 else 0  # more than enough documents
+        kv_docs = answered_kv(list(corpus.kv_sizes), n_kv, corpus_kv_seed(split, seed), template) if n_kv else []
         docs[split] = (answered_mmlu(pools[split], split_seed), kv_docs)
     return docs
 
 
-def build_corpus(tok, mmlu_pool: pl.DataFrame, corpus: dict, template: str, seed: int) -> dict:
+def build_corpus(tok, mmlu_pool: pl.DataFrame, corpus: Corpus, template: str, seed: int) -> dict:
     """Train and held-out windows {"train": [n, T], "train_answers": [n, T] bool (positions that
     predict an answer token), "heldout": [m, T]} from corpus_documents (the MMLU evaluation
-    subset is never in `mmlu_pool`; run_corpus_check checks the whole corpus against the
+    subset is never in `mmlu_pool`; run_distill_corpus_check checks the whole corpus against the
     evaluation items)."""
     docs = corpus_documents(mmlu_pool, corpus, template, seed)
     out = {}
     for split, n, split_seed in corpus_splits(corpus, seed):
-        out[split], answers = token_windows(tok, *docs[split], corpus["kv_share"], corpus["seq_len"], n, split_seed)
+        out[split], answers = token_windows(tok, *docs[split], corpus, n, split_seed)
         if split == "train":
             out["train_answers"] = answers
     return out
 
 
-def run_corpus_check(
-    mmlu_path: str,
-    kv_path: str,
-    validation_path: str,
-    out_path: str,
-    corpus: dict,
-    seed: int,
-    mmlu: dict,
-    template: str,
-) -> dict:
-    """Check that the distillation corpus (corpus_documents, from the MMLU questions outside the
-    evaluation subset `mmlu` {n, seed, topics}) holds no evaluation item: no MMLU question of the
-    subset (by text) and no KV prompt of the evaluation table `kv_path`; and that the KV prompts
-    of checkpoint selection `validation_path` are neither evaluation prompts nor corpus documents;
-    raises otherwise (check_no_evaluation_items). Writes what was checked to the JSON `out_path`.
+@dataclass(frozen=True)
+class DistillCorpusCheck(RuleSettings):
+    """Rule distill_corpus_check's settings: the `corpus` (hybrid.corpus) built with `seed`
+    (hybrid.seed) and the KV `template` (tasks.kv_retrieval.template), outside the MMLU evaluation
+    subset `mmlu` (tasks.mmlu n, seed, topics)."""
+
+    corpus: Corpus = Corpus()
+    seed: int = 99
+    mmlu: MmluSelection = MmluSelection()
+    template: str = "lookup"
+
+
+def run_distill_corpus_check(inputs: Files, outputs: Files, settings: DistillCorpusCheck) -> dict:
+    """Check that the distillation corpus (corpus_documents, from the MMLU questions of inputs.mmlu
+    outside the evaluation subset settings.mmlu) holds no evaluation item: no MMLU question of the
+    subset (by text) and no KV prompt of the evaluation table inputs.kv; and that the KV prompts
+    of checkpoint selection inputs.validation are neither evaluation prompts nor corpus documents;
+    raises otherwise (check_no_evaluation_items). Writes what was checked to the JSON outputs.check.
     Model-free and apart from the teacher file, so an edit of the evaluation tasks reruns this
     check, not the distillation."""
-    subset, pool = select_mmlu(load_mmlu_jsonl(mmlu_path), mmlu["n"], mmlu["seed"], mmlu["topics"])
-    evaluation_kv = read_parquet(kv_path)["context"]
-    validation_kv = read_parquet(validation_path)["context"]
+    corpus, seed, template = settings.corpus, settings.seed, settings.template
+    subset, pool = settings.mmlu.split(load_mmlu_jsonl(inputs.mmlu))
+    evaluation_kv = read_parquet(inputs.kv)["context"]
+    validation_kv = read_parquet(inputs.validation)["context"]
     check_no_evaluation_items(validation_kv, evaluation_kv, "KV prompts of checkpoint selection")
     counts = {
         "evaluation_mmlu_questions": len(subset),
@@ -170,5 +206,5 @@ def run_corpus_check(
         counts[f"{split}_mmlu_documents"] = len(mmlu_docs)
     check_no_evaluation_items(pool["question"], subset["question"], "MMLU questions of the corpus pool")
     counts["corpus_pool_mmlu_questions"] = len(pool)
-    write_json(counts | {"leaked": 0}, out_path)
+    write_json(counts | {"leaked": 0}, outputs.check)
     return counts

@@ -6,11 +6,13 @@ per variant, a measured check of it, and the hybrid phase's memory table."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import polars as pl
 import torch
 
 from gna.core.io import write_parquet
+from gna.core.settings import Files, RuleSettings
 from gna.engine.anatomy import final_norm, sliding_windows
 from gna.engine.device import device_of
 from gna.students.mixer import LOCAL_WIDTH, layer_forward, layers_of, mixer_of, rotary
@@ -179,30 +181,52 @@ def measured_check(cfg, spec: dict, measured: int, length: int, bytes_per_value:
     )
 
 
-def run_hybrid_memory(
-    model_name: str, model_dir: str, student_dirs: list[str], out_path: str, memory: dict
-) -> pl.DataFrame:
-    """The memory table of a teacher and its students: formula_table at `memory["seq_lens"]`
-    with `memory["bytes_per_value"]`, then measured_check of the largest_cache student at
-    `memory["check_len"]` tokens (fp32 as loaded); written to `out_path` with a model column."""
+@dataclass(frozen=True)
+class Memory:
+    """The inference-memory table (config block hybrid.memory): the formula at each length of
+    `seq_lens` with `bytes_per_value` bytes per cached value, and the measured check at
+    `check_len` tokens."""
+
+    seq_lens: tuple[int, ...] = (128, 2048, 4096)
+    bytes_per_value: int = 2
+    check_len: int = 2048
+
+
+@dataclass(frozen=True)
+class HybridMemory(RuleSettings):
+    """Rule hybrid_memory's settings: the teacher `model` (wildcard model) and `memory`
+    (hybrid.memory)."""
+
+    model: str
+    memory: Memory = Memory()
+
+
+def run_hybrid_memory(inputs: Files, outputs: Files, settings: HybridMemory) -> pl.DataFrame:
+    """The memory table of the teacher inputs.model and its students inputs.students (folders):
+    formula_table at memory.seq_lens with memory.bytes_per_value (memory = settings.memory), then
+    measured_check of the largest_cache student at memory.check_len tokens (fp32 as loaded);
+    written to outputs.memory with a model column."""
     from transformers import AutoConfig
+
+    model_name, memory = settings.model, settings.memory
+    model_dir, student_dirs = inputs.model, list(inputs.students)
 
     cfg = AutoConfig.from_pretrained(model_dir)
     specs = {folder: read_spec(folder) for folder in student_dirs}
-    frame = formula_table(cfg, list(specs.values()), memory["seq_lens"], memory["bytes_per_value"])
+    frame = formula_table(cfg, list(specs.values()), list(memory.seq_lens), memory.bytes_per_value)
     folder = largest_cache(specs)
     student, _ = load_student(folder)
-    measured = measured_cache(student, memory["check_len"])
+    measured = measured_cache(student, memory.check_len)
     check = measured_check(
-        cfg, specs[folder], measured, memory["check_len"], torch.finfo(next(student.parameters()).dtype).bits // 8
+        cfg, specs[folder], measured, memory.check_len, torch.finfo(next(student.parameters()).dtype).bits // 8
     )
     log.info(
         "measured cache of %s at %d tokens: %d bytes (formula %d)",
         specs[folder]["variant"],
-        memory["check_len"],
+        memory.check_len,
         measured,
         check["formula_bytes"][0],
     )
     frame = pl.concat([frame, check], how="diagonal_relaxed").with_columns(pl.lit(model_name).alias("model"))
-    write_parquet(frame, out_path)
+    write_parquet(frame, outputs.memory)
     return frame

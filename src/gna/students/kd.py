@@ -17,17 +17,54 @@ from tqdm.auto import tqdm
 
 from gna.core import work
 from gna.core.io import atomic_dir, read_parquet, write_parquet
-from gna.core.settings import Files
+from gna.core.settings import Files, RuleSettings
 from gna.core.tensor_files import read_tensors, write_tensors
 from gna.engine.device import device_of
 from gna.engine.precision import COMPUTE_DTYPES, frozen_weights_in
 from gna.engine.scoring import Scorer
 from gna.models.prepare import load_model
-from gna.students.alignment import load_aligned, lr_schedule, realign_in_context
+from gna.students.alignment import Realign, load_aligned, lr_schedule, realign_in_context
 from gna.students.mixer import layers_of, mixers, restore, snapshot
 from gna.students.spec import hybrid_spec, make_hybrid, parse_variant, ranked_heads, save_student
 
 log = logging.getLogger("gna.students.kd")
+
+
+@dataclass(frozen=True)
+class KD:
+    """End-to-end distillation (config block hybrid.kd): `steps` steps of `batch` windows at
+    learning rate `lr` after `warmup` warmup steps (None: a tenth of the steps, at least 1), the
+    positions that predict an answer token weighted `answer_weight`; compute_dtype "bfloat16":
+    forward and backward under bf16 autocast with the frozen weights held in bf16."""
+
+    steps: int = 14
+    batch: int = 4
+    lr: float = 0.001
+    answer_weight: float = 10
+    compute_dtype: str = "float32"
+    warmup: int | None = None
+
+
+@dataclass(frozen=True)
+class Select:
+    """Which KD checkpoint becomes the student (config keys hybrid.select, hybrid.validation.every
+    and eval.batch_size): `by` "validation" (Selection on the validation KV prompts, scored every
+    `every` steps, `batch_size` items per forward) or "last" (the last step's)."""
+
+    by: str = "validation"
+    every: int = 7
+    batch_size: int = 8
+
+
+@dataclass
+class KDBatch:
+    """One KD step's windows: token `ids` [B, T], the teacher's renormalised top-k probabilities
+    `target` at `top_idx` [B, T, k] and the per-position loss `weights` [B, T]."""
+
+    ids: torch.Tensor
+    target: torch.Tensor
+    top_idx: torch.Tensor
+    weights: torch.Tensor
 
 
 def answer_weights(predicts_answer: torch.Tensor, answer_weight: float) -> torch.Tensor:
@@ -80,22 +117,16 @@ KD_HEAD_ROWS = 256
 
 
 def kd_backward(
-    student,
-    ids: torch.Tensor,
-    target: torch.Tensor,
-    top_idx: torch.Tensor,
-    weights: torch.Tensor,
-    low: torch.dtype | None = None,
-    head_rows: int = KD_HEAD_ROWS,
-    parts: dict | None = None,
+    student, batch: KDBatch, low: torch.dtype | None = None, head_rows: int = KD_HEAD_ROWS, parts: dict | None = None
 ) -> float:
-    """Forward and backward of kd_loss(student(ids).logits, target, top_idx, weights), the
-    output head and loss (_TopKCrossEntropy) taken `head_rows` positions at a time: the decoder
-    runs once, each slice's logits and gradient are freed before the next, and the gradient
-    reaching the decoder's output is passed back through it once. Same gradients as kd_loss's
-    backward (tested). `low`: bf16 autocast for the forward, as in distill_logits. Returns the
+    """Forward and backward of kd_loss(student(ids).logits, target, top_idx, weights) on the
+    windows `batch` (KDBatch), the output head and loss (_TopKCrossEntropy) taken `head_rows`
+    positions at a time: the decoder runs once, each slice's logits and gradient are freed before
+    the next, and the gradient reaching the decoder's output is passed back through it once. Same
+    gradients as kd_loss's backward (tested). `low`: bf16 autocast for the forward, as in distill_logits. Returns the
     loss; `parts` (a dict), when given, receives the unweighted mean cross-entropy at the
     up-weighted (answer) positions and at the others ("loss_answer", "loss_other")."""
+    ids, target, top_idx, weights = batch.ids, batch.target, batch.top_idx, batch.weights
     autocast = functools.partial(torch.autocast, ids.device.type, dtype=torch.bfloat16, enabled=low is not None)
     with autocast():
         hidden = student.base_model(input_ids=ids, use_cache=False).last_hidden_state
@@ -180,32 +211,39 @@ class Selection:
         return self.chosen
 
 
+@dataclass(frozen=True)
+class Watch:
+    """What a KD run keeps and shows besides training (distill_logits): a snapshot of the SSM
+    parameters after each step count of `checkpoints` (0: before training), checkpoint selection
+    `select` (Selection; None: the last step's student) and a progress bar labelled `desc`
+    (`progress`: whether it shows)."""
+
+    checkpoints: tuple[int, ...] | list[int] = ()
+    select: Selection | None = None
+    progress: bool = True
+    desc: str = "kd"
+
+
 def distill_logits(
-    student,
-    targets: dict,
-    kd: dict,
-    seed: int,
-    checkpoints: list[int] = (),
-    progress: bool = True,
-    desc: str = "kd",
-    select: Selection | None = None,
+    student, targets: dict, kd: KD, seed: int, watch: Watch = Watch()
 ) -> tuple[pl.DataFrame, dict[int, dict]]:
     """Train the student's SSM parameters to match the teacher's top-k next-token
     distribution at every position (cross-entropy to the renormalised teacher top-k, averaged
     with per-position weights, default 1). targets: {ids [n, T], top_logp and top_idx (the
-    teacher's, teacher_activations), optional weights [n, T]}; kd: {steps, batch, lr,
-    compute_dtype (default float32)} (config hybrid.kd). Returns the loss curve and a snapshot
-    of the SSM parameters after each step count in `checkpoints` (0: before training).
+    teacher's, teacher_activations), optional weights [n, T]}; kd: the steps, batch, learning rate,
+    warmup and compute dtype (KD, config hybrid.kd). Returns the loss curve and a snapshot
+    of the SSM parameters after each step count in watch.checkpoints (0: before training).
     compute_dtype "bfloat16": forward and backward under bf16 autocast with the frozen weights
     held in bf16 (gna.engine.precision; trained parameters, optimizer state and loss stay float32;
     about twice as fast on CPUs with bf16 instructions). The curve's rows: the loss of each step,
     its unweighted parts at answer and other positions, the gradient norm before clipping and the
-    learning rate. `select`: checkpoint selection by validation (Selection), the student left at
-    the chosen step."""
+    learning rate. watch.select: checkpoint selection by validation (Selection), the student left
+    at the chosen step."""
     ids, top_logp, top_idx = targets["ids"], targets["top_logp"], targets["top_idx"]
     weights = targets.get("weights")
-    steps, batch, lr = kd["steps"], kd["batch"], kd["lr"]
-    compute_dtype = kd.get("compute_dtype", "float32")
+    steps, batch, lr = kd.steps, kd.batch, kd.lr
+    compute_dtype = kd.compute_dtype
+    checkpoints, select, progress, desc = watch.checkpoints, watch.select, watch.progress, watch.desc
     torch.manual_seed(seed)
     for p in student.parameters():
         p.requires_grad_(False)
@@ -224,7 +262,7 @@ def distill_logits(
     rng = torch.Generator(device="cpu").manual_seed(seed)  # the same draws on any device
     target = torch.softmax(top_logp.float(), dim=-1)
     weights = torch.ones(ids.shape, device=ids.device) if weights is None else weights.float()
-    warmup = kd.get("warmup") or max(1, steps // 10)
+    warmup = kd.warmup or max(1, steps // 10)
     _train_mode(student)
     low = COMPUTE_DTYPES[compute_dtype]
     frozen = contextlib.ExitStack()
@@ -252,7 +290,9 @@ def distill_logits(
                 pick = torch.randperm(len(ids), generator=rng, device="cpu")[:batch].to(ids.device)
                 opt.zero_grad(set_to_none=True)
                 parts = {}
-                loss = kd_backward(student, ids[pick], target[pick], top_idx[pick], weights[pick], low, parts=parts)
+                loss = kd_backward(
+                    student, KDBatch(ids[pick], target[pick], top_idx[pick], weights[pick]), low, parts=parts
+                )
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
                 opt.step()
                 bar.set_postfix(loss=f"{loss:.3f}")
@@ -300,40 +340,55 @@ def validation_scorer(tok, table: pl.DataFrame, batch_size: int) -> Callable:
     return score
 
 
-def run_distill_kd(
-    model_name: str,
-    variant: str,
-    inputs: Files,
-    outputs: Files,
-    kd: dict,
-    checkpoints: list[int],
-    seed: int,
-    select: dict,
-    dtype: str = "float32",
-    realign: dict | None = None,
-) -> None:
-    """Build student `variant` of model inputs.model (k{heads kept}-n{state size}): the best-ranked
-    heads of inputs.ranking kept as attention, its SSM heads from the aligned file
-    inputs.aligned, fitted again on its own stream by `realign` {steps, lr, batch, compute_dtype}
-    (realign_in_context; None or 0 steps: not); distill_logits it on the teacher file
-    inputs.teacher with `kd` {steps, batch, lr, answer_weight, compute_dtype}, its weights in
-    `dtype`. `select` {by, every, batch_size}: by "validation", the student is the last step's
+@dataclass(frozen=True)
+class DistillKD(RuleSettings):
+    """Rule distill_kd's settings: student `variant` (k{heads kept}-n{state size}, from the
+    wildcards k and n) of `model` (wildcard model), realigned by `realign` (hybrid.realign; None:
+    not), distilled by `kd` (hybrid.kd) with `seed` (hybrid.seed) and its checkpoint chosen by
+    `select`; the SSM parameters kept after each step count of `checkpoints` (the budget curve's,
+    for its variants); the model loaded in `dtype` (config key dtype)."""
+
+    model: str
+    variant: str
+    kd: KD = KD()
+    checkpoints: tuple[int, ...] = ()
+    seed: int = 99
+    select: Select = Select()
+    dtype: str = "float32"
+    realign: Realign | None = None
+
+
+def run_distill_kd(inputs: Files, outputs: Files, settings: DistillKD) -> None:
+    """Build student settings.variant of model inputs.model (k{heads kept}-n{state size}): the
+    best-ranked heads of inputs.ranking kept as attention, its SSM heads from the aligned file
+    inputs.aligned, fitted again on its own stream by settings.realign (realign_in_context; None
+    or 0 steps: not); distill_logits it on the teacher file inputs.teacher with settings.kd, its
+    weights in settings.dtype. settings.select: by "validation", the student is the last step's
     unless the best checkpoint on the KV prompts inputs.validation (Selection: once aligned,
     every `every` steps, after the last) answers them better by a paired test; by "last", the
-    last step's. Writes the student folder outputs.student (gna.students.spec; its spec names the chosen step), the KD
-    curve outputs.curve (per step: loss and its answer/other parts, gradient norm, learning rate),
-    the validation points outputs.validation_curve (none by "last"), how far KD moved each
-    parameter outputs.changes (parameter_changes: to the chosen and the last step) and the SSM
-    parameters after each step count of `checkpoints` to outputs.checkpoints (keys
-    "<step>/<layer>.<param>"; the last step's too where another is chosen; empty without any)."""
+    last step's. Writes the student folder outputs.student (gna.students.spec; its spec names the
+    chosen step), the KD curve outputs.curve (per step: loss and its answer/other parts, gradient
+    norm, learning rate), the validation points outputs.validation_curve (none by "last"), how far
+    KD moved each parameter outputs.changes (parameter_changes: to the chosen and the last step)
+    and the SSM parameters after each step count of settings.checkpoints to outputs.checkpoints
+    (keys "<step>/<layer>.<param>"; the last step's too where another is chosen; empty without
+    any)."""
+    model_name, variant, kd, realign, select = (
+        settings.model,
+        settings.variant,
+        settings.kd,
+        settings.realign,
+        settings.select,
+    )
+    checkpoints, seed = list(settings.checkpoints), settings.seed
     heads_kept, state_size = parse_variant(variant)
-    model, tok = load_model(inputs.model, dtype)
+    model, tok = load_model(inputs.model, settings.dtype)
     kept = ranked_heads(read_parquet(inputs.ranking), heads_kept, model_name)
     on = device_of(model)
     # the teacher's own forward is in the teacher file: the loaded model becomes the student (no copy held)
     student = load_aligned(make_hybrid(model, kept, state_size), read_tensors(inputs.aligned, None, on))
     del model
-    if realign and realign["steps"]:
+    if realign and realign.steps:
         errors = realign_in_context(
             student, read_tensors(inputs.teacher, ["hidden"], on)["hidden"], realign, seed, progress=True
         )
@@ -344,25 +399,24 @@ def run_distill_kd(
             errors["error_after"].median() if len(errors) else float("nan"),
         )
     data = read_tensors(inputs.teacher, ["train_ids", "train_answers", "top_logp", "top_idx"], on)
-    weights = answer_weights(data["train_answers"], kd["answer_weight"])
+    weights = answer_weights(data["train_answers"], kd.answer_weight)
     targets = {"ids": data["train_ids"], "top_logp": data["top_logp"], "top_idx": data["top_idx"], "weights": weights}
     selection = None
-    if select["by"] == "validation":
+    if select.by == "validation":
         table = read_parquet(inputs.validation)
-        selection = Selection(validation_scorer(tok, table, select["batch_size"]), select["every"])
+        selection = Selection(validation_scorer(tok, table, select.batch_size), select.every)
     aligned = snapshot(student)
-    wanted = [c for c in checkpoints if c < kd["steps"]]
+    wanted = [c for c in checkpoints if c < kd.steps]
     if selection is not None:
-        wanted.append(kd["steps"])  # the last step: its changes, and the budget curve's last point
-    curve, saved = distill_logits(
-        student, targets, kd, seed, checkpoints=wanted, desc=f"kd k={heads_kept} n={state_size}", select=selection
-    )
-    chosen = kd["steps"] if selection is None else selection.chosen
-    last = saved.pop(kd["steps"], None)
+        wanted.append(kd.steps)  # the last step: its changes, and the budget curve's last point
+    watch = Watch(checkpoints=wanted, select=selection, desc=f"kd k={heads_kept} n={state_size}")
+    curve, saved = distill_logits(student, targets, kd, seed, watch)
+    chosen = kd.steps if selection is None else selection.chosen
+    last = saved.pop(kd.steps, None)
     if last is None:  # without selection the student is the last step
         last = snapshot(student)
-    elif checkpoints and chosen != kd["steps"]:
-        saved[kd["steps"]] = last
+    elif checkpoints and chosen != kd.steps:
+        saved[kd.steps] = last
     labels = [
         pl.lit(model_name).alias("model"),
         pl.lit(heads_kept).alias("heads_kept"),
@@ -378,7 +432,7 @@ def run_distill_kd(
             variant,
             ", ".join(f"{r['after_steps']}: {r['accuracy']:.3f}" for r in selection.rows),
             chosen,
-            kd["steps"],
+            kd.steps,
         )
     changes = parameter_changes(aligned, {"chosen": snapshot(student), "last": last})
     spec = hybrid_spec(
@@ -387,10 +441,10 @@ def run_distill_kd(
         heads_kept=heads_kept,
         variant=variant,
         kept_ranked=[list(h) for h in kept],
-        kd_steps=kd["steps"],
-        kd_tokens=kd["steps"] * kd["batch"] * data["train_ids"].shape[1],
+        kd_steps=kd.steps,
+        kd_tokens=kd.steps * kd.batch * data["train_ids"].shape[1],
         chosen_step=chosen,
-        select=select["by"],
+        select=select.by,
     )
     with atomic_dir(outputs.student) as tmp:
         save_student(student, tok, tmp, spec)

@@ -6,12 +6,13 @@ swap with the pure SSM it starts from. Read from the answers hybrid_score and hy
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import polars as pl
 
 from gna.core.io import read_parquet, write_parquet
 from gna.core.paired import comparisons
-from gna.core.settings import Files
+from gna.core.settings import Files, RuleSettings
 from gna.students.spec import TEACHER_VARIANT, parse_variant
 
 log = logging.getLogger("gna.students.student_comparisons")
@@ -40,12 +41,22 @@ def student_pairs(variants: list[str], pure_ssm: str, swap: str | None = None) -
     return pairs
 
 
-def run_hybrid_comparisons(model_name: str, pure_ssm: str, inputs: Files, outputs: Files) -> pl.DataFrame:
-    """Rule hybrid_comparisons: student_pairs compared on the answers of the teacher and its
-    students, written with a model column.
+@dataclass(frozen=True)
+class HybridComparisons(RuleSettings):
+    """Rule hybrid_comparisons's settings: the students of `model` (wildcard model) and
+    `pure_ssm`, the pure-SSM variant the hybrids and the layer swap are compared with."""
+
+    model: str
+    pure_ssm: str
+
+
+def run_hybrid_comparisons(inputs: Files, outputs: Files, settings: HybridComparisons) -> pl.DataFrame:
+    """Rule hybrid_comparisons: student_pairs (against settings.pure_ssm) compared on the answers
+    of the teacher and its students, written with a model column (settings.model).
     inputs: answers (the teacher's and every student's, list), swap (the layer swap's; an empty
     list where hybrid.swap is off).
     outputs: comparisons."""
+    model_name, pure_ssm = settings.model, settings.pure_ssm
     per_item = {}
     for path in inputs.answers:
         frame = read_parquet(path)

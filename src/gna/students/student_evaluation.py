@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 
 import polars as pl
 import torch
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 
 from gna.core.chance import SKIPPED, ChancePolicy, skipped
 from gna.core.io import read_parquet, write_parquet
-from gna.core.settings import Files, StudentScoring
+from gna.core.settings import Files, RuleSettings, StudentScoring
 from gna.core.tensor_files import read_tensors
 from gna.engine.device import device_of
 from gna.engine.scoring import Scorer, known_items, score_table, summarize_task
@@ -24,17 +25,15 @@ log = logging.getLogger("gna.students.student_evaluation")
 
 
 def score_model(
-    model,
-    tok,
+    scorer: Scorer,
     tables: dict[str, pl.DataFrame],
     heldout: torch.Tensor | None,
-    batch_size: int,
     degeneracy_items: int | None = None,
-    progress: bool = True,
     scored: dict[str, pl.DataFrame] | None = None,
     degeneracy_pool: dict[str, pl.DataFrame] | None = None,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(summary, items) of the model on every task table, plus held-out perplexity: summary is
+    """(summary, items) of the model of `scorer` (gna.engine.scoring.Scorer: model, tokenizer,
+    items per forward, progress bars) on every task table, plus held-out perplexity: summary is
     tidy (task, group, n, metric, value, ci_low, ci_high, degenerate), items one row per scored
     item (gna.engine.scoring.per_item_frame). `degeneracy_items` items per task (None: all, 0: none) are
     scored again with another item's context (gna.tasks.tables.context_swapped): their
@@ -43,6 +42,7 @@ def score_model(
     model already computed on a superset of the table's items (the teacher's baseline)}, used
     instead of scoring those items again. `degeneracy_pool`: {task: the items of its table that the
     degeneracy check draws from (default: the whole table)}."""
+    model, tok, batch_size, progress = scorer.model, scorer.tok, scorer.batch_size, scorer.progress
     summaries, items = [], []
     for name, table in tables.items():
         if scored and name in scored:
@@ -164,19 +164,24 @@ def _with_reasons(frame: pl.DataFrame, reasons: pl.DataFrame | None) -> pl.DataF
     return frame if reasons is None else pl.concat([frame, reasons], how="diagonal_relaxed")
 
 
-def run_hybrid_score(
-    model_name: str,
-    variant: str,
-    inputs: Files,
-    outputs: Files,
-    scoring: StudentScoring,
-    kv_dict_size: int | None = None,
-) -> pl.DataFrame:
-    """score_model of the teacher or one student (`variant`) on the task tables (each cut to
-    `scoring.items`) with `scoring.degeneracy_items` per task checked for degeneracy (KV
+@dataclass(frozen=True)
+class HybridScore(RuleSettings):
+    """Rule hybrid_score's settings: the teacher or student `variant` (wildcard variant) of `model`
+    (wildcard model), scored by `scoring` (StudentScoring); `kv_dict_size`: KV retrieval on its
+    items of that dictionary size only (the state-size sweep's students; None: every item)."""
+
+    model: str
+    variant: str
+    scoring: StudentScoring = StudentScoring()
+    kv_dict_size: int | None = None
+
+
+def run_hybrid_score(inputs: Files, outputs: Files, settings: HybridScore) -> pl.DataFrame:
+    """score_model of the teacher or one student (settings.variant) on the task tables (each cut
+    to `scoring.items`, scoring = settings.scoring) with `scoring.degeneracy_items` per task checked for degeneracy (KV
     retrieval's drawn from its items of `scoring.dict_size` keys: the budget curve then reads its
     last point from these results, budget_point_from_scores), and on the teacher file's held-out
-    windows. `kv_dict_size`: KV retrieval on the items of that dictionary size only (the
+    windows. settings.kv_dict_size: KV retrieval on the items of that dictionary size only (the
     state-size sweep's students).
 
     inputs: model (folder), teacher (distillation file), tasks (task tables); optional baseline
@@ -184,6 +189,12 @@ def run_hybrid_score(
     teacher_summary (a student's: tasks on which the teacher fails `scoring.chance` are not
     scored, skip_where_teacher_cannot_compare). outputs: summary (label_variant'ed), answers
     (per item)."""
+    model_name, variant, scoring, kv_dict_size = (
+        settings.model,
+        settings.variant,
+        settings.scoring,
+        settings.kv_dict_size,
+    )
     evaluation = scoring.evaluation
     model, tok = load_any(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     tables = load_task_tables(inputs.tasks, scoring.items)
@@ -192,11 +203,9 @@ def run_hybrid_score(
     tables, reasons = skip_where_teacher_cannot_compare(tables, inputs.get("teacher_summary"), scoring.chance)
     heldout = read_tensors(inputs.teacher, ["heldout_ids"], device_of(model))["heldout_ids"]
     frame, items = score_model(
-        model,
-        tok,
+        Scorer(model, tok, evaluation.batch_size),
         tables,
         heldout,
-        evaluation.batch_size,
         scoring.degeneracy_items,
         scored=load_item_scores(inputs.get("baseline", [])),
         degeneracy_pool=kv_degeneracy_pool(tables, scoring.dict_size),
@@ -206,14 +215,23 @@ def run_hybrid_score(
     return frame
 
 
-def run_hybrid_swap(
-    model_name: str, variant: str, inputs: Files, outputs: Files, scoring: StudentScoring
-) -> pl.DataFrame:
-    """The layer swap: score_model of student `variant` with every head of the top-ranked
+@dataclass(frozen=True)
+class HybridSwap(RuleSettings):
+    """Rule hybrid_swap's settings: the pure-SSM student `variant` of `model` (wildcard model),
+    scored by `scoring` (StudentScoring)."""
+
+    model: str
+    variant: str
+    scoring: StudentScoring = StudentScoring()
+
+
+def run_hybrid_swap(inputs: Files, outputs: Files, settings: HybridSwap) -> pl.DataFrame:
+    """The layer swap: score_model of student settings.variant with every head of the top-ranked
     head's layer run as the teacher's attention; variant swap_label and swapped_layer columns;
     summary and answers written as by run_hybrid_score (tasks skipped and KV's degeneracy check
     drawn as there). inputs: model, ranking (the head ranking), teacher, tasks, optional
     teacher_summary; outputs: summary, answers."""
+    model_name, variant, scoring = settings.model, settings.variant, settings.scoring
     evaluation = scoring.evaluation
     model, tok = load_any(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     tables, reasons = skip_where_teacher_cannot_compare(
@@ -223,11 +241,9 @@ def run_hybrid_swap(
     critical = ranked_heads(read_parquet(inputs.ranking), 1, model_name)[0][0]
     with swapped_to_attention(model, [critical]):
         frame, items = score_model(
-            model,
-            tok,
+            Scorer(model, tok, evaluation.batch_size),
             tables,
             heldout,
-            evaluation.batch_size,
             scoring.degeneracy_items,
             degeneracy_pool=kv_degeneracy_pool(tables, scoring.dict_size),
         )
@@ -293,16 +309,26 @@ def budget_point_from_scores(summary_path: str, answers_path: str, table: pl.Dat
     )
 
 
-def run_hybrid_budget(
-    model_name: str, variant: str, inputs: Files, out_path: str, scoring: StudentScoring
-) -> pl.DataFrame:
-    """The distillation budget curve of student `variant`: score_model on the KV items of
-    `scoring.dict_size` keys (kv_items; `scoring.degeneracy_items` degeneracy checks) and held-out
-    perplexity after each KD step count saved in its checkpoints and at the step checkpoint
-    selection chose (the student itself: read from its hybrid_score results where they hold it,
-    budget_point_from_scores). Tidy rows with kd_steps, kd_tokens (tokens seen by distillation)
-    and chosen (the student's own step) to `out_path`. inputs: model, checkpoints (its KD checkpoints), teacher, task
-    (the KV table); optional summary and answers (its hybrid_score results)."""
+@dataclass(frozen=True)
+class HybridBudget(RuleSettings):
+    """Rule hybrid_budget's settings: student `variant` (wildcard variant) of `model` (wildcard
+    model), scored by `scoring` (its dict_size, degeneracy_items and evaluation)."""
+
+    model: str
+    variant: str
+    scoring: StudentScoring = StudentScoring()
+
+
+def run_hybrid_budget(inputs: Files, outputs: Files, settings: HybridBudget) -> pl.DataFrame:
+    """The distillation budget curve of student settings.variant (scoring = settings.scoring):
+    score_model on the KV items of `scoring.dict_size` keys (kv_items; `scoring.degeneracy_items`
+    degeneracy checks) and held-out perplexity after each KD step count saved in its checkpoints
+    and at the step checkpoint selection chose (the student itself: read from its hybrid_score
+    results where they hold it, budget_point_from_scores). Tidy rows with kd_steps, kd_tokens
+    (tokens seen by distillation) and chosen (the student's own step) to outputs.budget. inputs:
+    model, checkpoints (its KD checkpoints), teacher, task (the KV table); optional summary and
+    answers (its hybrid_score results)."""
+    model_name, variant, scoring = settings.model, settings.variant, settings.scoring
     evaluation, model_dir = scoring.evaluation, inputs.model
     model, tok = load_any(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     spec = read_spec(model_dir)
@@ -325,7 +351,7 @@ def run_hybrid_budget(
             log.info("%s after %d KD steps: read from its scores (%s)", variant, step, summary_path)
         else:
             restore(model, states[step])
-            frame, _ = score_model(model, tok, tables, heldout, evaluation.batch_size, scoring.degeneracy_items)
+            frame, _ = score_model(Scorer(model, tok, evaluation.batch_size), tables, heldout, scoring.degeneracy_items)
         frames.append(
             frame.with_columns(
                 pl.lit(step).alias("kd_steps"),
@@ -338,5 +364,5 @@ def run_hybrid_budget(
     out = label_variant(pl.concat(frames, how="diagonal_relaxed"), variant).with_columns(
         pl.lit(model_name).alias("model")
     )
-    write_parquet(out, out_path)
+    write_parquet(out, outputs.budget)
     return out

@@ -4,13 +4,14 @@ the answer rows (answer_rows_experiment), the SSM heads are left as they are."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import polars as pl
 import torch
 
 from gna.core.chance import SKIPPED, ChancePolicy
 from gna.core.io import read_parquet, write_parquet
-from gna.core.settings import Files, StudentScoring
+from gna.core.settings import Files, RuleSettings, StudentScoring
 from gna.engine.packing import PackedBatch
 from gna.engine.scoring import Scorer, accuracy_of, known_or_scored, score_table
 from gna.students.mixer import mixers
@@ -94,16 +95,26 @@ def answer_rows_experiment(
     return pl.DataFrame(rows, schema_overrides={SKIPPED: pl.String})
 
 
-def run_hybrid_answer_rows(
-    model_name: str, variant: str, inputs: Files, out_path: str, scoring: StudentScoring
-) -> pl.DataFrame:
-    """answer_rows_experiment on student `variant` over the task tables (each cut
-    to `scoring.items`), with model and variant columns, written to `out_path`. inputs: model,
+@dataclass(frozen=True)
+class HybridAnswerRows(RuleSettings):
+    """Rule hybrid_answer_rows's settings: student `variant` (wildcard variant) of `model` (wildcard
+    model), scored by `scoring` (its items: hybrid.answer_rows_items, chance and evaluation)."""
+
+    model: str
+    variant: str
+    scoring: StudentScoring = StudentScoring()
+
+
+def run_hybrid_answer_rows(inputs: Files, outputs: Files, settings: HybridAnswerRows) -> pl.DataFrame:
+    """answer_rows_experiment on student settings.variant over the task tables (each cut to
+    `scoring.items`, scoring = settings.scoring), with model and variant columns, written to
+    outputs.answer_rows. inputs: model,
     tasks; optional teacher_summary (by `scoring.chance`, a task on which the teacher is degenerate
     or at chance, skip_where_teacher_cannot_compare, is not run: its row carries the reason,
     skipped_reason, instead of accuracies) and answers (the student's per-item answers, its
     hybrid_score, read for the unmodified condition instead of scoring those items again). The
     masked condition is not run where the unmodified student is at chance (answer_rows_experiment)."""
+    model_name, variant, scoring = settings.model, settings.variant, settings.scoring
     evaluation = scoring.evaluation
     model, tok = load_any(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     tables, reasons = skip_where_teacher_cannot_compare(
@@ -127,5 +138,5 @@ def run_hybrid_answer_rows(
             how="diagonal_relaxed",
         )
     frame = frame.with_columns(pl.lit(model_name).alias("model"), pl.lit(variant).alias("variant"))
-    write_parquet(frame, out_path)
+    write_parquet(frame, outputs.answer_rows)
     return frame

@@ -10,21 +10,22 @@ weight stays frozen.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from gna.core import work
-from gna.core.settings import Evaluation, Files
+from gna.core.settings import Evaluation, Files, RuleSettings
 from gna.core.tensor_files import write_tensors
 from gna.engine.anatomy import UnsupportedModel
 from gna.engine.device import device_of
 from gna.models.families import check_student_family, skip_hint
 from gna.models.prepare import load_model
-from gna.students.corpus import build_corpus
+from gna.students.corpus import Corpus, MmluSelection, build_corpus
 from gna.students.mixer import layers_of
-from gna.tasks.tables import load_mmlu_jsonl, select_mmlu
+from gna.tasks.tables import load_mmlu_jsonl
 
 log = logging.getLogger("gna.students.teacher_file")
 
@@ -76,40 +77,47 @@ def teacher_activations(
     }
 
 
-def run_distill_teacher(
-    inputs: Files,
-    out_path: str,
-    corpus: dict,
-    top_k: int,
-    seed: int,
-    mmlu: dict,
-    template: str,
-    evaluation: Evaluation = Evaluation(),
-) -> None:
+@dataclass(frozen=True)
+class DistillTeacher(RuleSettings):
+    """Rule distill_teacher's settings: the `corpus` (hybrid.corpus) built with `seed` (hybrid.seed)
+    and the KV `template` (tasks.kv_retrieval.template) outside the MMLU evaluation subset `mmlu`
+    (tasks.mmlu n, seed, topics); the teacher's `top_k` next-token log-probs kept per position
+    (hybrid.top_k_logits); how the teacher is loaded (`evaluation`: dtype, compute_dtype)."""
+
+    corpus: Corpus = Corpus()
+    top_k: int = 32
+    seed: int = 99
+    mmlu: MmluSelection = MmluSelection()
+    template: str = "lookup"
+    evaluation: Evaluation = Evaluation()
+
+
+def run_distill_teacher(inputs: Files, outputs: Files, settings: DistillTeacher) -> None:
     """Build the corpus (gna.students.corpus.build_corpus, from the MMLU questions of inputs.mmlu
-    outside the evaluation subset `mmlu` {n, seed, topics}) and write the teacher file `out_path`
-    of the model inputs.model (its folder): teacher_activations
-    on the train windows (hidden of the first corpus["align_windows"], top_logp, top_idx) plus
-    the windows (train_ids, train_answers, heldout_ids). `evaluation.compute_dtype`: the teacher's linear
-    layers computed in it, as in every evaluation (gna.engine.precision.linears_computed_in)."""
+    outside the evaluation subset settings.mmlu) and write the teacher file outputs.teacher of the
+    model inputs.model (its folder): teacher_activations on the train windows (hidden of the first
+    settings.corpus.align_windows, top_logp, top_idx) plus the windows (train_ids, train_answers,
+    heldout_ids). `settings.evaluation.compute_dtype`: the teacher's linear layers computed in it,
+    as in every evaluation (gna.engine.precision.linears_computed_in)."""
+    corpus, evaluation = settings.corpus, settings.evaluation
     model, tok = load_model(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     try:
         check_student_family(model)
     except UnsupportedModel as err:
         raise UnsupportedModel(f"{err}; {skip_hint(Path(inputs.model).name, 'hybrid')}") from None
-    _, pool = select_mmlu(load_mmlu_jsonl(inputs.mmlu), mmlu["n"], mmlu["seed"], mmlu["topics"])
-    windows = build_corpus(tok, pool, corpus, template, seed)
+    _, pool = settings.mmlu.split(load_mmlu_jsonl(inputs.mmlu))
+    windows = build_corpus(tok, pool, corpus, settings.template, settings.seed)
     log.info(
         "corpus: %d train windows (%d answer positions; the first %d also for alignment) and %d held-out "
         "windows of %d tokens (%d MMLU questions outside the evaluation subset)",
         len(windows["train"]),
         int(windows["train_answers"].sum()),
-        min(corpus["align_windows"], len(windows["train"])),
+        min(corpus.align_windows, len(windows["train"])),
         len(windows["heldout"]),
-        corpus["seq_len"],
+        corpus.seq_len,
         len(pool),
     )
-    acts = teacher_activations(model, windows["train"].to(device_of(model)), top_k, corpus["align_windows"])
+    acts = teacher_activations(model, windows["train"].to(device_of(model)), settings.top_k, corpus.align_windows)
     write_tensors(
         {
             **acts,
@@ -117,6 +125,6 @@ def run_distill_teacher(
             "train_answers": windows["train_answers"],
             "heldout_ids": windows["heldout"],
         },
-        out_path,
+        outputs.teacher,
     )
     log.info("teacher hidden states %s (%s)", tuple(acts["hidden"].shape), acts["hidden"].dtype)

@@ -87,13 +87,14 @@ def _phase_calls():
     """(name, call(model, tok) -> result) for the compute of every phase that loads a model."""
     import copy
 
+    from gna.engine.scoring import Scorer
     from gna.phases.gather_aggregate import head_roles, kv_row_segments
     from gna.phases.head_ablation import attribution_scores, sweep_heads
     from gna.phases.masking import masking_experiment
     from gna.phases.pruning import gradual, individual
-    from gna.students.alignment import align_layers, head_errors
+    from gna.students.alignment import Align, align_layers, head_errors
     from gna.students.decoding import measured_cache
-    from gna.students.kd import distill_logits
+    from gna.students.kd import KD, Watch, distill_logits
     from gna.students.spec import make_hybrid
     from gna.students.student_evaluation import score_model
     from gna.students.student_masking import answer_rows_experiment
@@ -109,8 +110,9 @@ def _phase_calls():
     def distill(model, tok):
         acts = teacher_activations(model, ids.to(device_of(model)), top_k=4, progress=False)
         targets = {"ids": ids.to(device_of(model)), "top_logp": acts["top_logp"], "top_idx": acts["top_idx"]}
-        curve, _ = distill_logits(student(model), targets, {"steps": 2, "batch": 2, "lr": 1e-3}, seed=0, progress=False)
-        aligned = align_layers(model, acts["hidden"], 4, {"steps": 2, "batch": 2, "lr": 1e-2}, 0, progress=False)[1]
+        kd = KD(steps=2, batch=2, lr=1e-3)
+        curve, _ = distill_logits(student(model), targets, kd, seed=0, watch=Watch(progress=False))
+        aligned = align_layers(model, acts["hidden"], 4, Align(steps=2, batch=2, lr=1e-2), 0, progress=False)[1]
         return (
             curve.drop("seconds", strict=False),
             aligned.drop("seconds", strict=False),
@@ -135,7 +137,7 @@ def _phase_calls():
         ("answer rows", lambda m, t: answer_rows_experiment(student(m), tables, t)),
         (
             "student scoring",
-            lambda m, t: score_model(student(m), t, tables, ids.to(device_of(m)), 2, None, progress=False),
+            lambda m, t: score_model(Scorer(student(m), t, 2, progress=False), tables, ids.to(device_of(m)), None),
         ),
         ("layer swap", lambda m, t: _swapped_scores(student(m), t, kv)),
         ("distillation", distill),

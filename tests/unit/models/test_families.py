@@ -178,7 +178,7 @@ def test_a_students_heads_compute_what_the_teachers_do_in_every_student_family(f
     the prompt is longer); a student with SSM heads saves and reloads bit for bit, decodes step by
     step as its forward computes, and takes a KD step."""
     from gna.students.decoding import prefill, step
-    from gna.students.kd import distill_logits
+    from gna.students.kd import KD, Watch, distill_logits
     from gna.students.mixer import mixers
     from gna.students.spec import load_any, make_hybrid, save_student
     from gna.students.teacher_file import teacher_activations
@@ -218,7 +218,7 @@ def test_a_students_heads_compute_what_the_teachers_do_in_every_student_family(f
     acts = teacher_activations(model, ids.repeat(2, 1), top_k=4, progress=False)
     before = {k: v.clone() for k, v in student.state_dict().items()}
     targets = {"ids": ids.repeat(2, 1), "top_logp": acts["top_logp"], "top_idx": acts["top_idx"]}
-    distill_logits(student, targets, {"steps": 1, "batch": 2, "lr": 1e-3}, 0, progress=False)
+    distill_logits(student, targets, KD(steps=1, batch=2, lr=1e-3), 0, Watch(progress=False))
     changed = [k for k, v in student.state_dict().items() if not torch.equal(v, before[k])]
     ssm = {id(p) for m in mixers(student) for p in m.ssm_params()}
     trainable = {k for k, p in student.named_parameters() if id(p) in ssm}

@@ -7,9 +7,9 @@ from conftest import MINI_MMLU  # tests/conftest.py (this file is unit.students.
 
 from gna.core.io import write_parquet
 from gna.core.settings import Files
-from gna.students.alignment import run_distill_align
-from gna.students.kd import run_distill_kd
-from gna.students.teacher_file import run_distill_teacher
+from gna.students.alignment import DistillAlign, run_distill_align
+from gna.students.kd import DistillKD, run_distill_kd
+from gna.students.teacher_file import DistillTeacher, run_distill_teacher
 from gna.tasks.tables import build_kv_retrieval
 from unit.students.rules import CORPUS, KD
 
@@ -37,32 +37,34 @@ def phase(tmp_path_factory, tiny_llama):
     p = {name: str(root / name) for name in ("teacher", "ranking.parquet", "kv_retrieval.parquet")}
     run_distill_teacher(
         Files(model=p["teacher"], mmlu=str(MINI_MMLU)),
-        str(root / "teacher.safetensors"),
-        CORPUS,
-        top_k=4,
-        seed=1,
-        mmlu={"n": 8, "seed": 7, "topics": []},
-        template="lookup",
+        Files(teacher=str(root / "teacher.safetensors")),
+        DistillTeacher.of(
+            {"corpus": CORPUS, "top_k": 4, "seed": 1, "mmlu": {"n": 8, "seed": 7, "topics": []}, "template": "lookup"}
+        ),
     )
     run_distill_align(
-        "tiny",
-        4,
         Files(model=p["teacher"], teacher=str(root / "teacher.safetensors")),
         Files(
             weights=str(root / "align.safetensors"),
             curve=str(root / "align.parquet"),
             heads=str(root / "align-heads.parquet"),
         ),
-        {"steps": 2, "batch": 2, "lr": 1e-3},
-        seed=1,
+        DistillAlign.of({"model": "tiny", "state_size": 4, "align": {"steps": 2, "batch": 2, "lr": 1e-3}, "seed": 1}),
     )
     # the checkpoint selection's own prompts (another seed than the evaluation table's)
     write_parquet(build_kv_retrieval([3], 4, seed=5, template="lookup"), root / "kd_validation.parquet")
     p["kd_validation.parquet"] = str(root / "kd_validation.parquet")
     for k, by in ((0, "last"), (2, "validation")):
+        settings = {
+            "model": "tiny",
+            "variant": f"k{k}-n4",
+            "kd": KD,
+            "checkpoints": [0, 1, 2] if k == 2 else [],
+            "seed": 1,
+            "select": {"by": by, "every": 1, "batch_size": 4},
+            "realign": {"steps": 2, "batch": 2, "lr": 1e-2} if k == 2 else None,
+        }
         run_distill_kd(
-            "tiny",
-            f"k{k}-n4",
             Files(
                 model=p["teacher"],
                 teacher=str(root / "teacher.safetensors"),
@@ -71,10 +73,6 @@ def phase(tmp_path_factory, tiny_llama):
                 validation=p["kd_validation.parquet"],
             ),
             kd_outputs(root, f"kd{k}", student=root / f"k{k}"),
-            KD,
-            checkpoints=[0, 1, 2] if k == 2 else [],
-            seed=1,
-            select={"by": by, "every": 1, "batch_size": 4},
-            realign={"steps": 2, "batch": 2, "lr": 1e-2} if k == 2 else None,
+            DistillKD.of(settings),
         )
     return root, p

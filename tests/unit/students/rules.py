@@ -1,14 +1,21 @@
 """The hybrid phase's rule functions as the tests call them: each with its files and scoring
-settings given as keywords (the scripts pass Snakemake's input/output and the rule's
-StudentScoring), and the corpus and KD settings of the tiny students (the `phase` fixture of
+settings given as keywords (the scripts pass Snakemake's input/output and the rule's settings,
+run_rule), and the corpus and KD settings of the tiny students (the `phase` fixture of
 conftest.py). Imported as `unit.students.rules`: tests/unit/students is a package (its
 __init__.py), so that its conftest.py does not take the module name `conftest` of tests/conftest.py."""
 
 from gna.core.chance import ChancePolicy
 from gna.core.settings import Evaluation, Files, StudentScoring
-from gna.students.recipe import run_hybrid_ablation
-from gna.students.student_evaluation import run_hybrid_budget, run_hybrid_score, run_hybrid_swap
-from gna.students.student_masking import run_hybrid_answer_rows
+from gna.students.recipe import HybridAblation, run_hybrid_ablation
+from gna.students.student_evaluation import (
+    HybridBudget,
+    HybridScore,
+    HybridSwap,
+    run_hybrid_budget,
+    run_hybrid_score,
+    run_hybrid_swap,
+)
+from gna.students.student_masking import HybridAnswerRows, run_hybrid_answer_rows
 
 CORPUS = {
     "seq_len": 32,
@@ -26,7 +33,7 @@ ON = ChancePolicy(skip=True)  # the default config's policy
 
 
 # the rules' functions with their files and scoring settings given as keywords (the scripts pass
-# Snakemake's input/output and the rule's StudentScoring)
+# Snakemake's input/output and the rule's settings)
 def _scoring(max_items=None, degeneracy_items=None, evaluation=Evaluation(), chance=ON, dict_size=None):
     return StudentScoring(max_items, degeneracy_items, dict_size, chance, evaluation)
 
@@ -53,21 +60,16 @@ def score(
         baseline=list(baseline_paths),
         teacher_summary=teacher_summary_path,
     )
-    return run_hybrid_score(
-        model_name,
-        variant,
-        inputs,
-        Files(summary=summary, answers=answers),
-        _scoring(dict_size=degeneracy_dict_size, **scoring),
-        kv_dict_size,
-    )
+    settings = HybridScore(model_name, variant, _scoring(dict_size=degeneracy_dict_size, **scoring), kv_dict_size)
+    return run_hybrid_score(inputs, Files(summary=summary, answers=answers), settings)
 
 
 def swap_layer(
     model_name, variant, model_dir, ranking, teacher, tasks, summary, answers, *, teacher_summary_path=None, **scoring
 ):
     inputs = Files(model=model_dir, ranking=ranking, teacher=teacher, tasks=tasks, teacher_summary=teacher_summary_path)
-    return run_hybrid_swap(model_name, variant, inputs, Files(summary=summary, answers=answers), _scoring(**scoring))
+    settings = HybridSwap(model_name, variant, _scoring(**scoring))
+    return run_hybrid_swap(inputs, Files(summary=summary, answers=answers), settings)
 
 
 def answer_rows(
@@ -82,7 +84,8 @@ def answer_rows(
     **scoring,
 ):
     inputs = Files(model=model_dir, tasks=tasks, teacher_summary=teacher_summary_path, answers=answers_path)
-    return run_hybrid_answer_rows(model_name, variant, inputs, out, _scoring(**scoring))
+    settings = HybridAnswerRows(model_name, variant, _scoring(**scoring))
+    return run_hybrid_answer_rows(inputs, Files(answer_rows=out), settings)
 
 
 def budget(
@@ -102,7 +105,8 @@ def budget(
     inputs = Files(
         model=model_dir, checkpoints=checkpoints, teacher=teacher, task=task, summary=summary_path, answers=answers_path
     )
-    return run_hybrid_budget(model_name, variant, inputs, out, _scoring(dict_size=dict_size, **scoring))
+    settings = HybridBudget(model_name, variant, _scoring(dict_size=dict_size, **scoring))
+    return run_hybrid_budget(inputs, Files(budget=out), settings)
 
 
 def ablation(
@@ -125,6 +129,13 @@ def ablation(
 ):
     inputs = Files(model=model_dir, teacher=teacher, aligned=aligned, ranking=ranking, task=task)
     recipe = {"align": align, "kd": kd, "align_windows": align_windows, "seed": seed}
-    return run_hybrid_ablation(
-        model_name, which, variant, inputs, out, recipe, _scoring(dict_size=dict_size, **scoring)
+    settings = HybridAblation.of(
+        {
+            "model": model_name,
+            "ablation": which,
+            "variant": variant,
+            "recipe": recipe,
+            "scoring": _scoring(dict_size=dict_size, **scoring),
+        }
     )
+    return run_hybrid_ablation(inputs, Files(ablation=out), settings)

@@ -9,12 +9,15 @@ import torch
 from conftest import MINI_MMLU
 
 from gna.core.io import write_parquet
+from gna.core.settings import Files
 from gna.students.corpus import (
+    Corpus,
+    DistillCorpusCheck,
     answer_tokens,
     answered_kv,
     check_no_evaluation_items,
     corpus_kv_seed,
-    run_corpus_check,
+    run_distill_corpus_check,
     split_pool,
     token_windows,
 )
@@ -30,13 +33,13 @@ def test_split_pool_holds_out_the_first_share():
 def test_token_windows_are_seeded_and_refuse_a_small_corpus(tiny_llama):
     _, tok = tiny_llama
     docs, kv = [(f"question {i} answer:", " B") for i in range(20)], [(f"k{i}:v{i}\nk{i}:", f"v{i}") for i in range(20)]
-    a, answers = token_windows(tok, docs, kv, 0.5, 16, 5, seed=1)
+    a, answers = token_windows(tok, docs, kv, Corpus(seq_len=16, kv_share=0.5), 5, seed=1)
     assert a.shape == answers.shape == (5, 16) and answers.dtype == torch.bool
-    again = token_windows(tok, docs, kv, 0.5, 16, 5, seed=1)
+    again = token_windows(tok, docs, kv, Corpus(seq_len=16, kv_share=0.5), 5, seed=1)
     assert torch.equal(a, again[0]) and torch.equal(answers, again[1])
-    assert not torch.equal(a, token_windows(tok, docs, kv, 0.5, 16, 5, seed=2)[0])
+    assert not torch.equal(a, token_windows(tok, docs, kv, Corpus(seq_len=16, kv_share=0.5), 5, seed=2)[0])
     with pytest.raises(ValueError, match="corpus too small"):
-        token_windows(tok, docs[:1], [], 0.5, 16, 5, seed=1)
+        token_windows(tok, docs[:1], [], Corpus(seq_len=16, kv_share=0.5), 5, seed=1)
 
 
 def test_answer_mask_marks_the_positions_that_predict_an_answer_token(tiny_llama):
@@ -46,7 +49,7 @@ def test_answer_mask_marks_the_positions_that_predict_an_answer_token(tiny_llama
     assert ids == tok(context + answer, add_special_tokens=False)["input_ids"]
     n_answer = sum(is_answer)
     assert n_answer >= 1 and is_answer[-n_answer:] == [True] * n_answer and not any(is_answer[:-n_answer])
-    windows, predicts = token_windows(tok, [(context, answer)] * 40, [], 0.0, 8, 4, seed=0)
+    windows, predicts = token_windows(tok, [(context, answer)] * 40, [], Corpus(seq_len=8, kv_share=0.0), 4, seed=0)
     stream, marks = windows.flatten().tolist(), predicts.flatten().tolist()
     doc = len(ids) + 1  # the document and its EOS separator
     for t in range(len(stream) - 1):
@@ -78,9 +81,13 @@ def test_a_corpus_holding_an_evaluation_item_is_refused(tmp_path):
     write_parquet(clean, tmp_path / "kv.parquet")
     write_parquet(build_kv_retrieval([3], 4, seed=9, template="lookup"), tmp_path / "validation.parquet")
 
+    settings = DistillCorpusCheck.of({"corpus": config, "seed": 0, "mmlu": mmlu, "template": "lookup"})
+
     def check(out: str) -> dict:
-        paths = [str(tmp_path / name) for name in ("kv.parquet", "validation.parquet", out)]
-        return run_corpus_check(str(MINI_MMLU), *paths, config, 0, mmlu, "lookup")
+        inputs = Files(
+            mmlu=str(MINI_MMLU), kv=str(tmp_path / "kv.parquet"), validation=str(tmp_path / "validation.parquet")
+        )
+        return run_distill_corpus_check(inputs, Files(check=str(tmp_path / out)), settings)
 
     counts = check("check.json")
     assert counts["evaluation_kv_prompts"] == 4 and counts["train_kv_prompts"] > 0

@@ -6,7 +6,9 @@ from types import SimpleNamespace
 import polars as pl
 import pytest
 
+from gna.core.settings import Files
 from gna.students.decoding import (
+    HybridMemory,
     formula_table,
     inference_memory,
     largest_cache,
@@ -72,7 +74,11 @@ def test_run_hybrid_memory_measures_what_the_formula_says(tmp_path, tiny_llama):
         folders.append(str(folder))
     model.config.save_pretrained(tmp_path / "teacher")
     memory = {"seq_lens": [8, 16], "bytes_per_value": 2, "check_len": 12}
-    frame = run_hybrid_memory("tiny", str(tmp_path / "teacher"), folders, str(tmp_path / "memory.parquet"), memory)
+    frame = run_hybrid_memory(
+        Files(model=str(tmp_path / "teacher"), students=folders),
+        Files(memory=str(tmp_path / "memory.parquet")),
+        HybridMemory.of({"model": "tiny", "memory": memory}),
+    )
     assert pl.read_parquet(tmp_path / "memory.parquet").equals(frame)
     assert frame.columns == [
         "variant",

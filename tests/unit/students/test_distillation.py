@@ -15,13 +15,26 @@ from gna.core.tensor_files import read_tensors, write_tensors
 from gna.engine.precision import frozen_weights_in
 from gna.engine.scoring import Scorer, score_table
 from gna.students.alignment import (
+    Align,
+    Realign,
     align_layers,
     first_token_attention,
     head_errors,
     init_from_teacher_maps,
     load_aligned,
 )
-from gna.students.kd import Selection, answer_weights, distill_logits, kd_backward, kd_loss, run_distill_kd
+from gna.students.kd import KD as KDSettings
+from gna.students.kd import (
+    DistillKD,
+    KDBatch,
+    Selection,
+    Watch,
+    answer_weights,
+    distill_logits,
+    kd_backward,
+    kd_loss,
+    run_distill_kd,
+)
 from gna.students.mixer import captured_maps, mixers, restore, snapshot
 from gna.students.spec import (
     ablation_kd,
@@ -164,9 +177,8 @@ def test_distill_logits_with_unit_weights_is_the_unweighted_loss_and_keeps_snaps
     for weights in (None, answer_weights(torch.zeros(4, 12, dtype=torch.bool), 7.0)):
         student = make_hybrid(copy.deepcopy(model), [(1, 0)], 4)
         targets = {"ids": ids, "top_logp": acts["top_logp"], "top_idx": acts["top_idx"], "weights": weights}
-        curve, saved = distill_logits(
-            student, targets, {"steps": 3, "batch": 2, "lr": 1e-3}, seed=0, checkpoints=[0, 2, 3], progress=False
-        )
+        watch = Watch(checkpoints=[0, 2, 3], progress=False)
+        curve, saved = distill_logits(student, targets, KDSettings(steps=3, batch=2, lr=1e-3), seed=0, watch=watch)
         runs.append((curve, saved, snapshot(student)))
     assert runs[0][0].equals(runs[1][0])
     curve, saved, final = runs[0]
@@ -180,9 +192,9 @@ def test_distill_logits_with_unit_weights_is_the_unweighted_loss_and_keeps_snaps
     weighted, _ = distill_logits(
         student,
         {**targets, "weights": answer_weights(marked, 7.0)},
-        {"steps": 3, "batch": 2, "lr": 1e-3},
+        KDSettings(steps=3, batch=2, lr=1e-3),
         seed=0,
-        progress=False,
+        watch=Watch(progress=False),
     )
     assert weighted["loss"][0] != curve["loss"][0]
     # restore puts a snapshot back
@@ -262,7 +274,7 @@ def test_kd_backward_by_slices_gives_the_gradients_of_the_whole_loss(tiny_llama,
         logits = student(input_ids=ids, use_cache=False).logits
     reference = kd_loss(logits, target, acts["top_idx"], weights)
     expected = torch.autograd.grad(reference, params)
-    loss = kd_backward(student, ids, target, acts["top_idx"], weights, low, head_rows=7)
+    loss = kd_backward(student, KDBatch(ids, target, acts["top_idx"], weights), low, head_rows=7)
     got = [p.grad for p in params]
     assert loss == pytest.approx(reference.item(), rel=1e-5)
     for g, e in zip(got, expected):
@@ -344,9 +356,9 @@ def test_bf16_distillation_step_agrees_with_the_float32_reference(tiny_llama):
         curve, _ = distill_logits(
             student,
             {"ids": ids, "top_logp": acts["top_logp"], "top_idx": acts["top_idx"], "weights": weights},
-            {"steps": 1, "batch": 4, "lr": 0.0, "compute_dtype": compute_dtype},
+            KDSettings(steps=1, batch=4, lr=0.0, compute_dtype=compute_dtype),
             seed=0,
-            progress=False,
+            watch=Watch(progress=False),
         )  # lr 0: one step over the whole batch
         assert sorted(grads) == list(range(len(params))), "the step's backward did not reach every trained parameter"
         steps[compute_dtype] = (curve["loss"][0], torch.cat([grads[i].flatten() for i in range(len(params))]), dtypes)
@@ -389,9 +401,7 @@ def test_bf16_alignment_agrees_with_the_float32_reference(tiny_llama):
     ids = torch.randint(0, model.config.vocab_size, (4, 16), generator=torch.Generator().manual_seed(5))
     hidden = teacher_activations(model, ids, top_k=4, progress=False)["hidden"]
     curves = [
-        align_layers(
-            model, hidden, 4, {"steps": 5, "batch": 2, "lr": 1e-3, "compute_dtype": dtype}, 0, False, log_every=1
-        )[1]
+        align_layers(model, hidden, 4, Align(steps=5, batch=2, lr=1e-3, compute_dtype=dtype), 0, False)[1]
         for dtype in ("float32", "bfloat16")
     ]
     for step in (0, 4):
@@ -410,12 +420,14 @@ def test_a_bfloat16_teacher_gets_float32_ssm_heads_that_align_distil_score_and_d
     tok = tiny_llama[1]
     ids = torch.randint(0, model.config.vocab_size, (4, 12), generator=torch.Generator().manual_seed(4))
     acts = teacher_activations(model, ids, top_k=4, progress=False)
-    state, align_curve = align_layers(model, acts["hidden"], 4, {"steps": 2, "batch": 2, "lr": 1e-2}, 0, progress=False)
+    state, align_curve = align_layers(model, acts["hidden"], 4, Align(steps=2, batch=2, lr=1e-2), 0, progress=False)
     student = load_aligned(make_hybrid(copy.deepcopy(model), [(1, 0)], 4), state)
     m = mixers(student)[1]
     assert m.x_proj.weight.dtype == torch.float32 and m.q_proj.weight.dtype == torch.bfloat16
     targets = {"ids": ids, "top_logp": acts["top_logp"], "top_idx": acts["top_idx"]}
-    curve, _ = distill_logits(student, targets, {"steps": 2, "batch": 2, "lr": 1e-3}, seed=0, progress=False)
+    curve, _ = distill_logits(
+        student, targets, KDSettings(steps=2, batch=2, lr=1e-3), seed=0, watch=Watch(progress=False)
+    )
     assert align_curve["loss"].is_finite().all() and curve["loss"].is_finite().all()
     scores = score_table(Scorer(student, tok, progress=False), build_kv_retrieval([3], 2, 0, "lookup"))
     assert scores["logprobs"].explode().is_finite().all()
@@ -432,7 +444,7 @@ def test_teacher_states_past_float16_are_kept_in_float32_and_align(tiny_llama):
         model.get_input_embeddings().weight.mul_(1e7)
     hidden = teacher_activations(model, ids, top_k=4, progress=False)["hidden"]
     assert hidden.dtype == torch.float32 and hidden.abs().max() > torch.finfo(torch.float16).max
-    _, curve = align_layers(model, hidden, 4, {"steps": 2, "batch": 2, "lr": 1e-3}, 0, progress=False)
+    _, curve = align_layers(model, hidden, 4, Align(steps=2, batch=2, lr=1e-3), 0, progress=False)
     assert curve["loss"].is_finite().all()
 
 
@@ -449,12 +461,12 @@ def test_the_distillation_stages_count_their_layer_tokens(tiny_llama):
     acts = teacher_activations(model, ids, top_k=4, batch=3, progress=False)
     assert work.layer_tokens() == n * length * layers
     work.reset()
-    align_layers(model, acts["hidden"], 4, {"steps": 3, "batch": 2, "lr": 1e-3}, 0, False)
+    align_layers(model, acts["hidden"], 4, Align(steps=3, batch=2, lr=1e-3), 0, False)
     assert work.layer_tokens() == 3 * 2 * length * layers
     work.reset()
     student = make_hybrid(copy.deepcopy(model), [(1, 0)], 4)
     targets = {"ids": ids, "top_logp": acts["top_logp"], "top_idx": acts["top_idx"], "weights": None}
-    distill_logits(student, targets, {"steps": 5, "batch": 2, "lr": 1e-3}, seed=0, progress=False)
+    distill_logits(student, targets, KDSettings(steps=5, batch=2, lr=1e-3), seed=0, watch=Watch(progress=False))
     assert work.layer_tokens() == 5 * 2 * length * layers
     work.reset()
 
@@ -483,16 +495,15 @@ def test_checkpoint_selection_writes_the_best_step_where_the_last_is_worse(phase
         ranking=p["ranking.parquet"],
         validation=str(tmp_path / "validation.parquet"),
     )
-    run_distill_kd(
-        "tiny",
-        "k2-n4",
-        inputs,
-        outputs,
-        {**KD, "steps": 4, "lr": 3.0},
-        checkpoints=[0, 2, 4],
-        seed=1,
-        select={"by": "validation", "every": 2, "batch_size": 4},
-    )
+    settings = {
+        "model": "tiny",
+        "variant": "k2-n4",
+        "kd": {**KD, "steps": 4, "lr": 3.0},
+        "checkpoints": [0, 2, 4],
+        "seed": 1,
+        "select": {"by": "validation", "every": 2, "batch_size": 4},
+    }
+    run_distill_kd(inputs, outputs, DistillKD.of(settings))
     points = pl.read_parquet(outputs.validation_curve).sort("after_steps")
     assert points["after_steps"].to_list() == [0, 2, 4]
     assert points["accuracy"][0] == 1.0
@@ -509,16 +520,7 @@ def test_checkpoint_selection_writes_the_best_step_where_the_last_is_worse(phase
     assert sorted(checkpoint_states(read_tensors(outputs.checkpoints))) == [0, 2, 4]
     # without budget checkpoints the last step's changes are still the last step's, not the chosen one's
     bare = kd_outputs(tmp_path, "bare", student=tmp_path / "bare-student")
-    run_distill_kd(
-        "tiny",
-        "k2-n4",
-        inputs,
-        bare,
-        {**KD, "steps": 4, "lr": 3.0},
-        checkpoints=[],
-        seed=1,
-        select={"by": "validation", "every": 2, "batch_size": 4},
-    )
+    run_distill_kd(inputs, bare, DistillKD.of({**settings, "checkpoints": []}))
     assert read_tensors(bare.checkpoints) == {}
     assert pl.read_parquet(bare.changes).equals(pl.read_parquet(outputs.changes))
     changes = pl.read_parquet(outputs.changes)
@@ -569,16 +571,16 @@ def test_realignment_fits_each_layer_on_the_students_own_stream(tiny_llama):
     model, _ = tiny_llama
     ids = torch.randint(0, model.config.vocab_size, (4, 16), generator=torch.Generator().manual_seed(5))
     theirs = teacher_activations(model, ids, top_k=2, progress=False)["hidden"].float()
-    aligned, _ = align_layers(model, theirs, 4, {"steps": 3, "batch": 2, "lr": 1e-2}, 0, False)
+    aligned, _ = align_layers(model, theirs, 4, Align(steps=3, batch=2, lr=1e-2), 0, False)
     student = load_aligned(make_hybrid(copy.deepcopy(model), [(1, 0), (2, 1)], 4), aligned)
     frozen = {k: v.clone() for k, v in student.state_dict().items()}
     trained = [q for m in mixers(student) for q in m.ssm_params()]
     ssm_keys = {name for name, p in student.named_parameters() if any(p is q for q in trained)}
 
-    none = realign_in_context(student, theirs, {"steps": 0, "lr": 1e-2}, seed=0, progress=False)
+    none = realign_in_context(student, theirs, Realign(steps=0, lr=1e-2), seed=0, progress=False)
     assert none.is_empty() and all(torch.equal(v, student.state_dict()[k]) for k, v in frozen.items())
 
-    errors = realign_in_context(student, theirs, {"steps": 30, "batch": 2, "lr": 1e-2}, seed=0, progress=False)
+    errors = realign_in_context(student, theirs, Realign(steps=30, batch=2, lr=1e-2), seed=0, progress=False)
     assert errors["layer"].to_list() == list(range(model.config.num_hidden_layers))
     assert (errors["error_after"] < errors["error_before"]).all()
     after = student.state_dict()
@@ -612,12 +614,12 @@ def test_realignment_runs_on_the_first_windows_it_is_given(tiny_llama):
     model, _ = tiny_llama
     ids = torch.randint(0, model.config.vocab_size, (4, 16), generator=torch.Generator().manual_seed(5))
     theirs = teacher_activations(model, ids, top_k=2, progress=False)["hidden"].float()
-    aligned, _ = align_layers(model, theirs, 4, {"steps": 3, "batch": 2, "lr": 1e-2}, 0, False)
+    aligned, _ = align_layers(model, theirs, 4, Align(steps=3, batch=2, lr=1e-2), 0, False)
     realign = {"steps": 5, "batch": 2, "lr": 1e-2}
 
     def realigned(hidden, **extra):
         student = load_aligned(make_hybrid(copy.deepcopy(model), [(1, 0)], 4), aligned)
-        realign_in_context(student, hidden, {**realign, **extra}, seed=0, progress=False)
+        realign_in_context(student, hidden, Realign(**realign, **extra), seed=0, progress=False)
         return student.state_dict()
 
     first_two, alone, every = realigned(theirs, windows=2), realigned(theirs[:, :2]), realigned(theirs)

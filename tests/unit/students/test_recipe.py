@@ -11,10 +11,11 @@ from gna.core.settings import Evaluation
 from gna.core.tensor_files import read_tensors
 from gna.engine.device import device_of
 from gna.models.prepare import load_model
-from gna.students.alignment import align_layers, load_aligned, realign_in_context
-from gna.students.kd import answer_weights, distill_logits
+from gna.students.alignment import Align, Realign, align_layers, load_aligned, realign_in_context
+from gna.students.kd import KD as KDSettings
+from gna.students.kd import Watch, answer_weights, distill_logits
 from gna.students.mixer import mixers, snapshot
-from gna.students.recipe import ablated_student
+from gna.students.recipe import Recipe, ablated_student
 from gna.students.spec import make_hybrid
 from unit.students.rules import KD, ablation
 
@@ -34,9 +35,9 @@ def _kd_from(teacher, kept, aligned, ids, top_logp, top_idx, weights, kd, seed, 
     distill_logits(
         student,
         {"ids": ids, "top_logp": top_logp, "top_idx": top_idx, "weights": weights},
-        kd,
+        KDSettings(**kd),
         seed,
-        progress=False,
+        Watch(progress=False),
     )
     return snapshot(student)
 
@@ -63,9 +64,10 @@ def test_each_ablation_removes_its_ingredient(phase, ablation):
     kd, seed, align_windows = {**KD, "steps": 2, "batch": 6}, 1, 4
     realign = {"steps": 2, "batch": 2, "lr": 1e-2}
     align = {"steps": 2, "batch": 2, "lr": 1e-3}
-    args = dict(align=align, realign=realign, kd=kd, align_windows=align_windows, seed=seed)
-    mine = (data["hidden"], realign)  # the recipe's realignment
-    student = ablated_student(copy.deepcopy(teacher), kept, 4, ablation, aligned, data, args)
+    args = Recipe(Align(**align), Realign(**realign), KDSettings(**kd), align_windows, seed)
+    mine = (data["hidden"], Realign(**realign))  # the recipe's realignment
+    tensors = {**data, "aligned": aligned}
+    student = ablated_student(copy.deepcopy(teacher), kept, 4, ablation, tensors, args)
     state = snapshot(student)
     init = snapshot(make_hybrid(copy.deepcopy(teacher), kept, 4))
     from_aligned = snapshot(load_aligned(make_hybrid(copy.deepcopy(teacher), kept, 4), aligned))
@@ -79,7 +81,7 @@ def test_each_ablation_removes_its_ingredient(phase, ablation):
     if ablation != "init_only":
         recipe = _kd_from(teacher, kept, aligned, ids, top_logp, top_idx, weighted, kd, seed, realign=mine)
         if ablation == "no_first_token":  # aligned again without the share, then realigned and KD without it
-            again, _ = align_layers(copy.deepcopy(teacher), data["hidden"], 4, args["align"], seed, first_token=False)
+            again, _ = align_layers(copy.deepcopy(teacher), data["hidden"], 4, Align(**align, first_token=False), seed)
             expected = _kd_from(
                 teacher, kept, again, ids, top_logp, top_idx, weighted, kd, seed, first_token=False, realign=mine
             )
@@ -108,7 +110,7 @@ def test_each_ablation_removes_its_ingredient(phase, ablation):
     if ablation == "no_first_token":  # the share's parameters are not trained
         assert all(torch.equal(init[k], state[k]) for k in state if ".sink_proj." in k)
     with pytest.raises(ValueError, match="unknown distillation ablation 'nope'"):
-        ablated_student(copy.deepcopy(teacher), kept, 4, "nope", aligned, data, args)
+        ablated_student(copy.deepcopy(teacher), kept, 4, "nope", tensors, args)
 
 
 def test_ablation_rule_writes_scored_rows(phase):

@@ -6,7 +6,7 @@ from pathlib import Path
 import polars as pl
 
 from gna.core.settings import Files
-from gna.students.student_comparisons import run_hybrid_comparisons, student_pairs
+from gna.students.student_comparisons import HybridComparisons, run_hybrid_comparisons, student_pairs
 
 ANSWERS = (
     Path(__file__).resolve().parents[2] / "data" / "smoke_results" / "results" / "hybrid" / "tiny-llama" / "answers"
@@ -28,8 +28,9 @@ def test_student_pairs_cover_teacher_pure_ssm_neighbours_and_swap():
 def test_the_rule_compares_the_answers_it_reads(tmp_path):
     answers = sorted(str(p) for p in ANSWERS.glob("*.parquet") if p.stem != "swap")
     out = tmp_path / "comparisons.parquet"
+    settings = HybridComparisons("tiny-llama", "k0-n8")
     result = run_hybrid_comparisons(
-        "tiny-llama", "k0-n8", Files(answers=answers, swap=[str(ANSWERS / "swap.parquet")]), Files(comparisons=str(out))
+        Files(answers=answers, swap=[str(ANSWERS / "swap.parquet")]), Files(comparisons=str(out)), settings
     )
     assert pl.read_parquet(out).equals(result) and set(result["model"]) == {"tiny-llama"}
     swap = pl.read_parquet(ANSWERS / "swap.parquet")["variant"][0]
@@ -44,5 +45,5 @@ def test_the_rule_compares_the_answers_it_reads(tmp_path):
         assert row["reference_only"] == int((shared["correct"] & ~shared["correct_s"]).sum())
         assert row["condition_only"] == int((~shared["correct"] & shared["correct_s"]).sum())
     # without the layer swap, no swap row
-    bare = run_hybrid_comparisons("tiny-llama", "k0-n8", Files(answers=answers, swap=[]), Files(comparisons=str(out)))
+    bare = run_hybrid_comparisons(Files(answers=answers, swap=[]), Files(comparisons=str(out)), settings)
     assert "layer swap vs pure SSM" not in set(bare["family"])

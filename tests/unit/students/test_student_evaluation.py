@@ -14,7 +14,7 @@ from gna.core.settings import Evaluation
 from gna.core.tensor_files import read_tensors
 from gna.engine.device import device_of
 from gna.models.prepare import load_model
-from gna.students.alignment import load_aligned, realign_in_context
+from gna.students.alignment import Realign, load_aligned, realign_in_context
 from gna.students.mixer import mixers, snapshot
 from gna.students.spec import load_any, make_hybrid, read_spec
 from gna.students.student_evaluation import budget_point_from_scores, checkpoint_states, label_variant, swap_label
@@ -347,7 +347,7 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
         read_tensors(str(root / "align.safetensors"), None, device_of(teacher)),
     )
     hidden = read_tensors(str(root / "teacher.safetensors"), ["hidden"], device_of(teacher))["hidden"]
-    realign_in_context(aligned, hidden, {"steps": 2, "batch": 2, "lr": 1e-2}, seed=1, progress=False)
+    realign_in_context(aligned, hidden, Realign(steps=2, batch=2, lr=1e-2), seed=1, progress=False)
     first = checkpoint_states(read_tensors(str(root / "kd2-checkpoints.safetensors")))[0]  # on the CPU
     for key, value in snapshot(aligned).items():
         assert torch.equal(first[key], value.cpu())
