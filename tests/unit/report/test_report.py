@@ -12,8 +12,9 @@ import yaml
 from conftest import REPO
 from smoke_values import SMOKE_VALUES
 
+from gna.core.settings import Files
 from gna.report.htmlkit import read_caption
-from gna.report.page import build_report
+from gna.report.page import Report, run_report
 from gna.report.registry import FIGURES, report_figures, report_inputs
 from gna.tasks.facts import read_local_facts, write_facts_task
 from gna.workflow.config import load_schema, validate_config
@@ -106,7 +107,10 @@ def render(root: Path, switches: dict, reorder: bool = False, skip: list[str] = 
         for key, paths in report_inputs(SMOKE_VALUES, switches).items()
     }
     figures = {name: str(root / path) for name, path in report_figures().items()}
-    build_report(inputs, root / "index.html", figures, options=config["report"], config=config, workflow_dir=REPO)
+    # as rule report passes its settings: the whole validated config as JSON
+    config_json = json.dumps(config, sort_keys=True)
+    settings = Report.of({"options": config["report"], "config_json": config_json, "workflow_dir": str(REPO)})
+    run_report(Files(**inputs), Files(html=str(root / "index.html"), **figures), settings)
     return root / "index.html"
 
 
