@@ -1,5 +1,14 @@
 # Score every model on every task; lm-eval tasks by name; one tidy table of all scores.
 
+# how lm-eval runs (gna.tasks.lmeval_bridge.LmEvalOptions): the lm_eval section without its task
+# list and the cross-check switch, the include path resolved against the workflow folder
+LM_EVAL_OPTIONS = {
+    "include_path": get_path(config["lm_eval"]["include_path"]) if config["lm_eval"]["include_path"] else None,
+    "include_defaults": config["lm_eval"]["include_defaults"],
+    "limit": config["lm_eval"]["limit"],
+    "num_fewshot": config["lm_eval"]["num_fewshot"],
+}
+
 
 rule baseline:
     input:
@@ -9,7 +18,7 @@ rule baseline:
         summary="data/results/baseline/{model}/{task}.parquet",
         per_item="data/results/baseline/{model}/{task}.items.parquet",
     params:
-        evaluation=EVALUATION,
+        settings=lambda wildcards: {"model": wildcards.model, "evaluation": EVALUATION},
         code=code_of("baseline"),
     log:
         "data/logs/baseline/{model}/{task}.log",
@@ -27,11 +36,16 @@ rule lm_eval:
     input:
         model="data/models/{model}",
     output:
-        "data/results/lmeval/{model}/{lmtask}.parquet",
+        metrics="data/results/lmeval/{model}/{lmtask}.parquet",
     params:
-        options={k: v for k, v in config["lm_eval"].items() if k != "tasks"},
-        include_path=(get_path(config["lm_eval"]["include_path"]) if config["lm_eval"]["include_path"] else None),
-        evaluation=EVALUATION,
+        # the job's memory (memory_mb), which lm-eval's logits must fit in, comes from its mem_mb
+        # resource through run_rule, not from params: a profile's memory reruns nothing
+        settings=lambda wildcards: {
+            "model": wildcards.model,
+            "task": wildcards.lmtask,
+            "options": LM_EVAL_OPTIONS,
+            "evaluation": EVALUATION,
+        },
         code=code_of("lm_eval"),
     log:
         "data/logs/lm_eval/{model}/{lmtask}.log",
@@ -47,12 +61,11 @@ rule lm_eval:
 
 rule lmeval_crosscheck_task:
     input:
-        get_mmlu_file,
+        mmlu=get_mmlu_file,
     output:
-        directory("data/tasks/lmeval_crosscheck"),
+        task_dir=directory("data/tasks/lmeval_crosscheck"),
     params:
-        mmlu={k: v for k, v in config["tasks"]["mmlu"].items() if k not in ("formats", "data")},
-        sha256=config["tasks"]["mmlu"]["data"].get("sha256"),
+        settings={"mmlu": MMLU_SELECTION, "sha256": config["tasks"]["mmlu"]["data"].get("sha256")},
         code=code_of("lmeval_crosscheck_task"),
     log:
         "data/logs/lmeval_crosscheck_task.log",
@@ -65,9 +78,9 @@ rule lm_eval_crosscheck:
         model="data/models/{model}",
         task_dir="data/tasks/lmeval_crosscheck",
     output:
-        "data/results/lmeval/{model}/crosscheck_mmlu_letter.parquet",
+        metrics="data/results/lmeval/{model}/crosscheck_mmlu_letter.parquet",
     params:
-        evaluation=EVALUATION,
+        settings=lambda wildcards: {"model": wildcards.model, "evaluation": EVALUATION},
         code=code_of("lm_eval_crosscheck"),
     log:
         "data/logs/lm_eval/{model}/crosscheck_mmlu_letter.log",
@@ -83,9 +96,9 @@ rule lm_eval_crosscheck:
 
 rule collect_baseline:
     input:
-        get_baseline_results,
+        tables=get_baseline_results,
     output:
-        "data/results/baseline.parquet",
+        table="data/results/baseline.parquet",
     params:
         code=code_of("collect_baseline"),
     log:
@@ -98,14 +111,12 @@ rule facts_formats:
     input:
         model="data/models/{model}",
         facts="data/downloads/facts.parquet",
-        # the task's own formats are read from the baseline, not scored again
-        tasks=lambda wc: task_files(FACTS_TASKS, wc.model),
+        tasks=lambda wc: task_files(FACTS_TASKS, wc.model),  # their own formats: read from the baseline
         baseline=expand("data/results/baseline/{{model}}/{task}.items.parquet", task=FACTS_TASKS),
     output:
-        "data/results/facts/{model}/formats.parquet",
+        formats="data/results/facts/{model}/formats.parquet",
     params:
-        facts={k: v for k, v in config["tasks"]["facts"].items() if k not in ("formats", "data", "known_margin")},
-        evaluation=EVALUATION,
+        settings=lambda wildcards: {"model": wildcards.model, "facts": FACTS_COMPARISON, "evaluation": EVALUATION},
         code=code_of("facts_formats"),
     log:
         "data/logs/facts_formats/{model}.log",

@@ -3,9 +3,9 @@
 
 rule fetch_model_file:
     output:
-        "data/downloads/models/{model}.gguf",
+        gguf="data/downloads/models/{model}.gguf",
     params:
-        spec=get_model_spec,
+        settings=lambda wildcards: {"spec": get_model_spec(wildcards)},
         code=code_of("fetch_model_file"),
     log:
         "data/logs/fetch_model_file/{model}.log",
@@ -16,17 +16,15 @@ rule fetch_model_file:
         "../workflow_scripts/fetch_model_file.py"
 
 
+# its input `source`: the fetched GGUF or the local path resolved against the workflow folder (an
+# input, so that it reruns when the file changes); hf and tiny-random sources have none
 rule prepare_model:
     input:
-        get_model_raw,
+        source=get_model_raw,
     output:
-        directory("data/models/{model}"),
+        model=directory("data/models/{model}"),
     params:
-        spec=get_model_spec,
-        # the fetched GGUF or the local path resolved against the workflow folder (an input, so
-        # that it reruns when the file changes); hf and tiny-random sources have none
-        source_path=lambda wildcards, input: input[0] if input else None,
-        dtype=config["dtype"],
+        settings=lambda wildcards: {"model": wildcards.model, "source": get_model_spec(wildcards), "dtype": config["dtype"]},
         code=code_of("prepare_model"),
     log:
         "data/logs/prepare_model/{model}.log",

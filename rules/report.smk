@@ -1,5 +1,7 @@
 # The report: tables and figures regenerated from the Parquet results, with provenance. Its
 # inputs, figures and captions come from the registry the HTML report renders (gna.report.registry).
+import json
+
 from gna.report.registry import FIGURES, HTML, report_inputs
 
 
@@ -32,9 +34,12 @@ rule report:
         **{figure.name: report(figure.path, caption=os.path.join(workflow.basedir, figure.caption_file),
                                category=figure.category) for figure in FIGURES},
     params:
-        report=config["report"],
-        config=config,
-        workflow_dir=workflow.basedir,
+        # the whole validated config as JSON: the report shows and hashes all of it
+        settings={
+            "options": config["report"],
+            "config_json": json.dumps(config, sort_keys=True),
+            "workflow_dir": workflow.basedir,
+        },
         code=code_of("report"),
     log:
         "data/logs/report.log",

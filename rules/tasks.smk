@@ -1,12 +1,34 @@
 # Evaluation sets as Parquet: seeded KV-retrieval, MMLU in letter and cloze format, and the facts
 # (knowledge) in cloze and multiple-choice format with each model's known items.
 
+# which MMLU questions are evaluated (gna.tasks.tables.MmluSelection): the formats list and the
+# few-shot count are left out (adding a format must not rebuild the others; mmlu_task adds its few-shot count)
+MMLU_SELECTION = {k: config["tasks"]["mmlu"][k] for k in ("n", "seed", "topics")}
+# which facts are asked (gna.tasks.facts.FactSelection): the lists of formats and of compared
+# forms, the development split and the draws compared are left out: editing them rebuilds no task
+FACTS_SELECTION = {k: config["tasks"]["facts"][k] for k in ("relations", "n", "seed")}
+
+
+def get_local_facts(wildcards):
+    """The local facts CSV resolved against the workflow folder; none for the pinned wheels."""
+    data = config["tasks"]["facts"]["data"]
+    return get_path(data["path"]) if data["source"] == "local" else []
+
+
+# what the facts' format comparison asks (gna.phases.knowledge.FormatComparison)
+FACTS_COMPARISON = {
+    "selection": {**FACTS_SELECTION, "dev_n": config["tasks"]["facts"]["dev"]["n"]},
+    "choice": config["tasks"]["facts"]["choice"],
+    "compare": config["tasks"]["facts"]["compare"],
+    "draws": config["tasks"]["facts"]["draws"],
+}
+
 
 rule fetch_mmlu:
     output:
-        "data/downloads/mmlu.jsonl",
+        mmlu="data/downloads/mmlu.jsonl",
     params:
-        spec=config["tasks"]["mmlu"]["data"],
+        settings={"spec": config["tasks"]["mmlu"]["data"]},
         code=code_of("fetch_mmlu"),
     log:
         "data/logs/fetch_mmlu.log",
@@ -21,9 +43,9 @@ rule kv_task:
     wildcard_constraints:
         kv_set=_alternation(KV_SETS),
     output:
-        "data/tasks/{kv_set}.parquet",
+        table="data/tasks/{kv_set}.parquet",
     params:
-        kv=lambda wc: KV_SETS[wc.kv_set],
+        settings=lambda wildcards: {"prompts": KV_SETS[wildcards.kv_set]},
         code=code_of("kv_task"),
     log:
         "data/logs/kv_task/{kv_set}.log",
@@ -33,13 +55,16 @@ rule kv_task:
 
 rule mmlu_task:
     input:
-        get_mmlu_file,
+        mmlu=get_mmlu_file,
     output:
-        "data/tasks/mmlu_{fmt}.parquet",
+        table="data/tasks/mmlu_{fmt}.parquet",
     params:
-        # the formats list is left out on purpose: adding a format must not rebuild the others
-        mmlu={k: v for k, v in config["tasks"]["mmlu"].items() if k not in ("formats", "data")},
-        sha256=config["tasks"]["mmlu"]["data"].get("sha256"),
+        settings=lambda wildcards: {
+            "fmt": wildcards.fmt,
+            "mmlu": MMLU_SELECTION,
+            "num_fewshot": config["tasks"]["mmlu"]["num_fewshot"],
+            "sha256": config["tasks"]["mmlu"]["data"].get("sha256"),
+        },
         code=code_of("mmlu_task"),
     log:
         "data/logs/mmlu_task/{fmt}.log",
@@ -49,12 +74,11 @@ rule mmlu_task:
 
 rule fetch_facts:
     output:
-        "data/downloads/facts.parquet",
+        facts="data/downloads/facts.parquet",
     input:
-        lambda wc: [get_path(config["tasks"]["facts"]["data"]["path"])]
-        if config["tasks"]["facts"]["data"]["source"] == "local" else [],
+        local=get_local_facts,
     params:
-        data=config["tasks"]["facts"]["data"],
+        settings={"data": config["tasks"]["facts"]["data"]},
         code=code_of("fetch_facts"),
     log:
         "data/logs/fetch_facts.log",
@@ -67,16 +91,14 @@ rule fetch_facts:
 
 rule facts_task:
     input:
-        "data/downloads/facts.parquet",
+        facts="data/downloads/facts.parquet",
     output:
-        "data/tasks/facts_{facts_fmt}.parquet",
+        table="data/tasks/facts_{facts_fmt}.parquet",
     params:
-        # the lists of formats and of compared forms, the development split and the draws compared
-        # are left out: editing them rebuilds no task
-        facts={
-            k: v
-            for k, v in config["tasks"]["facts"].items()
-            if k not in ("formats", "compare", "dev", "draws", "data", "known_margin")
+        settings=lambda wildcards: {
+            "fmt": wildcards.facts_fmt,
+            "selection": FACTS_SELECTION,
+            "choice": config["tasks"]["facts"]["choice"],
         },
         code=code_of("facts_task"),
     log:
@@ -90,9 +112,9 @@ rule facts_known:
         choice="data/tasks/facts_choice.parquet",
         cloze="data/results/baseline/{model}/facts_cloze.items.parquet",
     output:
-        "data/tasks/known/{model}/facts_choice.parquet",
+        table="data/tasks/known/{model}/facts_choice.parquet",
     params:
-        margin=config["tasks"]["facts"]["known_margin"],
+        settings={"margin": config["tasks"]["facts"]["known_margin"]},
         code=code_of("facts_known"),
     log:
         "data/logs/facts_known/{model}.log",

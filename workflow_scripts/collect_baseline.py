@@ -1,7 +1,6 @@
 """Rule collect_baseline: every per-(model, task) baseline and lm-eval table as one tidy table."""
 
-from gna.core.io import collect_tables, write_parquet
-from gna.core.runtime import setup
+from gna.core.runtime import run_rule
+from gna.phases.evaluation import CollectBaseline, run_collect_baseline
 
-setup(snakemake.log[0], outputs=snakemake.output)
-write_parquet(collect_tables(snakemake.input), snakemake.output[0])
+run_rule(snakemake, run_collect_baseline, CollectBaseline)

@@ -1,7 +1,6 @@
 """Rule facts_task: the facts task in one format (cloze or choice) as Parquet."""
 
-from gna.core.runtime import setup
-from gna.tasks.facts import write_facts_task
+from gna.core.runtime import run_rule
+from gna.tasks.facts import FactsTask, run_facts_task
 
-setup(snakemake.log[0], outputs=snakemake.output)
-write_facts_task(snakemake.input[0], snakemake.params.facts, snakemake.wildcards.facts_fmt, snakemake.output[0])
+run_rule(snakemake, run_facts_task, FactsTask)

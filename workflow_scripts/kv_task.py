@@ -1,7 +1,6 @@
 """Rule kv_task: the seeded KV-retrieval evaluation set as Parquet."""
 
-from gna.core.runtime import setup
-from gna.tasks.tables import write_kv_task
+from gna.core.runtime import run_rule
+from gna.tasks.tables import KvTask, run_kv_task
 
-setup(snakemake.log[0], outputs=snakemake.output)
-write_kv_task(snakemake.params.kv, snakemake.output[0])
+run_rule(snakemake, run_kv_task, KvTask)

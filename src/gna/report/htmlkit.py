@@ -195,15 +195,30 @@ def read_caption(path: str | Path) -> str:
     return rst_to_html(Path(path).read_text())
 
 
+DEFAULT_TITLE = "Gather-and-Aggregate: reproduction report"
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """The report's options (config section report): its `title`, whether the study's published
+    numbers show beside ours (`show_reference`), and the equivalence margin of the paired
+    comparisons (`equivalence_margin`, gna.core.paired)."""
+
+    title: str = DEFAULT_TITLE
+    show_reference: bool = True
+    equivalence_margin: float = DEFAULT_MARGIN
+
+
 @dataclass(frozen=True)
 class SectionContext:
-    """What a section's render function gets: its input paths ({key: path or paths}), figure
-    paths and HTML captions ({figure name: ...}), the report options and the run's config."""
+    """What a section's render function gets: its input paths (by key: a dict of path or paths,
+    or the rule's gna.core.settings.Files; read with .get), figure paths and HTML captions
+    ({figure name: ...}), the report options and the run's validated config."""
 
     inputs: dict
     figures: dict
     captions: dict
-    options: dict
+    options: ReportOptions
     config: dict
 
     def paths(self, key: str) -> list[str]:
@@ -225,12 +240,12 @@ class SectionContext:
 
     @property
     def show_reference(self) -> bool:
-        return self.options.get("show_reference", True)
+        return self.options.show_reference
 
     @property
     def margin(self) -> float:
         """The equivalence margin of the paired comparisons (report.equivalence_margin)."""
-        return self.options.get("equivalence_margin", DEFAULT_MARGIN)
+        return self.options.equivalence_margin
 
 
 def comparison_row(

@@ -253,7 +253,7 @@ def state_size_part(model: str, students: pl.DataFrame, hy: dict) -> str:
     return "".join(parts)
 
 
-def model_part(
+def _model_part(
     model: str,
     scores: pl.DataFrame,
     swap: pl.DataFrame,
@@ -362,7 +362,9 @@ def render_hybrid(ctx: SectionContext) -> str:
     ablation = ctx.frame("hybrid_ablation")
     compared = ctx.frame("hybrid_comparisons")
     parts += [
-        model_part(model, scores, swap, budget, ablation, hy, ctx if model == models[0] else None, compared, ctx.margin)
+        _model_part(
+            model, scores, swap, budget, ablation, hy, ctx if model == models[0] else None, compared, ctx.margin
+        )
         for model in models
     ]
     parts.append(answer_rows_part(ctx.frame("hybrid_answer_rows")))

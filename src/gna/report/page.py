@@ -8,6 +8,8 @@ report rule reads too.
 from __future__ import annotations
 
 import html
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
@@ -15,8 +17,9 @@ import yaml
 
 from gna.core.io import write_text
 from gna.core.provenance import config_hash, workflow_code_hash
+from gna.core.settings import Files, RuleSettings
 from gna.report import baseline_section, gna_section, heads_section, hybrid_section, knowledge_section, prune_section
-from gna.report.htmlkit import CSS, SectionContext, read_caption, table
+from gna.report.htmlkit import CSS, ReportOptions, SectionContext, read_caption, table
 from gna.report.registry import FIGURES, SECTIONS, Section
 from gna.report.run_record import RUN_RECORD
 
@@ -80,16 +83,19 @@ def closing_sections(config: dict) -> str:
     )
 
 
-def build_report(inputs: dict, html_path, figures: dict, options: dict, config: dict, workflow_dir) -> None:
+def build_report(
+    inputs: dict | Files, html_path, figures: dict, options: ReportOptions, config: dict, workflow_dir
+) -> None:
     """Render every registry section into one HTML file and write each section's figures.
 
-    inputs: {input key: path or paths} as gna.report.registry.report_inputs gives them (a key
-    without paths leaves its part out); figures: {figure name: PNG path}; options: the config's
-    `report` section; config: the whole validated config (shown, hashed, read by sections)."""
+    inputs: {input key: path or paths} as gna.report.registry.report_inputs gives them (or the
+    rule's Files of them; a key without paths leaves its part out); figures: {figure name: PNG
+    path}; options: the config's `report` section; config: the whole validated config (shown,
+    hashed, read by sections)."""
     ctx = SectionContext(
         inputs=inputs, figures=figures, captions=captions(workflow_dir), options=options, config=config
     )
-    title = html.escape(options["title"])
+    title = html.escape(options.title)
     body = [
         f"<h1>{title}</h1>",
         "<p>Regenerated from the pipeline's Parquet results; every number below was computed by this run "
@@ -103,3 +109,25 @@ def build_report(inputs: dict, html_path, figures: dict, options: dict, config: 
         f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>"
     )
     write_text(page, html_path)
+
+
+@dataclass(frozen=True)
+class Report(RuleSettings):
+    """Rule report: the report's options (config section report); `config_json`, the whole
+    validated config as JSON (json.dumps of the dict the workflow validated): the report shows it,
+    hashes it and its sections read parts of it (models' skip, hybrid, tasks.facts), so every
+    key of it is what the report reads; and `workflow_dir`, the workflow folder (its code is
+    hashed, its captions read)."""
+
+    options: ReportOptions = ReportOptions()
+    config_json: str = "{}"
+    workflow_dir: str = "."
+
+
+def run_report(inputs: Files, outputs: Files, settings: Report) -> None:
+    """Rule report: every registry section rendered from the inputs (by the keys of
+    gna.report.registry.report_inputs) into the outputs' `html`, each figure written to the
+    output named after it (gna.report.registry.FIGURES)."""
+    figures = {figure.name: getattr(outputs, figure.name) for figure in FIGURES}
+    config = json.loads(settings.config_json)
+    build_report(inputs, outputs.html, figures, settings.options, config, settings.workflow_dir)

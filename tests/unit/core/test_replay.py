@@ -67,6 +67,14 @@ def test_replayed_jobs_give_the_golden_results(tmp_path):
     assert all(outcome in ("bit for bit", "within 0.0001") for outcome in written.values()), written
 
 
+def broken_template(param):
+    """A kv_task param with its prompt set's template replaced by one that does not exist (the
+    prompt set in its settings, or, in a plan recorded before the rule passed settings, itself)."""
+    if isinstance(param, dict) and isinstance(param.get("prompts"), dict):
+        return {**param, "prompts": broken_template(param["prompts"])}
+    return {**param, "template": "no-such-template"} if isinstance(param, dict) and "template" in param else param
+
+
 @pytest.mark.slow
 def test_failed_and_skipped_jobs_stop_their_dependents(tmp_path):
     """A job that fails is reported with its log; the jobs that read its outputs, or a skipped job's,
@@ -81,10 +89,7 @@ def test_failed_and_skipped_jobs_stop_their_dependents(tmp_path):
         ]
         for job in plan["jobs"]:
             if job_label(job) == "kv_task[kv_set=kv_retrieval]":
-                job["params"]["items"] = [
-                    {**p, "template": "no-such-template"} if isinstance(p, dict) and "template" in p else p
-                    for p in job["params"]["items"]
-                ]
+                job["params"]["items"] = [broken_template(p) for p in job["params"]["items"]]
         for job in plan["jobs"]:  # the model is not built here: its baselines wait on what is tested
             if job["rule"] == "baseline":
                 job["input"]["items"] = [p for p in job["input"]["items"] if not p.startswith("data/models/")]

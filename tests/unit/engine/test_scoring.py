@@ -163,11 +163,11 @@ def test_bos_is_put_first_where_the_tokenizer_puts_it_by_default(tiny_llama):
 
 def test_per_item_scores_keep_the_facts_relation_and_copyable_flag(tiny_llama):
     from gna.engine.scoring import ITEM_ATTRIBUTES
-    from gna.tasks.facts import build_facts, read_local_facts
+    from gna.tasks.facts import FactSelection, build_facts, read_local_facts
 
     model, tok = tiny_llama
     facts = read_local_facts(MINI_MMLU.parent / "mini_facts.csv")
-    cloze = build_facts(facts, ["capital", "symbol"], 6, seed=1, fmt="cloze")
+    cloze = build_facts(facts, FactSelection(("capital", "symbol"), 6, seed=1), "cloze")
     items = score_table(Scorer(model, tok, progress=False), cloze)
     assert items.select(*ITEM_ATTRIBUTES).equals(cloze.select(*ITEM_ATTRIBUTES))
     kv = build_kv_retrieval([5], 2, seed=0, template="lookup")

@@ -6,8 +6,17 @@ import sys
 import pytest
 import torch
 
+from gna.core.settings import Files
 from gna.engine.device import device_of
-from gna.models.prepare import load_model, load_source, prepare_model, read_provenance
+from gna.models.prepare import (
+    ModelSource,
+    PrepareModel,
+    load_model,
+    load_source,
+    prepare_model,
+    read_provenance,
+    run_prepare_model,
+)
 from gna.models.sources import ChecksumError, SourceError
 
 TINY = {"source": "tiny-random", "arch": "llama", "layers": 2, "hidden": 32, "heads": 4, "kv_heads": 2, "seed": 5}
@@ -48,6 +57,25 @@ def test_preparing_twice_gives_the_same_bytes(tmp_path):
     assert files == sorted(p.name for p in (tmp_path / "b").iterdir()) and "gna_source.json" in files
     for name in files:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_the_rule_prepares_what_its_validated_spec_names_and_records_it_as_before(tmp_path):
+    """Rule prepare_model's settings as the workflow passes them (the validated entry, every key
+    of its source with the schema's defaults): the same folder as prepare_model of that dict,
+    whose provenance records the same spec, keys sorted like the validated config's."""
+    spec = dict(sorted(dict(TINY, window=8, intermediate=64, vocab=None).items()))  # as validated: keys sorted
+    settings = PrepareModel.of({"model": "tiny", "source": spec, "dtype": "float32"})
+    run_prepare_model(Files(source=[]), Files(model=str(tmp_path / "rule")), settings)
+    prepare_model("tiny", spec, tmp_path / "direct")
+    assert list(read_provenance(tmp_path / "rule")["spec"]) == sorted(spec)
+    for name in sorted(p.name for p in (tmp_path / "direct").iterdir()):
+        assert (tmp_path / "rule" / name).read_bytes() == (tmp_path / "direct" / name).read_bytes(), name
+    pinned = {"source": "pypi-file", "package": "p", "version": "1", "member": "m.gguf", "sha256": "0" * 64}
+    assert ModelSource(**pinned).spec() == pinned
+    parts = {"source": "pypi-file", "sha256": "0" * 64, "parts": [dict(pinned, source=None), dict(pinned, source=None)]}
+    parts["parts"] = [{k: v for k, v in part.items() if k != "source"} for part in parts["parts"]]
+    assert PrepareModel.of({"model": "m", "source": parts}).source.spec() == parts
+    assert ModelSource(source="hf", id="a/b").spec() == {"id": "a/b", "revision": None, "source": "hf"}
 
 
 def test_local_source_and_missing_folder(tmp_path):

@@ -400,13 +400,13 @@ def test_verified_sweep_is_exact_where_it_measures(tiny_llama):
 
 def test_sweep_phase_in_each_mode_says_what_it_measured(tiny_llama, tmp_path):
     from gna.phases.head_ablation import run_heads_sweep
-    from gna.tasks.tables import write_kv_task
+    from gna.tasks.tables import KvPrompts, write_kv_task
 
     model, tok = tiny_llama
     model.save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
     prompts = str(tmp_path / "prompts.parquet")
-    write_kv_task({"sizes": [3], "n_per_size": 3, "seed": 0, "template": "lookup"}, prompts)
+    write_kv_task(KvPrompts(sizes=(3,), n_per_size=3, seed=0, template="lookup"), prompts)
     out = {
         mode: (tmp_path / f"{mode}-sweep.parquet", tmp_path / f"{mode}-ranking.parquet")
         for mode in ("exact", "verified")

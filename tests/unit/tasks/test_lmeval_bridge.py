@@ -6,11 +6,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from gna.core.settings import Evaluation
+from gna.core.settings import Evaluation, Files
 from gna.engine.scoring import Scorer, score_table
 from gna.models.tiny import tiny_random_model
 from gna.tasks import lmeval_bridge as bridge
-from gna.tasks.tables import build_mmlu, load_mmlu_jsonl, select_mmlu
+from gna.tasks.tables import MmluSelection, build_mmlu, load_mmlu_jsonl, select_mmlu
 
 TASK = "gna_mmlu_bridge_test"
 TINY = {"arch": "llama", "layers": 2, "hidden": 32, "heads": 4, "kv_heads": 2, "seed": 0}
@@ -63,9 +63,8 @@ def test_lmeval_matches_score_table(setup):
     items = build_mmlu(subset, setup["pool"], "letter", 0, 0)
     ours = score_table(Scorer(model, tok, batch_size=5, progress=False), items)
 
-    results = bridge.evaluate_tasks(
-        model, tok, [TASK], include_path=str(setup["task_dir"]), include_defaults=False, log_samples=True, batch_size=4
-    )
+    options = bridge.LmEvalOptions(include_path=str(setup["task_dir"]), include_defaults=False)
+    results = bridge.evaluate_tasks(Scorer(model, tok, batch_size=4), [TASK], options, log_samples=True)
     samples = sorted(results["samples"][TASK], key=lambda s: s["doc_id"])
     assert len(samples) == len(items) == len(ours)
 
@@ -128,11 +127,9 @@ def test_local_task_yaml_mirrors_lmeval_mmlu(setup):
 def test_unknown_task_raises_value_error(setup):
     with pytest.raises(ValueError, match=r"no_such_task_xyz.*lm-eval ls tasks"):
         bridge.evaluate_tasks(
-            setup["model"],
-            setup["tok"],
+            Scorer(setup["model"], setup["tok"]),
             [TASK, "no_such_task_xyz"],
-            include_path=str(setup["task_dir"]),
-            include_defaults=False,
+            bridge.LmEvalOptions(include_path=str(setup["task_dir"]), include_defaults=False),
         )
 
 
@@ -140,7 +137,7 @@ def test_unknown_task_raises_value_error(setup):
 def test_hub_task_names_pass_the_check_unknown_do_not(setup):
     """Built-in names (hub datasets) are accepted by the same check; only the unknown is named."""
     with pytest.raises(ValueError) as err:
-        bridge.evaluate_tasks(setup["model"], setup["tok"], ["arc_easy", "mmlu", "no_such_task_xyz"])
+        bridge.evaluate_tasks(Scorer(setup["model"], setup["tok"]), ["arc_easy", "mmlu", "no_such_task_xyz"])
     message = str(err.value)
     assert "['no_such_task_xyz']" in message and "arc_easy" not in message
 
@@ -175,14 +172,17 @@ def test_crosscheck_task_holds_the_study_subset(setup, tmp_path):
     from gna.tasks.tables import LETTERS
 
     assert bridge.LETTERS is LETTERS
-    mmlu = {"n": 5, "seed": 3, "topics": ["anatomy", "world_religions"]}
+    mmlu = MmluSelection(n=5, seed=3, topics=("anatomy", "world_religions"))
     out_dir = tmp_path / "crosscheck"
-    yaml_path = bridge.write_crosscheck_task(setup["task_dir"].parent / "mmlu.jsonl", None, mmlu, out_dir)
+    settings = bridge.LmevalCrosscheckTask.of({"mmlu": {"n": 5, "seed": 3, "topics": ["anatomy", "world_religions"]}})
+    assert settings.mmlu == mmlu and settings.sha256 is None
+    inputs = Files(mmlu=str(setup["task_dir"].parent / "mmlu.jsonl"))
+    yaml_path = bridge.run_lmeval_crosscheck_task(inputs, Files(task_dir=out_dir), settings)
     assert yaml_path == out_dir / f"{bridge.CROSSCHECK_TASK}.yaml" and yaml_path.is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["crosscheck"]  # no temporary folder left
     data = Path(yaml.safe_load(yaml_path.read_text())["dataset_kwargs"]["data_files"]["test"])
     assert data == (out_dir / f"{bridge.CROSSCHECK_TASK}.jsonl").resolve()
-    subset, _ = select_mmlu(load_mmlu_jsonl(setup["task_dir"].parent / "mmlu.jsonl"), 5, 3, mmlu["topics"])
+    subset, _ = select_mmlu(load_mmlu_jsonl(setup["task_dir"].parent / "mmlu.jsonl"), 5, 3, list(mmlu.topics))
     assert [json.loads(line)["question_id"] for line in data.read_text().splitlines()] == subset[
         "question_id"
     ].to_list()
@@ -199,7 +199,7 @@ def test_crosscheck_task_is_the_same_bytes_in_every_checkout(setup, tmp_path, mo
     for checkout in ("one", "two"):
         (tmp_path / checkout).mkdir()
         monkeypatch.chdir(tmp_path / checkout)
-        bridge.write_crosscheck_task(mmlu_file, None, {"n": 4, "seed": 0, "topics": []}, "data/tasks/crosscheck")
+        bridge.write_crosscheck_task(mmlu_file, None, MmluSelection(n=4, seed=0), "data/tasks/crosscheck")
         folders.append(tmp_path / checkout / "data" / "tasks" / "crosscheck")
     files = [{p.name: p.read_bytes() for p in folder.iterdir()} for folder in folders]
     assert files[0] == files[1] and len(files[0]) == 2
@@ -208,18 +208,16 @@ def test_crosscheck_task_is_the_same_bytes_in_every_checkout(setup, tmp_path, mo
 
 
 def test_run_crosscheck_scores_the_crosscheck_task(setup, tmp_path):
-    from gna.phases.evaluation import run_crosscheck
+    from gna.phases.evaluation import LmEvalCrosscheck, run_lm_eval_crosscheck
 
     model_dir = tmp_path / "model"
     setup["model"].save_pretrained(model_dir)
     setup["tok"].save_pretrained(model_dir)
     task_dir = tmp_path / "task"
-    bridge.write_crosscheck_task(
-        setup["task_dir"].parent / "mmlu.jsonl", None, {"n": 4, "seed": 0, "topics": []}, task_dir
-    )
-    frame = run_crosscheck(
-        "tiny", str(model_dir), str(task_dir), tmp_path / "out.parquet", evaluation=Evaluation(batch_size=4)
-    )
+    bridge.write_crosscheck_task(setup["task_dir"].parent / "mmlu.jsonl", None, MmluSelection(n=4, seed=0), task_dir)
+    settings = LmEvalCrosscheck(model="tiny", evaluation=Evaluation(batch_size=4))
+    inputs = Files(model=str(model_dir), task_dir=str(task_dir))
+    frame = run_lm_eval_crosscheck(inputs, Files(metrics=str(tmp_path / "out.parquet")), settings)
     assert pl.read_parquet(tmp_path / "out.parquet").equals(frame)
     row = frame.row(0, named=True)
     assert (row["model"], row["task"], row["metric"], row["n"]) == ("tiny", bridge.CROSSCHECK_TASK, "acc", 4)
@@ -229,20 +227,20 @@ def test_run_crosscheck_scores_the_crosscheck_task(setup, tmp_path):
 def test_crosscheck_reads_the_items_where_they_are_after_the_project_moves(setup, tmp_path):
     """A task folder written in one place, then moved and the old place refilled with other
     items (a stale checkout): the cross-check scores the moved folder's own items."""
-    from gna.phases.evaluation import run_crosscheck
+    from gna.phases.evaluation import LmEvalCrosscheck, run_lm_eval_crosscheck
 
     model_dir = tmp_path / "model"
     setup["model"].save_pretrained(model_dir)
     setup["tok"].save_pretrained(model_dir)
     mmlu_file = setup["task_dir"].parent / "mmlu.jsonl"
     old, moved = tmp_path / "old" / "task", tmp_path / "moved" / "task"
-    bridge.write_crosscheck_task(mmlu_file, None, {"n": 4, "seed": 0, "topics": []}, old)
+    bridge.write_crosscheck_task(mmlu_file, None, MmluSelection(n=4, seed=0), old)
     moved.parent.mkdir()
     old.rename(moved)
-    bridge.write_crosscheck_task(mmlu_file, None, {"n": 2, "seed": 1, "topics": []}, old)  # the stale copy
-    frame = run_crosscheck(
-        "tiny", str(model_dir), str(moved), tmp_path / "out" / "x.parquet", evaluation=Evaluation(batch_size=4)
-    )
+    bridge.write_crosscheck_task(mmlu_file, None, MmluSelection(n=2, seed=1), old)  # the stale copy
+    settings = LmEvalCrosscheck(model="tiny", evaluation=Evaluation(batch_size=4))
+    inputs = Files(model=str(model_dir), task_dir=str(moved))
+    frame = run_lm_eval_crosscheck(inputs, Files(metrics=str(tmp_path / "out" / "x.parquet")), settings)
     assert frame.filter(pl.col("metric") == "acc")["n"].to_list() == [4]
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["x.parquet"]  # the job-time YAML is gone
 

@@ -5,19 +5,23 @@ import pytest
 from conftest import MINI_MMLU
 
 from gna.core.io import sha256_file
+from gna.core.settings import Files
 from gna.models.sources import ChecksumError
 from gna.tasks.tables import (
+    KvTask,
+    MmluSelection,
+    MmluTask,
     build_kv_retrieval,
     build_mmlu,
     context_swapped,
     load_mmlu_jsonl,
+    run_kv_task,
+    run_mmlu_task,
     select_mmlu,
     select_mmlu_file,
-    write_kv_task,
-    write_mmlu_task,
 )
 
-MMLU_CONFIG = {"n": 6, "seed": 1, "topics": ["biology"], "num_fewshot": 1}
+MMLU_SELECTION = MmluSelection(n=6, seed=1, topics=("biology",))
 
 
 def test_kv_is_seeded_and_sizes_are_independent():
@@ -87,9 +91,9 @@ def test_mmlu_selection_and_formats():
         select_mmlu(table, 2, 1, ["astrology"])
 
 
-def test_write_kv_task_writes_the_configured_table(tmp_path):
-    kv = {"sizes": [3, 5], "n_per_size": 2, "seed": 4, "template": "study"}
-    table = write_kv_task(kv, tmp_path / "kv.parquet")
+def test_run_kv_task_writes_the_configured_table(tmp_path):
+    settings = KvTask.of({"prompts": {"sizes": [3, 5], "n_per_size": 2, "seed": 4, "template": "study"}})
+    table = run_kv_task(Files(), Files(table=str(tmp_path / "kv.parquet")), settings)
     assert table.equals(build_kv_retrieval([3, 5], 2, 4, "study"))
     assert pl.read_parquet(tmp_path / "kv.parquet").equals(table)
 
@@ -104,19 +108,24 @@ def test_a_repeated_question_stays_out_of_the_pool_when_it_is_evaluated():
     assert not set(pool["question"]) & set(subset["question"])
 
 
-def test_write_mmlu_task_selects_and_formats_like_the_builders(tmp_path):
+def test_run_mmlu_task_selects_and_formats_like_the_builders(tmp_path):
     subset, pool = select_mmlu(load_mmlu_jsonl(MINI_MMLU), 6, seed=1, topics=["biology"])
     for fmt in ("letter", "cloze"):
-        table = write_mmlu_task(MINI_MMLU, sha256_file(MINI_MMLU), MMLU_CONFIG, fmt, tmp_path / f"{fmt}.parquet")
+        selection = {"n": 6, "seed": 1, "topics": ["biology"]}
+        settings = MmluTask.of({"fmt": fmt, "mmlu": selection, "num_fewshot": 1, "sha256": sha256_file(MINI_MMLU)})
+        outputs = Files(table=str(tmp_path / f"{fmt}.parquet"))
+        table = run_mmlu_task(Files(mmlu=str(MINI_MMLU)), outputs, settings)
         assert table.equals(build_mmlu(subset, pool, fmt, num_fewshot=1, seed=1))
         assert pl.read_parquet(tmp_path / f"{fmt}.parquet").equals(table)
 
 
 def test_select_mmlu_file_checks_the_pin():
-    unpinned = select_mmlu_file(MINI_MMLU, None, MMLU_CONFIG)
-    assert all(a.equals(b) for a, b in zip(unpinned, select_mmlu_file(MINI_MMLU, sha256_file(MINI_MMLU), MMLU_CONFIG)))
+    unpinned = select_mmlu_file(MINI_MMLU, None, MMLU_SELECTION)
+    assert all(
+        a.equals(b) for a, b in zip(unpinned, select_mmlu_file(MINI_MMLU, sha256_file(MINI_MMLU), MMLU_SELECTION))
+    )
     with pytest.raises(ChecksumError, match="mini_mmlu.jsonl"):
-        select_mmlu_file(MINI_MMLU, "0" * 64, MMLU_CONFIG)
+        select_mmlu_file(MINI_MMLU, "0" * 64, MMLU_SELECTION)
 
 
 def test_context_swapped_gives_each_item_the_next_context_of_its_size():
