@@ -335,7 +335,7 @@ def test_per_head_masks_on_a_student_reproduce_it_and_restricting_an_ssm_head_bi
 
     from gna.engine.scoring import score_table
     from gna.phases.gather_aggregate import kv_row_segments
-    from gna.phases.masking import score_masked
+    from gna.phases.masking import Segmented, score_masked
     from gna.tasks.tables import build_kv_retrieval
 
     student, tok = hybrid
@@ -346,9 +346,9 @@ def test_per_head_masks_on_a_student_reproduce_it_and_restricting_an_ssm_head_bi
         {"gather": (1, 2), "aggregate": (2, 1)},  # SSM heads (layer 1 and 2: heads 1, 2 are SSM)
         {"gather": (0, 1), "aggregate": (2, 3)},
     ):  # kept attention heads
-        same = flat(score_masked(student, tok, kv, kv_row_segments, heads, restrict=False))
+        same = flat(score_masked(Scorer(student, tok), Segmented(kv, kv_row_segments), heads, restrict=False))
         assert np.array_equal(same, plain)
-        masked = flat(score_masked(student, tok, kv, kv_row_segments, heads, restrict=True))
+        masked = flat(score_masked(Scorer(student, tok), Segmented(kv, kv_row_segments), heads, restrict=True))
         assert not np.allclose(masked, plain, atol=1e-4)
 
 
