@@ -12,6 +12,7 @@ from gna.engine.device import device_of
 from gna.engine.packing import collate, pack
 from gna.engine.scoring import Scorer
 from gna.engine.ssm import (
+    ScanInputs,
     causal_predecessors,
     local_matrix,
     local_mix,
@@ -42,7 +43,7 @@ def _inputs(b=2, length=37, h=3, p=5, n=4, seed=0):
 def test_chunked_equals_recurrent_and_materialized(chunk):
     x, log_a, Bm, Cm, D = _inputs()
     y_ref, s_ref = ssd_recurrent(x, log_a, Bm, Cm, D)
-    y, s = ssd_chunked(x, log_a, Bm, Cm, D, chunk=chunk)
+    y, s = ssd_chunked(ScanInputs(x, log_a, Bm, Cm, D), chunk=chunk)
     torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(s, s_ref, rtol=1e-10, atol=1e-10)
     T = materialize(log_a, Bm, Cm, D)
@@ -53,8 +54,8 @@ def test_chunked_equals_recurrent_and_materialized(chunk):
 def test_chunked_continues_from_a_state():
     x, log_a, Bm, Cm, D = _inputs(length=30)
     y_ref, s_ref = ssd_recurrent(x, log_a, Bm, Cm, D)
-    y1, s1 = ssd_chunked(x[:, :13], log_a[:, :13], Bm[:, :13], Cm[:, :13], D, chunk=4)
-    y2, s2 = ssd_chunked(x[:, 13:], log_a[:, 13:], Bm[:, 13:], Cm[:, 13:], D, chunk=4, state=s1)
+    y1, s1 = ssd_chunked(ScanInputs(x[:, :13], log_a[:, :13], Bm[:, :13], Cm[:, :13], D), chunk=4)
+    y2, s2 = ssd_chunked(ScanInputs(x[:, 13:], log_a[:, 13:], Bm[:, 13:], Cm[:, 13:], D), chunk=4, state=s1)
     torch.testing.assert_close(torch.cat([y1, y2], 1), y_ref)
     torch.testing.assert_close(s2, s_ref)
 
@@ -98,11 +99,13 @@ def test_tree_scan_equals_masked_scan_on_scoring_batches(chunk):
     layout = tree_layout(allowed)
     assert layout.trunk.tolist() == [12, 5, 15, 5]  # the first choice continues its context causally
     assert len(layout.levels) == 4  # the longest choice (5 tokens) feeds 4
-    torch.testing.assert_close(ssd_tree(x, log_a, Bm, Cm, D, layout, chunk), ssd_masked(x, log_a, Bm, Cm, D, allowed))
+    torch.testing.assert_close(
+        ssd_tree(ScanInputs(x, log_a, Bm, Cm, D), layout, chunk), ssd_masked(x, log_a, Bm, Cm, D, allowed)
+    )
     causal = torch.ones(2, 11, 11, dtype=torch.bool).tril()
     x, log_a, Bm, Cm, D = _inputs(b=2, length=11)
     torch.testing.assert_close(
-        ssd_tree(x, log_a, Bm, Cm, D, tree_layout(causal), chunk), ssd_recurrent(x, log_a, Bm, Cm, D)[0]
+        ssd_tree(ScanInputs(x, log_a, Bm, Cm, D), tree_layout(causal), chunk), ssd_recurrent(x, log_a, Bm, Cm, D)[0]
     )
 
 
