@@ -29,12 +29,8 @@ import logging
 import os
 import sys
 import types
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:  # gna.engine.ssm imports this module
-    from gna.engine.ssm import ScanInputs
 
 log = logging.getLogger("gna.engine.ssm_kernel")
 
@@ -115,9 +111,10 @@ def kernel_runs(x: torch.Tensor) -> bool:
     return choice == "triton" and (x.is_cuda or interpreted()) and load_kernel() is not None
 
 
-def ssd_chunked_kernel(inputs: ScanInputs, chunk: int = 64, state=None):
+def ssd_chunked_kernel(inputs: tuple[torch.Tensor, ...], chunk: int = 64, state=None):
     """ssd_chunked (same arguments and result: y [B, L, H, P], final state [B, H, N, P]) by
-    mamba-ssm's Triton kernel, in the dtype of x."""
+    mamba-ssm's Triton kernel, in the dtype of x. `inputs`: a gna.engine.ssm.ScanInputs (x,
+    log_a, B, C, D; not imported here: gna.engine.ssm imports this module)."""
     x, log_a, Bm, Cm, D = inputs
     kernel = load_kernel()
     if kernel is None:
