@@ -158,8 +158,12 @@ def scoring_and_sweep(spec: dict, heads_layers: list[int]) -> dict:
     few = build_kv_retrieval([10, 20, 40], 11, seed=1, template="lookup").head(32)
     n_heads = model.config.num_attention_heads
     heads = [(layer, h) for layer in heads_layers for h in range(n_heads)]
-    fast, out["sweep_s"] = synced(lambda: sweep_heads(model, tok, few, heads=heads, batch_size=32, progress=False))
-    naive, out["naive_s"] = synced(lambda: sweep_heads_naive(model, tok, few, heads, batch_size=32, progress=False))
+    fast, out["sweep_s"] = synced(
+        lambda: sweep_heads(Scorer(model, tok, batch_size=32, progress=False), few, heads=heads)
+    )
+    naive, out["naive_s"] = synced(
+        lambda: sweep_heads_naive(Scorer(model, tok, batch_size=32, progress=False), few, heads)
+    )
     diffs = [
         abs(
             fast.filter((fast["layer"] == layer) & (fast["head"] == h))["mean_logp"][0]

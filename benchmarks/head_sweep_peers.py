@@ -36,7 +36,7 @@ import torch
 from _common import extrapolated_fast_sweep_s
 
 from gna.engine.anatomy import all_heads, decoder_layers, head_sites, heads_per_layer
-from gna.engine.scoring import encode_table
+from gna.engine.scoring import Scorer, encode_table
 from gna.models.prepare import load_model
 from gna.phases.head_ablation import sweep_heads
 from gna.tasks.tables import build_kv_retrieval
@@ -158,7 +158,7 @@ def main() -> None:
     )
 
     start = time.perf_counter()
-    ours = sweep_heads(model, tok, table, heads=gna_heads, progress=False)
+    ours = sweep_heads(Scorer(model, tok, progress=False), table, heads=gna_heads)
     t_gna = time.perf_counter() - start
     gna_all_s = extrapolated_fast_sweep_s(t_gna, gna_heads, per_layer)
     gna_scores = {(r["layer"], r["head"]): r for r in ours.iter_rows(named=True)}

@@ -55,14 +55,14 @@ def naive_part(model, tok, table, layer_stride: int) -> dict:
     # through oneDNN's float32 kernel on a CPU; linears_in_full_precision gives PyTorch's default
     # float32 matmul (F.linear), the way a researcher's loop runs
     with linears_in_full_precision(model):
-        naive, t_naive = timed(lambda: sweep_heads_naive(model, tok, table, heads, progress=False))
-        prefix, t_prefix = timed(lambda: sweep_heads(model, tok, table, heads=heads, progress=False))
-    fast, t_fast = timed(lambda: sweep_heads(model, tok, table, heads=heads, progress=False))
-    _, t_naive_kernel = timed(lambda: sweep_heads_naive(model, tok, table, heads, progress=False))
+        naive, t_naive = timed(lambda: sweep_heads_naive(Scorer(model, tok, progress=False), table, heads))
+        prefix, t_prefix = timed(lambda: sweep_heads(Scorer(model, tok, progress=False), table, heads=heads))
+    fast, t_fast = timed(lambda: sweep_heads(Scorer(model, tok, progress=False), table, heads=heads))
+    _, t_naive_kernel = timed(lambda: sweep_heads_naive(Scorer(model, tok, progress=False), table, heads))
     # the same fast sweep with the linear layers' matmuls in bf16 (eval.compute_dtype: bfloat16)
     with linears_in_full_precision(model):
         low = linears_computed_in(copy.deepcopy(model), "bfloat16")
-    fast_low, t_low = timed(lambda: sweep_heads(low, tok, table, heads=heads, progress=False))
+    fast_low, t_low = timed(lambda: sweep_heads(Scorer(low, tok, progress=False), table, heads=heads))
 
     def worst(frame: pl.DataFrame) -> float:
         return max(
@@ -147,7 +147,7 @@ def naive_part(model, tok, table, layer_stride: int) -> dict:
 
 def verified_part(model, tok, table, budget: float, orders: list[str]) -> dict:
     start = time.perf_counter()
-    full = sweep_heads(model, tok, table, progress=False)
+    full = sweep_heads(Scorer(model, tok, progress=False), table)
     t_full = time.perf_counter() - start
     exact = rank_heads(full)
     exact_top10 = set(top_heads(exact, 10))
@@ -159,7 +159,7 @@ def verified_part(model, tok, table, budget: float, orders: list[str]) -> dict:
     for order in orders:
         start = time.perf_counter()
         try:
-            fast = sweep_heads_verified(model, tok, table, budget, order, progress=False)
+            fast = sweep_heads_verified(Scorer(model, tok, progress=False), table, budget, order)
         except ValueError as err:  # the order's attribution alone does not leave room in the budget
             result["orders"][order] = {"refused": str(err)}
             print(f"verified ({order:9s}): refused: {err}")

@@ -22,7 +22,7 @@ import time
 import torch
 
 from gna.engine.packing import collate, pack
-from gna.engine.ssm import ssd_chunked, ssd_masked, ssd_recurrent, ssd_tree, tree_layout
+from gna.engine.ssm import ScanInputs, ssd_chunked, ssd_masked, ssd_recurrent, ssd_tree, tree_layout
 from gna.engine.ssm_kernel import kernel_runs, ssd_chunked_kernel
 
 
@@ -49,9 +49,10 @@ def kernel_vs_chunked(batch: int, L: int, H: int, P: int, N: int, chunk: int, de
     log_a = (-torch.rand(batch, L, H, generator=g) * 0.1).to(device)
     Bm, Cm = (torch.randn(batch, L, H, N, generator=g).to(device) / N**0.5 for _ in range(2))
     D = torch.randn(H, generator=g).to(device)
-    _, t_first = timed(lambda: ssd_chunked_kernel(x, log_a, Bm, Cm, D, chunk))
-    (ours, _), t_chunk = timed(lambda: ssd_chunked(x, log_a, Bm, Cm, D, chunk), repeats=5)
-    (theirs, _), t_kernel = timed(lambda: ssd_chunked_kernel(x, log_a, Bm, Cm, D, chunk), repeats=5)
+    inputs = ScanInputs(x, log_a, Bm, Cm, D)
+    _, t_first = timed(lambda: ssd_chunked_kernel(inputs, chunk))
+    (ours, _), t_chunk = timed(lambda: ssd_chunked(inputs, chunk), repeats=5)
+    (theirs, _), t_kernel = timed(lambda: ssd_chunked_kernel(inputs, chunk), repeats=5)
     return {
         "device": str(device),
         "batch": batch,
@@ -84,7 +85,7 @@ def main():
     D = torch.randn(H, generator=g)
     with torch.inference_mode():
         (ref, _), t_rec = timed(lambda: ssd_recurrent(x, log_a, Bm, Cm, D))
-        (fast, _), t_chunk = timed(lambda: ssd_chunked(x, log_a, Bm, Cm, D, args.chunk), repeats=3)
+        (fast, _), t_chunk = timed(lambda: ssd_chunked(ScanInputs(x, log_a, Bm, Cm, D), args.chunk), repeats=3)
         short = min(L, 512)  # the quadratic path is for packed scoring of short prompts
         causal = torch.ones(1, short, short, dtype=torch.bool).tril()
         masked, t_masked = timed(
@@ -97,7 +98,7 @@ def main():
         xb, lab, Bb, Cb = (t[:, :short].repeat(8, *[1] * (t.dim() - 1)) for t in (x, log_a, Bm, Cm))
         batch_ref, t_batch_masked = timed(lambda: ssd_masked(xb, lab, Bb, Cb, D, allowed), repeats=3)
         batch_fast, t_batch_tree = timed(
-            lambda: ssd_tree(xb, lab, Bb, Cb, D, tree_layout(allowed), args.chunk), repeats=3
+            lambda: ssd_tree(ScanInputs(xb, lab, Bb, Cb, D), tree_layout(allowed), args.chunk), repeats=3
         )
     result = {
         "length": L,

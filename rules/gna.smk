@@ -1,15 +1,21 @@
 # Gather-and-Aggregate: attention maps and role scores of the heads (attention models).
 
 
+def get_teacher_roles(wildcards):
+    """A student draws the maps of its teacher's heads (the teacher's G&A heads included): its
+    teacher's roles table; none for a teacher."""
+    if wildcards.model in GNA_STUDENTS:
+        return [f"data/results/gna/{teacher_of(wildcards.model)}/roles.parquet"]
+    return []
+
+
 rule gna_roles:
     wildcard_constraints:
         model=_alternation(GNA_MODELS),
     input:
         model="data/models/{model}",
         ranking=get_ranking,
-        # a student draws the maps of its teacher's heads (teacher's G&A heads included)
-        teacher_roles=lambda wc: [f"data/results/gna/{teacher_of(wc.model)}/roles.parquet"]
-        if wc.model in GNA_STUDENTS else [],
+        teacher_roles=get_teacher_roles,
         mmlu_letter=["data/tasks/mmlu_letter.parquet"] if "letter" in config["tasks"]["mmlu"]["formats"] else [],
         prompts="data/tasks/prompts/gna_roles.parquet",
         map_prompt="data/tasks/prompts/gna_map.parquet",
@@ -17,8 +23,11 @@ rule gna_roles:
         roles="data/results/gna/{model}/roles.parquet",
         maps="data/results/gna/{model}/maps.parquet",
     params:
-        gna={k: config["gna"][k] for k in ("gather_min", "aggregate_min", "map_heads")},
-        evaluation=EVALUATION_UNBATCHED,
+        settings=lambda wc: {
+            "model": wc.model,
+            "gna": {k: config["gna"][k] for k in ("gather_min", "aggregate_min", "map_heads")},
+            "evaluation": EVALUATION_UNBATCHED,
+        },
         code=code_of("gna_roles"),
     log:
         "data/logs/gna_roles/{model}.log",
@@ -47,23 +56,26 @@ def get_masking_scores(wildcards):
 rule gna_masking:
     wildcard_constraints:
         model=_alternation(GNA_MODELS),
+    # roles: students mask their teacher's Gather and Aggregate heads: the same heads, now SSM or kept attention;
+    # knowledge (cloze) tables get (a) and (b); choice (multiple-choice) ones all three, option lines as segments;
+    # scores: condition (a) on those tables is a teacher's baseline: read, not scored again
     input:
         model="data/models/{model}",
-        # students mask their teacher's Gather and Aggregate heads: the same heads, now SSM or kept attention
         roles=lambda wc: f"data/results/gna/{teacher_of(wc.model)}/roles.parquet",
-        # knowledge (cloze) tables get (a) and (b); multiple-choice ones all three, option lines as segments
         knowledge=lambda wc: task_files([t for t in ("mmlu_cloze", "facts_cloze") if t in TASKS], wc.model),
         choice=lambda wc: task_files([t for t in ("mmlu_letter", "facts_choice") if t in TASKS], wc.model),
-        # condition (a) on those tables is a teacher's baseline: read, not scored again
         scores=get_masking_scores,
         prompts="data/tasks/prompts/gna_masking.parquet",
     output:
         summary="data/results/gna/{model}/masking.parquet",
         comparisons="data/results/gna/{model}/masking.comparisons.parquet",
     params:
-        gna={k: config["gna"][k] for k in ("knowledge_items", "mmlu_min_acc")},
-        chance=CHANCE,
-        evaluation=EVALUATION,
+        settings=lambda wc: {
+            "model": wc.model,
+            "gna": {k: config["gna"][k] for k in ("knowledge_items", "mmlu_min_acc")},
+            "chance": CHANCE,
+            "evaluation": EVALUATION,
+        },
         code=code_of("gna_masking"),
     log:
         "data/logs/gna_masking/{model}.log",

@@ -9,10 +9,19 @@ rule heads_sweep:
         sweep="data/results/heads/{model}/sweep.parquet",
         ranking="data/results/heads/{model}/ranking.parquet",
     params:
-        sweep={"mode": config["heads"]["sweep_mode"], **({"budget": config["heads"]["verify_budget"],
-                                                         "order": config["heads"]["verify_order"]}
-                                                        if config["heads"]["sweep_mode"] == "verified" else {})},
-        evaluation=EVALUATION,
+        # verified mode only: its budget and the attribution order
+        settings=lambda wc: {
+            "model": wc.model,
+            "sweep": {
+                "mode": config["heads"]["sweep_mode"],
+                **(
+                    {"budget": config["heads"]["verify_budget"], "order": config["heads"]["verify_order"]}
+                    if config["heads"]["sweep_mode"] == "verified"
+                    else {}
+                ),
+            },
+            "evaluation": EVALUATION,
+        },
         code=code_of("heads_sweep"),
     log:
         "data/logs/heads_sweep/{model}.log",
@@ -32,11 +41,14 @@ rule heads_attribution:
         ranking="data/results/heads/{model}/ranking.parquet",
         prompts="data/tasks/prompts/head_sweep.parquet",
     output:
-        "data/results/heads/{model}/attribution.parquet",
+        attribution="data/results/heads/{model}/attribution.parquet",
     params:
-        top_n=config["heads"]["attribution_top_n"],
-        order=config["heads"]["verify_order"],
-        evaluation=EVALUATION,
+        settings=lambda wc: {
+            "model": wc.model,
+            "top_n": config["heads"]["attribution_top_n"],
+            "order": config["heads"]["verify_order"],
+            "evaluation": EVALUATION,
+        },
         code=code_of("heads_attribution"),
     log:
         log="data/logs/heads_attribution/{model}.log",
@@ -53,20 +65,23 @@ rule heads_attribution:
 
 
 rule heads_topk:
+    # baseline: k = 0 is the unmodified model: its baseline's per-item scores, read instead of scored again
     input:
         model="data/models/{model}",
         ranking="data/results/heads/{model}/ranking.parquet",
         tasks=lambda wc: task_files(TASKS, wc.model),
-        # k = 0 is the unmodified model: its baseline's per-item scores, read instead of scored again
         baseline=expand("data/results/baseline/{{model}}/{task}.items.parquet", task=TASKS),
     output:
         summary="data/results/heads/{model}/topk.parquet",
         comparisons="data/results/heads/{model}/topk.comparisons.parquet",
     params:
-        top_k=TopK.from_config(config).as_params(),
-        max_items=config["heads"]["table_max_items"],
-        chance=CHANCE,
-        evaluation=EVALUATION,
+        settings=lambda wc: {
+            "model": wc.model,
+            "top_k": TopK.from_config(config).as_params(),
+            "max_items": config["heads"]["table_max_items"],
+            "chance": CHANCE,
+            "evaluation": EVALUATION,
+        },
         code=code_of("heads_topk"),
     log:
         "data/logs/heads_topk/{model}.log",
@@ -81,20 +96,23 @@ rule heads_topk:
 
 
 rule heads_kept:
+    # gradual_items: the minimal model's own scores, read where they hold the items
     input:
         model="data/models/{model}",
         ranking="data/results/heads/{model}/ranking.parquet",
         minimal="data/results/prune/{model}/minimal_model.json",
-        # the minimal model's own scores, read where they hold the items
         gradual_items="data/results/prune/{model}/gradual.items.parquet",
         tasks=lambda wc: task_files(TASKS, wc.model),
     output:
         summary="data/results/heads/{model}/kept.parquet",
         comparisons="data/results/heads/{model}/kept.comparisons.parquet",
     params:
-        max_items=config["heads"]["table_max_items"],
-        chance=CHANCE,
-        evaluation=EVALUATION,
+        settings=lambda wc: {
+            "model": wc.model,
+            "max_items": config["heads"]["table_max_items"],
+            "chance": CHANCE,
+            "evaluation": EVALUATION,
+        },
         code=code_of("heads_kept"),
     log:
         "data/logs/heads_kept/{model}.log",
@@ -114,9 +132,9 @@ rule heads_dictsize:
         ranking="data/results/heads/{model}/ranking.parquet",
         prompts="data/tasks/prompts/dict_size_curves.parquet",
     output:
-        "data/results/heads/{model}/dictsize.parquet",
+        curves="data/results/heads/{model}/dictsize.parquet",
     params:
-        evaluation=EVALUATION,
+        settings=lambda wc: {"model": wc.model, "evaluation": EVALUATION},
         code=code_of("heads_dictsize"),
     log:
         "data/logs/heads_dictsize/{model}.log",

@@ -2,21 +2,24 @@
 
 
 rule prune_gradual:
+    # baseline: the full model's scores, which say whether a task is at chance (then no depth is scored)
     input:
         model="data/models/{model}",
         tasks=lambda wc: task_files(config["prune"]["tasks"], wc.model),
-        # the full model's scores, which say whether a task is at chance (then no depth is scored)
         baseline=expand("data/results/baseline/{{model}}/{task}.items.parquet", task=config["prune"]["tasks"]),
+    # per_item: per item and depth; heads_kept and prune_individual read the minimal model's scores here
     output:
         summary="data/results/prune/{model}/gradual.parquet",
-        # per item and depth: heads_kept and prune_individual read the minimal model's scores here
         per_item="data/results/prune/{model}/gradual.items.parquet",
         comparisons="data/results/prune/{model}/gradual.comparisons.parquet",
     params:
-        max_items=config["prune"]["max_items"],
-        chance=CHANCE,
-        retrieval_task=config["prune"]["retrieval_task"],
-        evaluation=EVALUATION,
+        settings=lambda wc: {
+            "model": wc.model,
+            "max_items": config["prune"]["max_items"],
+            "chance": CHANCE,
+            "retrieval_task": config["prune"]["retrieval_task"],
+            "evaluation": EVALUATION,
+        },
         code=code_of("prune_gradual"),
     log:
         "data/logs/prune_gradual/{model}.log",
@@ -32,13 +35,16 @@ rule prune_gradual:
 
 rule minimal_model:
     input:
-        "data/results/prune/{model}/gradual.parquet",
+        gradual="data/results/prune/{model}/gradual.parquet",
     output:
-        "data/results/prune/{model}/minimal_model.json",
+        minimal="data/results/prune/{model}/minimal_model.json",
     params:
-        task=config["prune"]["retrieval_task"],
-        metric=config["prune"]["retrieval_metric"],
-        fraction=config["prune"]["minimal_fraction"],
+        settings=lambda wc: {
+            "model": wc.model,
+            "task": config["prune"]["retrieval_task"],
+            "metric": config["prune"]["retrieval_metric"],
+            "fraction": config["prune"]["minimal_fraction"],
+        },
         code=code_of("minimal_model"),
     log:
         "data/logs/minimal_model/{model}.log",
@@ -53,11 +59,14 @@ rule prune_individual:
         minimal="data/results/prune/{model}/minimal_model.json",
         gradual_items="data/results/prune/{model}/gradual.items.parquet",
     output:
-        "data/results/prune/{model}/individual.parquet",
+        individual="data/results/prune/{model}/individual.parquet",
     params:
-        max_items=config["prune"]["max_items"],
-        evaluation=EVALUATION,
-        chance=CHANCE,
+        settings=lambda wc: {
+            "model": wc.model,
+            "max_items": config["prune"]["max_items"],
+            "chance": CHANCE,
+            "evaluation": EVALUATION,
+        },
         code=code_of("prune_individual"),
     log:
         "data/logs/prune_individual/{model}.log",

@@ -142,3 +142,28 @@ class ChancePolicy:
             if reason is not None:
                 reasons[task] = reason
         return dict(sorted(reasons.items()))
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What a phase knows of the reference model before it scores a change against it (the
+    unmodified model; for the minimal model's experiments, the minimal model): `scored`, its
+    per-item scores by task from an earlier job (its baseline, gradual pruning's prefix scores, a
+    student's answers), read instead of scoring the same items again where they hold a table's
+    items (None: none, every table is scored); and `chance`, the policy that leaves out the
+    conditions that cannot show a change on a task where the reference model is at chance."""
+
+    scored: dict[str, pl.DataFrame] | None = None
+    chance: ChancePolicy = ChancePolicy()
+
+    def scores_of(self, task: str) -> pl.DataFrame | None:
+        """The reference model's known per-item scores on `task`, or None."""
+        return (self.scored or {}).get(task)
+
+    def has(self, task: str) -> bool:
+        """Whether scores of the reference model on `task` are known."""
+        return bool(self.scored) and task in self.scored
+
+
+# the default of a phase function's reference: no scores known (every table scored), the chance policy off
+NO_REFERENCE = Reference()

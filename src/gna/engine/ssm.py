@@ -30,16 +30,30 @@ path (`causal_predecessors`, `TreeLayout.predecessors`; packed choices never rea
 `local_mix_causal` is its fast path in plain causal order); `local_matrix` is the same
 term as a matrix, added to T wherever T itself is needed (maps, masking). Tests keep them equal.
 
-Shapes: x [B, L, H, P], log_a [B, L, H] (≤ 0), Bm / Cm [B, L, H, N], D [H].
+Shapes: x [B, L, H, P], log_a [B, L, H] (≤ 0), Bm / Cm [B, L, H, N], D [H]. The chunked scans
+(ssd_chunked, ssd_scan, ssd_tree and the kernel's ssd_chunked_kernel) take the five as one
+ScanInputs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from gna.engine import ssm_kernel  # imports triton and mamba-ssm only when the kernel is first used
+
+
+class ScanInputs(NamedTuple):
+    """The five inputs of a scan (shapes above): x [B, L, H, P], log_a [B, L, H] (≤ 0),
+    B and C [B, L, H, N] (the state-space vectors, Bm and Cm elsewhere), D [H] (the skip)."""
+
+    x: torch.Tensor
+    log_a: torch.Tensor
+    B: torch.Tensor
+    C: torch.Tensor
+    D: torch.Tensor
 
 
 def ssd_recurrent(x, log_a, Bm, Cm, D, state=None):
@@ -151,13 +165,14 @@ def tree_layout(allowed) -> TreeLayout | None:
     return TreeLayout(parent, trunk, self_only, levels)
 
 
-def ssd_tree(x, log_a, Bm, Cm, D, layout: TreeLayout, chunk: int = 64):
+def ssd_tree(inputs: ScanInputs, layout: TreeLayout, chunk: int = 64):
     """ssd_masked under a `tree_layout` (its fast path for scoring batches: right padding,
     choices packed after their context): the chunked scan gives every trunk row (nothing after a
     row can reach it); each row after the trunk continues its parent's state one step
     (S_l = a_l S_parent + B_l x_l, y_l = C_l · S_l + D x_l), depth by depth, starting from the
     state of the trunk row it leaves from; padding rows read themselves only."""
-    y = ssd_scan(x, log_a, Bm, Cm, D, chunk)[0]
+    x, log_a, Bm, Cm, D = inputs
+    y = ssd_scan(inputs, chunk)[0]
     if bool(layout.self_only.any()):
         self_only = ((Cm * Bm).sum(-1) + D)[..., None] * x  # [B, L, H, P]
         y = torch.where(layout.self_only[:, :, None, None], self_only, y)
@@ -185,17 +200,20 @@ def ssd_tree(x, log_a, Bm, Cm, D, layout: TreeLayout, chunk: int = 64):
     return y
 
 
-def ssd_scan(x, log_a, Bm, Cm, D, chunk: int = 64, state=None):
+def ssd_scan(inputs: ScanInputs, chunk: int = 64, state=None):
     """The chunked scan as the engine runs it: mamba-ssm's Triton kernel where it runs (a CUDA
     tensor with mamba-ssm installed: gna.engine.ssm_kernel.kernel_runs), else ssd_chunked, its
     reference (same arguments and result)."""
+    x = inputs.x
     if (x.is_cuda or ssm_kernel.interpreted()) and ssm_kernel.kernel_runs(x):
-        return ssm_kernel.ssd_chunked_kernel(x, log_a, Bm, Cm, D, chunk, state)
-    return ssd_chunked(x, log_a, Bm, Cm, D, chunk, state)
+        return ssm_kernel.ssd_chunked_kernel(inputs, chunk, state)
+    return ssd_chunked(inputs, chunk, state)
 
 
-def ssd_chunked(x, log_a, Bm, Cm, D, chunk: int = 64, state=None):
-    """Chunked scan. Returns (y [B, L, H, P], final state [B, H, N, P])."""
+def ssd_chunked(inputs: ScanInputs, chunk: int = 64, state=None):
+    """Chunked scan of `inputs`, from `state` (None: zeros). Returns (y [B, L, H, P], final
+    state [B, H, N, P])."""
+    x, log_a, Bm, Cm, D = inputs
     b, length, h, p = x.shape
     n = Bm.shape[-1]
     S = x.new_zeros(b, h, n, p) if state is None else state

@@ -111,9 +111,11 @@ def kernel_runs(x: torch.Tensor) -> bool:
     return choice == "triton" and (x.is_cuda or interpreted()) and load_kernel() is not None
 
 
-def ssd_chunked_kernel(x, log_a, Bm, Cm, D, chunk: int = 64, state=None):
+def ssd_chunked_kernel(inputs: tuple[torch.Tensor, ...], chunk: int = 64, state=None):
     """ssd_chunked (same arguments and result: y [B, L, H, P], final state [B, H, N, P]) by
-    mamba-ssm's Triton kernel, in the dtype of x."""
+    mamba-ssm's Triton kernel, in the dtype of x. `inputs`: a gna.engine.ssm.ScanInputs (x,
+    log_a, B, C, D; not imported here: gna.engine.ssm imports this module)."""
+    x, log_a, Bm, Cm, D = inputs
     kernel = load_kernel()
     if kernel is None:
         raise RuntimeError("mamba-ssm's SSD kernel is not installed (make gpu)")

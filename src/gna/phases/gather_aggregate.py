@@ -16,10 +16,10 @@ import polars as pl
 import torch
 
 from gna.core.io import read_parquet, write_parquet
-from gna.core.settings import Evaluation, Files
+from gna.core.settings import Evaluation, Files, RuleSettings
 from gna.engine.anatomy import UnsupportedModel, family_of, head_sites
 from gna.engine.device import device_of
-from gna.engine.scoring import starts_with_bos
+from gna.engine.scoring import Scorer, starts_with_bos
 from gna.models.families import skip_hint
 from gna.students.mixer import captured_maps, mixers, ssm_heads_of
 from gna.students.spec import load_any
@@ -172,17 +172,13 @@ def classify(
 
 
 def head_roles(
-    model,
-    tok,
-    table: pl.DataFrame,
-    segment_fn,
-    gather_min: float = 0.5,
-    aggregate_min: float = 0.3,
-    progress: bool = True,
+    scorer: Scorer, table: pl.DataFrame, segment_fn, gather_min: float = 0.5, aggregate_min: float = 0.3
 ) -> pl.DataFrame:
-    """Mean role scores of every head over the items of `table`, and a role per head."""
+    """Mean role scores of every head over the items of `table` (one item at a time: the scorer's
+    batch size is not used), and a role per head (classify with `gather_min`, `aggregate_min`)."""
     from tqdm.auto import tqdm
 
+    model, tok, progress = scorer.model, scorer.tok, scorer.progress
     totals: dict[str, torch.Tensor] = {}
     n_segments = 0.0
     for row in tqdm(table.iter_rows(named=True), total=len(table), desc="G&A roles", disable=not progress):
@@ -268,60 +264,59 @@ def shortest_item(table: pl.DataFrame) -> dict:
     return table.with_columns(pl.col("context").str.len_chars().alias("chars")).sort("chars").row(0, named=True)
 
 
-def run_gna_roles(
-    model_name: str,
-    inputs: Files,
-    outputs: Files,
-    gna: dict,
-    evaluation: Evaluation = Evaluation(),
-) -> pl.DataFrame:
-    """Phase gna_roles: head_roles of every head on the KV prompts of `prompts_path`
-    (data/tasks/prompts/gna_roles; `gna` config keys gather_min, aggregate_min) joined with the
-    ablation rank and acc_drop of `ranking_path`, written to `roles_path`; and the map_frame of the
-    map_heads (its roles from the teacher's roles table when `teacher_roles_paths` names one, so
-    teacher and students show the same heads) on the KV prompt of `map_prompt_path`
-    (data/tasks/prompts/gna_map) and on the shortest MMLU letter item if `mmlu_letter_paths` names
-    a table, written to `maps_path`. Both with a model column. inputs: model, ranking, prompts,
-    map_prompt, optional teacher_roles and mmlu_letter (lists); outputs: roles, maps."""
-    (
-        model_dir,
-        ranking_path,
-        teacher_roles_paths,
-        mmlu_letter_paths,
-        prompts_path,
-        map_prompt_path,
-        roles_path,
-        maps_path,
-    ) = (
-        inputs.model,
-        inputs.ranking,
-        inputs.get("teacher_roles", []),
-        inputs.get("mmlu_letter", []),
-        inputs.prompts,
-        inputs.map_prompt,
-        outputs.roles,
-        outputs.maps,
-    )
-    model, tok = load_any(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
-    ranking = read_parquet(ranking_path)
-    table = read_parquet(prompts_path)
+@dataclass(frozen=True)
+class GnaRoleConfig:
+    """The roles' keys of config section gna: the scores a head needs for the Gather and the
+    Aggregate role (`gather_min`, `aggregate_min`: gna.gather_min, gna.aggregate_min; classify)
+    and the top-ranked heads whose maps are drawn (`map_heads`: gna.map_heads; map_heads)."""
+
+    gather_min: float = 0.5
+    aggregate_min: float = 0.3
+    map_heads: int = 4
+
+
+@dataclass(frozen=True)
+class GnaRoles(RuleSettings):
+    """Settings of rule gna_roles: the `model` (wildcard), the roles' config keys (`gna`:
+    GnaRoleConfig) and how the model is loaded (`evaluation`: its dtypes; items are scored one at
+    a time, so the rule passes no batch size)."""
+
+    model: str
+    gna: GnaRoleConfig = GnaRoleConfig()
+    evaluation: Evaluation = Evaluation()
+
+
+def run_gna_roles(inputs: Files, outputs: Files, settings: GnaRoles) -> pl.DataFrame:
+    """Phase gna_roles: head_roles of every head on the KV prompts (data/tasks/prompts/gna_roles;
+    `gna` thresholds gather_min, aggregate_min) joined with the ablation rank and acc_drop of the
+    ranking, written to the roles output; and the map_frame of the map_heads (its roles from the
+    teacher's roles table when teacher_roles names one, so teacher and students show the same
+    heads) on the KV prompt of map_prompt (data/tasks/prompts/gna_map) and on the shortest MMLU
+    letter item if mmlu_letter names a table, written to the maps output. Both with a model
+    column. inputs: model, ranking, prompts, map_prompt, optional teacher_roles and mmlu_letter
+    (lists); outputs: roles, maps."""
+    evaluation, gna, model_name = settings.evaluation, settings.gna, settings.model
+    teacher_roles_paths = inputs.get("teacher_roles", [])
+    model, tok = load_any(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
+    ranking = read_parquet(inputs.ranking)
+    table = read_parquet(inputs.prompts)
     try:
-        roles = head_roles(model, tok, table, kv_row_segments, gna["gather_min"], gna["aggregate_min"])
+        roles = head_roles(Scorer(model, tok), table, kv_row_segments, gna.gather_min, gna.aggregate_min)
     except UnsupportedModel as err:
         raise UnsupportedModel(f"{err}; {skip_hint(model_name, 'gna')}") from None
     roles = roles.join(ranking.select("layer", "head", "rank", "acc_drop"), on=["layer", "head"], how="left")
-    write_parquet(roles.with_columns(pl.lit(model_name).alias("model")), roles_path)
+    write_parquet(roles.with_columns(pl.lit(model_name).alias("model")), outputs.roles)
     role_source = read_parquet(teacher_roles_paths[0]) if teacher_roles_paths else roles
-    heads = map_heads(ranking, role_source, gna["map_heads"])
-    sample = read_parquet(map_prompt_path).row(0, named=True)
+    heads = map_heads(ranking, role_source, gna.map_heads)
+    sample = read_parquet(inputs.map_prompt).row(0, named=True)
     maps = [map_frame(model, tok, sample, heads, kv_row_segments).with_columns(pl.lit("kv_retrieval").alias("task"))]
-    for letter in load_task_tables(mmlu_letter_paths).values():
+    for letter in load_task_tables(inputs.get("mmlu_letter", [])).values():
         maps.append(
             map_frame(model, tok, shortest_item(letter), heads, mmlu_row_segments).with_columns(
                 pl.lit("mmlu_letter").alias("task")
             )
         )
-    write_parquet(pl.concat(maps).with_columns(pl.lit(model_name).alias("model")), maps_path)
+    write_parquet(pl.concat(maps).with_columns(pl.lit(model_name).alias("model")), outputs.maps)
     for role in ROLES:
         best = roles.filter(pl.col("role") == role).sort("rank").head(3)
         log.info(

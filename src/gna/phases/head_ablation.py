@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, replace
 
 import numpy as np
 import polars as pl
@@ -17,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from gna.core.io import read_parquet, write_json, write_parquet
-from gna.core.settings import Evaluation, Files
+from gna.core.settings import Evaluation, Files, RuleSettings
 from gna.engine.ablation import score_ablations
 from gna.engine.anatomy import HeadSite, all_heads, decoder_layers, head_sites, site_of
 from gna.engine.device import device_of
@@ -33,28 +34,16 @@ def _summary(frame: pl.DataFrame) -> dict:
     return {"acc": float(frame["correct"].mean()), "mean_logp": float(frame["logp_target"].mean()), "n": len(frame)}
 
 
-def sweep_heads(
-    model,
-    tok,
-    table: pl.DataFrame,
-    heads: list[tuple[int, int]] | None = None,
-    batch_size: int = 8,
-    progress: bool = True,
-) -> pl.DataFrame:
+def sweep_heads(scorer: Scorer, table: pl.DataFrame, heads: list[tuple[int, int]] | None = None) -> pl.DataFrame:
     """Ablate each head alone; accuracy and mean log-prob of the correct choice per head.
 
     Exact for every family the engine runs: the hidden state entering layer L is computed once
     per batch and only layers L..end rerun for that layer's heads (score_ablations).
     Returns one row per head plus a row with layer = head = -1 for the unablated model, scored
     from the same recorded pass."""
-    sites = head_sites(model)
-    heads = heads if heads is not None else all_heads(model)
-    frames = score_ablations(
-        Scorer(model, tok, batch_size=batch_size, progress=progress),
-        table,
-        {"base": [], **{head: [head] for head in heads}},
-        desc="head sweep",
-    )
+    sites = head_sites(scorer.model)
+    heads = heads if heads is not None else all_heads(scorer.model)
+    frames = score_ablations(scorer, table, {"base": [], **{head: [head] for head in heads}}, desc="head sweep")
     rows = [{"layer": -1, "head": -1, "kind": "none", **_summary(frames["base"])}]
     rows += [
         {"layer": layer, "head": head, "kind": site_of(sites, layer, head)[0].kind, **_summary(frames[(layer, head)])}
@@ -69,21 +58,15 @@ def sweep_cost(heads: list[tuple[int, int]], n_layers: int) -> int:
     return sum(n_layers - layer for layer, _ in heads)
 
 
-def sweep_heads_naive(
-    model,
-    tok,
-    table: pl.DataFrame,
-    heads: list[tuple[int, int]],
-    batch_size: int = 8,
-    progress: bool = True,
-    sites=None,
-) -> dict:
+def sweep_heads_naive(scorer: Scorer, table: pl.DataFrame, heads: list[tuple[int, int]], sites=None) -> dict:
     """Reference: one full forward of the whole model per ablated head; {(layer, head): per-item frame}."""
+    model = scorer.model
     sites = sites or head_sites(model)
+    quiet = replace(scorer, progress=False)  # one bar over the heads, none per head
     out = {}
-    for layer, head in tqdm(heads, desc="head sweep (naive)", disable=not progress, mininterval=2.0):
+    for layer, head in tqdm(heads, desc="head sweep (naive)", disable=not scorer.progress, mininterval=2.0):
         with ablate_heads(model, [(layer, head)], sites):
-            out[(layer, head)] = score_table(Scorer(model, tok, batch_size=batch_size, progress=False), table)
+            out[(layer, head)] = score_table(quiet, table)
     return out
 
 
@@ -102,9 +85,7 @@ def rank_heads(sweep: pl.DataFrame) -> pl.DataFrame:
     return heads.with_columns(pl.int_range(1, len(heads) + 1).alias("rank"))
 
 
-def attribution_scores(
-    model, tok, table: pl.DataFrame, batch_size: int = 8, progress: bool = True, grad_drop: bool = False
-) -> pl.DataFrame:
+def attribution_scores(scorer: Scorer, table: pl.DataFrame, grad_drop: bool = False) -> pl.DataFrame:
     """Attribution patching: a linear estimate of every head's ablation effect on the mean
     log-prob of the correct choice, from one forward and one backward pass per batch.
 
@@ -117,6 +98,7 @@ def attribution_scores(
     (only the residual path carries it past l), and the head's score is the sum over l of the
     magnitudes. A head whose paths cancel in the plain estimate (a gather head feeding
     later heads) still scores high. Costs one partial backward per layer: layers 0..l-1 for l."""
+    model = scorer.model
     check_engine(model)  # its probe runs before the hooks below are installed
     sites = head_sites(model)
     n_layers = len(decoder_layers(model))
@@ -175,9 +157,7 @@ def attribution_scores(
     handles = [s.module.register_forward_pre_hook(capture(s)) for s in sites]
     handles.append(model.get_input_embeddings().register_forward_hook(grad_from_embeddings))
     try:
-        score_batches(
-            Scorer(model, tok, batch_size=batch_size, progress=progress), table, forward, desc="attribution", grad=True
-        )
+        score_batches(scorer, table, forward, desc="attribution", grad=True)
     finally:
         for handle in handles:
             handle.remove()
@@ -244,14 +224,7 @@ def within_budget(
 
 
 def sweep_heads_verified(
-    model,
-    tok,
-    table: pl.DataFrame,
-    budget: float = 0.2,
-    order: str = "magnitude",
-    batch_size: int = 8,
-    progress: bool = True,
-    min_heads: int = 2,
+    scorer: Scorer, table: pl.DataFrame, budget: float = 0.2, order: str = "magnitude", min_heads: int = 2
 ) -> pl.DataFrame:
     """The sweep's fast mode: rank every head by attribution (rank_attribution with `order`),
     then sweep exactly, in that order, the heads that fit in `budget` of the full sweep's cost
@@ -260,7 +233,8 @@ def sweep_heads_verified(
     the verified ones. Fewer than `min_heads` verified heads is an error naming the budget.
     benchmarks/head_sweep_speed.py measures how many of the full sweep's top 10 it finds, and at
     what share of its time."""
-    est = attribution_scores(model, tok, table, batch_size, progress, grad_drop=order == "graddrop")
+    model = scorer.model
+    est = attribution_scores(scorer, table, grad_drop=order == "graddrop")
     n_layers = len(decoder_layers(model))
     chosen = within_budget(rank_attribution(est, order), n_layers, budget, order)
     if len(chosen) < min_heads:
@@ -270,7 +244,7 @@ def sweep_heads_verified(
             f"needed: the attribution ({order}) alone costs {share:.0%} of the exact sweep on this "
             f"model; raise heads.verify_budget or use heads.sweep_mode: exact"
         )
-    return sweep_heads(model, tok, table, heads=chosen, batch_size=batch_size, progress=progress)
+    return sweep_heads(scorer, table, heads=chosen)
 
 
 def top_heads(frame: pl.DataFrame, n: int) -> list[tuple[int, int]]:
@@ -308,37 +282,53 @@ def compare_attribution(ranked_est: pl.DataFrame, exact: pl.DataFrame, top_n: in
 SWEEP_MODES = ("exact", "verified")
 
 
-def run_heads_sweep(
-    model_name: str,
-    model_dir: str,
-    prompts_path: str,
-    sweep_path: str,
-    ranking_path: str,
-    sweep: dict,
-    evaluation: Evaluation = Evaluation(),
-) -> pl.DataFrame:
-    """Phase heads_sweep on the KV prompts of `prompts_path` (data/tasks/prompts/head_sweep):
-    `sweep["mode"]` exact (sweep_heads over every head) or verified (sweep_heads_verified with
-    `sweep["budget"]` and `sweep["order"]`), written to `sweep_path` with the mode and the model's
-    number of heads, and its rank_heads to `ranking_path` (both with a model column)."""
-    model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
-    table = read_parquet(prompts_path)
-    mode = sweep.get("mode", "exact")
-    if mode == "exact":
-        result = sweep_heads(model, tok, table, batch_size=evaluation.batch_size)
-    elif mode == "verified":
-        result = sweep_heads_verified(
-            model, tok, table, sweep["budget"], sweep["order"], batch_size=evaluation.batch_size
-        )
+@dataclass(frozen=True)
+class SweepMode:
+    """How heads_sweep sweeps (config section heads): `mode` exact (every head ablated alone) or
+    verified (heads.sweep_mode); in verified mode the share of the exact sweep's cost spent
+    (`budget`: heads.verify_budget) and the attribution order of the pre-ranking (`order`:
+    heads.verify_order; sweep_heads_verified)."""
+
+    mode: str = "exact"
+    budget: float = 0.2
+    order: str = "magnitude"
+
+    def __post_init__(self):
+        if self.mode not in SWEEP_MODES:
+            raise ValueError(f"heads.sweep_mode: unknown mode {self.mode!r}; one of {SWEEP_MODES}")
+
+
+@dataclass(frozen=True)
+class HeadsSweep(RuleSettings):
+    """Settings of rule heads_sweep: the `model` (wildcard), how it sweeps (`sweep`: SweepMode)
+    and how the model is loaded and scored (`evaluation`)."""
+
+    model: str
+    sweep: SweepMode = SweepMode()
+    evaluation: Evaluation = Evaluation()
+
+
+def run_heads_sweep(inputs: Files, outputs: Files, settings: HeadsSweep) -> pl.DataFrame:
+    """Phase heads_sweep on the KV prompts (data/tasks/prompts/head_sweep): `sweep.mode` exact
+    (sweep_heads over every head) or verified (sweep_heads_verified with `sweep.budget` and
+    `sweep.order`), written with the mode and the model's number of heads, and its rank_heads
+    (both with a model column).
+    inputs: model, prompts; outputs: sweep, ranking."""
+    evaluation, sweep, model_name = settings.evaluation, settings.sweep, settings.model
+    model, tok = load_model(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
+    table = read_parquet(inputs.prompts)
+    scorer = Scorer(model, tok, evaluation.batch_size)
+    if sweep.mode == "exact":
+        result = sweep_heads(scorer, table)
     else:
-        raise ValueError(f"heads.sweep_mode: unknown mode {mode!r}; one of {SWEEP_MODES}")
+        result = sweep_heads_verified(scorer, table, sweep.budget, sweep.order)
     ranking = rank_heads(result)
-    result = result.with_columns(pl.lit(mode).alias("mode"), pl.lit(len(all_heads(model))).alias("heads_total"))
-    write_parquet(result.with_columns(pl.lit(model_name).alias("model")), sweep_path)
-    write_parquet(ranking.with_columns(pl.lit(model_name).alias("model")), ranking_path)
+    result = result.with_columns(pl.lit(sweep.mode).alias("mode"), pl.lit(len(all_heads(model))).alias("heads_total"))
+    write_parquet(result.with_columns(pl.lit(model_name).alias("model")), outputs.sweep)
+    write_parquet(ranking.with_columns(pl.lit(model_name).alias("model")), outputs.ranking)
     log.info(
         "%s sweep, %d of %d heads measured; top-10 heads: %s",
-        mode,
+        sweep.mode,
         len(ranking),
         len(all_heads(model)),
         ", ".join(f"L{r['layer']}H{r['head']} (-{r['acc_drop']:.2f})" for r in ranking.head(10).iter_rows(named=True)),
@@ -346,34 +336,39 @@ def run_heads_sweep(
     return ranking
 
 
-def run_heads_attribution(
-    model_name: str,
-    inputs: Files,
-    out_path: str,
-    timings_path: str,
-    top_n: int,
-    evaluation: Evaluation = Evaluation(),
-    order: str = "magnitude",
-) -> pl.DataFrame:
-    """Phase heads_attribution: attribution_scores on the sweep's prompts (`prompts_path`) ranked by `order`
+@dataclass(frozen=True)
+class HeadsAttribution(RuleSettings):
+    """Settings of rule heads_attribution: the `model` (wildcard), the estimate's top heads swept
+    exactly (`top_n`: heads.attribution_top_n), the attribution order (`order`:
+    heads.verify_order; rank_attribution) and how the model is loaded and scored
+    (`evaluation`)."""
+
+    model: str
+    top_n: int = 30
+    order: str = "magnitude"
+    evaluation: Evaluation = Evaluation()
+
+
+def run_heads_attribution(inputs: Files, outputs: Files, settings: HeadsAttribution) -> pl.DataFrame:
+    """Phase heads_attribution: attribution_scores on the sweep's prompts ranked by `order`
     (rank_attribution), the exact sweep of the estimate's top `top_n` heads (the cost of verifying
-    a pre-ranking), and compare_attribution against the exact ranking in `ranking_path`; written
-    to `out_path` with a model column. The two parts' wall times go to `timings_path` (JSON, a
-    log: timings are not results).
-    inputs: model, prompts, ranking."""
-    model_dir, prompts_path, ranking_path = inputs.model, inputs.prompts, inputs.ranking
-    model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
-    table = read_parquet(prompts_path)
+    a pre-ranking), and compare_attribution against the exact ranking; written with a model
+    column. The two parts' wall times go to the timings log (JSON: timings are not results).
+    inputs: model, prompts, ranking; outputs: attribution, timings (the rule's log of that name)."""
+    evaluation, order, top_n = settings.evaluation, settings.order, settings.top_n
+    model, tok = load_model(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
+    table = read_parquet(inputs.prompts)
+    scorer = Scorer(model, tok, evaluation.batch_size)
     start = time.perf_counter()
-    est = attribution_scores(model, tok, table, batch_size=evaluation.batch_size, grad_drop=order == "graddrop")
+    est = attribution_scores(scorer, table, grad_drop=order == "graddrop")
     ranked = rank_attribution(est, order)
     t_attr = time.perf_counter() - start
     start = time.perf_counter()
-    sweep_heads(model, tok, table, heads=top_heads(ranked, top_n), batch_size=evaluation.batch_size)
+    sweep_heads(scorer, table, heads=top_heads(ranked, top_n))
     t_verify = time.perf_counter() - start
-    result = compare_attribution(ranked, read_parquet(ranking_path), top_n).with_columns(pl.lit(order).alias("order"))
-    write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
-    write_json({"attribution": round(t_attr, 2), f"verify top {top_n}": round(t_verify, 2)}, timings_path)
+    result = compare_attribution(ranked, read_parquet(inputs.ranking), top_n).with_columns(pl.lit(order).alias("order"))
+    write_parquet(result.with_columns(pl.lit(settings.model).alias("model")), outputs.attribution)
+    write_json({"attribution": round(t_attr, 2), f"verify top {top_n}": round(t_verify, 2)}, outputs.timings)
     log.info(
         "attribution: spearman %.3f, recall of exact top-10 in top-%d %.2f, %.1fs + verify %.1fs",
         result["spearman_logp"][0],

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import random
+from dataclasses import dataclass
 
 import polars as pl
 
-from gna.core.chance import SKIPPED, ChancePolicy
+from gna.core.chance import NO_REFERENCE, SKIPPED, ChancePolicy, Reference
 from gna.core.io import read_json, read_parquet, write_parquet
 from gna.core.paired import comparisons
-from gna.core.settings import Evaluation, Files, TopK
+from gna.core.settings import Evaluation, Files, RuleSettings, TopK
 from gna.engine.ablation import score_ablations
 from gna.engine.anatomy import all_heads, head_sites, heads_per_layer
 from gna.engine.scoring import Scorer, known_items, known_or_scored, summarize_task
@@ -31,26 +32,13 @@ SWEEP_TASK = "kv_retrieval"  # the task the ranking was measured on (the per-hea
 
 
 def _score_items(
-    model,
-    tok,
-    tables: dict[str, pl.DataFrame],
-    ablations: dict,
-    layers=None,
-    batch_size=8,
-    progress: bool = False,
-    desc: str = "ablations",
+    scorer: Scorer, tables: dict[str, pl.DataFrame], ablations: dict, layers=None, desc: str = "ablations"
 ) -> dict[object, pl.DataFrame]:
     """{key: per-item scores of every task, concatenated in table order} with the heads of each
     entry of `ablations` {key: heads} ablated (and only `layers` run, if given), all conditions
     of a task sharing one pass (score_ablations)."""
     per_task = [
-        score_ablations(
-            Scorer(model, tok, batch_size=batch_size, progress=progress),
-            table,
-            ablations,
-            layers=layers,
-            desc=f"{desc}: {task}",
-        )
+        score_ablations(scorer, table, ablations, layers=layers, desc=f"{desc}: {task}")
         for task, table in tables.items()
     ]
     return {key: pl.concat([frames[key] for frames in per_task]) for key in ablations}
@@ -64,9 +52,9 @@ def _summaries(items: dict[object, pl.DataFrame]) -> dict[object, pl.DataFrame]:
     }
 
 
-def _score(model, tok, tables, ablations, layers=None, batch_size=8, progress=False, desc="ablations"):
+def _score(scorer: Scorer, tables, ablations, layers=None, desc="ablations"):
     """_score_items, each key's per-item scores summarized per task (summarize_task)."""
-    return _summaries(_score_items(model, tok, tables, ablations, layers, batch_size, progress, desc))
+    return _summaries(_score_items(scorer, tables, ablations, layers, desc))
 
 
 def _top(ranking: pl.DataFrame, k: int) -> list[tuple[int, int]]:
@@ -75,25 +63,21 @@ def _top(ranking: pl.DataFrame, k: int) -> list[tuple[int, int]]:
 
 
 def remove_top_k(
-    model,
-    tok,
+    scorer: Scorer,
     ranking: pl.DataFrame,
     tables: dict[str, pl.DataFrame],
     top_k: TopK,
-    batch_size: int = 8,
-    progress: bool = True,
-    scored: dict[str, pl.DataFrame] | None = None,
-    chance: ChancePolicy = ChancePolicy(),
+    reference: Reference = NO_REFERENCE,
     per_item: dict[str, pl.DataFrame] | None = None,
 ) -> pl.DataFrame:
     """Tidy: condition (top | random), k, draw, heads, task, group, n, metric, value,
     skipped_reason; the k of `top_k.ks`. The random-k controls score `top_k.control_tasks`: the
     sweep's task (SWEEP_TASK) at every k with `top_k.random_draws` draws, the others at the k of
     `top_k.control_k` only (None: every k) with the first `top_k.control_draws` of the same draws
-    (None: random_draws). `scored`: {task: per-item scores of the unmodified model} (its
-    baseline), read for k = 0 instead of scoring the same items again. `chance`: a task on which
-    the unmodified model is at chance is scored at k = 0 only, with the reason in skipped_reason
-    (null elsewhere). `per_item`, where given, receives every condition's per-item scores by its
+    (None: random_draws). `reference` is the unmodified model: its `scored` {task: per-item
+    scores} (its baseline) are read for k = 0 instead of scoring the same items again; by its
+    `chance` policy, a task on which it is at chance is scored at k = 0 only, with the reason in
+    skipped_reason (null elsewhere). `per_item`, where given, receives every condition's per-item scores by its
     label (topk_label), for topk_comparisons."""
     ks, random_draws, control_tasks = top_k.ks, top_k.random_draws, top_k.control_tasks
     control_k, control_draws = top_k.control_k, top_k.control_draws
@@ -104,7 +88,8 @@ def remove_top_k(
             f"ranking has {len(ranking)} (a verified sweep ranks only the heads that fit "
             f"heads.verify_budget: raise it, or use heads.sweep_mode: exact)"
         )
-    population = all_heads(model)
+    population = all_heads(scorer.model)
+    chance = reference.chance
     jobs = [("top", k, 0, _top(ranking, k)) for k in ks]
     control_draws = random_draws if control_draws is None else control_draws
     for k in ks:
@@ -134,23 +119,18 @@ def remove_top_k(
         wanted = {i: heads for i, (condition, k, draw, heads) in enumerate(jobs) if task in used_by(condition, k, draw)}
         unablated = [i for i in wanted if jobs[i][1] == 0]
         if chance.applies(task):
-            base = known_or_scored(Scorer(model, tok, batch_size=batch_size), table, (scored or {}).get(task))
+            base = known_or_scored(scorer, table, reference.scores_of(task))
             reasons[task] = chance.reason(base, table, "removing heads")
             if reasons[task] is not None:
                 log.info("remove top-k: %s at k = 0 only, %s", task, reasons[task])
                 items.update({(i, task): base for i in unablated})
                 continue
-        if scored and task in scored:
+        if reference.has(task):
             for i in unablated:
-                items[i, task] = known_items(table, scored[task])
+                items[i, task] = known_items(table, reference.scores_of(task))
                 del wanted[i]
         items.update(
-            {
-                (i, task): frame
-                for i, frame in _score_items(
-                    model, tok, {task: table}, wanted, batch_size=batch_size, progress=progress, desc="remove top-k"
-                ).items()
-            }
+            {(i, task): frame for i, frame in _score_items(scorer, {task: table}, wanted, desc="remove top-k").items()}
         )
     summaries = {key: summarize_task(frame) for key, frame in items.items()}
     if per_item is not None:
@@ -217,26 +197,25 @@ def critical_heads(ranking: pl.DataFrame, kept_layers: list[int]) -> list[tuple[
 
 
 def heads_kept(
-    model,
-    tok,
+    scorer: Scorer,
     ranking: pl.DataFrame,
     kept_layers: list[int],
     tables: dict[str, pl.DataFrame],
-    batch_size: int = 8,
-    progress: bool = True,
-    chance: ChancePolicy = ChancePolicy(),
-    scored: dict[str, pl.DataFrame] | None = None,
+    reference: Reference = NO_REFERENCE,
     per_item: dict[str, pl.DataFrame] | None = None,
 ) -> pl.DataFrame:
     """Minimal model; in critical layers A and B keep only head a / b, or none.
     Rows: variant label, kept_a, kept_b, task, group, n, metric, value, skipped_reason.
-    `chance`: a task on which the minimal model is at chance is scored with all heads only, the
-    reason in skipped_reason. `scored`:
-    {task: the minimal model's per-item scores (gna.phases.pruning.prefix_scores)}, read for
-    that decision where they hold the table's items instead of scoring it first. `per_item`,
-    where given, receives each variant's per-item scores by its label (kept_comparisons)."""
+    `reference` is the minimal model: by its `chance` policy, a task on which it is at chance is
+    scored with all heads only, the reason in skipped_reason; its `scored` {task: per-item scores
+    (gna.phases.pruning.prefix_scores)} are read for that decision where they hold the table's
+    items instead of scoring it first. `per_item`, where given, receives each variant's per-item
+    scores by its label (kept_comparisons)."""
+    model = scorer.model
     if len(kept_layers) < 2:  # a one-layer "minimal model" has no pair of critical layers
-        kept_layers, scored = list(range(model.config.num_hidden_layers)), None  # scores of the one layer
+        # all layers instead: the one layer's scores are not theirs
+        kept_layers, reference = list(range(model.config.num_hidden_layers)), Reference(chance=reference.chance)
+    chance = reference.chance
     (layer_a, head_a), (layer_b, head_b) = critical_heads(ranking, kept_layers)
     n_heads = heads_per_layer(head_sites(model))
     others_a = [(layer_a, h) for h in range(n_heads[layer_a]) if h != head_a]
@@ -251,9 +230,7 @@ def heads_kept(
     reasons, unablated = {}, {}
     for task, table in tables.items():
         if chance.applies(task):
-            base = known_or_scored(
-                Scorer(model, tok, batch_size=batch_size), table, (scored or {}).get(task), layers=kept_layers
-            )
+            base = known_or_scored(scorer, table, reference.scores_of(task), layers=kept_layers)
             reasons[task] = chance.reason(base, table, "removing heads")
             if reasons[task] is not None:
                 log.info("heads kept: %s with all heads only, %s", task, reasons[task])
@@ -261,13 +238,10 @@ def heads_kept(
     ablated_tables = {t: table for t, table in tables.items() if t not in unablated}
     items = (
         _score_items(
-            model,
-            tok,
+            scorer,
             ablated_tables,
             {label: ablated for label, _, _, ablated in variants},
             layers=kept_layers,
-            batch_size=batch_size,
-            progress=progress,
             desc="heads kept",
         )
         if ablated_tables
@@ -306,9 +280,7 @@ def kept_comparisons(per_item: dict[str, pl.DataFrame]) -> pl.DataFrame:
     )
 
 
-def dict_size_curves(
-    model, tok, ranking: pl.DataFrame, table: pl.DataFrame, batch_size: int = 8, progress: bool = True
-) -> pl.DataFrame:
+def dict_size_curves(scorer: Scorer, ranking: pl.DataFrame, table: pl.DataFrame) -> pl.DataFrame:
     """KV accuracy per dictionary size with nothing, the #1 head, or the #2 head removed."""
     first, second = _top(ranking, 2)
     conditions = {
@@ -316,15 +288,7 @@ def dict_size_curves(
         f"#1 L{first[0]}H{first[1]} removed": [first],
         f"#2 L{second[0]}H{second[1]} removed": [second],
     }
-    summaries = _score(
-        model,
-        tok,
-        {"kv_retrieval": table},
-        conditions,
-        batch_size=batch_size,
-        progress=progress,
-        desc="dictionary sizes",
-    )
+    summaries = _score(scorer, {"kv_retrieval": table}, conditions, desc="dictionary sizes")
     frames = []
     for label in conditions:
         frames.append(
@@ -335,79 +299,75 @@ def dict_size_curves(
     return pl.concat(frames)
 
 
-def run_heads_topk(
-    model_name: str,
-    inputs: Files,
-    outputs: Files,
-    top_k: TopK,
-    max_items: int | None,
-    evaluation: Evaluation = Evaluation(),
-    chance: ChancePolicy = ChancePolicy(),
-) -> pl.DataFrame:
+@dataclass(frozen=True)
+class HeadsTopk(RuleSettings):
+    """Settings of rule heads_topk: the `model` (wildcard), the remove-top-k table's `top_k`
+    (config section heads: TopK), the items per task (`max_items`: heads.table_max_items; None:
+    all), the `chance` policy (config block chance) and how the model is loaded and scored
+    (`evaluation`)."""
+
+    model: str
+    top_k: TopK = TopK()
+    max_items: int | None = None
+    chance: ChancePolicy = ChancePolicy()
+    evaluation: Evaluation = Evaluation()
+
+
+def run_heads_topk(inputs: Files, outputs: Files, settings: HeadsTopk) -> pl.DataFrame:
     """Phase heads_topk: remove_top_k of the ranking on the task tables (each cut to
     `max_items`); k = 0 is read from the model's per-item baseline scores where given (and, by
     `chance`, whether a task is at chance; never the sweep's own task).
     inputs: model, ranking, tasks, optional baseline (list).
     outputs: summary (the tidy table), comparisons (topk_comparisons), each with a model column."""
-    model_dir, ranking_path, task_paths, baseline_paths = (
-        inputs.model,
-        inputs.ranking,
-        inputs.tasks,
-        inputs.get("baseline", []),
-    )
-    model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
+    evaluation, model_name = settings.evaluation, settings.model
+    model, tok = load_model(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     per_item = {}
     result = remove_top_k(
-        model,
-        tok,
-        read_parquet(ranking_path),
-        load_task_tables(task_paths, max_items),
-        top_k,
-        batch_size=evaluation.batch_size,
-        scored=load_item_scores(baseline_paths),
-        chance=chance.sparing(SWEEP_TASK),
+        Scorer(model, tok, evaluation.batch_size),
+        read_parquet(inputs.ranking),
+        load_task_tables(inputs.tasks, settings.max_items),
+        settings.top_k,
+        Reference(scored=load_item_scores(inputs.get("baseline", [])), chance=settings.chance.sparing(SWEEP_TASK)),
         per_item=per_item,
     )
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), outputs.summary)
     write_parquet(
-        topk_comparisons(per_item, top_k).with_columns(pl.lit(model_name).alias("model")), outputs.comparisons
+        topk_comparisons(per_item, settings.top_k).with_columns(pl.lit(model_name).alias("model")), outputs.comparisons
     )
     log.info("remove top-k: %d rows", len(result))
     return result
 
 
-def run_heads_kept(
-    model_name: str,
-    inputs: Files,
-    outputs: Files,
-    max_items: int | None,
-    evaluation: Evaluation = Evaluation(),
-    chance: ChancePolicy = ChancePolicy(),
-) -> pl.DataFrame:
-    """Phase heads_kept: heads_kept on the minimal model of `minimal_path` (gna.phases.pruning's
-    minimal_model JSON) and the task tables. The minimal model's own scores are read from gradual
-    pruning's per-item scores where they hold the items (prefix_scores).
+@dataclass(frozen=True)
+class HeadsKept(RuleSettings):
+    """Settings of rule heads_kept: the `model` (wildcard), the items per task (`max_items`:
+    heads.table_max_items; None: all), the `chance` policy (config block chance) and how the
+    model is loaded and scored (`evaluation`)."""
+
+    model: str
+    max_items: int | None = None
+    chance: ChancePolicy = ChancePolicy()
+    evaluation: Evaluation = Evaluation()
+
+
+def run_heads_kept(inputs: Files, outputs: Files, settings: HeadsKept) -> pl.DataFrame:
+    """Phase heads_kept: heads_kept on the minimal model (gna.phases.pruning's minimal_model
+    JSON) and the task tables. The minimal model's own scores are read from gradual pruning's
+    per-item scores where they hold the items (prefix_scores).
     inputs: model, ranking, minimal, tasks, optional gradual_items.
     outputs: summary (the tidy table), comparisons (kept_comparisons), each with a model column."""
-    model_dir, ranking_path, minimal_path, task_paths, gradual_items_path = (
-        inputs.model,
-        inputs.ranking,
-        inputs.minimal,
-        inputs.tasks,
-        inputs.get("gradual_items"),
-    )
-    model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
-    kept_layers = read_json(minimal_path)["kept_layers"]
+    evaluation, model_name = settings.evaluation, settings.model
+    model, tok = load_model(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
+    kept_layers = read_json(inputs.minimal)["kept_layers"]
     per_item = {}
     result = heads_kept(
-        model,
-        tok,
-        read_parquet(ranking_path),
+        Scorer(model, tok, evaluation.batch_size),
+        read_parquet(inputs.ranking),
         kept_layers,
-        load_task_tables(task_paths, max_items),
-        batch_size=evaluation.batch_size,
-        chance=chance.sparing(SWEEP_TASK),
-        scored=prefix_scores(gradual_items_path, kept_layers),
+        load_task_tables(inputs.tasks, settings.max_items),
+        Reference(
+            scored=prefix_scores(inputs.get("gradual_items"), kept_layers), chance=settings.chance.sparing(SWEEP_TASK)
+        ),
         per_item=per_item,
     )
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), outputs.summary)
@@ -416,20 +376,23 @@ def run_heads_kept(
     return result
 
 
-def run_heads_dictsize(
-    model_name: str,
-    model_dir: str,
-    prompts_path: str,
-    ranking_path: str,
-    out_path: str,
-    evaluation: Evaluation = Evaluation(),
-) -> pl.DataFrame:
-    """Phase heads_dictsize: dict_size_curves on the KV prompts of `prompts_path`
-    (data/tasks/prompts/dict_size_curves: several dictionary sizes); written to `out_path` with a
-    model column."""
-    model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
-    table = read_parquet(prompts_path)
-    result = dict_size_curves(model, tok, read_parquet(ranking_path), table, batch_size=evaluation.batch_size)
-    write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
+@dataclass(frozen=True)
+class HeadsDictsize(RuleSettings):
+    """Settings of rule heads_dictsize: the `model` (wildcard) and how it is loaded and scored
+    (`evaluation`)."""
+
+    model: str
+    evaluation: Evaluation = Evaluation()
+
+
+def run_heads_dictsize(inputs: Files, outputs: Files, settings: HeadsDictsize) -> pl.DataFrame:
+    """Phase heads_dictsize: dict_size_curves on the KV prompts of several dictionary sizes
+    (data/tasks/prompts/dict_size_curves), written with a model column.
+    inputs: model, prompts, ranking; outputs: curves."""
+    evaluation = settings.evaluation
+    model, tok = load_model(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
+    table = read_parquet(inputs.prompts)
+    result = dict_size_curves(Scorer(model, tok, evaluation.batch_size), read_parquet(inputs.ranking), table)
+    write_parquet(result.with_columns(pl.lit(settings.model).alias("model")), outputs.curves)
     log.info("dictionary-size curves: %d rows", len(result))
     return result

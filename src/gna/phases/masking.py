@@ -16,14 +16,17 @@ restriction — a test checks that it reproduces the unmasked logits.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import polars as pl
 import torch
 
-from gna.core.chance import SKIPPED, ChancePolicy
+from gna.core.chance import NO_REFERENCE, SKIPPED, ChancePolicy, Reference
 from gna.core.io import read_parquet, write_parquet
 from gna.core.paired import comparisons, empty
-from gna.core.settings import Evaluation, Files
+from gna.core.settings import Evaluation, Files, RuleSettings
 from gna.engine.ablation import score_ablations
 from gna.engine.packing import PackedBatch
 from gna.engine.scoring import Scorer, accuracy_of, known_or_scored, score_table
@@ -45,6 +48,14 @@ RESULT_SCHEMA = {
     "ci_high": pl.Float64,
     SKIPPED: pl.String,
 }
+
+
+class Segmented(NamedTuple):
+    """A table whose items are cut into segments: `table` and `segments(tok, row) -> Segments`
+    (gna.phases.gather_aggregate's kv_row_segments, mmlu_row_segments)."""
+
+    table: pl.DataFrame
+    segments: Callable
 
 
 def head_mask(
@@ -75,17 +86,12 @@ def head_mask(
 
 
 def score_masked(
-    model,
-    tok,
-    table: pl.DataFrame,
-    segment_fn,
-    heads: dict[str, tuple[int, int]],
-    restrict: bool = True,
-    batch_size: int = 8,
+    scorer: Scorer, items: Segmented, heads: dict[str, tuple[int, int]], restrict: bool = True
 ) -> pl.DataFrame:
-    """Score `table` with the heads {'gather': (layer, head), 'aggregate': (layer, head)} restricted
-    to their G&A pattern on each item's segments (segment_fn(tok, row) -> Segments)."""
-    n_heads = model.config.num_attention_heads
+    """Score the table of `items` with the heads {'gather': (layer, head), 'aggregate': (layer,
+    head)} restricted to their G&A pattern on each item's segments."""
+    table, segment_fn, tok = items.table, items.segments, scorer.tok
+    n_heads = scorer.model.config.num_attention_heads
     rows_of = list(table.iter_rows(named=True))
 
     def layer_masks(batch, rows):
@@ -103,7 +109,7 @@ def score_masked(
             masks[layer] = m if base is None else torch.minimum(base, m)  # both restrictions
         return masks
 
-    return score_table(Scorer(model, tok, batch_size=batch_size, progress=False), table, layer_masks=layer_masks)
+    return score_table(scorer, table, layer_masks=layer_masks)
 
 
 def heads_label(heads: dict[str, tuple[int, int]], ssm_heads: set[tuple[int, int]] | None = None) -> str:
@@ -126,34 +132,32 @@ def _ssm_heads(model) -> set[tuple[int, int]] | None:
 
 
 def masking_experiment(
-    model,
-    tok,
-    table: pl.DataFrame,
-    segment_fn,
+    scorer: Scorer,
+    retrieval: Segmented,
     heads: dict[str, tuple[int, int]],
-    batch_size: int = 8,
     knowledge: pl.DataFrame | list[pl.DataFrame] | None = None,
-    chance: ChancePolicy = ChancePolicy(),
-    scored: dict[str, pl.DataFrame] | None = None,
+    reference: Reference = NO_REFERENCE,
     per_item: dict[str, list[pl.DataFrame]] | None = None,
 ) -> pl.DataFrame:
     """acc and mean log-prob of the target under (a) unmodified, (b) ablated, (c) G&A-only, on the
-    retrieval `table`; on `knowledge` (a table or several, e.g. MMLU and facts cloze, which have no
-    segments) (a) and (b) only.
+    `retrieval` table (with its segments); on `knowledge` (a table or several, e.g. MMLU and
+    facts cloze, which have no segments) (a) and (b) only.
     The heads column is heads_label(heads, the student's SSM heads where the model is one).
-    `chance`: where (a) cannot be told from chance no condition can show a loss, so the retrieval
-    table's (c) and the knowledge table's (b) are not run; (a)'s skipped_reason says why. (a) and (b) of
-    the retrieval table come from one pass either way; the knowledge table's (a) is then scored
-    first (one more pass where it is above chance), or read from `scored` {task: the model's
-    per-item scores} where that holds its items. `per_item`, where given, receives each
-    condition's per-item scores, appended to its list (masking_comparisons)."""
+    `reference` is the unmodified model: by its `chance` policy, where (a) cannot be told from
+    chance no condition can show a loss, so the retrieval table's (c) and the knowledge table's
+    (b) are not run; (a)'s skipped_reason says why. (a) and (b) of the retrieval table come from
+    one pass either way; the knowledge table's (a) is then scored first (one more pass where it
+    is above chance), or read from its `scored` {task: the model's per-item scores} where they
+    hold its items. `per_item`, where given, receives each condition's per-item scores, appended
+    to its list (masking_comparisons)."""
+    table, chance = retrieval.table, reference.chance
 
     def plain_and_ablated(items: pl.DataFrame, with_plain: bool = True) -> list[tuple[str, pl.DataFrame, None]]:
         # one pass: (b) reruns only the layers from its first head's on (exact prefix reuse)
         wanted = {CONDITIONS[1]: list(heads.values())}
         if with_plain:
             wanted = {CONDITIONS[0]: [], **wanted}
-        frames = score_ablations(Scorer(model, tok, batch_size=batch_size, progress=False), items, wanted)
+        frames = score_ablations(scorer, items, wanted)
         return [(condition, frame, None) for condition, frame in frames.items()]
 
     def left_out_because(unmodified: pl.DataFrame, items: pl.DataFrame, left_out: str) -> str | None:
@@ -166,23 +170,21 @@ def masking_experiment(
     results = plain_and_ablated(table)
     reason = left_out_because(results[0][1], table, "(c)")
     if reason is None:
-        results.append((CONDITIONS[2], score_masked(model, tok, table, segment_fn, heads, True, batch_size), None))
+        results.append((CONDITIONS[2], score_masked(scorer, retrieval, heads), None))
     else:
         results[0] = (*results[0][:2], reason)
     for items in [knowledge] if isinstance(knowledge, pl.DataFrame) else knowledge or []:
         if not len(items):
             continue
         if chance.applies(items["task"][0]):  # (a) first, then (b) only where it can show a loss
-            unmodified = known_or_scored(
-                Scorer(model, tok, batch_size=batch_size), items, (scored or {}).get(items["task"][0])
-            )
+            unmodified = known_or_scored(scorer, items, reference.scores_of(items["task"][0]))
             reason = left_out_because(unmodified, items, "(b)")
             results.append((CONDITIONS[0], unmodified, reason))
             if reason is None:
                 results += plain_and_ablated(items, with_plain=False)
         else:
             results += plain_and_ablated(items)
-    label = heads_label(heads, _ssm_heads(model))
+    label = heads_label(heads, _ssm_heads(scorer.model))
     if per_item is not None:
         for condition, items, _ in results:
             per_item.setdefault(condition, []).append(items)
@@ -198,41 +200,34 @@ def masking_comparisons(per_item: dict[str, list[pl.DataFrame]]) -> pl.DataFrame
 
 
 def choice_masking(
-    model,
-    tok,
+    scorer: Scorer,
     letter: pl.DataFrame,
     heads: dict[str, tuple[int, int]],
     min_acc: float,
-    batch_size: int = 8,
-    chance: ChancePolicy = ChancePolicy(),
-    scored: dict[str, pl.DataFrame] | None = None,
+    reference: Reference = NO_REFERENCE,
     per_item: dict[str, list[pl.DataFrame]] | None = None,
 ) -> pl.DataFrame:
     """masking_experiment on a multiple-choice table (MMLU letter, the facts' choice form; option
-    lines as segments) for a model above `min_acc` there (and, by `chance`, whose accuracy is
-    distinguishable from chance); otherwise only the unmodified row, its skipped_reason saying
-    that (b) and (c) were not run. The gate reads the model's per-item scores from `scored` where they hold
-    the table's items."""
-    plain = known_or_scored(Scorer(model, tok, batch_size=batch_size), letter, (scored or {}).get(letter["task"][0]))
+    lines as segments) for a model above `min_acc` there (and, by the `reference`'s chance
+    policy, whose accuracy is distinguishable from chance); otherwise only the unmodified row, its
+    skipped_reason saying that (b) and (c) were not run. The gate reads the model's per-item
+    scores from the `reference`'s scored ones where they hold the table's items (the experiment
+    itself scores (a) with (b) in one pass)."""
+    chance = reference.chance
+    plain = known_or_scored(scorer, letter, reference.scores_of(letter["task"][0]))
     acc = float(plain["correct"].mean())
     reason = f"at chance (< {min_acc:.0%})" if acc < min_acc else None
     if reason is None:
         reason = chance.reason(plain, letter, "masking heads")
     if reason is not None:
         log.info("%s accuracy %.3f: (b) and (c) not run, %s", letter["task"][0], acc, reason)
-        row = _condition_row(CONDITIONS[0], heads_label(heads, _ssm_heads(model)), plain, f"{reason}: (b), (c) not run")
+        label = heads_label(heads, _ssm_heads(scorer.model))
+        row = _condition_row(CONDITIONS[0], label, plain, f"{reason}: (b), (c) not run")
         if per_item is not None:
             per_item.setdefault(CONDITIONS[0], []).append(plain)
         return pl.DataFrame([row], schema=RESULT_SCHEMA)
     return masking_experiment(
-        model,
-        tok,
-        letter,
-        mmlu_row_segments,
-        heads,
-        batch_size=batch_size,
-        chance=chance,
-        per_item=per_item,
+        scorer, Segmented(letter, mmlu_row_segments), heads, reference=Reference(chance=chance), per_item=per_item
     )
 
 
@@ -243,34 +238,43 @@ def masking_heads(roles: pl.DataFrame) -> dict[str, tuple[int, int]]:
     return {role: head for role, head in best.items() if head is not None}
 
 
-def run_gna_masking(
-    model_name: str,
-    inputs: Files,
-    outputs: Files,
-    gna: dict,
-    evaluation: Evaluation = Evaluation(),
-    chance: ChancePolicy = ChancePolicy(),
-) -> pl.DataFrame:
-    """Phase gna_masking: masking_experiment with the masking_heads of `roles_path` on the KV
-    prompts of `prompts_path` (data/tasks/prompts/gna_masking: not those the roles were found on)
-    and the knowledge tasks
-    (`knowledge_paths`: cloze tables, each cut to gna.knowledge_items), then choice_masking
-    (gated by gna.mmlu_min_acc) on each multiple-choice table of `choice_paths`; `chance` leaves out the
-    conditions that cannot show a loss where (a) is at chance; (a) of the knowledge and choice tables is read from the
-    model's per-item scores `scores_paths` (its baseline's; a student's answers) where they hold the items. A student
-    (gna.students.mixer) labels its heads SSM or attention. Skipped (an empty table) unless both roles have a head.
+@dataclass(frozen=True)
+class GnaMaskingConfig:
+    """The masking's keys of config section gna: the items of each knowledge (cloze) and
+    multiple-choice table scored (`knowledge_items`: gna.knowledge_items), and the accuracy a
+    model needs on a multiple-choice table for its masking to run (`mmlu_min_acc`:
+    gna.mmlu_min_acc; choice_masking)."""
+
+    knowledge_items: int | None = 60
+    mmlu_min_acc: float = 0.3
+
+
+@dataclass(frozen=True)
+class GnaMasking(RuleSettings):
+    """Settings of rule gna_masking: the `model` (wildcard), the masking's config keys (`gna`:
+    GnaMaskingConfig), the `chance` policy (config block chance) and how the model is loaded and
+    scored (`evaluation`)."""
+
+    model: str
+    gna: GnaMaskingConfig = GnaMaskingConfig()
+    chance: ChancePolicy = ChancePolicy()
+    evaluation: Evaluation = Evaluation()
+
+
+def run_gna_masking(inputs: Files, outputs: Files, settings: GnaMasking) -> pl.DataFrame:
+    """Phase gna_masking: masking_experiment with the masking_heads of the roles table on the KV
+    prompts (data/tasks/prompts/gna_masking: not those the roles were found on) and the knowledge
+    tasks (cloze tables, each cut to gna.knowledge_items), then choice_masking (gated by
+    gna.mmlu_min_acc) on each multiple-choice table; `chance` leaves out the conditions that
+    cannot show a loss where (a) is at chance; (a) of the knowledge and choice tables is read from
+    the model's per-item scores (its baseline's; a student's answers) where they hold the items.
+    A student (gna.students.mixer) labels its heads SSM or attention. Skipped (an empty table)
+    unless both roles have a head.
     inputs: model, roles, prompts, optional knowledge, choice and scores (lists).
     outputs: summary (the conditions' accuracies), comparisons (masking_comparisons), each with a
     model column."""
-    model_dir, roles_path, knowledge_paths, choice_paths, prompts_path, scores_paths = (
-        inputs.model,
-        inputs.roles,
-        inputs.get("knowledge", []),
-        inputs.get("choice", []),
-        inputs.prompts,
-        inputs.get("scores", []),
-    )
-    heads = masking_heads(read_parquet(roles_path))
+    evaluation, gna, model_name = settings.evaluation, settings.gna, settings.model
+    heads = masking_heads(read_parquet(inputs.roles))
     if len(heads) < 2:
         log.warning(
             "no %s head was classified, so the masking experiment (it needs both roles) is skipped",
@@ -279,34 +283,16 @@ def run_gna_masking(
         result, per_item = pl.DataFrame(schema=RESULT_SCHEMA), {}
     else:
         per_item = {}
-        model, tok = load_any(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
-        table = read_parquet(prompts_path)
-        knowledge = list(load_task_tables(knowledge_paths, gna["knowledge_items"]).values())
-        scored = load_item_scores(list(scores_paths))
+        model, tok = load_any(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
+        scorer = Scorer(model, tok, evaluation.batch_size, progress=False)
+        table = read_parquet(inputs.prompts)
+        knowledge = list(load_task_tables(inputs.get("knowledge", []), gna.knowledge_items).values())
+        reference = Reference(scored=load_item_scores(list(inputs.get("scores", []))), chance=settings.chance)
         result = masking_experiment(
-            model,
-            tok,
-            table,
-            kv_row_segments,
-            heads,
-            batch_size=evaluation.batch_size,
-            knowledge=knowledge,
-            chance=chance,
-            scored=scored,
-            per_item=per_item,
+            scorer, Segmented(table, kv_row_segments), heads, knowledge, reference, per_item=per_item
         )
-        for letter in load_task_tables(choice_paths, gna["knowledge_items"]).values():
-            letter_result = choice_masking(
-                model,
-                tok,
-                letter,
-                heads,
-                gna["mmlu_min_acc"],
-                evaluation.batch_size,
-                chance=chance,
-                scored=scored,
-                per_item=per_item,
-            )
+        for letter in load_task_tables(inputs.get("choice", []), gna.knowledge_items).values():
+            letter_result = choice_masking(scorer, letter, heads, gna.mmlu_min_acc, reference, per_item=per_item)
             result = pl.concat([result, letter_result])
         for row in result.iter_rows(named=True):
             log.info("%s %s: acc %.3f, mean logp %.3f", row["task"], row["condition"], row["acc"], row["mean_logp"])

@@ -10,13 +10,14 @@ pruned model itself — a fresh ModuleList with renumbered layer_idx — and run
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import polars as pl
 
-from gna.core.chance import SKIPPED, ChancePolicy, skipped
+from gna.core.chance import NO_REFERENCE, SKIPPED, ChancePolicy, Reference, skipped
 from gna.core.io import read_json, read_parquet, write_json, write_parquet
 from gna.core.paired import comparisons, empty
-from gna.core.settings import Evaluation, Files
+from gna.core.settings import Evaluation, Files, RuleSettings
 from gna.engine.scoring import Scorer, known_or_scored, score_removals, score_table, summarize_task
 from gna.models.prepare import load_model
 from gna.tasks.tables import load_item_scores, load_task_tables
@@ -34,36 +35,26 @@ def _tidy(per_item: pl.DataFrame, key: str) -> pl.DataFrame:
     )
 
 
-def gradual_items(
-    model,
-    tok,
-    tables: dict[str, pl.DataFrame],
-    batch_size: int = 8,
-    progress: bool = True,
-    chance: ChancePolicy = ChancePolicy(),
-    scored: dict[str, pl.DataFrame] | None = None,
-) -> pl.DataFrame:
+def gradual_items(scorer: Scorer, tables: dict[str, pl.DataFrame], reference: Reference = NO_REFERENCE) -> pl.DataFrame:
     """Per-item scores of every prefix model (k = 1..n layers) on each task: score_table's frame
-    with layers_kept and skipped_reason. `chance` (gna.core.chance): a task on which the full
-    model is at chance is scored on the full model only (layers_kept = n), with the reason in
-    skipped_reason (null where every depth ran): no prefix can show a loss there. `scored`:
-    {task: the full model's per-item scores on a superset of the table's items (its baseline)},
-    read for that decision instead of scoring the full model first; a task without them is
-    scored."""
-    n = model.config.num_hidden_layers
+    with layers_kept and skipped_reason. `reference` is the full model: by its chance policy
+    (gna.core.chance), a task on which the full model is at chance is scored on the full model
+    only (layers_kept = n), with the reason in skipped_reason (null where every depth ran): no
+    prefix can show a loss there. Its `scored` {task: the full model's per-item scores on a
+    superset of the table's items (its baseline)} are read for that decision instead of scoring
+    the full model first; a task without them is scored."""
+    n = scorer.model.config.num_hidden_layers
+    chance = reference.chance
     frames = []
     for task, table in tables.items():
         reason = None
         if chance.applies(task):
-            full = known_or_scored(Scorer(model, tok, batch_size=batch_size), table, (scored or {}).get(task))
+            full = known_or_scored(scorer, table, reference.scores_of(task))
             reason = chance.reason(full, table, "removing layers")
         if reason is None:
-            items = score_table(
-                Scorer(model, tok, batch_size=batch_size, progress=progress),
-                table,
-                desc=f"gradual {task}",
-                depths=list(range(1, n + 1)),
-            ).rename({"depth": "layers_kept"})
+            items = score_table(scorer, table, desc=f"gradual {task}", depths=list(range(1, n + 1))).rename(
+                {"depth": "layers_kept"}
+            )
         else:
             items = full.with_columns(pl.lit(n).alias("layers_kept"))
             log.info("gradual pruning: %s on the full model only, %s", task, reason)
@@ -81,19 +72,11 @@ def summarize_gradual(items: pl.DataFrame) -> pl.DataFrame:
     return pl.concat(frames, how="diagonal_relaxed").with_columns(pl.lit("gradual").alias("experiment"))
 
 
-def gradual(
-    model,
-    tok,
-    tables: dict[str, pl.DataFrame],
-    batch_size: int = 8,
-    progress: bool = True,
-    chance: ChancePolicy = ChancePolicy(),
-    scored: dict[str, pl.DataFrame] | None = None,
-) -> pl.DataFrame:
+def gradual(scorer: Scorer, tables: dict[str, pl.DataFrame], reference: Reference = NO_REFERENCE) -> pl.DataFrame:
     """Accuracy of every prefix model (k = 1..n layers) on each task, tidy: task, group, n,
     metric, value, layers_kept, skipped_reason (summarize_gradual of gradual_items, which
     documents the arguments)."""
-    return summarize_gradual(gradual_items(model, tok, tables, batch_size, progress, chance, scored))
+    return summarize_gradual(gradual_items(scorer, tables, reference))
 
 
 def prefix_scores(items_path: str | None, kept_layers: list[int]) -> dict[str, pl.DataFrame]:
@@ -136,36 +119,21 @@ def minimal_prefix(gradual_summary: pl.DataFrame, task: str, metric: str, fracti
 
 
 def individual(
-    model,
-    tok,
-    tables: dict[str, pl.DataFrame],
-    kept_layers: list[int],
-    batch_size: int = 8,
-    progress: bool = True,
-    chance: ChancePolicy = ChancePolicy(),
-    scored: dict[str, pl.DataFrame] | None = None,
+    scorer: Scorer, tables: dict[str, pl.DataFrame], kept_layers: list[int], reference: Reference = NO_REFERENCE
 ) -> pl.DataFrame:
     """Remove each layer of the minimal model in turn; also score the minimal model itself
     (removed_layer = -1). Tidy: task, group, n, metric, value, removed_layer, skipped_reason.
-    `chance`: a task on which the minimal model is at chance is scored on the minimal model
-    only, with the reason in skipped_reason (null where every removal ran).
-    `scored`: {task: the minimal model's per-item scores (prefix_scores)}, read instead of
-    scoring it again where they hold the table's items."""
+    `reference` is the minimal model: by its chance policy, a task on which the minimal model is
+    at chance is scored on the minimal model only, with the reason in skipped_reason (null where
+    every removal ran); its `scored` {task: the minimal model's per-item scores (prefix_scores)}
+    are read instead of scoring it again where they hold the table's items."""
     frames = []
     for task, table in tables.items():
-        base = known_or_scored(
-            Scorer(model, tok, batch_size=batch_size), table, (scored or {}).get(task), layers=kept_layers
-        )
+        base = known_or_scored(scorer, table, reference.scores_of(task), layers=kept_layers)
         items = base.with_columns(pl.lit(-1).alias("removed_layer"))
-        reason = chance.reason(base, table, "removing layers")
+        reason = reference.chance.reason(base, table, "removing layers")
         if reason is None:
-            removed = score_removals(
-                Scorer(model, tok, batch_size=batch_size, progress=progress),
-                table,
-                kept_layers,
-                kept_layers,
-                desc=f"remove-one {task}",
-            )
+            removed = score_removals(scorer, table, kept_layers, kept_layers, desc=f"remove-one {task}")
             items = pl.concat([items, removed])
         else:
             log.info("individual removal: %s on the minimal model only, %s", task, reason)
@@ -184,15 +152,21 @@ def gradual_comparisons(items: pl.DataFrame) -> pl.DataFrame:
     return comparisons(per_item, [("prefix vs all layers", f"{full} layers", f"{k} layers") for k in depths[:-1]])
 
 
-def run_prune_gradual(
-    model_name: str,
-    inputs: Files,
-    outputs: Files,
-    max_items: int | None,
-    evaluation: Evaluation = Evaluation(),
-    chance: ChancePolicy = ChancePolicy(),
-    retrieval_task: str | None = None,
-) -> pl.DataFrame:
+@dataclass(frozen=True)
+class PruneGradual(RuleSettings):
+    """Settings of rule prune_gradual: the `model` (wildcard), the items per task (`max_items`:
+    prune.max_items; None: all), the `chance` policy (config block chance), the
+    `retrieval_task` the chance policy never skips (prune.retrieval_task: it defines the minimal
+    model) and how the model is loaded and scored (`evaluation`)."""
+
+    model: str
+    max_items: int | None = None
+    chance: ChancePolicy = ChancePolicy()
+    retrieval_task: str | None = None
+    evaluation: Evaluation = Evaluation()
+
+
+def run_prune_gradual(inputs: Files, outputs: Files, settings: PruneGradual) -> pl.DataFrame:
     """Phase prune_gradual: `gradual` on the task tables (each cut to `max_items`), its summary,
     its per-item scores (gradual_items) and its comparisons each written with a model column.
     `chance`: tasks on which the full model is at chance (judged on its baseline's per-item
@@ -200,26 +174,20 @@ def run_prune_gradual(
     model.
     inputs: model, tasks, optional baseline (list); outputs: summary, optional per_item, optional
     comparisons (gradual_comparisons)."""
-    model_dir, task_paths, baseline_paths, out_path, items_path = (
-        inputs.model,
-        inputs.tasks,
-        inputs.get("baseline", []),
-        outputs.summary,
-        outputs.get("per_item"),
-    )
-    model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
+    evaluation, model_name = settings.evaluation, settings.model
+    model, tok = load_model(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     items = gradual_items(
-        model,
-        tok,
-        load_task_tables(task_paths, max_items),
-        batch_size=evaluation.batch_size,
-        chance=chance.sparing(retrieval_task),
-        scored=load_item_scores(list(baseline_paths)),
+        Scorer(model, tok, evaluation.batch_size),
+        load_task_tables(inputs.tasks, settings.max_items),
+        Reference(
+            scored=load_item_scores(list(inputs.get("baseline", []))),
+            chance=settings.chance.sparing(settings.retrieval_task),
+        ),
     )
     result = summarize_gradual(items)
-    if items_path is not None:
-        write_parquet(items.with_columns(pl.lit(model_name).alias("model")), items_path)
-    write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
+    if outputs.get("per_item") is not None:
+        write_parquet(items.with_columns(pl.lit(model_name).alias("model")), outputs.per_item)
+    write_parquet(result.with_columns(pl.lit(model_name).alias("model")), outputs.summary)
     if outputs.get("comparisons") is not None:
         compared = gradual_comparisons(items).with_columns(pl.lit(model_name).alias("model"))
         write_parquet(compared, outputs.comparisons)
@@ -227,16 +195,27 @@ def run_prune_gradual(
     return result
 
 
-def run_minimal_model(
-    model_name: str, gradual_path: str, out_path: str, task: str, metric: str, fraction: float
-) -> dict:
-    """Phase minimal_model: the minimal_prefix of the gradual results in `gradual_path`, written
-    to `out_path` as JSON (with the model name)."""
-    best = {"model": model_name, **minimal_prefix(read_parquet(gradual_path), task, metric, fraction)}
-    write_json(best, out_path)
+@dataclass(frozen=True)
+class MinimalModel(RuleSettings):
+    """Settings of rule minimal_model: the `model` (wildcard), the `task` and `metric` whose
+    value defines the minimal model (prune.retrieval_task, prune.retrieval_metric) and the
+    `fraction` of the full model's value it keeps (prune.minimal_fraction)."""
+
+    model: str
+    task: str = "kv_retrieval"
+    metric: str = "acc"
+    fraction: float = 0.9
+
+
+def run_minimal_model(inputs: Files, outputs: Files, settings: MinimalModel) -> dict:
+    """Phase minimal_model: the minimal_prefix of the gradual results (inputs: gradual), written
+    as JSON with the model name (outputs: minimal)."""
+    found = minimal_prefix(read_parquet(inputs.gradual), settings.task, settings.metric, settings.fraction)
+    best = {"model": settings.model, **found}
+    write_json(best, outputs.minimal)
     log.info(
         "minimal model of %s: %d of %d layers (%s %s %.3f vs full %.3f)",
-        model_name,
+        settings.model,
         best["layers_kept"],
         best["n_layers"],
         best["task"],
@@ -247,37 +226,36 @@ def run_minimal_model(
     return best
 
 
-def run_prune_individual(
-    model_name: str,
-    inputs: Files,
-    out_path: str,
-    max_items: int | None,
-    evaluation: Evaluation = Evaluation(),
-    chance: ChancePolicy = ChancePolicy(),
-) -> pl.DataFrame:
-    """Phase prune_individual: `individual` removal on the minimal model of `minimal_path`
-    (run_minimal_model's JSON), on the task tables `task_paths`; written to `out_path` with a
-    model column. The minimal model's defining task (the JSON's `task`) is never skipped. The
-    minimal model's own scores are read from gradual pruning's per-item scores
-    (`gradual_items_path`) where they hold the items (prefix_scores).
-    inputs: model, tasks, minimal, optional gradual_items."""
-    model_dir, task_paths, minimal_path, gradual_items_path = (
-        inputs.model,
-        inputs.tasks,
-        inputs.minimal,
-        inputs.get("gradual_items"),
-    )
-    model, tok = load_model(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
-    minimal = read_json(minimal_path)
+@dataclass(frozen=True)
+class PruneIndividual(RuleSettings):
+    """Settings of rule prune_individual: the `model` (wildcard), the items per task
+    (`max_items`: prune.max_items; None: all), the `chance` policy (config block chance) and how
+    the model is loaded and scored (`evaluation`)."""
+
+    model: str
+    max_items: int | None = None
+    chance: ChancePolicy = ChancePolicy()
+    evaluation: Evaluation = Evaluation()
+
+
+def run_prune_individual(inputs: Files, outputs: Files, settings: PruneIndividual) -> pl.DataFrame:
+    """Phase prune_individual: `individual` removal on the minimal model (run_minimal_model's
+    JSON) on the task tables; written with a model column. The minimal model's defining task (the
+    JSON's `task`) is never skipped. The minimal model's own scores are read from gradual
+    pruning's per-item scores where they hold the items (prefix_scores).
+    inputs: model, tasks, minimal, optional gradual_items; outputs: individual."""
+    evaluation = settings.evaluation
+    model, tok = load_model(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
+    minimal = read_json(inputs.minimal)
     result = individual(
-        model,
-        tok,
-        load_task_tables(task_paths, max_items),
+        Scorer(model, tok, evaluation.batch_size),
+        load_task_tables(inputs.tasks, settings.max_items),
         minimal["kept_layers"],
-        batch_size=evaluation.batch_size,
-        chance=chance.sparing(minimal["task"]),
-        scored=prefix_scores(gradual_items_path, minimal["kept_layers"]),
+        Reference(
+            scored=prefix_scores(inputs.get("gradual_items"), minimal["kept_layers"]),
+            chance=settings.chance.sparing(minimal["task"]),
+        ),
     )
-    write_parquet(result.with_columns(pl.lit(model_name).alias("model")), out_path)
+    write_parquet(result.with_columns(pl.lit(settings.model).alias("model")), outputs.individual)
     log.info("individual removal: %d rows", len(result))
     return result

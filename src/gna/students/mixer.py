@@ -31,6 +31,7 @@ from torch import nn
 from gna.engine.anatomy import sliding_windows
 from gna.engine.precision import linear_group
 from gna.engine.ssm import (
+    ScanInputs,
     TreeLayout,
     local_matrix,
     local_mix,
@@ -433,10 +434,10 @@ class HybridMixer(nn.Module):
                 T, T_local = T * restrict, T_local * restrict
             y = torch.einsum("bhls,bshp->blhp", T, x) + torch.einsum("bhls,bshp->blhp", T_local, x)
         elif allowed is None:
-            y = ssd_scan(x, log_a, Bm, Cm, D, chunk)[0]
+            y = ssd_scan(ScanInputs(x, log_a, Bm, Cm, D), chunk)[0]
             y = y + local_mix_causal(x, local)
         else:  # the fast path of the materialised one
-            y = ssd_tree(x, log_a, Bm, Cm, D, layout, chunk)
+            y = ssd_tree(ScanInputs(x, log_a, Bm, Cm, D), layout, chunk)
             y = y + local_mix(x, local, *layout.predecessors(local.shape[1]))
         if restrict is not None:  # a row that may not read the first token gets nothing from it
             share = share * restrict[..., 0].transpose(1, 2)
@@ -553,7 +554,7 @@ class HybridMixer(nn.Module):
         active = self.active_ssm
         if active:
             x, log_a, Bm, Cm, share = self.ssm_inputs(u, active)
-            y, state = ssd_scan(x, log_a, Bm, Cm, self.D[active])
+            y, state = ssd_scan(ScanInputs(x, log_a, Bm, Cm, self.D[active]))
             local = self.local[active]
             y = y + local_mix_causal(x, local)
             first = self.first_value(u, active)

@@ -90,7 +90,7 @@ def _phase_calls():
     from gna.engine.scoring import Scorer
     from gna.phases.gather_aggregate import head_roles, kv_row_segments
     from gna.phases.head_ablation import attribution_scores, sweep_heads
-    from gna.phases.masking import masking_experiment
+    from gna.phases.masking import Segmented, masking_experiment
     from gna.phases.pruning import gradual, individual
     from gna.students.alignment import Align, align_layers, head_errors
     from gna.students.decoding import measured_cache
@@ -120,19 +120,21 @@ def _phase_calls():
         )
 
     return [
-        ("head sweep", lambda m, t: sweep_heads(m, t, kv, heads=[(0, 0), (2, 1)], progress=False)),
-        ("attribution", lambda m, t: attribution_scores(m, t, kv, progress=False)),
+        ("head sweep", lambda m, t: sweep_heads(Scorer(m, t, progress=False), kv, heads=[(0, 0), (2, 1)])),
+        ("attribution", lambda m, t: attribution_scores(Scorer(m, t, progress=False), kv)),
         (
             "pruning",
             lambda m, t: (
-                gradual(m, t, tables, progress=False),
-                individual(m, t, tables, kept_layers=[0, 2], progress=False),
+                gradual(Scorer(m, t, progress=False), tables),
+                individual(Scorer(m, t, progress=False), tables, kept_layers=[0, 2]),
             ),
         ),
-        ("G&A roles", lambda m, t: head_roles(m, t, kv, kv_row_segments, progress=False)),
+        ("G&A roles", lambda m, t: head_roles(Scorer(m, t, progress=False), kv, kv_row_segments)),
         (
             "G&A masking",
-            lambda m, t: masking_experiment(m, t, kv, kv_row_segments, {"gather": (1, 2), "aggregate": (2, 0)}),
+            lambda m, t: masking_experiment(
+                Scorer(m, t), Segmented(kv, kv_row_segments), {"gather": (1, 2), "aggregate": (2, 0)}
+            ),
         ),
         ("answer rows", lambda m, t: answer_rows_experiment(student(m), tables, t)),
         (

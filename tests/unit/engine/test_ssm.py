@@ -12,6 +12,7 @@ from gna.engine.device import device_of
 from gna.engine.packing import collate, pack
 from gna.engine.scoring import Scorer
 from gna.engine.ssm import (
+    ScanInputs,
     causal_predecessors,
     local_matrix,
     local_mix,
@@ -42,7 +43,7 @@ def _inputs(b=2, length=37, h=3, p=5, n=4, seed=0):
 def test_chunked_equals_recurrent_and_materialized(chunk):
     x, log_a, Bm, Cm, D = _inputs()
     y_ref, s_ref = ssd_recurrent(x, log_a, Bm, Cm, D)
-    y, s = ssd_chunked(x, log_a, Bm, Cm, D, chunk=chunk)
+    y, s = ssd_chunked(ScanInputs(x, log_a, Bm, Cm, D), chunk=chunk)
     torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(s, s_ref, rtol=1e-10, atol=1e-10)
     T = materialize(log_a, Bm, Cm, D)
@@ -53,8 +54,8 @@ def test_chunked_equals_recurrent_and_materialized(chunk):
 def test_chunked_continues_from_a_state():
     x, log_a, Bm, Cm, D = _inputs(length=30)
     y_ref, s_ref = ssd_recurrent(x, log_a, Bm, Cm, D)
-    y1, s1 = ssd_chunked(x[:, :13], log_a[:, :13], Bm[:, :13], Cm[:, :13], D, chunk=4)
-    y2, s2 = ssd_chunked(x[:, 13:], log_a[:, 13:], Bm[:, 13:], Cm[:, 13:], D, chunk=4, state=s1)
+    y1, s1 = ssd_chunked(ScanInputs(x[:, :13], log_a[:, :13], Bm[:, :13], Cm[:, :13], D), chunk=4)
+    y2, s2 = ssd_chunked(ScanInputs(x[:, 13:], log_a[:, 13:], Bm[:, 13:], Cm[:, 13:], D), chunk=4, state=s1)
     torch.testing.assert_close(torch.cat([y1, y2], 1), y_ref)
     torch.testing.assert_close(s2, s_ref)
 
@@ -98,11 +99,13 @@ def test_tree_scan_equals_masked_scan_on_scoring_batches(chunk):
     layout = tree_layout(allowed)
     assert layout.trunk.tolist() == [12, 5, 15, 5]  # the first choice continues its context causally
     assert len(layout.levels) == 4  # the longest choice (5 tokens) feeds 4
-    torch.testing.assert_close(ssd_tree(x, log_a, Bm, Cm, D, layout, chunk), ssd_masked(x, log_a, Bm, Cm, D, allowed))
+    torch.testing.assert_close(
+        ssd_tree(ScanInputs(x, log_a, Bm, Cm, D), layout, chunk), ssd_masked(x, log_a, Bm, Cm, D, allowed)
+    )
     causal = torch.ones(2, 11, 11, dtype=torch.bool).tril()
     x, log_a, Bm, Cm, D = _inputs(b=2, length=11)
     torch.testing.assert_close(
-        ssd_tree(x, log_a, Bm, Cm, D, tree_layout(causal), chunk), ssd_recurrent(x, log_a, Bm, Cm, D)[0]
+        ssd_tree(ScanInputs(x, log_a, Bm, Cm, D), tree_layout(causal), chunk), ssd_recurrent(x, log_a, Bm, Cm, D)[0]
     )
 
 
@@ -335,7 +338,7 @@ def test_per_head_masks_on_a_student_reproduce_it_and_restricting_an_ssm_head_bi
 
     from gna.engine.scoring import score_table
     from gna.phases.gather_aggregate import kv_row_segments
-    from gna.phases.masking import score_masked
+    from gna.phases.masking import Segmented, score_masked
     from gna.tasks.tables import build_kv_retrieval
 
     student, tok = hybrid
@@ -346,9 +349,9 @@ def test_per_head_masks_on_a_student_reproduce_it_and_restricting_an_ssm_head_bi
         {"gather": (1, 2), "aggregate": (2, 1)},  # SSM heads (layer 1 and 2: heads 1, 2 are SSM)
         {"gather": (0, 1), "aggregate": (2, 3)},
     ):  # kept attention heads
-        same = flat(score_masked(student, tok, kv, kv_row_segments, heads, restrict=False))
+        same = flat(score_masked(Scorer(student, tok), Segmented(kv, kv_row_segments), heads, restrict=False))
         assert np.array_equal(same, plain)
-        masked = flat(score_masked(student, tok, kv, kv_row_segments, heads, restrict=True))
+        masked = flat(score_masked(Scorer(student, tok), Segmented(kv, kv_row_segments), heads, restrict=True))
         assert not np.allclose(masked, plain, atol=1e-4)
 
 

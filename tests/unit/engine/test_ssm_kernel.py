@@ -12,7 +12,7 @@ import textwrap
 import pytest
 import torch
 
-from gna.engine.ssm import ssd_chunked, ssd_scan
+from gna.engine.ssm import ScanInputs, ssd_chunked, ssd_scan
 from gna.engine.ssm_kernel import KERNEL_ENV, kernel_runs
 
 HAS_KERNEL = all(importlib.util.find_spec(m) is not None for m in ("mamba_ssm", "triton"))
@@ -30,8 +30,8 @@ def test_the_torch_scan_runs_where_the_kernel_cannot(monkeypatch):
     x, log_a, Bm, Cm, D = scan_inputs()
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert not kernel_runs(x)  # a CPU tensor
-    y, state = ssd_scan(x, log_a, Bm, Cm, D, chunk=16)
-    ref_y, ref_state = ssd_chunked(x, log_a, Bm, Cm, D, chunk=16)
+    y, state = ssd_scan(ScanInputs(x, log_a, Bm, Cm, D), chunk=16)
+    ref_y, ref_state = ssd_chunked(ScanInputs(x, log_a, Bm, Cm, D), chunk=16)
     assert torch.equal(y, ref_y) and torch.equal(state, ref_state)
     monkeypatch.setenv(KERNEL_ENV, "cuda")
     with pytest.raises(ValueError, match="GNA_SSM_KERNEL='cuda': allowed triton"):
@@ -40,7 +40,7 @@ def test_the_torch_scan_runs_where_the_kernel_cannot(monkeypatch):
 
 INTERPRETED = textwrap.dedent("""
     import torch
-    from gna.engine.ssm import ssd_chunked, ssd_scan
+    from gna.engine.ssm import ScanInputs, ssd_chunked, ssd_scan
     from gna.engine.ssm_kernel import kernel_runs, ssd_chunked_kernel
     from tests.unit.engine.test_ssm_kernel import scan_inputs
 
@@ -48,20 +48,21 @@ INTERPRETED = textwrap.dedent("""
     state = torch.randn(x.shape[0], x.shape[2], Bm.shape[-1], x.shape[-1])
     assert kernel_runs(x)
     for initial in (None, state):
-        ref_y, ref_state = ssd_chunked(x, log_a, Bm, Cm, D, 16, initial)
-        y, final = ssd_chunked_kernel(x, log_a, Bm, Cm, D, 16, initial)
+        ref_y, ref_state = ssd_chunked(ScanInputs(x, log_a, Bm, Cm, D), 16, initial)
+        y, final = ssd_chunked_kernel(ScanInputs(x, log_a, Bm, Cm, D), 16, initial)
         scale = ref_y.abs().max().item()
         print("max |dy|", (y - ref_y).abs().max().item(), "of", scale,
               "max |dstate|", (final - ref_state).abs().max().item())
         assert torch.allclose(y, ref_y, atol=1e-4 * scale, rtol=1e-4)
         assert torch.allclose(final, ref_state, atol=1e-4 * ref_state.abs().max().item(), rtol=1e-4)
-    assert torch.equal(ssd_scan(x, log_a, Bm, Cm, D, 16)[0], ssd_chunked_kernel(x, log_a, Bm, Cm, D, 16)[0])
+    inputs = ScanInputs(x, log_a, Bm, Cm, D)
+    assert torch.equal(ssd_scan(inputs, 16)[0], ssd_chunked_kernel(inputs, 16)[0])
     # gradients through the kernel's own backward equal the reference's
     leaves = [t.clone().requires_grad_() for t in (x, log_a, Bm, Cm)]
-    ssd_chunked_kernel(*leaves, D, 16)[0].square().sum().backward()
+    ssd_chunked_kernel(ScanInputs(*leaves, D), 16)[0].square().sum().backward()
     kernel_grads = [t.grad for t in leaves]
     leaves = [t.clone().requires_grad_() for t in (x, log_a, Bm, Cm)]
-    ssd_chunked(*leaves, D, 16)[0].square().sum().backward()
+    ssd_chunked(ScanInputs(*leaves, D), 16)[0].square().sum().backward()
     for name, got, ref in zip(("x", "log_a", "B", "C"), kernel_grads, [t.grad for t in leaves]):
         print("grad", name, (got - ref).abs().max().item(), "of", ref.abs().max().item())
         assert torch.allclose(got, ref, atol=1e-3 * ref.abs().max().item(), rtol=1e-3), name
@@ -95,7 +96,7 @@ def test_the_kernel_equals_the_torch_scan_on_a_gpu():
     8.9e-3 on outputs up to 13.6 at length 2048)."""
     x, log_a, Bm, Cm, D = (t.cuda() for t in scan_inputs(length=300))
     assert kernel_runs(x)
-    y, state = ssd_scan(x, log_a, Bm, Cm, D, chunk=64)
-    ref_y, ref_state = ssd_chunked(x, log_a, Bm, Cm, D, chunk=64)
+    y, state = ssd_scan(ScanInputs(x, log_a, Bm, Cm, D), chunk=64)
+    ref_y, ref_state = ssd_chunked(ScanInputs(x, log_a, Bm, Cm, D), chunk=64)
     assert torch.allclose(y, ref_y, atol=2e-3 * ref_y.abs().max().item(), rtol=0)
     assert torch.allclose(state, ref_state, atol=2e-3 * ref_state.abs().max().item(), rtol=0)

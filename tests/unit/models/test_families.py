@@ -20,7 +20,7 @@ from gna.models.prepare import load_model, prepare_model
 from gna.models.tiny import ARCHS, tiny_random_model
 from gna.phases.gather_aggregate import head_roles, kv_row_segments
 from gna.phases.head_ablation import attribution_scores, sweep_heads
-from gna.phases.masking import CONDITIONS, masking_experiment
+from gna.phases.masking import CONDITIONS, Segmented, masking_experiment
 from gna.tasks.tables import build_kv_retrieval
 
 KV = build_kv_retrieval([3, 4], 2, seed=0, template="lookup")
@@ -79,7 +79,7 @@ def test_exact_head_sweep_equals_a_naive_forward_per_head(family):
     arch, model, tok = family
     heads = all_heads(model)
     chosen = [heads[0], heads[len(heads) // 2], heads[-1]]
-    sweep = sweep_heads(model, tok, KV, heads=chosen, batch_size=3, progress=False)
+    sweep = sweep_heads(Scorer(model, tok, batch_size=3, progress=False), KV, heads=chosen)
     for layer, head in chosen:
         with ablate_heads(model, [(layer, head)]):
             ref = score_table_ref(model, tok, KV)
@@ -128,7 +128,7 @@ def test_attribution_estimates_every_head(family):
     stack._CHECKED.pop(model, None)
     model.requires_grad_(False)
     try:
-        est = attribution_scores(model, tok, KV, batch_size=3, progress=False)
+        est = attribution_scores(Scorer(model, tok, batch_size=3, progress=False), KV)
     finally:
         model.requires_grad_(True)
     assert len(est) == len(all_heads(model))
@@ -140,12 +140,14 @@ def test_gather_and_aggregate_phases_run_or_are_refused_by_name(family):
     arch, model, tok = family
     if "gna" not in FAMILY_PHASES[arch]:
         with pytest.raises(TypeError, match=arch):
-            head_roles(model, tok, KV.head(1), kv_row_segments, progress=False)
+            head_roles(Scorer(model, tok, progress=False), KV.head(1), kv_row_segments)
         return
-    roles = head_roles(model, tok, KV.head(2), kv_row_segments, gather_min=0.0, aggregate_min=0.0, progress=False)
+    roles = head_roles(
+        Scorer(model, tok, progress=False), KV.head(2), kv_row_segments, gather_min=0.0, aggregate_min=0.0
+    )
     assert len(roles) == len(all_heads(model))
     heads = {"gather": (0, 1), "aggregate": (model.config.num_hidden_layers - 1, 0)}
-    result = masking_experiment(model, tok, KV.head(3), kv_row_segments, heads, batch_size=2)
+    result = masking_experiment(Scorer(model, tok, batch_size=2), Segmented(KV.head(3), kv_row_segments), heads)
     assert result["condition"].to_list() == list(CONDITIONS[:3]) and result["acc"].is_between(0, 1).all()
 
 

@@ -3,6 +3,7 @@ import pytest
 import torch
 from conftest import MINI_MMLU
 
+from gna.engine.scoring import Scorer
 from gna.phases.gather_aggregate import (
     attention_maps,
     head_roles,
@@ -64,7 +65,7 @@ def test_maps_and_roles_on_a_model(tiny_llama):
     assert model.config._attn_implementation == before
     assert torch.allclose(maps.sum(-1), torch.ones(maps.shape[:-1]), atol=1e-5)
     assert torch.all(maps.triu(1) == 0)  # causal
-    roles = head_roles(model, tok, table, kv_row_segments, progress=False)
+    roles = head_roles(Scorer(model, tok, progress=False), table, kv_row_segments)
     assert len(roles) == 3 * 4 and set(roles["role"]) <= {"gather", "aggregate", "other"}
     frame = map_frame(model, tok, table.row(0, named=True), [(1, 2)], kv_row_segments)
     assert set(frame["mark"]) >= {"summary", "answer"} and frame["weight"].max() <= 1.0

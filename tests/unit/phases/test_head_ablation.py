@@ -70,8 +70,8 @@ def test_query_head_ablation_equals_zeroing_its_o_proj_columns(tiny_llama):
 def test_fast_sweep_equals_full_forward_per_head(tiny_llama):
     model, tok = tiny_llama
     heads = all_heads(model)
-    fast = sweep_heads(model, tok, KV, progress=False)
-    naive = sweep_heads_naive(model, tok, KV, heads, progress=False)
+    fast = sweep_heads(Scorer(model, tok, progress=False), KV)
+    naive = sweep_heads_naive(Scorer(model, tok, progress=False), KV, heads)
     assert len(fast) == len(heads) + 1 and active_hooks(model) == 0
     for layer, head in heads:
         row = fast.filter((pl.col("layer") == layer) & (pl.col("head") == head)).row(0, named=True)
@@ -110,11 +110,11 @@ def test_ablations_sharing_one_pass_equal_a_full_forward_each(tiny_llama, layers
 
 def test_ranking_and_attribution(tiny_llama):
     model, tok = tiny_llama
-    ranking = rank_heads(sweep_heads(model, tok, KV, progress=False))
+    ranking = rank_heads(sweep_heads(Scorer(model, tok, progress=False), KV))
     assert ranking["rank"].to_list() == list(range(1, len(ranking) + 1))
     drops = list(zip(ranking["acc_drop"], ranking["logp_drop"]))
     assert drops == sorted(drops, reverse=True)
-    est = attribution_scores(model, tok, KV, progress=False)
+    est = attribution_scores(Scorer(model, tok, progress=False), KV)
     joined = ranking.join(est, on=["layer", "head"])
     assert len(joined) == len(ranking)
     # on a tiny random model, ablation effects are small and close to linear
@@ -217,7 +217,9 @@ def test_ssm_heads(family):
             out_proj.weight.copy_(saved)
         assert not torch.allclose(after_norm, ablated, atol=1e-4)
         assert torch.equal(base, _logits(model, tok))
-    sweep = sweep_heads(model, tok, build_kv_retrieval([3], 2, 0, "lookup"), heads=[(0, 0), (1, 1)], progress=False)
+    sweep = sweep_heads(
+        Scorer(model, tok, progress=False), build_kv_retrieval([3], 2, 0, "lookup"), heads=[(0, 0), (1, 1)]
+    )
     assert len(sweep) == 3
 
 
@@ -315,15 +317,15 @@ def _attribution_with_layer_gradient_dropped(model, tok, layer):
 
     handle = model.model.layers[layer].register_forward_hook(hook, with_kwargs=True)
     try:
-        return attribution_scores(model, tok, KV, progress=False)
+        return attribution_scores(Scorer(model, tok, progress=False), KV)
     finally:
         handle.remove()
 
 
 def test_graddrop_equals_dropping_each_layers_gradient_by_a_hook(tiny_llama):
     model, tok = tiny_llama
-    est = attribution_scores(model, tok, KV, progress=False, grad_drop=True).sort("layer", "head")
-    plain = attribution_scores(model, tok, KV, progress=False).sort("layer", "head")
+    est = attribution_scores(Scorer(model, tok, progress=False), KV, grad_drop=True).sort("layer", "head")
+    plain = attribution_scores(Scorer(model, tok, progress=False), KV).sort("layer", "head")
     np.testing.assert_allclose(est["logp_drop_est"].to_numpy(), plain["logp_drop_est"].to_numpy(), rtol=1e-6)
     n_layers = len(model.model.layers)
     total = np.zeros(len(est))
@@ -380,13 +382,13 @@ def test_ties_in_the_estimate_are_broken_by_magnitude_then_position():
 def test_a_budget_too_small_to_verify_two_heads_is_an_error_naming_it(tiny_llama):
     model, tok = tiny_llama
     with pytest.raises(ValueError, match=r"heads.verify_budget=0.3 verifies 0 heads.*costs \d+% of the exact sweep"):
-        sweep_heads_verified(model, tok, KV, budget=0.3, progress=False)
+        sweep_heads_verified(Scorer(model, tok, progress=False), KV, budget=0.3)
 
 
 def test_verified_sweep_is_exact_where_it_measures(tiny_llama):
     model, tok = tiny_llama
-    full = sweep_heads(model, tok, KV, progress=False)
-    fast = sweep_heads_verified(model, tok, KV, budget=0.6, progress=False)
+    full = sweep_heads(Scorer(model, tok, progress=False), KV)
+    fast = sweep_heads_verified(Scorer(model, tok, progress=False), KV, budget=0.6)
     n_layers = len(model.model.layers)
     verified = [(l, h) for l, h in zip(fast["layer"], fast["head"]) if l >= 0]
     assert 0 < len(verified) < len(full) - 1
@@ -399,7 +401,8 @@ def test_verified_sweep_is_exact_where_it_measures(tiny_llama):
 
 
 def test_sweep_phase_in_each_mode_says_what_it_measured(tiny_llama, tmp_path):
-    from gna.phases.head_ablation import run_heads_sweep
+    from gna.core.settings import Files
+    from gna.phases.head_ablation import HeadsSweep, run_heads_sweep
     from gna.tasks.tables import KvPrompts, write_kv_task
 
     model, tok = tiny_llama
@@ -411,17 +414,17 @@ def test_sweep_phase_in_each_mode_says_what_it_measured(tiny_llama, tmp_path):
         mode: (tmp_path / f"{mode}-sweep.parquet", tmp_path / f"{mode}-ranking.parquet")
         for mode in ("exact", "verified")
     }
-    run_heads_sweep("t", str(tmp_path / "m"), prompts, *map(str, out["exact"]), {"mode": "exact"})
-    run_heads_sweep(
-        "t",
-        str(tmp_path / "m"),
-        prompts,
-        *map(str, out["verified"]),
-        {"mode": "verified", "budget": 0.6, "order": "magnitude"},
-    )
+    inputs = Files(model=str(tmp_path / "m"), prompts=prompts)
+
+    def outputs(mode):
+        return Files(sweep=str(out[mode][0]), ranking=str(out[mode][1]))
+
+    run_heads_sweep(inputs, outputs("exact"), HeadsSweep.of({"model": "t", "sweep": {"mode": "exact"}}))
+    verified_mode = {"mode": "verified", "budget": 0.6, "order": "magnitude"}
+    run_heads_sweep(inputs, outputs("verified"), HeadsSweep.of({"model": "t", "sweep": verified_mode}))
     exact, verified = (pl.read_parquet(out[m][0]) for m in ("exact", "verified"))
     assert set(exact["mode"]) == {"exact"} and set(verified["mode"]) == {"verified"}
     assert set(exact["heads_total"]) == set(verified["heads_total"]) == {len(all_heads(model))} == {len(exact) - 1}
     assert 1 < len(verified) < len(exact)
     with pytest.raises(ValueError, match="heads.sweep_mode: unknown mode 'fast'"):
-        run_heads_sweep("t", str(tmp_path / "m"), prompts, *map(str, out["exact"]), {"mode": "fast"})
+        HeadsSweep.of({"model": "t", "sweep": {"mode": "fast"}})

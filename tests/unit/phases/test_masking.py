@@ -25,11 +25,11 @@ from conftest import MINI_MMLU, REPO
 from golden import cpu_kind
 from polars.testing import assert_frame_equal
 
-from gna.core.chance import ChancePolicy
+from gna.core.chance import ChancePolicy, Reference
 from gna.core.stats import wilson_interval
 from gna.engine.scoring import Scorer
 from gna.phases.gather_aggregate import kv_row_segments, mmlu_row_segments
-from gna.phases.masking import masking_comparisons, masking_experiment
+from gna.phases.masking import Segmented, masking_comparisons, masking_experiment
 from gna.students.spec import make_hybrid
 from gna.tasks.tables import build_kv_retrieval, build_mmlu, load_mmlu_jsonl, select_mmlu
 
@@ -50,10 +50,10 @@ def test_unrestricted_head_masks_reproduce_the_model_and_restriction_bites(tiny_
     kv = build_kv_retrieval([3, 5], 3, 0, "lookup")
     heads = {"gather": (1, 2), "aggregate": (2, 0)}
     plain = score_table(Scorer(model, tok, progress=False), kv)
-    same = score_masked(model, tok, kv, kv_row_segments, heads, restrict=False)
+    same = score_masked(Scorer(model, tok), Segmented(kv, kv_row_segments), heads, restrict=False)
     flat = lambda f: np.concatenate(f["logprobs"].to_list())  # noqa: E731
     assert np.array_equal(flat(plain), flat(same))
-    masked = score_masked(model, tok, kv, kv_row_segments, heads, restrict=True)
+    masked = score_masked(Scorer(model, tok), Segmented(kv, kv_row_segments), heads, restrict=True)
     assert not np.allclose(flat(plain), flat(masked), atol=1e-4)
     # the Gather head's summary row sees exactly its own line; other heads keep the ordinary mask
     row = kv.row(0, named=True)
@@ -66,7 +66,7 @@ def test_unrestricted_head_masks_reproduce_the_model_and_restriction_bites(tiny_
     assert visible == list(range(start, end)) + [summary]
     assert torch.equal(mask[0, 1], batch.mask[0, 0])
     per_item = {}
-    result = masking_experiment(model, tok, kv, kv_row_segments, heads, per_item=per_item)
+    result = masking_experiment(Scorer(model, tok), Segmented(kv, kv_row_segments), heads, per_item=per_item)
     assert result["condition"].to_list() == ["(a) unmodified", "(b) G&A heads ablated", "(c) G&A pattern only"]
     assert result["acc"][0] == plain["correct"].mean()
     # (b) and (c) each paired with (a) on the same items, with the table's accuracies
@@ -99,10 +99,10 @@ def test_choice_masking_is_gated_by_accuracy(tiny_llama):
     letter = build_mmlu(subset, pool, "letter", 1, 0)
     heads = {"gather": (1, 2), "aggregate": (2, 0)}
     acc = score_table(Scorer(model, tok, progress=False), letter)["correct"].mean()
-    gated = choice_masking(model, tok, letter, heads, min_acc=acc + 0.01)
+    gated = choice_masking(Scorer(model, tok), letter, heads, min_acc=acc + 0.01)
     assert gated["condition"].to_list() == ["(a) unmodified"] and gated["acc"][0] == acc
     assert gated["skipped_reason"][0].startswith("at chance") and gated["heads"][0] == "gather L1H2, aggregate L2H0"
-    run = choice_masking(model, tok, letter, heads, min_acc=acc)
+    run = choice_masking(Scorer(model, tok), letter, heads, min_acc=acc)
     assert run["condition"].to_list() == ["(a) unmodified", "(b) G&A heads ablated", "(c) G&A pattern only"]
     assert run["skipped_reason"].null_count() == len(run) and set(run["task"]) == {"mmlu_letter"}
 
@@ -124,10 +124,12 @@ def test_choice_masking_skips_a_table_at_chance_by_its_interval(tiny_llama):
         at_chance(score_table(Scorer(model, tok, progress=False), choice), choice) is not None
     )  # 6 items: any accuracy
     heads = {"gather": (1, 2), "aggregate": (2, 0)}
-    skipped = choice_masking(model, tok, choice, heads, min_acc=0.0, chance=ChancePolicy(skip=True))
+    skipped = choice_masking(
+        Scorer(model, tok), choice, heads, min_acc=0.0, reference=Reference(chance=ChancePolicy(skip=True))
+    )
     assert skipped["condition"].to_list() == ["(a) unmodified"]
     assert "not distinguishable from chance" in skipped["skipped_reason"][0] and skipped["task"][0] == "facts_choice"
-    run = choice_masking(model, tok, choice, heads, min_acc=0.0)
+    run = choice_masking(Scorer(model, tok), choice, heads, min_acc=0.0)
     assert run["condition"].to_list() == ["(a) unmodified", "(b) G&A heads ablated", "(c) G&A pattern only"]
 
 
@@ -149,16 +151,22 @@ def test_masking_reads_condition_a_from_the_models_own_scores(tiny_llama):
     kv = build_kv_retrieval([3], 3, 0, "lookup")
     heads = {"gather": (1, 2), "aggregate": (2, 0)}
     scored = {t["task"][0]: score_table(Scorer(model, tok, progress=False), t) for t in (cloze, choice)}
-    args = dict(batch_size=4, knowledge=[cloze], chance=ChancePolicy(skip=True))
-    plain = masking_experiment(model, tok, kv, kv_row_segments, heads, **args)
-    assert masking_experiment(model, tok, kv, kv_row_segments, heads, scored=scored, **args).equals(plain)
-    assert choice_masking(model, tok, choice, heads, 0.0, chance=ChancePolicy(skip=True), scored=scored).equals(
-        choice_masking(model, tok, choice, heads, 0.0, chance=ChancePolicy(skip=True))
+    scorer, on = Scorer(model, tok, batch_size=4), ChancePolicy(skip=True)
+    plain = masking_experiment(scorer, Segmented(kv, kv_row_segments), heads, [cloze], Reference(chance=on))
+    assert masking_experiment(
+        scorer, Segmented(kv, kv_row_segments), heads, [cloze], Reference(scored, chance=on)
+    ).equals(plain)
+    assert choice_masking(
+        Scorer(model, tok), choice, heads, 0.0, reference=Reference(scored=scored, chance=ChancePolicy(skip=True))
+    ).equals(
+        choice_masking(Scorer(model, tok), choice, heads, 0.0, reference=Reference(chance=ChancePolicy(skip=True)))
     )
     doctored = {t: s.with_columns(pl.lit(True).alias("correct")) for t, s in scored.items()}
-    read = masking_experiment(model, tok, kv, kv_row_segments, heads, scored=doctored, **args)
+    read = masking_experiment(scorer, Segmented(kv, kv_row_segments), heads, [cloze], Reference(doctored, chance=on))
     assert read.filter(pl.col("task") == "facts_cloze")["acc"][0] == 1.0
-    gate = choice_masking(model, tok, choice, heads, 0.0, chance=ChancePolicy(skip=True), scored=doctored)
+    gate = choice_masking(
+        Scorer(model, tok), choice, heads, 0.0, reference=Reference(scored=doctored, chance=ChancePolicy(skip=True))
+    )
     assert "(b) G&A heads ablated" in gate["condition"].to_list()  # the gate read the doctored (a): it opened
 
 
@@ -167,10 +175,14 @@ def test_masking_experiment_equals_recorded_results(tiny_llama):
     kv = build_kv_retrieval([4], 6, 11, "lookup")
     subset, pool = select_mmlu(load_mmlu_jsonl(MINI_MMLU), 6, 7, None)
     cloze, letter = build_mmlu(subset, pool, "cloze", 0, 7), build_mmlu(subset, pool, "letter", 0, 7)
-    teacher_kv = masking_experiment(model, tok, kv, kv_row_segments, HEADS, batch_size=4, knowledge=cloze)
-    teacher_letter = masking_experiment(model, tok, letter, mmlu_row_segments, HEADS, batch_size=4)
+    teacher_kv = masking_experiment(
+        Scorer(model, tok, batch_size=4), Segmented(kv, kv_row_segments), HEADS, knowledge=cloze
+    )
+    teacher_letter = masking_experiment(Scorer(model, tok, batch_size=4), Segmented(letter, mmlu_row_segments), HEADS)
     student = make_hybrid(copy.deepcopy(model), [HEADS["aggregate"]], 4)
-    student_kv = masking_experiment(student, tok, kv, kv_row_segments, HEADS, batch_size=4, knowledge=cloze)
+    student_kv = masking_experiment(
+        Scorer(student, tok, batch_size=4), Segmented(kv, kv_row_segments), HEADS, knowledge=cloze
+    )
     actual = pl.concat(
         [
             teacher_kv.with_columns(pl.lit("teacher").alias("model")),
@@ -216,9 +228,13 @@ def test_masking_leaves_out_what_cannot_show_a_loss_where_the_model_is_at_chance
     kv = build_kv_retrieval([4], 6, 11, "lookup")
     subset, pool = select_mmlu(load_mmlu_jsonl(MINI_MMLU), 6, 7, None)
     cloze = build_mmlu(subset, pool, "cloze", 0, 7)
-    full = masking_experiment(model, tok, kv, kv_row_segments, HEADS, batch_size=4, knowledge=cloze)
+    full = masking_experiment(Scorer(model, tok, batch_size=4), Segmented(kv, kv_row_segments), HEADS, knowledge=cloze)
     skipped = masking_experiment(
-        model, tok, kv, kv_row_segments, HEADS, batch_size=4, knowledge=cloze, chance=ChancePolicy(skip=True)
+        Scorer(model, tok, batch_size=4),
+        Segmented(kv, kv_row_segments),
+        HEADS,
+        knowledge=cloze,
+        reference=Reference(chance=ChancePolicy(skip=True)),
     )
     assert list(zip(skipped["task"], skipped["condition"])) == [
         ("kv_retrieval", "(a) unmodified"),
@@ -233,19 +249,18 @@ def test_masking_leaves_out_what_cannot_show_a_loss_where_the_model_is_at_chance
 
     kv_right, cloze_right = _relabelled_to_own_picks(model, tok, kv), _relabelled_to_own_picks(model, tok, cloze)
     above = masking_experiment(
-        model,
-        tok,
-        kv_right,
-        kv_row_segments,
+        Scorer(model, tok, batch_size=4),
+        Segmented(kv_right, kv_row_segments),
         HEADS,
-        batch_size=4,
         knowledge=cloze_right,
-        chance=ChancePolicy(skip=True),
+        reference=Reference(chance=ChancePolicy(skip=True)),
     )
     assert above.filter(pl.col("condition") == "(a) unmodified")["acc"].to_list() == [1.0, 1.0]
     assert_frame_equal(
         above,
-        masking_experiment(model, tok, kv_right, kv_row_segments, HEADS, batch_size=4, knowledge=cloze_right),
+        masking_experiment(
+            Scorer(model, tok, batch_size=4), Segmented(kv_right, kv_row_segments), HEADS, knowledge=cloze_right
+        ),
         check_exact=False,
         rel_tol=1e-6,
     )

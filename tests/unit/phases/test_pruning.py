@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from gna.core.chance import ChancePolicy, at_chance
+from gna.core.chance import ChancePolicy, Reference, at_chance
 from gna.engine.scoring import Scorer, score_removals, score_table, score_table_ref
 from gna.engine.stack import pruned_layers
 from gna.phases.pruning import gradual, individual, minimal_prefix
@@ -98,9 +98,9 @@ def test_layer_removal_prefix_reuse_equals_pruned_reference(tiny_llama):
 def test_sweeps_are_tidy(tiny_llama):
     model, tok = tiny_llama
     tables = {"kv_retrieval": KV}
-    g = gradual(model, tok, tables, progress=False)
+    g = gradual(Scorer(model, tok, progress=False), tables)
     assert set(g["layers_kept"]) == {1, 2, 3} and set(g["group"]) == {"3", "5", "all"}
-    i = individual(model, tok, tables, [0, 1], progress=False)
+    i = individual(Scorer(model, tok, progress=False), tables, [0, 1])
     assert set(i["removed_layer"]) == {-1, 0, 1} and i["skipped_reason"].is_null().all()
     assert set(g.columns) >= {"task", "group", "n", "metric", "value", "layers_kept", "experiment"}
 
@@ -109,15 +109,23 @@ def test_a_task_at_chance_is_scored_on_the_minimal_model_only_with_the_reason(ti
     model, tok = tiny_llama
     base = score_table(Scorer(model, tok, progress=False), KV, layers=[0, 1])
     assert at_chance(base, KV) is not None  # a random model on 3- and 5-key lookups
-    i = individual(model, tok, {"kv_retrieval": KV}, [0, 1], progress=False, chance=ChancePolicy(skip=True))
+    i = individual(
+        Scorer(model, tok, progress=False),
+        {"kv_retrieval": KV},
+        [0, 1],
+        reference=Reference(chance=ChancePolicy(skip=True)),
+    )
     assert set(i["removed_layer"]) == {-1}
     assert i["skipped_reason"].str.starts_with(f"not distinguishable from chance at n={len(KV)}").all()
     # the minimal model's own row is the same either way
-    full = individual(model, tok, {"kv_retrieval": KV}, [0, 1], progress=False)
+    full = individual(Scorer(model, tok, progress=False), {"kv_retrieval": KV}, [0, 1])
     assert i.drop("skipped_reason").equals(full.filter(pl.col("removed_layer") == -1).drop("skipped_reason"))
     # the task that defined the minimal model is always removed layer by layer
     kept = individual(
-        model, tok, {"kv_retrieval": KV}, [0, 1], progress=False, chance=ChancePolicy(skip=True).sparing("kv_retrieval")
+        Scorer(model, tok, progress=False),
+        {"kv_retrieval": KV},
+        [0, 1],
+        reference=Reference(chance=ChancePolicy(skip=True).sparing("kv_retrieval")),
     )
     assert kept.equals(full)
 
@@ -126,24 +134,34 @@ def test_gradual_pruning_scores_a_task_at_chance_on_the_full_model_only(tiny_lla
     model, tok = tiny_llama
     n = model.config.num_hidden_layers
     tables = {"kv_retrieval": KV}
-    every = gradual(model, tok, tables, progress=False)
+    every = gradual(Scorer(model, tok, progress=False), tables)
     assert every["skipped_reason"].is_null().all() and set(every["layers_kept"]) == set(range(1, n + 1))
-    g = gradual(model, tok, tables, progress=False, chance=ChancePolicy(skip=True))  # a random model is at chance
+    g = gradual(
+        Scorer(model, tok, progress=False), tables, reference=Reference(chance=ChancePolicy(skip=True))
+    )  # a random model is at chance
     assert set(g["layers_kept"]) == {n}
     assert g["skipped_reason"].str.starts_with(f"not distinguishable from chance at n={len(KV)}").all()
     # the full model's row is the same as with every depth scored
     assert g.drop("skipped_reason").equals(every.filter(pl.col("layers_kept") == n).drop("skipped_reason"))
     # the retrieval task that defines the minimal model is scored at every depth
-    assert gradual(model, tok, tables, progress=False, chance=ChancePolicy(skip=True).sparing("kv_retrieval")).equals(
-        every
-    )
+    assert gradual(
+        Scorer(model, tok, progress=False),
+        tables,
+        reference=Reference(chance=ChancePolicy(skip=True).sparing("kv_retrieval")),
+    ).equals(every)
     # the decision reads the full model's given scores (its baseline): scores above chance keep every depth
     full = score_table(Scorer(model, tok, progress=False), KV)
     right = full.with_columns(pl.lit(True).alias("correct"))
     assert gradual(
-        model, tok, tables, progress=False, chance=ChancePolicy(skip=True), scored={"kv_retrieval": right}
+        Scorer(model, tok, progress=False),
+        tables,
+        reference=Reference(scored={"kv_retrieval": right}, chance=ChancePolicy(skip=True)),
     ).equals(every)
-    read = gradual(model, tok, tables, progress=False, chance=ChancePolicy(skip=True), scored={"kv_retrieval": full})
+    read = gradual(
+        Scorer(model, tok, progress=False),
+        tables,
+        reference=Reference(scored={"kv_retrieval": full}, chance=ChancePolicy(skip=True)),
+    )
     assert read.equals(g)
 
 
@@ -180,7 +198,8 @@ def test_sweep_subset_is_stratified():
 def test_minimal_model_phase_writes_the_prefix_with_the_model_name(tmp_path):
     import json
 
-    from gna.phases.pruning import run_minimal_model
+    from gna.core.settings import Files
+    from gna.phases.pruning import MinimalModel, run_minimal_model
 
     values = {1: 0.2, 2: 0.9, 3: 1.0}
     frame = pl.DataFrame(
@@ -193,7 +212,11 @@ def test_minimal_model_phase_writes_the_prefix_with_the_model_name(tmp_path):
         }
     )
     frame.write_parquet(tmp_path / "gradual.parquet")
-    run_minimal_model("m", tmp_path / "gradual.parquet", tmp_path / "minimal.json", "kv_retrieval", "acc", 0.9)
+    run_minimal_model(
+        Files(gradual=str(tmp_path / "gradual.parquet")),
+        Files(minimal=str(tmp_path / "minimal.json")),
+        MinimalModel(model="m", task="kv_retrieval", metric="acc", fraction=0.9),
+    )
     written = json.loads((tmp_path / "minimal.json").read_text())
     assert written["model"] == "m" and written["kept_layers"] == [0, 1]
 
@@ -208,7 +231,7 @@ def test_the_minimal_models_scores_are_read_from_gradual_pruning_exactly(tiny_ll
 
     model, tok = tiny_llama
     tables = {"kv_retrieval": KV}
-    items = gradual_items(model, tok, tables, batch_size=2, progress=False)
+    items = gradual_items(Scorer(model, tok, batch_size=2, progress=False), tables)
     n = model.config.num_hidden_layers
     assert sorted(items["layers_kept"].unique()) == list(range(1, n + 1))
     write_parquet(items.with_columns(pl.lit("m").alias("model")), tmp_path / "gradual.items.parquet")
@@ -218,20 +241,31 @@ def test_the_minimal_models_scores_are_read_from_gradual_pruning_exactly(tiny_ll
     assert prefix_scores(str(tmp_path / "gradual.items.parquet"), [0, 2]) == {}  # not a prefix
     assert prefix_scores(None, kept) == {}
     shifted = {"kv_retrieval": read["kv_retrieval"].with_columns(pl.col("logp_target") - 1)}
-    plain = individual(model, tok, tables, kept, batch_size=2, progress=False, chance=ChancePolicy(skip=True))
+    plain = individual(
+        Scorer(model, tok, batch_size=2, progress=False),
+        tables,
+        kept,
+        reference=Reference(chance=ChancePolicy(skip=True)),
+    )
     assert individual(
-        model, tok, tables, kept, batch_size=2, progress=False, chance=ChancePolicy(skip=True), scored=read
+        Scorer(model, tok, batch_size=2, progress=False),
+        tables,
+        kept,
+        reference=Reference(scored=read, chance=ChancePolicy(skip=True)),
     ).equals(plain)
     # read, not recomputed: shifted scores move the minimal model's own row only
     moved = individual(
-        model, tok, tables, kept, batch_size=2, progress=False, chance=ChancePolicy(skip=True), scored=shifted
+        Scorer(model, tok, batch_size=2, progress=False),
+        tables,
+        kept,
+        reference=Reference(scored=shifted, chance=ChancePolicy(skip=True)),
     )
     assert not moved.equals(plain)
     assert moved.filter(pl.col("removed_layer") != -1).equals(plain.filter(pl.col("removed_layer") != -1))
     ranking = pl.DataFrame({"layer": [0, 1], "head": [0, 1], "rank": [1, 2]})
-    args = dict(batch_size=2, progress=False, chance=ChancePolicy(skip=True))
-    assert heads_kept(model, tok, ranking, kept, tables, scored=read, **args).equals(
-        heads_kept(model, tok, ranking, kept, tables, **args)
+    scorer, on = Scorer(model, tok, batch_size=2, progress=False), ChancePolicy(skip=True)
+    assert heads_kept(scorer, ranking, kept, tables, Reference(scored=read, chance=on)).equals(
+        heads_kept(scorer, ranking, kept, tables, Reference(chance=on))
     )
 
 
@@ -240,7 +274,7 @@ def test_gradual_comparisons_pair_each_prefix_with_the_full_model(tiny_llama):
     from gna.phases.pruning import gradual_comparisons, gradual_items, summarize_gradual
 
     model, tok = tiny_llama
-    items = gradual_items(model, tok, {"kv_retrieval": KV}, batch_size=2, progress=False)
+    items = gradual_items(Scorer(model, tok, batch_size=2, progress=False), {"kv_retrieval": KV})
     summary = summarize_gradual(items).filter((pl.col("metric") == "acc") & (pl.col("group") == "all"))
     acc = dict(summary.select("layers_kept", "value").iter_rows())
     compared = gradual_comparisons(items)
