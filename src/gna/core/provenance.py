@@ -16,12 +16,25 @@ PACKAGE_DIR = Path(gna.__file__).parent
 
 
 @functools.cache  # the workflow fingerprints ~36 scripts whose closures share most modules: parse each once
+def _code(source: str) -> ast.Module:
+    """The syntax tree of `source` without its docstrings (not to be changed by callers)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            value = first.value if isinstance(first, ast.Expr) else None
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                node.body = node.body[1:] or [ast.Pass()]
+    return tree
+
+
+@functools.cache
 def _imported_names(source: str, package: str = "") -> frozenset[str]:
     """Every dotted module name an `import` / `from ... import` statement of `source` names
     (also imports inside functions), with each imported name as a possible submodule.
     Relative imports are resolved against `package`, the dotted package the source lives in."""
     names = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_code(source)):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -72,14 +85,7 @@ def import_closure(script: str | Path, package_dir: Path = PACKAGE_DIR) -> list[
 def code_tree(source: str) -> str:
     """What Python runs of `source`: its syntax tree without comments and docstrings, so that
     editing either changes no fingerprint (and reruns nothing)."""
-    tree = ast.parse(source)
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0]
-            value = first.value if isinstance(first, ast.Expr) else None
-            if isinstance(value, ast.Constant) and isinstance(value.value, str):
-                node.body = node.body[1:] or [ast.Pass()]
-    return ast.dump(tree)
+    return ast.dump(_code(source))
 
 
 def script_fingerprint(script: str | Path, package_dir: Path = PACKAGE_DIR) -> str:
