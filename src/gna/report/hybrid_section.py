@@ -263,10 +263,12 @@ def _model_part(
     ctx: SectionContext | None,
     compared: pl.DataFrame,
     margin: float,
+    validation: pl.DataFrame,
 ) -> str:
     """One teacher's students: heads-kept table (and, for `ctx`, the figures), summary, budget
-    curve, state sizes, swap, and the students compared item by item (`compared`: the
-    comparisons table of every teacher; `margin`: the equivalence margin)."""
+    curve, the recipe's ablations (`validation`: the checkpoint selection points), state sizes,
+    swap, and the students compared item by item (`compared`: the comparisons table of every
+    teacher; `margin`: the equivalence margin)."""
     sub = scores.filter(pl.col("model") == model)
     compared = compared.filter(pl.col("model") == model) if not compared.is_empty() else compared
     teacher = sub.filter(pl.col("variant") == TEACHER_VARIANT)
@@ -285,7 +287,7 @@ def _model_part(
         + figure
         + heads_kept_summary(teacher, heads, compared, margin)
         + budget_part(model, budget, teacher, hy["dict_size"], ctx)
-        + ablation_part(model, sub, budget, ablation, hy)
+        + ablation_part(model, sub, budget, ablation, hy, validation)
         + state_size_part(model, students, hy)
         + swap_part(model, swap, students, teacher, hy, swap_verdict(swap_row, margin))
         + (
@@ -360,10 +362,19 @@ def render_hybrid(ctx: SectionContext) -> str:
     if budget.is_empty():
         placeholder_figure(ctx.figures["hybrid_budget"], "no budget curve (hybrid.budget_curve.variants: [])")
     ablation = ctx.frame("hybrid_ablation")
-    compared = ctx.frame("hybrid_comparisons")
+    compared, validation = ctx.frame("hybrid_comparisons"), ctx.frame("hybrid_validation")
     parts += [
         _model_part(
-            model, scores, swap, budget, ablation, hy, ctx if model == models[0] else None, compared, ctx.margin
+            model,
+            scores,
+            swap,
+            budget,
+            ablation,
+            hy,
+            ctx if model == models[0] else None,
+            compared,
+            ctx.margin,
+            validation,
         )
         for model in models
     ]

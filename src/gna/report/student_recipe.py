@@ -8,6 +8,7 @@ import polars as pl
 
 from gna.report.htmlkit import plural, table
 from gna.report.student_tables import metric_formats, metric_table
+from gna.students.spec import parse_variant
 
 RECIPE = (
     "<p>The recipe: SSM heads initialised from their attention heads; stage 1 starts them from the "
@@ -20,9 +21,36 @@ RECIPE = (
 )
 
 
-def ablation_part(model: str, scores: pl.DataFrame, budget: pl.DataFrame, ablation: pl.DataFrame, hy: dict) -> str:
+def selection_note(validation: pl.DataFrame, model: str, variant: str) -> str:
+    """A note where the student `variant` of `model` is a checkpoint before KD's last step (chosen
+    on the validation prompts, kd-<variant>-validation.parquet): the recipe's ablations that
+    distil keep their last step, so those rows did not train as long as the student they sit
+    beside. Empty where the student is its last step or no validation points exist."""
+    if validation.is_empty():
+        return ""
+    heads_kept, state_size = parse_variant(variant)
+    points = validation.filter(
+        (pl.col("model") == model) & (pl.col("heads_kept") == heads_kept) & (pl.col("state_size") == state_size)
+    )
+    chosen = points.filter(pl.col("chosen"))["after_steps"]
+    if chosen.is_empty() or chosen[0] == points["after_steps"].max():
+        return ""
+    last = points["after_steps"].max()
+    return (
+        f"<p class='note'>The full recipe's {html.escape(variant)} student is its checkpoint after "
+        f"{chosen[0]} of {last} distillation steps (checkpoint selection: the validation prompts show it better "
+        f"than the last). The ablations keep their own last step, so the rows that distil ran {last} steps "
+        f"beside a full recipe of {chosen[0]}: those differences are not the ingredient's alone.</p>"
+    )
+
+
+def ablation_part(
+    model: str, scores: pl.DataFrame, budget: pl.DataFrame, ablation: pl.DataFrame, hy: dict, validation: pl.DataFrame
+) -> str:
     """The distillation recipe's ablation table for one student: the full recipe, alignment
-    only (from the budget curve) and each ablation, on the budget curve's task and perplexity."""
+    only (from the budget curve) and each ablation, on the budget curve's task and perplexity;
+    `validation` (the students' checkpoint selection points) notes a full recipe that is not
+    its last KD step (selection_note)."""
     sub = ablation.filter(pl.col("model") == model) if not ablation.is_empty() else ablation
     if sub.is_empty():
         return ""
@@ -39,8 +67,10 @@ def ablation_part(model: str, scores: pl.DataFrame, budget: pl.DataFrame, ablati
         & (pl.col("model") == model)
     )
     steps = hy["ablation"].get("kd_steps")
+    note = ""
     if steps is None:  # the ablations trained as long as the student: compare with the student
         full, at = scores.filter(keep), "all distillation steps"
+        note = selection_note(validation, model, variant)
     else:  # the ablations trained for one budget of the curve: compare with the recipe there
         full = budget.filter(keep & (pl.col("kd_steps") == steps)) if not budget.is_empty() else budget
         at = plural(steps, "distillation step") + (f", {full['kd_tokens'][0]:,} tokens" if len(full) else "")
@@ -52,5 +82,5 @@ def ablation_part(model: str, scores: pl.DataFrame, budget: pl.DataFrame, ablati
     shown = metric_table(pl.concat(rows, how="diagonal_relaxed"), label)
     return (
         f"<h3>{html.escape(model)}: the distillation recipe, ingredient by ingredient ({html.escape(variant)}, "
-        f"{html.escape(at)})</h3>" + RECIPE + table(shown, left=(label,), fmt=metric_formats(shown))
+        f"{html.escape(at)})</h3>" + RECIPE + table(shown, left=(label,), fmt=metric_formats(shown)) + note
     )

@@ -90,13 +90,33 @@ def test_ablations_at_a_budget_are_compared_with_the_recipe_at_that_budget():
         ]
     )
     ablation = pl.DataFrame([kv10(0.6, 0.45, 0.73, description="without layer alignment", **common)])
-    page = ablation_part("m", scores, budget, ablation, hy)
+    page = ablation_part("m", scores, budget, ablation, hy, pl.DataFrame())
     assert "14 distillation steps, 14,000 tokens" in page
     assert "88.0%" in page and "96.0%" not in page and "60.0%" in page and "46.0%" in page
     untrained_budget = ablation_part(
-        "m", scores, budget, ablation, {**hy, "ablation": {"variant": "k10-n16", "kd_steps": None}}
+        "m", scores, budget, ablation, {**hy, "ablation": {"variant": "k10-n16", "kd_steps": None}}, pl.DataFrame()
     )
     assert "96.0%" in untrained_budget and "all distillation steps" in untrained_budget
+
+
+def test_a_full_recipe_chosen_before_kds_last_step_is_noted_beside_the_ablations():
+    """Checkpoint selection can make the student its realigned, un-distilled checkpoint; the
+    ablations keep their last step, and the table says so (only then)."""
+    hy = {"ablation": {"variant": "k10-n16", "kd_steps": None}, "dict_size": 10}
+    common = {"model": "m", "variant": "k10-n16", "degenerate": False}
+    scores = pl.DataFrame([kv10(0.92, 0.81, 0.97, **common)])
+    ablation = pl.DataFrame([kv10(0.6, 0.45, 0.73, description="without answer weighting", **common)])
+
+    def points(chosen: int) -> pl.DataFrame:
+        return pl.DataFrame(
+            {"after_steps": [0, 7, 14], "accuracy": [0.92, 0.64, 0.54], "chosen": [s == chosen for s in (0, 7, 14)]}
+        ).with_columns(pl.lit("m").alias("model"), pl.lit(10).alias("heads_kept"), pl.lit(16).alias("state_size"))
+
+    early = ablation_part("m", scores, pl.DataFrame(), ablation, hy, points(0))
+    assert "checkpoint after 0 of 14 distillation steps" in early
+    assert "not the ingredient's alone" not in ablation_part("m", scores, pl.DataFrame(), ablation, hy, points(14))
+    other = points(0).with_columns(pl.lit(20).alias("heads_kept"))  # another student's selection
+    assert "checkpoint after" not in ablation_part("m", scores, pl.DataFrame(), ablation, hy, other)
 
 
 def kv_all(value, low, high, n=200) -> dict:
