@@ -172,6 +172,15 @@ rule distill_kd:
         "../workflow_scripts/distill_kd.py"
 
 
+# the ablations that train as long as the student choose their KD checkpoint as it does (at a
+# budget of the curve, hybrid.ablation.kd_steps, they are compared with that checkpoint: none)
+ABLATION_SELECT = (
+    {"by": HYBRID["select"], "every": HYBRID["validation"]["every"], "batch_size": EVALUATION["batch_size"]}
+    if HYBRID["select"] == "validation" and HYBRID["ablation"].get("kd_steps") is None
+    else None
+)
+
+
 rule hybrid_ablation:
     input:
         model="data/models/{model}",
@@ -180,6 +189,7 @@ rule hybrid_ablation:
         ranking="data/results/heads/{model}/ranking.parquet",
         task="data/tasks/kv_retrieval.parquet",
         corpus_check=CORPUS_CHECK,
+        validation=KD_VALIDATION_SET if ABLATION_SELECT else [],
     output:
         ablation="data/results/hybrid/{model}/ablation-{ablation}.parquet",
     params:
@@ -190,6 +200,7 @@ rule hybrid_ablation:
             "recipe": {"align": HYBRID["align"], "realign": HYBRID["realign"], "kd": ablation_kd(HYBRID),
                        "align_windows": HYBRID["corpus"]["align_windows"], "seed": HYBRID["seed"]},
             "scoring": SCORING.as_params("dict_size", "degeneracy_items", "evaluation"),
+            "select": ABLATION_SELECT,
         },
         code=code_of("hybrid_ablation"),
     log:

@@ -23,9 +23,10 @@ RECIPE = (
 
 def selection_note(validation: pl.DataFrame, model: str, variant: str) -> str:
     """A note where the student `variant` of `model` is a checkpoint before KD's last step (chosen
-    on the validation prompts, kd-<variant>-validation.parquet): the recipe's ablations that
-    distil keep their last step, so those rows did not train as long as the student they sit
-    beside. Empty where the student is its last step or no validation points exist."""
+    on the validation prompts, kd-<variant>-validation.parquet), so that a reader does not take
+    the full recipe's row for a distilled student: the ablations that distil choose their
+    checkpoint by the same rule (their logs name it). Empty where the student is its last step or
+    no validation points exist."""
     if validation.is_empty():
         return ""
     heads_kept, state_size = parse_variant(variant)
@@ -39,8 +40,8 @@ def selection_note(validation: pl.DataFrame, model: str, variant: str) -> str:
     return (
         f"<p class='note'>The full recipe's {html.escape(variant)} student is its checkpoint after "
         f"{chosen[0]} of {last} distillation steps (checkpoint selection: the validation prompts show it better "
-        f"than the last). The ablations keep their own last step, so the rows that distil ran {last} steps "
-        f"beside a full recipe of {chosen[0]}: those differences are not the ingredient's alone.</p>"
+        f"than the last). The ablations that distil choose their checkpoint by the same rule on the same prompts "
+        f"(their logs, data/logs/hybrid_ablation, name the step).</p>"
     )
 
 

@@ -24,7 +24,7 @@ from gna.engine.precision import linears_computed_in
 from gna.engine.scoring import Scorer
 from gna.models.prepare import load_model
 from gna.students.alignment import Align, Realign, align_layers, load_aligned, realign_in_context
-from gna.students.kd import KD, Watch, answer_weights, distill_logits
+from gna.students.kd import KD, Select, Selection, Watch, answer_weights, distill_logits, validation_scorer
 from gna.students.mixer import mixers
 from gna.students.spec import ABLATIONS, make_hybrid, parse_variant, ranked_heads
 from gna.students.student_evaluation import kv_items, score_model
@@ -55,8 +55,10 @@ def realigns(ablation: str, recipe: Recipe) -> bool:
 def ablated_student(teacher, kept: list[tuple[int, int]], state_size: int, ablation: str, data: dict, recipe: Recipe):
     """A student trained by the recipe with `ablation` (a key of ABLATIONS) removed, made from
     `teacher` in place (the teacher's forward is in the teacher file; no copy is held beside the
-    student). data: the teacher file's tensors, and under "aligned" the recipe's aligned SSM heads
-    at `state_size` ({"<layer>.<param>": tensor}); recipe: Recipe."""
+    student). data: the teacher file's tensors, under "aligned" the recipe's aligned SSM heads
+    at `state_size` ({"<layer>.<param>": tensor}) and, optionally, under "selection" the
+    checkpoint selection (Selection) that picks the KD step as the full recipe's student's is
+    picked (without it: the last step); recipe: Recipe."""
     align, kd, seed, aligned = recipe.align, recipe.kd, recipe.seed, data["aligned"]
     if ablation not in ABLATIONS:
         raise ValueError(f"unknown distillation ablation {ablation!r}; allowed: {', '.join(ABLATIONS)}")
@@ -79,14 +81,16 @@ def ablated_student(teacher, kept: list[tuple[int, int]], state_size: int, ablat
     if ablation == "small_corpus":
         ids, top_logp, top_idx, weights = (t[: recipe.align_windows] for t in (ids, top_logp, top_idx, weights))
     targets = {"ids": ids, "top_logp": top_logp, "top_idx": top_idx, "weights": weights}
-    distill_logits(student, targets, kd, seed, Watch(desc=f"kd, {ablation}"))
+    distill_logits(student, targets, kd, seed, Watch(select=data.get("selection"), desc=f"kd, {ablation}"))
     return student
 
 
 @dataclass(frozen=True)
 class HybridAblation(RuleSettings):
     """Rule hybrid_ablation's settings: student `variant` (hybrid.ablation.variant) of `model`
-    (wildcard model) trained by `recipe` without `ablation` (wildcard ablation), scored by
+    (wildcard model) trained by `recipe` without `ablation` (wildcard ablation), its KD checkpoint
+    chosen by `select` as the full recipe's student's is (None: the last step; the rule passes
+    None where the ablations train for a budget of the curve, hybrid.ablation.kd_steps), scored by
     `scoring` (its dict_size, degeneracy_items and evaluation)."""
 
     model: str
@@ -94,6 +98,7 @@ class HybridAblation(RuleSettings):
     variant: str
     recipe: Recipe = Recipe()
     scoring: StudentScoring = StudentScoring()
+    select: Select | None = None
 
 
 def run_hybrid_ablation(inputs: Files, outputs: Files, settings: HybridAblation) -> pl.DataFrame:
@@ -103,7 +108,8 @@ def run_hybrid_ablation(inputs: Files, outputs: Files, settings: HybridAblation)
     `scoring.evaluation.compute_dtype`) and on the teacher file's held-out windows; tidy rows with
     ablation and description columns to outputs.ablation. inputs: model (the teacher's folder),
     teacher (its distillation file), aligned (the recipe's aligned SSM heads), ranking, task (the
-    KV table)."""
+    KV table), validation (the KV prompts of checkpoint selection, where settings.select is by
+    validation)."""
     model_name, ablation, variant, recipe, scoring = (
         settings.model,
         settings.ablation,
@@ -120,7 +126,20 @@ def run_hybrid_ablation(inputs: Files, outputs: Files, settings: HybridAblation)
     hidden = ablation == "no_first_token" or realigns(ablation, recipe)
     data = read_tensors(inputs.teacher, needed + (["hidden"] if hidden else []), on)
     data["aligned"] = read_tensors(inputs.aligned, None, on)
+    select = settings.select
+    if select is not None and select.by == "validation":
+        scorer = validation_scorer(tok, read_parquet(inputs.validation), select.batch_size)
+        data["selection"] = Selection(scorer, select.every)
     student = ablated_student(teacher, kept, state_size, ablation, data, recipe)
+    if data.get("selection") is not None and data["selection"].rows:
+        points = ", ".join(f"{r['after_steps']}: {r['accuracy']:.3f}" for r in data["selection"].rows)
+        log.info(
+            "%s %s: validation accuracy %s by step; chosen: after %d KD steps",
+            variant,
+            ablation,
+            points,
+            data["selection"].chosen,
+        )
     linears_computed_in(student.eval(), evaluation.compute_dtype)
     frame, _ = score_model(
         Scorer(student, tok, evaluation.batch_size),

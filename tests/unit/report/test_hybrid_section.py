@@ -100,8 +100,8 @@ def test_ablations_at_a_budget_are_compared_with_the_recipe_at_that_budget():
 
 
 def test_a_full_recipe_chosen_before_kds_last_step_is_noted_beside_the_ablations():
-    """Checkpoint selection can make the student its realigned, un-distilled checkpoint; the
-    ablations keep their last step, and the table says so (only then)."""
+    """Checkpoint selection can make the student its realigned, un-distilled checkpoint: the
+    table says so (only then), and that the ablations choose theirs by the same rule."""
     hy = {"ablation": {"variant": "k10-n16", "kd_steps": None}, "dict_size": 10}
     common = {"model": "m", "variant": "k10-n16", "degenerate": False}
     scores = pl.DataFrame([kv10(0.92, 0.81, 0.97, **common)])
@@ -114,7 +114,8 @@ def test_a_full_recipe_chosen_before_kds_last_step_is_noted_beside_the_ablations
 
     early = ablation_part("m", scores, pl.DataFrame(), ablation, hy, points(0))
     assert "checkpoint after 0 of 14 distillation steps" in early
-    assert "not the ingredient's alone" not in ablation_part("m", scores, pl.DataFrame(), ablation, hy, points(14))
+    assert "by the same rule" in early
+    assert "by the same rule" not in ablation_part("m", scores, pl.DataFrame(), ablation, hy, points(14))
     other = points(0).with_columns(pl.lit(20).alias("heads_kept"))  # another student's selection
     assert "checkpoint after" not in ablation_part("m", scores, pl.DataFrame(), ablation, hy, other)
 

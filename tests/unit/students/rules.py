@@ -125,9 +125,11 @@ def ablation(
     align_windows,
     seed,
     dict_size,
+    select=None,
+    validation=None,
     **scoring,
 ):
-    inputs = Files(model=model_dir, teacher=teacher, aligned=aligned, ranking=ranking, task=task)
+    inputs = Files(model=model_dir, teacher=teacher, aligned=aligned, ranking=ranking, task=task, validation=validation)
     recipe = {"align": align, "kd": kd, "align_windows": align_windows, "seed": seed}
     settings = HybridAblation.of(
         {
@@ -136,6 +138,7 @@ def ablation(
             "variant": variant,
             "recipe": recipe,
             "scoring": _scoring(dict_size=dict_size, **scoring),
+            "select": select,
         }
     )
     return run_hybrid_ablation(inputs, Files(ablation=out), settings)

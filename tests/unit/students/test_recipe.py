@@ -2,6 +2,7 @@
 ingredient removed, and the ablation rule's scored rows."""
 
 import copy
+import dataclasses
 
 import polars as pl
 import pytest
@@ -13,7 +14,7 @@ from gna.engine.device import device_of
 from gna.models.prepare import load_model
 from gna.students.alignment import Align, Realign, align_layers, load_aligned, realign_in_context
 from gna.students.kd import KD as KDSettings
-from gna.students.kd import Watch, answer_weights, distill_logits
+from gna.students.kd import Selection, Watch, answer_weights, distill_logits
 from gna.students.mixer import mixers, snapshot
 from gna.students.recipe import Recipe, ablated_student
 from gna.students.spec import make_hybrid
@@ -129,3 +130,37 @@ def test_ablation_rule_writes_scored_rows(phase):
     with pytest.raises(ValueError, match="no KV-retrieval items of dictionary size 7"):
         run("init_only", "x.parquet", kd=KD, dict_size=7)
     assert pl.read_parquet(root / "ablation.parquet").equals(frame)
+    # the rule's selection path: validation prompts read, points scored after 0, 1 and 2 KD steps
+    select = {"by": "validation", "every": 1, "batch_size": 2}
+    kv = p["kv_retrieval.parquet"]
+    chosen = run("no_align", "chosen.parquet", kd={**KD, "steps": 2}, dict_size=3, select=select, validation=kv)
+    assert set(chosen["ablation"]) == {"no_align"} and (root / "chosen.parquet").exists()
+
+
+def test_an_ablation_chooses_its_kd_checkpoint_as_the_full_recipe_does(phase):
+    """With a selection (built so that the point before KD answers every validation item and
+    every later one none), the ablated student is its realigned, un-distilled checkpoint, bit for
+    bit, and the selection records step 0; without one, it is KD's last step."""
+    root, p = phase
+    teacher, _ = load_model(p["teacher"])
+    data = read_tensors(str(root / "teacher.safetensors"), None, device_of(teacher))
+    tensors = {**data, "aligned": read_tensors(str(root / "align.safetensors"), None, device_of(teacher))}
+    kept = [(2, 1), (0, 3)]
+    realign = Realign(steps=2, batch=2, lr=1e-2)
+    recipe = Recipe(Align(steps=2, batch=2, lr=1e-3), realign, KDSettings(**{**KD, "steps": 4, "batch": 6}), 4, 1)
+    before_kd = dataclasses.replace(recipe, kd=dataclasses.replace(recipe.kd, steps=0))
+    untrained = snapshot(ablated_student(copy.deepcopy(teacher), kept, 4, "no_answer_weight", tensors, before_kd))
+    calls = []
+
+    def first_point_best(student):
+        calls.append(1)
+        return [len(calls) == 1] * 20, 0.0
+
+    selection = Selection(first_point_best, every=2)
+    chosen = ablated_student(
+        copy.deepcopy(teacher), kept, 4, "no_answer_weight", {**tensors, "selection": selection}, recipe
+    )
+    assert selection.chosen == 0 and [r["after_steps"] for r in selection.rows] == [0, 2, 4]
+    assert _same(untrained, snapshot(chosen))
+    last = ablated_student(copy.deepcopy(teacher), kept, 4, "no_answer_weight", tensors, recipe)
+    assert not _same(untrained, snapshot(last))
