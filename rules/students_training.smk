@@ -15,6 +15,8 @@ SCORING = StudentScoring.from_config(config)
 CORPUS_CHECK = "data/distill/corpus-check.json"
 # the KV prompts of the students' checkpoint selection (hybrid.select: validation)
 KD_VALIDATION_SET = f"data/tasks/{PROMPT_SETS_DIR}/{KD_VALIDATION}.parquet"
+# how a student's KD checkpoint is chosen (gna.students.kd.Select)
+SELECT = {"by": HYBRID["select"], "every": HYBRID["validation"]["every"], "batch_size": EVALUATION["batch_size"]}
 # the tasks.mmlu keys that choose the evaluation subset, which the corpus stays out of
 MMLU_SELECTION = {k: v for k, v in config["tasks"]["mmlu"].items() if k in ("n", "seed", "topics")}
 
@@ -155,8 +157,7 @@ rule distill_kd:
             "realign": HYBRID["realign"],
             "checkpoints": get_checkpoint_steps(wildcards),
             "seed": HYBRID["seed"],
-            "select": {"by": HYBRID["select"], "every": HYBRID["validation"]["every"],
-                       "batch_size": EVALUATION["batch_size"]},
+            "select": SELECT,
             "dtype": config["dtype"],
         },
         code=code_of("distill_kd"),
@@ -174,11 +175,7 @@ rule distill_kd:
 
 # the ablations that train as long as the student choose their KD checkpoint as it does (at a
 # budget of the curve, hybrid.ablation.kd_steps, they are compared with that checkpoint: none)
-ABLATION_SELECT = (
-    {"by": HYBRID["select"], "every": HYBRID["validation"]["every"], "batch_size": EVALUATION["batch_size"]}
-    if HYBRID["select"] == "validation" and HYBRID["ablation"].get("kd_steps") is None
-    else None
-)
+ABLATION_SELECT = SELECT if HYBRID["select"] == "validation" and HYBRID["ablation"].get("kd_steps") is None else None
 
 
 rule hybrid_ablation:

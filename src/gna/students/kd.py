@@ -55,6 +55,13 @@ class Select:
     every: int = 7
     batch_size: int = 8
 
+    def selection(self, tok, validation_path: str) -> Selection | None:
+        """The Selection of a KD run on the KV prompts at `validation_path` (by "validation"), or
+        None (by "last")."""
+        if self.by != "validation":
+            return None
+        return Selection(validation_scorer(tok, read_parquet(validation_path), self.batch_size), self.every)
+
 
 @dataclass
 class KDBatch:
@@ -195,6 +202,10 @@ class Selection:
         self.rows.append({"after_steps": steps_done, "accuracy": accuracy, "mean_logp": logp})
         self.correct[steps_done] = list(correct)
         return best is None or (accuracy, logp) > (best["accuracy"], best["mean_logp"])
+
+    def points(self) -> str:
+        """The validation accuracy of each point, for the log ("0: 0.960, 7: 1.000, …")."""
+        return ", ".join(f"{r['after_steps']}: {r['accuracy']:.3f}" for r in self.rows)
 
     def finish(self, last: int) -> int:
         """The chosen step: the best point where it beats the last by the paired test, else `last`."""
@@ -401,10 +412,7 @@ def run_distill_kd(inputs: Files, outputs: Files, settings: DistillKD) -> None:
     data = read_tensors(inputs.teacher, ["train_ids", "train_answers", "top_logp", "top_idx"], on)
     weights = answer_weights(data["train_answers"], kd.answer_weight)
     targets = {"ids": data["train_ids"], "top_logp": data["top_logp"], "top_idx": data["top_idx"], "weights": weights}
-    selection = None
-    if select.by == "validation":
-        table = read_parquet(inputs.validation)
-        selection = Selection(validation_scorer(tok, table, select.batch_size), select.every)
+    selection = select.selection(tok, inputs.validation)
     aligned = snapshot(student)
     wanted = [c for c in checkpoints if c < kd.steps]
     if selection is not None:
@@ -430,7 +438,7 @@ def run_distill_kd(inputs: Files, outputs: Files, settings: DistillKD) -> None:
         log.info(
             "%s: validation accuracy %s by step; chosen: after %d of %d KD steps",
             variant,
-            ", ".join(f"{r['after_steps']}: {r['accuracy']:.3f}" for r in selection.rows),
+            selection.points(),
             chosen,
             kd.steps,
         )

@@ -24,7 +24,7 @@ from gna.engine.precision import linears_computed_in
 from gna.engine.scoring import Scorer
 from gna.models.prepare import load_model
 from gna.students.alignment import Align, Realign, align_layers, load_aligned, realign_in_context
-from gna.students.kd import KD, Select, Selection, Watch, answer_weights, distill_logits, validation_scorer
+from gna.students.kd import KD, Select, Watch, answer_weights, distill_logits
 from gna.students.mixer import mixers
 from gna.students.spec import ABLATIONS, make_hybrid, parse_variant, ranked_heads
 from gna.students.student_evaluation import kv_items, score_model
@@ -126,18 +126,15 @@ def run_hybrid_ablation(inputs: Files, outputs: Files, settings: HybridAblation)
     hidden = ablation == "no_first_token" or realigns(ablation, recipe)
     data = read_tensors(inputs.teacher, needed + (["hidden"] if hidden else []), on)
     data["aligned"] = read_tensors(inputs.aligned, None, on)
-    select = settings.select
-    if select is not None and select.by == "validation":
-        scorer = validation_scorer(tok, read_parquet(inputs.validation), select.batch_size)
-        data["selection"] = Selection(scorer, select.every)
+    if settings.select is not None:
+        data["selection"] = settings.select.selection(tok, inputs.validation)
     student = ablated_student(teacher, kept, state_size, ablation, data, recipe)
-    if data.get("selection") is not None and data["selection"].rows:
-        points = ", ".join(f"{r['after_steps']}: {r['accuracy']:.3f}" for r in data["selection"].rows)
+    if data.get("selection") is not None and data["selection"].rows:  # init_only trains nothing
         log.info(
             "%s %s: validation accuracy %s by step; chosen: after %d KD steps",
             variant,
             ablation,
-            points,
+            data["selection"].points(),
             data["selection"].chosen,
         )
     linears_computed_in(student.eval(), evaluation.compute_dtype)
