@@ -4,6 +4,7 @@ scripts as Snakemake does (same results, failures contained)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -108,28 +109,34 @@ def test_failed_and_skipped_jobs_stop_their_dependents(tmp_path):
 
 
 def test_gpu_check_names_the_failures_of_a_test_run_cut_off(tmp_path):
-    """gpu_check's tests part reads pytest's verbose lines when its time runs out (a device lease
-    ends before the suite does): the failed tests are named, not lost with the unwritten JUnit file."""
-    import subprocess
+    """gpu_check's tests part, on its real path (pytest in a subprocess, xdist workers where
+    installed): a run that ends gives counts and messages from its JUnit file; a run its time limit
+    cuts off (a device lease ends before the suite does) still names each failed test and keeps
+    its message, logged as it failed."""
     import sys
 
     sys.path.insert(0, str(REPO / "benchmarks"))
-    from gpu_check import finished_tests
+    from gpu_check import unit_tests
 
-    (tmp_path / "test_three.py").write_text(
-        "import pytest\n"
+    tests = tmp_path / "test_four.py"
+    tests.write_text(
+        "import os, pytest, time\n"
         "def test_ok(): pass\n"
-        "def test_bad(): assert 1 == 2\n"
+        "def test_bad(): assert 1 == 2, 'one is not two'\n"
         "@pytest.mark.skip(reason='x')\n"
         "def test_skip(): pass\n"
+        "def test_slow(): time.sleep(float(os.environ.get('SLOW_S', '0')))\n"
     )
-    for workers in ([], ["-n", "2"]):
-        run = subprocess.run(
-            [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", *workers, "test_three.py"],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-        )
-        seen = finished_tests(run.stdout.splitlines())
-        assert (seen["passed"], seen["failed"], seen["skipped"]) == (1, 1, 1), (workers, run.stdout[-800:])
-        assert seen["failed_tests"] == ["test_three.py::test_bad"], (workers, seen)
+    ended = unit_tests([str(tests)], timeout=120)
+    assert (ended["passed"], ended["failed"], ended["skipped"]) == (2, 1, 1), ended
+    assert [f["test"].split("::")[-1] for f in ended["failures"]] == ["test_bad"]
+    assert "one is not two" in ended["failures"][0]["message"]
+    os.environ["SLOW_S"] = "600"
+    try:
+        cut = unit_tests([str(tests)], timeout=20)
+    finally:
+        del os.environ["SLOW_S"]
+    assert "timed_out" in cut and (cut["passed"], cut["failed"], cut["skipped"]) == (1, 1, 1), cut
+    assert [name.split("::")[-1] for name in cut["failed_tests"]] == ["test_bad"]
+    assert [f["test"].split("::")[-1] for f in cut["failures"]] == ["test_bad"]
+    assert "one is not two" in cut["failures"][0]["text"]

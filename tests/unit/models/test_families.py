@@ -175,10 +175,13 @@ def test_students_are_built_for_supported_families_and_refused_by_name_otherwise
     assert np.abs(_flat(fast) - _flat(ref)).max() <= tol
 
 
-def test_a_students_heads_compute_what_the_teachers_do_in_every_student_family(family, tmp_path):
+def test_a_students_heads_compute_what_the_teachers_do_in_every_student_family(family, tmp_path, monkeypatch):
     """Per family: a student keeping every head is the teacher (windowed layers keep their window:
     the prompt is longer); a student with SSM heads saves and reloads bit for bit, decodes step by
     step as its forward computes, and takes a KD step."""
+    # the reference scan on every device, so the limits below mean the same on a GPU: mamba-ssm's
+    # kernel (TF32 dots, its own test) failed them for all ten families on an H200
+    monkeypatch.setenv("GNA_SSM_KERNEL", "torch")
     from gna.students.decoding import prefill, step
     from gna.students.kd import KD, Watch, distill_logits
     from gna.students.mixer import mixers
