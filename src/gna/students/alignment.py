@@ -25,12 +25,11 @@ from tqdm.auto import tqdm
 from gna.core import work
 from gna.core.io import write_parquet
 from gna.core.settings import Files, RuleSettings
-from gna.core.tensor_files import read_tensors, write_tensors
+from gna.core.tensor_files import compact, read_tensors, write_tensors
 from gna.engine.device import device_of
 from gna.models.prepare import load_model
 from gna.students.mixer import HybridMixer, layer_forward, layers_of, mixer_input, mixers, rotary, snapshot
 from gna.students.spec import make_hybrid
-from gna.students.teacher_file import compact
 
 log = logging.getLogger("gna.students.alignment")
 

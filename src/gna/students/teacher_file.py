@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from gna.core import work
 from gna.core.settings import Evaluation, Files, RuleSettings
-from gna.core.tensor_files import write_tensors
+from gna.core.tensor_files import compact, write_tensors
 from gna.engine.anatomy import UnsupportedModel
 from gna.engine.device import device_of
 from gna.models.families import check_student_family, skip_hint
@@ -28,16 +28,6 @@ from gna.students.mixer import layers_of
 from gna.tasks.tables import load_mmlu_jsonl
 
 log = logging.getLogger("gna.students.teacher_file")
-
-
-FLOAT16_MAX = torch.finfo(torch.float16).max
-
-
-def compact(t: torch.Tensor) -> torch.Tensor:
-    """`t` in float16 where every value fits in it, else in float32: stored states take half the
-    space, but some teachers' residual streams outgrow float16 (Gemma 3's reach 1e5, past 65504,
-    which would become inf and the alignment NaN)."""
-    return t.to(torch.float16) if bool((t.abs() <= FLOAT16_MAX).all()) else t.float()
 
 
 @torch.inference_mode()
