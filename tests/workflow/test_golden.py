@@ -148,3 +148,33 @@ def test_on_another_cpu_kind_every_value_is_compared_to_a_tolerance(run_data):
     frame.drop("value").write_parquet(student)
     with pytest.raises(AssertionError, match="k2-n8.parquet: columns"):
         compare(run_data, kind=other)
+
+
+def test_on_another_cpu_kind_floats_are_judged_at_their_columns_scale(run_data):
+    """A near-zero value may move by much of itself (rounding scales with the quantities it came
+    from: measured, a G&A map weight of 2.7e-6 at 2.6e-6 on an AVX2-only CPU), but not by the
+    tolerance of its column's largest magnitude; lists of floats (per-choice log-probs) likewise."""
+    other = "another CPU"
+    maps = run_data / "results/gna/tiny-llama/maps.parquet"
+    frame = pl.read_parquet(maps)
+    largest = frame["weight"].abs().max()
+    tiny = frame["weight"].abs().arg_min()
+    moved = frame.with_columns(frame["weight"].clone().scatter(tiny, frame["weight"][tiny] + 1e-5 * largest))
+    moved.write_parquet(maps)
+    compare(run_data, kind=other)
+    far = frame.with_columns(frame["weight"].clone().scatter(tiny, frame["weight"][tiny] + 1e-3 * largest))
+    far.write_parquet(maps)
+    with pytest.raises(AssertionError, match=r"maps.parquet: column 'weight', row \d+ .* beyond 0.0001"):
+        compare(run_data, kind=other)
+    frame.write_parquet(maps)
+    items = run_data / "results/baseline/tiny-llama/kv_retrieval.items.parquet"
+    table = pl.read_parquet(items)
+    lists = [c for c, t in table.schema.items() if isinstance(t, pl.List) and t.inner.is_float()]
+    assert lists, "the items table has no list of floats to change"
+    column = lists[0]
+    scale = table[column].explode().abs().max()
+    table.with_columns(pl.col(column).list.eval(pl.element() + 1e-5 * scale)).write_parquet(items)
+    compare(run_data, kind=other)
+    table.with_columns(pl.col(column).list.eval(pl.element() + 1e-3 * scale)).write_parquet(items)
+    with pytest.raises(AssertionError, match=rf"kv_retrieval.items.parquet: column '{column}'"):
+        compare(run_data, kind=other)
