@@ -7,9 +7,16 @@ import polars as pl
 import pytest
 import torch
 
+from gna.engine import precision
 from gna.engine.anatomy import all_heads
 from gna.engine.hooks import ablate_heads
-from gna.engine.precision import float32_kernel_available, float32_linear, linear_group, linears_computed_in
+from gna.engine.precision import (
+    emulated_low_matmul,
+    float32_kernel_available,
+    float32_linear,
+    linear_group,
+    linears_computed_in,
+)
 from gna.engine.scoring import Scorer, score_table
 from gna.students.mixer import mixers
 from gna.students.spec import make_hybrid
@@ -33,6 +40,20 @@ def _ids(model, seed=0):
 BF16_LOGP_TOL = 0.01
 
 
+@pytest.fixture(params=["bf16 kernel", "emulated"])
+def bf16_path(request, monkeypatch):
+    """Each bf16 test on both ways a CPU multiplies bf16 linears, whatever this CPU has: PyTorch's
+    bf16 kernel (a CPU with bf16 instructions) and bf16-rounded operands through the float32
+    kernel (a CPU without; gna.engine.precision._low_matmul)."""
+    monkeypatch.setattr(precision, "cpu_lacks_bf16", lambda: request.param == "emulated")
+    return request.param
+
+
+def _low_dtype(model) -> torch.dtype:
+    """The dtype linears_computed_in holds a bf16 weight copy in on `model`'s device."""
+    return torch.float32 if emulated_low_matmul(model.device, torch.bfloat16) else torch.bfloat16
+
+
 def _smallest_head_effect(model, measure) -> float:
     """The smallest, over every single head of `model` (float32) ablated alone, of the largest
     |change| of `measure(model)` (a tensor or Series of log-probs)."""
@@ -44,7 +65,7 @@ def _smallest_head_effect(model, measure) -> float:
     return min(effects)
 
 
-def test_bf16_linears_agree_with_float32_and_leave_the_weights(tiny_llama):
+def test_bf16_linears_agree_with_float32_and_leave_the_weights(tiny_llama, bf16_path):
     model = tiny_llama[0]
     ids = _ids(model)
     reference = _logp(model, ids)
@@ -56,10 +77,10 @@ def test_bf16_linears_agree_with_float32_and_leave_the_weights(tiny_llama):
     assert BF16_LOGP_TOL < _smallest_head_effect(model, lambda m: _logp(m, ids))  # a missing head would show
     for name, p in fast.named_parameters():
         assert p.dtype == torch.float32 and torch.equal(p, weights[name]), name
-    assert fast.base_model.layers[0].mlp.up_proj.weight_low.dtype == torch.bfloat16
+    assert fast.base_model.layers[0].mlp.up_proj.weight_low.dtype == _low_dtype(model)
     # the output head multiplies with its own bf16 copy; an input embedding tied to it still
     # looks up the float32 weight
-    assert fast.get_output_embeddings().weight_low.dtype == torch.bfloat16
+    assert fast.get_output_embeddings().weight_low.dtype == _low_dtype(model)
     tied = copy.deepcopy(model)
     tied.get_output_embeddings().weight = tied.get_input_embeddings().weight  # as SmolLM2's
     embedded = tied.get_input_embeddings()(ids).detach()
@@ -100,7 +121,7 @@ def test_bf16_linears_on_a_student_keep_its_scan_in_float32(tiny_llama):
     assert 0 < err < BF16_LOGP_TOL, err
 
 
-def test_bf16_scoring_agrees_with_float32(tiny_llama):
+def test_bf16_scoring_agrees_with_float32(tiny_llama, bf16_path):
     model, tok = tiny_llama
     table = build_kv_retrieval([3], 6, 1, "lookup")
     reference = score_table(Scorer(model, tok, batch_size=4, progress=False), table)
@@ -148,7 +169,7 @@ def test_the_engine_probe_runs_bf16_linears_in_full_precision(tiny_llama):
     assert (_logp(fast, ids) - _logp(student, ids)).abs().max() > 0
 
 
-def test_bf16_linears_follow_weights_changed_in_place(tiny_llama):
+def test_bf16_linears_follow_weights_changed_in_place(tiny_llama, bf16_path):
     """A checkpoint restored into an evaluated student (the budget curve) changes its weights
     in place: the bf16 copies must follow, or every point would score the last weights."""
     model = tiny_llama[0]
@@ -164,11 +185,35 @@ def test_bf16_linears_follow_weights_changed_in_place(tiny_llama):
     assert torch.equal(after, _logp(linears_computed_in(changed, "bfloat16"), ids))
 
 
+def test_emulated_bf16_linears_give_the_bf16_kernels_results(tiny_llama, monkeypatch):
+    """On a CPU without bf16 instructions bf16 linears multiply bf16-rounded operands with the
+    float32 kernel: exact products summed in float32, as bf16 instructions do. Against PyTorch's
+    bf16 kernel (the reference) an output may differ only where the two sums round to neighbouring
+    bf16 values (one step of bf16's 8-bit mantissa), and the model's log-probs far less than bf16
+    against float32 does."""
+    gen = torch.Generator().manual_seed(3)
+    x, weight = torch.randn(64, 96, generator=gen), torch.randn(80, 96, generator=gen)
+    reference = precision._low_matmul(x, weight.to(torch.bfloat16), torch.bfloat16)
+    got = precision._low_matmul(x, weight.to(torch.bfloat16).float(), torch.bfloat16)
+    step = 2.0**-7 * reference.abs()  # one bf16 step at each output's magnitude, at most
+    assert ((got - reference).abs() <= step).all()
+    assert (got == reference).float().mean() > 0.95
+    assert not torch.equal(got, x @ weight.T)  # rounded to bf16: not the float32 result
+    model = tiny_llama[0]
+    ids = _ids(model, 2)
+    monkeypatch.setattr(precision, "cpu_lacks_bf16", lambda: False)
+    kernel = _logp(linears_computed_in(copy.deepcopy(model), "bfloat16"), ids)
+    monkeypatch.setattr(precision, "cpu_lacks_bf16", lambda: True)
+    emulated = _logp(linears_computed_in(copy.deepcopy(model), "bfloat16"), ids)
+    full = _logp(model, ids)
+    assert (emulated - kernel).abs().max() < 0.25 * (kernel - full).abs().max()
+
+
 def _projections(m):
     return [m.x_proj, m.B_proj, m.C_proj, m.decay_proj, m.sink_proj]
 
 
-def test_linear_group_gives_each_layers_own_output_and_gradients(tiny_llama):
+def test_linear_group_gives_each_layers_own_output_and_gradients(tiny_llama, bf16_path):
     """One matmul for a student's five SSM projections (mixed biases) against each layer's own
     call: float32, under bf16 linears (with a weight changed in place since), and the gradients
     under bf16 autocast."""
