@@ -27,6 +27,7 @@ from gna.core.io import write_parquet
 from gna.core.settings import Files, RuleSettings
 from gna.core.tensor_files import compact, read_tensors, write_tensors
 from gna.engine.device import device_of
+from gna.engine.precision import warn_if_autocast_emulated
 from gna.models.prepare import load_model
 from gna.students.mixer import HybridMixer, layer_forward, layers_of, mixer_input, mixers, rotary, snapshot
 from gna.students.spec import make_hybrid
@@ -98,6 +99,7 @@ def align_layers(
     per layer, every CURVE_EVERY steps and at the last)."""
     steps, batch, lr = align.steps, align.batch, align.lr
     compute_dtype, first_token = align.compute_dtype, align.first_token
+    warn_if_autocast_emulated(hidden.device, compute_dtype, "hybrid.align")
     torch.manual_seed(seed)
     student = make_hybrid(copy.deepcopy(model), [], state_size)
     for p in student.parameters():
@@ -192,6 +194,7 @@ def realign_in_context(
     rows = []
     if not steps:
         return pl.DataFrame(rows, schema=schema)
+    warn_if_autocast_emulated(hidden.device, compute_dtype, "hybrid.realign")
     hidden = hidden[:, : realign.windows]
     for p in student.parameters():
         p.requires_grad_(False)

@@ -316,3 +316,20 @@ def test_float32_kernel_evaluates_like_the_reference(tiny_llama):
         grads.append(embeds.grad)
     assert grads[1].abs().sum() > 0
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-5)
+
+
+def test_training_in_bf16_on_a_cpu_without_bf16_instructions_is_named(monkeypatch, caplog):
+    """bf16 autocast has no float32-kernel path: where it would run emulated, the config key to
+    change is named; elsewhere, and for float32, nothing is said."""
+    cpu = torch.device("cpu")
+    for lacks, dtype, warned in ((True, "bfloat16", True), (True, "float32", False), (False, "bfloat16", False)):
+        monkeypatch.setattr(precision, "cpu_lacks_bf16", lambda lacks=lacks: lacks)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="gna.engine.precision"):
+            precision.warn_if_autocast_emulated(cpu, dtype, "hybrid.kd")
+        assert ("set hybrid.kd.compute_dtype: float32" in caplog.text) == warned, (lacks, dtype)
+    monkeypatch.setattr(precision, "cpu_lacks_bf16", lambda: True)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gna.engine.precision"):
+        precision.warn_if_autocast_emulated(torch.device("meta"), "bfloat16", "hybrid.align")
+    assert caplog.text == ""  # not a CPU
