@@ -17,10 +17,11 @@ def pytest_runtest_logreport(report) -> None:
 
 
 def read_failures(path: str) -> list[dict]:
-    """The failures logged at `path`, once each (xdist's workers and controller both log them)."""
-    seen: dict[str, dict] = {}
+    """The failures logged at `path`, once each per test and phase (xdist's workers and controller
+    both log them; a teardown error after a failed call is a second one)."""
+    seen: dict[tuple[str, str], dict] = {}
     if os.path.exists(path):
         for line in open(path):
             record = json.loads(line)
-            seen.setdefault(record["test"], record)
+            seen.setdefault((record["test"], record["when"]), record)
     return list(seen.values())

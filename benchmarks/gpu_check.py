@@ -255,7 +255,7 @@ def smoke(parallel: int, keep: str | None, limit_s: float | None, scan: str) -> 
     node's command limit then still yields a result instead of nothing)."""
     import threading
 
-    from golden import outcomes
+    from golden import cpu_kind, outcomes
 
     from gna.core.replay import job_label, read_plan, replay
 
@@ -265,15 +265,17 @@ def smoke(parallel: int, keep: str | None, limit_s: float | None, scan: str) -> 
     plan_path = REPO / "tests" / "data" / "smoke_plan.json"
     finished: list[dict] = []
 
+    stop = threading.Event()
+
     def progress(record: dict) -> None:
+        if stop.is_set():  # the limit has passed: leave replay before it starts another job
+            raise _Stopped
         finished.append(record)
         print(f"  {record['label']}: {record['status']} ({record.get('seconds', 0):.1f} s)", flush=True)
 
-    start = time.perf_counter()
-    box: dict = {}
-    worker = threading.Thread(
-        target=lambda: box.update(
-            jobs=replay(
+    def run() -> None:
+        try:
+            box["jobs"] = replay(
                 plan_path,
                 workdir,
                 parallel=parallel,
@@ -281,18 +283,28 @@ def smoke(parallel: int, keep: str | None, limit_s: float | None, scan: str) -> 
                 skip_rules=skip,
                 progress=progress,
             )
-        ),
-        daemon=True,
-    )
+        except _Stopped:
+            pass
+
+    start = time.perf_counter()
+    box: dict = {}
+    worker = threading.Thread(target=run, daemon=True)
     worker.start()
     worker.join(limit_s)
-    if "jobs" in box:
-        jobs, cut = box["jobs"], False
-    else:  # the time limit came first: what finished, and the rest as not finished
+    cut = "jobs" not in box
+    if cut:  # the time limit came first: stop the jobs, then judge what finished
+        stop.set()
+        _stop_children()
+        worker.join(60)
+        _stop_children()  # one started as the first were killed
         done = {r["label"]: r for r in finished}
-        labels = [job_label(j) for j in read_plan(plan_path)["jobs"]]
-        jobs = [done.get(label, {"label": label, "status": "not finished"}) for label in labels]
-        cut = True
+        jobs = []
+        for job in read_plan(plan_path)["jobs"]:
+            label = job_label(job)
+            status = "skipped" if job["rule"] in skip else "not finished"
+            jobs.append(done.get(label, {"label": label, "status": status}))
+    else:
+        jobs = box["jobs"]
     out = {
         "workdir": str(workdir),
         "wall_s": round(time.perf_counter() - start, 1),
@@ -309,15 +321,17 @@ def smoke(parallel: int, keep: str | None, limit_s: float | None, scan: str) -> 
             ({"job": j["label"], "s": j["seconds"]} for j in jobs if "seconds" in j), key=lambda j: -j["s"]
         )[:8],
     }
-    files = outcomes(workdir / "data", kind=DEVICE if DEVICE == "cuda" else None)
+    files = outcomes(workdir / "data", kind=DEVICE if DEVICE == "cuda" else cpu_kind())
     out["golden"] = {
         "files": len(files),
         **{o: sum(v == o for v in files.values()) for o in sorted(set(files.values())) if not o.startswith("differs")},
         "differs": {k: v for k, v in files.items() if v.startswith("differs") or v == "missing"},
     }
-    if cut:
-        _stop_children()
     return out
+
+
+class _Stopped(Exception):
+    """Raised into gna.core.replay by the smoke part's progress callback once its time is up."""
 
 
 def _stop_children() -> None:
@@ -373,11 +387,17 @@ def unit_tests(paths: list[str], timeout: int) -> dict:
         *workers,
     ]
     start = time.perf_counter()
+    # its own session, so that a timeout stops pytest's workers too, not only pytest
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-        tail = proc.stdout[-2000:]
-    except subprocess.TimeoutExpired as e:
-        lines = (e.stdout or b"").decode(errors="replace").splitlines()
+        tail = proc.communicate(timeout=timeout)[0][-2000:]
+    except subprocess.TimeoutExpired:
+        import signal
+
+        os.killpg(proc.pid, signal.SIGKILL)
+        lines = proc.communicate()[0].splitlines()
         return {
             **finished_tests(lines),
             "timed_out": f"after {timeout} s: the counts are the tests that finished",

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import polars as pl
 import yaml
-from polars.testing import assert_frame_equal, assert_series_equal
+from polars.testing import assert_frame_equal
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN_DIR = REPO / "tests" / "data" / "smoke_results"
@@ -107,30 +107,37 @@ def recorded_kind(golden_dir: str | Path = GOLDEN_DIR) -> str | None:
 
 
 def within(actual: pl.DataFrame, expected: pl.DataFrame, rtol: float) -> None:
-    """Assert the frames equal, every float within `rtol` of its golden column's largest
-    magnitude (rounding errors scale with the quantities a value is computed from, so a near-zero
-    entry of a column of ones, e.g. a position's attention weight of 3e-6, may move by 1e-7 on
-    another CPU: measured, AMD AVX2 against AVX-512), other columns exactly. Raises AssertionError
-    naming the column, the row and both values of the largest difference."""
+    """Assert the frames equal, every finite float within `rtol` of its golden column's largest
+    finite magnitude (rounding errors scale with the quantities a value is computed from, so a
+    near-zero entry of a column of ones, e.g. a position's attention weight of 3e-6, may move by
+    1e-7 on another CPU: measured, AMD AVX2 against AVX-512), infinities, NaNs and nulls where the
+    golden ones are, lists of floats element by element, other columns exactly. Raises
+    AssertionError naming the column, the row and both values of the largest difference."""
     if actual.schema != expected.schema or actual.height != expected.height:
         raise AssertionError(first_difference(actual, expected))
     for column in expected.columns:
         a, e = actual[column], expected[column]
+        rows = pl.Series(range(len(e)))
         if isinstance(e.dtype, pl.List) and e.dtype.inner.is_float():  # per-choice values: as one column
-            assert_series_equal(a.list.len(), e.list.len(), check_exact=True)
+            if not a.list.len().equals(e.list.len()):
+                raise AssertionError(f"column {column!r}: list lengths differ ({first_difference(actual, expected)})")
+            rows = rows.repeat_by(e.list.len()).explode()  # each element's row, as explode lays them out
             a, e = a.explode(), e.explode()
         if not e.dtype.is_float():
-            assert_series_equal(a, e, check_exact=True)
+            if not a.equals(e):
+                raise AssertionError(first_difference(actual, expected))
             continue
-        largest = e.abs().max()
-        allowed = rtol * (0.0 if largest is None or largest != largest else float(largest))
-        gap = (a - e).abs().fill_nan(0.0).fill_null(0.0)
-        missing = (a.is_nan() != e.is_nan()).fill_null(False) | (a.is_null() != e.is_null())
-        if (gap > allowed).any() or missing.any():
-            row = int(missing.arg_true()[0]) if missing.any() else int(gap.arg_max())
+        finite = e.is_finite().fill_null(False)
+        largest = e.filter(finite).abs().max()
+        allowed = rtol * (float(largest) if largest is not None else 0.0)
+        gap = (a - e).abs().fill_nan(0.0).fill_null(0.0).zip_with(finite, pl.Series([0.0] * len(e)))
+        same = (a.eq_missing(e) | (a.is_nan() & e.is_nan())).fill_null(False)  # inf, NaN, null alike
+        misplaced = (~finite & ~same) | (finite & ~a.is_finite().fill_null(False))
+        if (gap > allowed).any() or misplaced.any():
+            at = int(misplaced.arg_true()[0]) if misplaced.any() else int(gap.arg_max())
             raise AssertionError(
-                f"column {column!r}, row {row} (rows sorted by all columns): {a[row]!r} != golden "
-                f"{e[row]!r}, beyond {rtol:g} of the column's largest magnitude {largest!r}"
+                f"column {column!r}, row {rows[at]} (rows sorted by all columns): {a[at]!r} != golden {e[at]!r}, "
+                f"beyond {rtol:g} of the column's largest finite magnitude {largest!r}"
             )
 
 

@@ -59,7 +59,7 @@ def _low_weight(module: torch.nn.Linear) -> torch.Tensor:
     """The low-precision copy of linears_computed_in, made again where the weight changed in
     place since it was copied (a restored checkpoint)."""
     if module.weight_low_of != _weight_state(module.weight):
-        emulated = module.weight_low.dtype != module.low_dtype
+        emulated = emulated_low_matmul(module.weight.device, module.low_dtype)
         module.weight_low = _low_copy(module.weight, module.low_dtype, emulated)
         module.weight_low_of = _weight_state(module.weight)
     return module.weight_low
@@ -74,7 +74,9 @@ def _low_matmul(x: torch.Tensor, weight: torch.Tensor, low: torch.dtype) -> torc
     on an AMD AVX2-only CPU, measured)."""
     if weight.dtype == low:
         return torch.nn.functional.linear(x.to(low), weight).to(x.dtype)
-    return _matmul_in_float32(x.to(low).float(), weight).to(low).to(x.dtype)
+    rounded = x.to(low).float()
+    exact = float32_linear if float32_kernel_available(x.device) else torch.nn.functional.linear
+    return exact(rounded, weight).to(low).to(x.dtype)
 
 
 def _linear_in_low_precision(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -91,7 +91,7 @@ def test_bf16_linears_agree_with_float32_and_leave_the_weights(tiny_llama, bf16_
     assert linears_computed_in(copy.deepcopy(model), "float32") is not None
 
 
-def test_bf16_linears_keep_head_ablation_and_activation_gradients(tiny_llama):
+def test_bf16_linears_keep_head_ablation_and_activation_gradients(tiny_llama, bf16_path):
     """Head ablation hooks on o_proj's input still act (they see the float32 input), and
     gradients still reach activations (attribution patching) though the weights take none."""
     model = tiny_llama[0]
@@ -109,7 +109,7 @@ def test_bf16_linears_keep_head_ablation_and_activation_gradients(tiny_llama):
     assert all(not m.weight.requires_grad for m in fast.modules() if hasattr(m, "weight_low"))
 
 
-def test_bf16_linears_on_a_student_keep_its_scan_in_float32(tiny_llama):
+def test_bf16_linears_on_a_student_keep_its_scan_in_float32(tiny_llama, bf16_path):
     student = make_hybrid(copy.deepcopy(tiny_llama[0]), [(1, 0)], 4)
     ids = _ids(student, 2)
     reference = _logp(student, ids)
