@@ -74,9 +74,7 @@ def _low_matmul(x: torch.Tensor, weight: torch.Tensor, low: torch.dtype) -> torc
     on an AMD AVX2-only CPU, measured)."""
     if weight.dtype == low:
         return torch.nn.functional.linear(x.to(low), weight).to(x.dtype)
-    rounded = x.to(low).float()
-    exact = float32_linear if float32_kernel_available(x.device) else torch.nn.functional.linear
-    return exact(rounded, weight).to(low).to(x.dtype)
+    return _matmul_in_float32(x.to(low).float(), weight).to(low).to(x.dtype)
 
 
 def _linear_in_low_precision(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -139,7 +137,8 @@ def float32_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def _matmul_in_float32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu":  # not this kernel's
+    """x Wᵀ through float32_linear where it runs (float32 CPU tensors, oneDNN), else F.linear."""
+    if x.dtype != torch.float32 or weight.dtype != torch.float32 or not float32_kernel_available(x.device):
         return torch.nn.functional.linear(x, weight)
     return float32_linear(x, weight)
 
