@@ -9,7 +9,7 @@ from gna.core.resources import mem_mb, model_params_b
 from gna.core.settings import Evaluation, TopK
 from gna.models.sources import check_local_sources
 from gna.tasks.tables import kv_prompt_sets
-from gna.workflow.plan import all_results, answer_row_variants, gna_models, gna_students, pure_ssm_variant, teachers
+from gna.workflow.plan import all_results, answer_row_variants, gna_models, gna_students, model_heads, pruned_models, pure_ssm_variant, sweep_prompts, teachers
 
 # `--configfile X` replaces the default config instead of merging model lists into it.
 if not workflow.overwrite_configfiles:
@@ -21,6 +21,7 @@ check_local_sources(config, workflow.basedir)
 
 MODELS = list(config["models"])
 TEACHERS = teachers(config)  # teachers of students
+PRUNED_MODELS = pruned_models(config)  # models whose layers are pruned
 TASKS = built_tasks(config)
 FACTS_TASKS = [t for t in TASKS if t.startswith("facts_")]
 # every KV-retrieval prompt set (data/tasks/<name>.parquet): the evaluation set and the phases' own
@@ -58,8 +59,9 @@ def get_path(path):
     return str(path if path.is_absolute() else Path(workflow.basedir) / path)
 
 
-# keys of a model spec that size cluster jobs or select phases but do not change the model (so no rerun)
-RUN_KEYS = ("params_b", "skip")
+# keys of a model spec that size cluster jobs, select phases or set its phases but do not change the
+# model (so no rerun of its conversion)
+RUN_KEYS = ("params_b", "skip", "overrides")
 
 
 def get_model_spec(wildcards):
@@ -129,7 +131,17 @@ def hybrid_variants():
 # students that also go through the Gather-and-Aggregate rules, named like models
 GNA_STUDENTS = gna_students(config)
 # the attribution check compares the pre-ranking with the exact sweep, so it needs one
-ATTRIBUTION_CHECK = config["heads"]["sweep_mode"] == "exact"
+ATTRIBUTION_MODELS = [m for m in MODELS if model_heads(config, m)["sweep_mode"] == "exact"]
+
+
+def heads_of(wildcards):
+    """The heads section as the model sets it (models.<name>.overrides.heads over heads)."""
+    return model_heads(config, wildcards.model)
+
+
+def get_sweep_prompts(wildcards):
+    """The prompts every head of the model is ablated on (gna.workflow.plan.sweep_prompts)."""
+    return sweep_prompts(config, wildcards.model)[0]
 GNA_MODELS = gna_models(config)
 
 

@@ -1,10 +1,26 @@
-# Per-head ablation: exact sweep + ranking, attribution pre-ranking, and the head tables.
+# Per-head ablation: exact sweep + ranking, attribution pre-ranking, and the head tables. Each model's
+# settings are the heads section with its models.<name>.overrides.heads over it (heads_of).
+
+
+rule sweep_prompts:
+    # a model's own sweep prompts, where its heads settings make other ones than the shared KV set
+    input:
+        mmlu=lambda wc: get_mmlu_file(wc) if sweep_prompts(config, wc.model)[1]["task"] == "mmlu_letter" else [],
+    output:
+        table="data/tasks/prompts/head_sweep/{model}.parquet",
+    params:
+        settings=lambda wc: sweep_prompts(config, wc.model)[1],
+        code=code_of("sweep_prompts"),
+    log:
+        "data/logs/sweep_prompts/{model}.log",
+    script:
+        "../workflow_scripts/sweep_prompts.py"
 
 
 rule heads_sweep:
     input:
         model="data/models/{model}",
-        prompts="data/tasks/prompts/head_sweep.parquet",
+        prompts=get_sweep_prompts,
     output:
         sweep="data/results/heads/{model}/sweep.parquet",
         ranking="data/results/heads/{model}/ranking.parquet",
@@ -13,10 +29,10 @@ rule heads_sweep:
         settings=lambda wc: {
             "model": wc.model,
             "sweep": {
-                "mode": config["heads"]["sweep_mode"],
+                "mode": heads_of(wc)["sweep_mode"],
                 **(
-                    {"budget": config["heads"]["verify_budget"], "order": config["heads"]["verify_order"]}
-                    if config["heads"]["sweep_mode"] == "verified"
+                    {"budget": heads_of(wc)["verify_budget"], "order": heads_of(wc)["verify_order"]}
+                    if heads_of(wc)["sweep_mode"] == "verified"
                     else {}
                 ),
             },
@@ -39,14 +55,14 @@ rule heads_attribution:
     input:
         model="data/models/{model}",
         ranking="data/results/heads/{model}/ranking.parquet",
-        prompts="data/tasks/prompts/head_sweep.parquet",
+        prompts=get_sweep_prompts,
     output:
         attribution="data/results/heads/{model}/attribution.parquet",
     params:
         settings=lambda wc: {
             "model": wc.model,
-            "top_n": config["heads"]["attribution_top_n"],
-            "order": config["heads"]["verify_order"],
+            "top_n": heads_of(wc)["attribution_top_n"],
+            "order": heads_of(wc)["verify_order"],
             "evaluation": EVALUATION,
         },
         code=code_of("heads_attribution"),
@@ -77,8 +93,8 @@ rule heads_topk:
     params:
         settings=lambda wc: {
             "model": wc.model,
-            "top_k": TopK.from_config(config).as_params(),
-            "max_items": config["heads"]["table_max_items"],
+            "top_k": TopK.from_heads(heads_of(wc)).as_params(),
+            "max_items": heads_of(wc)["table_max_items"],
             "chance": CHANCE,
             "evaluation": EVALUATION,
         },
@@ -109,7 +125,7 @@ rule heads_kept:
     params:
         settings=lambda wc: {
             "model": wc.model,
-            "max_items": config["heads"]["table_max_items"],
+            "max_items": heads_of(wc)["table_max_items"],
             "chance": CHANCE,
             "evaluation": EVALUATION,
         },

@@ -10,6 +10,8 @@ def get_report_inputs():
     hybrid = HYBRID["enabled"]
     values = {
         "model": MODELS,
+        "pruned_model": PRUNED_MODELS,
+        "attribution_model": ATTRIBUTION_MODELS,
         "hybrid_model": TEACHERS,
         "gna_model": GNA_MODELS,
         "scored_variant": [TEACHER_VARIANT] + hybrid_variants(),
@@ -22,7 +24,6 @@ def get_report_inputs():
         "paired_mmlu_format": ["letter", "cloze"] if {"letter", "cloze"} <= set(config["tasks"]["mmlu"]["formats"]) else [],
     }
     return report_inputs(values, {"hybrid": hybrid, "hybrid_swap": hybrid and HYBRID["swap"],
-                                  "attribution": ATTRIBUTION_CHECK,
                                   "facts_choice": "choice" in config["tasks"]["facts"]["formats"]})
 
 

@@ -128,8 +128,8 @@ class TopK:
             object.__setattr__(self, name, None if value is None else tuple(value))
 
     @classmethod
-    def from_config(cls, config: dict) -> TopK:
-        heads = config["heads"]
+    def from_heads(cls, heads: dict) -> TopK:
+        """From a heads section (a model's: gna.workflow.plan.model_heads)."""
         return cls(
             ks=heads["top_k"],
             random_draws=heads["random_draws"],

@@ -323,7 +323,12 @@ def run_heads_sweep(inputs: Files, outputs: Files, settings: HeadsSweep) -> pl.D
     else:
         result = sweep_heads_verified(scorer, table, sweep.budget, sweep.order)
     ranking = rank_heads(result)
-    result = result.with_columns(pl.lit(sweep.mode).alias("mode"), pl.lit(len(all_heads(model))).alias("heads_total"))
+    # the task the heads were ablated on (KV retrieval, or MMLU letter development questions)
+    result = result.with_columns(
+        pl.lit(sweep.mode).alias("mode"),
+        pl.lit(len(all_heads(model))).alias("heads_total"),
+        pl.lit(table["task"][0]).alias("task"),
+    )
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), outputs.sweep)
     write_parquet(ranking.with_columns(pl.lit(model_name).alias("model")), outputs.ranking)
     log.info(

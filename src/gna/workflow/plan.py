@@ -21,9 +21,45 @@ def _not_skipping(config: dict, phase: str) -> list[str]:
     return [m for m, spec in config["models"].items() if phase not in spec.get("skip", [])]
 
 
+# heads keys whose values make the sweep's prompts (the rest decide what is done with them)
+SWEEP_PROMPT_KEYS = ("sweep_task", "sweep_dict_size", "sweep_n", "seed")
+
+
+def model_heads(config: dict, model: str) -> dict:
+    """The heads section for `model`: its models.<name>.overrides.heads over the config's heads section."""
+    return {**config["heads"], **config["models"][model].get("overrides", {}).get("heads", {})}
+
+
+def sweep_prompts(config: dict, model: str) -> tuple[str, dict | None]:
+    """(path, settings of rule sweep_prompts) of the prompts every head of `model` is ablated on:
+    the shared KV set data/tasks/prompts/head_sweep.parquet (settings None: rule kv_task builds it)
+    where the model's sweep prompts are the heads section's; else its own set
+    data/tasks/prompts/head_sweep/<model>.parquet."""
+    heads = model_heads(config, model)
+    if all(heads[k] == config["heads"][k] for k in SWEEP_PROMPT_KEYS) and heads["sweep_task"] == "kv_retrieval":
+        return "data/tasks/prompts/head_sweep.parquet", None
+    settings = {
+        "task": heads["sweep_task"],
+        "n": heads["sweep_n"],
+        "seed": heads["seed"],
+        "dict_size": heads["sweep_dict_size"],
+        "template": config["tasks"]["kv_retrieval"]["template"],
+    }
+    if heads["sweep_task"] == "mmlu_letter":
+        mmlu = config["tasks"]["mmlu"]
+        settings |= {"mmlu": {k: mmlu[k] for k in ("n", "seed", "topics")}, "sha256": mmlu["data"].get("sha256")}
+    return f"data/tasks/prompts/head_sweep/{model}.parquet", settings
+
+
 def teachers(config: dict) -> list[str]:
     """The models students are distilled from (models.<name>.skip without hybrid)."""
     return _not_skipping(config, "hybrid")
+
+
+def pruned_models(config: dict) -> list[str]:
+    """The models that go through layer pruning and the heads-kept table built on its minimal model
+    (models.<name>.skip without prune)."""
+    return _not_skipping(config, "prune")
 
 
 def gna_students(config: dict) -> list[str]:
@@ -68,17 +104,19 @@ def hybrid_results(config: dict) -> list[str]:
 def all_results(config: dict) -> list[str]:
     """Every phase's results, listed explicitly so that a phase added to an existing run is
     scheduled even when the report it feeds is already up to date."""
-    per_model = [
+    pruned = [
         "data/results/prune/{model}/gradual.parquet",
         "data/results/prune/{model}/gradual.comparisons.parquet",
         "data/results/prune/{model}/individual.parquet",
-        "data/results/heads/{model}/ranking.parquet",
-        # the attribution check compares the pre-ranking with the exact sweep, so it needs one
-        *(["data/results/heads/{model}/attribution.parquet"] if config["heads"]["sweep_mode"] == "exact" else []),
-        "data/results/heads/{model}/topk.parquet",
-        "data/results/heads/{model}/topk.comparisons.parquet",
+        # the minimal model's heads
         "data/results/heads/{model}/kept.parquet",
         "data/results/heads/{model}/kept.comparisons.parquet",
+    ]
+    per_model = [
+        "data/results/heads/{model}/ranking.parquet",
+        "data/results/heads/{model}/attribution.parquet",
+        "data/results/heads/{model}/topk.parquet",
+        "data/results/heads/{model}/topk.comparisons.parquet",
         "data/results/heads/{model}/dictsize.parquet",
     ]
     if "choice" in config["tasks"]["facts"]["formats"]:
@@ -89,6 +127,8 @@ def all_results(config: dict) -> list[str]:
         model=gna_models(config),
         kind=["roles", "masking", "masking.comparisons"],
     )
-    return ["data/results/baseline.parquet", *(p for t in per_model for p in _paths(t, model=models)), *gna] + (
-        hybrid_results(config)
-    )
+    prune = [p for t in pruned for p in _paths(t, model=pruned_models(config))]
+    # the attribution check compares the pre-ranking with the exact sweep, so it needs one
+    exact = [m for m in models if model_heads(config, m)["sweep_mode"] == "exact"]
+    listed = [p for t in per_model for p in _paths(t, model=exact if t.endswith("attribution.parquet") else models)]
+    return ["data/results/baseline.parquet", *listed, *prune, *gna] + (hybrid_results(config))

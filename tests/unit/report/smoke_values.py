@@ -4,6 +4,8 @@
 # the smoke config's models, students and variants (config/smoke.yaml), as rules/report.smk passes them
 SMOKE_VALUES = {
     "model": ["tiny-llama"],
+    "pruned_model": ["tiny-llama"],
+    "attribution_model": ["tiny-llama"],
     "hybrid_model": ["tiny-llama"],
     "gna_model": ["tiny-llama", "tiny-llama-hybrid-k0-n8", "tiny-llama-hybrid-k2-n8"],
     "scored_variant": ["teacher", "k0-n8", "k2-n8", "k0-n4"],

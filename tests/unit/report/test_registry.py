@@ -35,10 +35,10 @@ def test_inputs_expand_like_snakemake_expand():
 
 def test_switched_off_hybrid_has_no_hybrid_inputs():
     inputs = report_inputs(
-        SMOKE_VALUES, {"hybrid": False, "hybrid_swap": False, "attribution": False, "facts_choice": False}
+        {**SMOKE_VALUES, "attribution_model": []}, {"hybrid": False, "hybrid_swap": False, "facts_choice": False}
     )
     assert all(inputs[key] == [] for key in inputs if key.startswith("hybrid_"))
     assert inputs["facts_formats"] == []  # no multiple-choice facts: no format comparison
-    assert inputs["heads_attribution"] == []  # a verified sweep: nothing exact to check attribution against
+    assert inputs["heads_attribution"] == []  # verified sweeps only: nothing exact to check attribution against
     assert inputs["gna_roles"] == [f"data/results/gna/{m}/roles.parquet" for m in SMOKE_VALUES["gna_model"]]
     assert inputs["baseline"] == "data/results/baseline.parquet"

@@ -138,3 +138,26 @@ def test_context_swapped_gives_each_item_the_next_context_of_its_size():
     # a subset stays stratified; a size with one item has no partner and is dropped
     assert context_swapped(table, 2)["dict_size"].to_list() == []
     assert len(context_swapped(table, 4)) == 4
+
+
+def test_sweep_prompts_on_mmlu_are_development_questions_never_evaluated(tmp_path):
+    from gna.tasks.tables import SweepPrompts, run_sweep_prompts
+
+    selection = {"n": 6, "seed": 1, "topics": []}
+    settings = SweepPrompts.of({"task": "mmlu_letter", "n": 5, "seed": 9, "mmlu": selection})
+    out = Files(table=str(tmp_path / "sweep.parquet"))
+    dev = run_sweep_prompts(Files(mmlu=str(MINI_MMLU)), out, settings)
+    evaluated = run_mmlu_task(
+        Files(mmlu=str(MINI_MMLU)),
+        Files(table=str(tmp_path / "letter.parquet")),
+        MmluTask.of({"fmt": "letter", "mmlu": selection}),
+    )
+    assert len(dev) == 5 and set(dev["task"]) == {"mmlu_letter"}
+    assert not set(dev["question_id"]) & set(evaluated["question_id"])
+    assert all(c.endswith("Answer:") for c in dev["context"]) and dev["choices"][0].to_list() == [" A", " B", " C", " D"]
+    assert dev.equals(pl.read_parquet(tmp_path / "sweep.parquet"))
+    assert dev.equals(run_sweep_prompts(Files(mmlu=str(MINI_MMLU)), out, settings))  # seeded
+    kv = run_sweep_prompts(Files(), out, SweepPrompts.of({"task": "kv_retrieval", "n": 3, "dict_size": 4}))
+    assert kv.equals(build_kv_retrieval([4], 3, seed=4321, template="lookup"))
+    with pytest.raises(ValueError, match="heads.sweep_task: unknown task 'mmlu_cloze'"):
+        SweepPrompts.of({"task": "mmlu_cloze"})

@@ -120,3 +120,17 @@ def test_validation_does_not_mutate_input():
     before = copy.deepcopy(cfg)
     validate_config(cfg, SCHEMA)
     assert cfg == before
+
+
+def test_a_models_heads_overrides_are_checked_by_their_key():
+    config = yaml.safe_load((REPO / "config" / "smoke.yaml").read_text())
+    name = next(iter(config["models"]))
+    config["models"][name]["overrides"] = {"heads": {"top_k": [0, 2], "control_k": [5]}}
+    with pytest.raises(ConfigError, match=rf"'models.{name}.overrides.heads.control_k': \[5\] not in"):
+        validate_config(config, SCHEMA)
+    config["models"][name]["overrides"] = {"heads": {"sweep_task": "mmlu_cloze"}}
+    with pytest.raises(ConfigError, match=rf"models.{name}.overrides.heads.sweep_task': 'mmlu_cloze' is not allowed"):
+        validate_config(config, SCHEMA)
+    config["models"][name]["overrides"] = {"heads": {"sweeps": 3}}
+    with pytest.raises(ConfigError, match="sweeps' is not allowed"):
+        validate_config(config, SCHEMA)

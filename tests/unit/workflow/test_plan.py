@@ -50,3 +50,31 @@ def test_every_student_result_is_listed_once_and_the_phase_can_be_left_out():
     exact = _config(**{"heads.sweep_mode": "exact"})
     assert any(p.endswith("attribution.parquet") for p in all_results(exact))
     assert not any(p.endswith("attribution.parquet") for p in all_results(_config(**{"heads.sweep_mode": "verified"})))
+
+
+def test_a_model_skipping_prune_has_no_pruning_nor_heads_kept_and_its_own_heads_settings():
+    from gna.workflow.plan import model_heads, pruned_models, sweep_prompts
+
+    config = _config()
+    name = next(iter(config["models"]))
+    base = all_results(config)
+    assert f"data/results/prune/{name}/gradual.parquet" in base and f"data/results/heads/{name}/kept.parquet" in base
+    assert sweep_prompts(config, name) == ("data/tasks/prompts/head_sweep.parquet", None)
+    raw = yaml.safe_load((REPO / "config" / "smoke.yaml").read_text())
+    raw["models"][name]["skip"] = ["prune", *raw["models"][name].get("skip", [])]
+    raw["models"][name]["overrides"] = {
+        "heads": {"sweep_task": "mmlu_letter", "sweep_mode": "verified", "sweep_n": 6, "top_k": [0, 3]}
+    }
+    own = validate_config(raw, load_schema(REPO / "config" / "schema.yaml"))
+    results = all_results(own)
+    assert name not in pruned_models(own)
+    assert not [p for p in results if f"/prune/{name}/" in p or p.endswith(f"heads/{name}/kept.parquet")]
+    assert f"data/results/heads/{name}/topk.parquet" in results
+    heads = model_heads(own, name)
+    # the model's keys over the section's; the rest from the section
+    assert (heads["sweep_n"], heads["top_k"], heads["seed"]) == (6, [0, 3], config["heads"]["seed"])
+    assert not any(p.endswith(f"{name}/attribution.parquet") for p in results)  # verified: nothing exact to check
+    path, settings = sweep_prompts(own, name)
+    assert path == f"data/tasks/prompts/head_sweep/{name}.parquet"
+    assert settings["task"] == "mmlu_letter" and settings["n"] == 6
+    assert settings["mmlu"] == {k: own["tasks"]["mmlu"][k] for k in ("n", "seed", "topics")}

@@ -1,0 +1,221 @@
+"""Report section that leads the report: the study's central contrast, on each model that can show it.
+
+The study (Bick et al., ICML 2025) is cited for one contrast: removing a few Gather-and-Aggregate heads
+takes MMLU in letter format to chance while the knowledge the questions ask for stays (cloze scoring,
+knowledge tasks). A model that cannot answer the letter format (its accuracy's 95% interval contains
+chance) cannot show a fall, so the section tests the contrast only on models whose MMLU letter baseline
+is clear of chance and says so for the others. Every sentence is a paired comparison of the same items
+(the remove-top-k comparisons table, gna.core.paired), with the random-k control beside it.
+"""
+
+from __future__ import annotations
+
+import html
+
+import matplotlib.pyplot as plt
+import polars as pl
+
+from gna.core.chance import above_chance
+from gna.core.paired import decide
+from gna.report.htmlkit import (
+    SectionContext,
+    acc_text,
+    accuracy_axis,
+    comparison_row,
+    comparison_verdict,
+    comparisons_note,
+    comparisons_table,
+    errorbar,
+    pct,
+    placeholder_figure,
+    save_figure,
+    table,
+)
+
+# the tasks of the contrast, in the order a reader reads it: the letter format, then the same questions
+# and the facts scored by their answer text (knowledge), then the sweep's own retrieval task
+TASKS = {
+    "mmlu_letter": "MMLU letter",
+    "mmlu_cloze": "MMLU cloze",
+    "facts_cloze": "facts cloze",
+    "kv_retrieval": "KV retrieval",
+}
+# what the study reports for Llama-3.1-8B with its G&A heads disabled (labelled reference, never a result)
+STUDY = {
+    "mmlu_letter": ("falls", "66% → 25% (chance)"),
+    "mmlu_cloze": ("holds", "knowledge tasks unchanged"),
+    "facts_cloze": ("holds", "knowledge tasks unchanged"),
+    "kv_retrieval": ("falls", "KV retrieval collapses"),
+}
+CONTRAST_K = 5  # the k the knowledge view and the headline read (the largest k of heads.top_k up to it)
+
+
+def letter_baseline(baseline: pl.DataFrame, model: str) -> dict | None:
+    """The model's MMLU letter accuracy row (value, ci_low, ci_high, n), None where not scored."""
+    if baseline.is_empty():
+        return None
+    rows = baseline.filter(
+        (pl.col("model") == model)
+        & (pl.col("task") == "mmlu_letter")
+        & (pl.col("group") == "all")
+        & (pl.col("metric") == "acc")
+        & (pl.col("engine") == "gna" if "engine" in baseline.columns else pl.lit(True))
+    )
+    return rows.row(0, named=True) if len(rows) else None
+
+
+def contrast_k(compared: pl.DataFrame, model: str) -> int | None:
+    """The k of the top-k removal the contrast reads for `model`: CONTRAST_K, or the largest k below it."""
+    rows = compared.filter((pl.col("model") == model) & (pl.col("family") == "top k vs unmodified"))
+    ks = sorted(int(c.split()[1]) for c in rows["condition"].unique().to_list() if 0 < int(c.split()[1]) <= CONTRAST_K)
+    return ks[-1] if ks else None
+
+
+def verdict_rows(compared: pl.DataFrame, model: str, k: int) -> pl.DataFrame:
+    """The contrast's comparisons for `model` at `k`: top k and the first random-k draw against the
+    unmodified model, on the contrast's tasks (whole task only)."""
+    return compared.filter(
+        (pl.col("model") == model)
+        & pl.col("condition").is_in([f"top {k}", f"random {k} #0"])
+        & pl.col("family").is_in(["top k vs unmodified", "random k vs unmodified"])
+        & pl.col("task").is_in(list(TASKS))
+        & (pl.col("group") == "all")
+    ).sort(pl.col("task").replace_strict({t: i for i, t in enumerate(TASKS)}, return_dtype=pl.Int64), "family")
+
+
+def summary_table(compared: pl.DataFrame, model: str, k: int, margin: float, reference: bool) -> pl.DataFrame:
+    """One row per task: the top-k and random-k verdicts side by side, and the study's reported change."""
+    rows = []
+    for task, name in TASKS.items():
+        top = comparison_row(
+            compared.filter(pl.col("model") == model), "top k vs unmodified", "unmodified", f"top {k}", task
+        )
+        rnd = comparison_row(
+            compared.filter(pl.col("model") == model), "random k vs unmodified", "unmodified", f"random {k} #0", task
+        )
+        if top is None:
+            continue
+        row = {
+            "task": name,
+            "n": top["n"],
+            "unmodified": pct(top["acc_reference"]),
+            f"top {k} removed": pct(top["acc_condition"]),
+            "difference [95%]": f"{100 * top['diff']:+.1f} [{100 * top['ci_low']:+.1f}, {100 * top['ci_high']:+.1f}]",
+            "McNemar / Holm p": f"{top['p_mcnemar']:.2g} / {top['p_holm']:.2g}",
+            "verdict": decide(top, margin).verb.replace("undecided", "not decided"),
+            f"{k} random removed": pct(rnd["acc_condition"]) if rnd else "–",
+            "random verdict": decide(rnd, margin).verb.replace("undecided", "not decided") if rnd else "–",
+        }
+        if reference:
+            row["study (Llama-3.1-8B, reference)"] = f"{STUDY[task][0]}: {STUDY[task][1]}"
+        rows.append(row)
+    return pl.DataFrame(rows)
+
+
+def sentences(compared: pl.DataFrame, model: str, k: int, margin: float) -> list[str]:
+    """Per task: the top-k removal's paired verdict, and how it stands to what the study reports."""
+    out = []
+    sub = compared.filter(pl.col("model") == model)
+    for task, name in TASKS.items():
+        row = comparison_row(sub, "top k vs unmodified", "unmodified", f"top {k}", task)
+        if row is None:
+            continue
+        verb, reported = decide(row, margin).verb, STUDY[task][0]
+        if verb == reported:
+            stand = "as the study reports"
+        elif verb == "undecided":
+            stand = f"the study reports that it {reported}; these {row['n']} items cannot decide it"
+        else:
+            stand = (
+                f"<b>contradicts the study</b>, which reports that it {'stays' if reported == 'holds' else reported}"
+            )
+        out.append(
+            f"{html.escape(name)}: {pct(row['acc_reference'])} → {pct(row['acc_condition'])} on the same {row['n']} "
+            f"items: {comparison_verdict(row, margin)} — {stand}"
+        )
+    return out
+
+
+def plot_contrast(topk: pl.DataFrame, models: list[str], path) -> None:
+    """Accuracy against k (top-ranked heads removed together) per contrast task, random-k beside it."""
+    if topk.is_empty() or not models:
+        placeholder_figure(path, "no model answers MMLU in letter format above chance")
+        return
+    acc = topk.filter((pl.col("group") == "all") & (pl.col("metric") == "acc") & pl.col("value").is_not_null())
+    fig, axes = plt.subplots(1, len(models), figsize=(6.4 * len(models), 3.9), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        for i, (task, name) in enumerate(TASKS.items()):
+            rows = acc.filter((pl.col("model") == model) & (pl.col("task") == task))
+            top = rows.filter(pl.col("condition") == "top").sort("k")
+            if top.is_empty():
+                continue
+            color = f"C{i}"
+            errorbar(ax, top["k"], top["value"], top["ci_low"], top["ci_high"], label=name, color=color)
+            rnd = rows.filter((pl.col("condition") == "random") & (pl.col("draw") == 0)).sort("k")
+            if not rnd.is_empty():
+                ax.plot(rnd["k"], rnd["value"], marker="s", ls="none", mfc="none", color=color)
+        ax.axhline(0.25, color="grey", lw=0.8, ls=":")
+        accuracy_axis(ax, f"{model}: top-ranked heads removed", "heads removed together (k)")
+        ax.legend(fontsize=8, title="● top k (95% interval), □ random k", title_fontsize=8)
+    save_figure(fig, path)
+
+
+def render_contrast(ctx: SectionContext) -> str:
+    """The study's contrast on each model whose MMLU letter accuracy is clear of chance: the top-k
+    removal's paired verdicts on MMLU letter, MMLU cloze, the facts and KV retrieval beside the
+    random-k control's, a figure against k, and for the other models why they cannot show it."""
+    baseline, compared, topk = ctx.frame("baseline"), ctx.frame("heads_topk_comparisons"), ctx.frame("heads_topk")
+    sweep = ctx.frame("heads_sweep")
+    if baseline.is_empty():
+        return ""
+    shown, unable = [], []
+    for model in sorted(baseline["model"].unique().to_list()):
+        letter = letter_baseline(baseline, model)
+        if letter is None:
+            continue
+        if above_chance(letter["ci_low"], 0.25) and not compared.is_empty():
+            k = contrast_k(compared, model)
+            if k is not None:
+                shown.append((model, k, letter))
+                continue
+        unable.append((model, letter))
+    plot_contrast(topk, [m for m, _, _ in shown], ctx.figures["contrast_topk"])
+    parts = [
+        "<h2>The study's contrast: retrieval heads, the letter format and knowledge</h2>",
+        "<p>The study's central claim: removing a few Gather-and-Aggregate heads takes MMLU in letter format to "
+        "chance while knowledge does not move (the same questions scored by their answer text, knowledge tasks). "
+        "It can only be tested on a model that answers the letter format; each such model's top-ranked heads are "
+        "removed together and every task is compared with the unmodified model item by item, with the same number "
+        "of heads drawn at random as the control.</p>",
+    ]
+    for model, k, letter in shown:
+        rows = sweep.filter(pl.col("model") == model) if not sweep.is_empty() else sweep
+        ranked_on = (
+            {
+                "mmlu_letter": "MMLU letter development questions (none of them reported)",
+                "kv_retrieval": "KV retrieval",
+            }.get(rows["task"][0], rows["task"][0])
+            if "task" in rows.columns and len(rows)
+            else "KV retrieval"
+        )
+        mode = rows["mode"][0] if "mode" in rows.columns and len(rows) else "exact"
+        parts.append(
+            f"<h3>{html.escape(model)}</h3><p>MMLU letter baseline "
+            f"{acc_text(letter['value'], letter['ci_low'], letter['ci_high'])} (n = {letter['n']}, chance 25%). "
+            f"Heads ranked by their ablation on {ranked_on} ({mode} sweep); the top {k} removed together:</p><ul>"
+            + "".join(f"<li>{s}</li>" for s in sentences(compared, model, k, ctx.margin))
+            + "</ul>"
+        )
+        parts.append(table(summary_table(compared, model, k, ctx.margin, ctx.show_reference), left=("task", "verdict")))
+        parts.append(comparisons_table(verdict_rows(compared, model, k), ctx.margin))
+    if shown:
+        parts.append(ctx.figure("contrast_topk"))
+        parts.append(comparisons_note(ctx.margin))
+    for model, letter in unable:
+        parts.append(
+            f"<p class='note'><b>{html.escape(model)}</b> cannot show the contrast: its MMLU letter accuracy "
+            f"{acc_text(letter['value'], letter['ci_low'], letter['ci_high'])} (n = {letter['n']}) is not clear of "
+            "chance (25%), so a fall there could not be seen. Its retrieval heads and knowledge are in the sections "
+            "below.</p>"
+        )
+    return "".join(parts)
