@@ -1,0 +1,87 @@
+"""The report's lead: the study's contrast, tested only on models that answer MMLU's letter format; its
+sentences and table follow the paired tests of the remove-top-k comparisons, the random-k control beside."""
+
+import polars as pl
+from test_knowledge_section import acc_rows, paired
+
+from gna.core.paired import comparisons
+from gna.report.contrast_section import render_contrast, sentences, summary_table
+from gna.report.htmlkit import ReportOptions, SectionContext
+
+
+def _baseline(model: str, letter: tuple[int, int]) -> pl.DataFrame:
+    return acc_rows("mmlu_letter", {"all": letter}).with_columns(
+        pl.lit(model).alias("model"), pl.lit("gna").alias("engine")
+    )
+
+
+def _compared(counts: dict[str, dict[str, tuple[int, int, int, int]]], model: str) -> pl.DataFrame:
+    """Comparisons of `model`: {condition label: {task: (lost, gained, both, neither)}} against the unmodified model."""
+    frames = []
+    for label, per_task in counts.items():
+        family = "top k vs unmodified" if label.startswith("top") else "random k vs unmodified"
+        pairs = {task: paired(task, *c) for task, c in per_task.items()}
+        ref, cond = pl.concat([r for r, _ in pairs.values()]), pl.concat([c for _, c in pairs.values()])
+        frames.append(comparisons({"unmodified": ref, label: cond}, [(family, "unmodified", label)]))
+    return pl.concat(frames).with_columns(pl.lit(model).alias("model"))
+
+
+CONTRAST = {
+    "top 5": {
+        "mmlu_letter": (40, 2, 45, 113),  # 42.5% -> 23.5%: falls
+        "mmlu_cloze": (2, 3, 70, 125),  # within +-5: holds
+        "facts_cloze": (30, 0, 190, 20),  # knowledge lost: contradicts
+        "kv_retrieval": (3, 1, 90, 6),  # not decided at n = 100
+    },
+    "random 5 #0": {"mmlu_letter": (3, 4, 82, 111)},
+}
+
+
+def test_the_contrast_is_judged_task_by_task_against_the_study(tmp_path):
+    compared = _compared(CONTRAST, "big")
+    letter, cloze, facts, kv = sentences(compared, "big", 5, 0.05)
+    assert letter.startswith("MMLU letter: 42.5% → 23.5% on the same 200 items") and "as the study reports" in letter
+    assert "<b>holds within ±5 points</b>" in cloze and "as the study reports" in cloze
+    assert "<b>falls</b>" in facts and "<b>contradicts the study</b>, which reports that it stays" in facts
+    assert "these 100 items cannot decide it" in kv
+    table = summary_table(compared, "big", 5, 0.05, reference=True)
+    assert table["verdict"].to_list() == ["falls", "holds", "falls", "not decided"]
+    assert table["5 random removed"].to_list()[0] == "43.0%" and table["random verdict"][1] == "–"
+    assert table["study (Llama-3.1-8B, reference)"][0] == "falls: 66% → 25% (chance)"
+    assert "study (Llama-3.1-8B, reference)" not in summary_table(compared, "big", 5, 0.05, reference=False).columns
+
+
+def test_only_a_model_that_answers_the_letter_format_is_tested(tmp_path):
+    baseline = pl.concat([_baseline("big", (85, 200)), _baseline("small", (47, 200))])
+    compared = pl.concat([_compared(CONTRAST, "big"), _compared(CONTRAST, "small")])
+    topk = pl.DataFrame(
+        {
+            "model": ["big", "big", "big"],
+            "task": ["mmlu_letter"] * 3,
+            "group": ["all"] * 3,
+            "metric": ["acc"] * 3,
+            "condition": ["top", "top", "random"],
+            "k": [0, 5, 5],
+            "draw": [0, 0, 0],
+            "value": [0.425, 0.235, 0.43],
+            "ci_low": [0.36, 0.18, 0.36],
+            "ci_high": [0.49, 0.30, 0.50],
+        }
+    )
+    inputs = {}
+    for key, frame in (("baseline", baseline), ("heads_topk_comparisons", compared), ("heads_topk", topk)):
+        frame.write_parquet(tmp_path / f"{key}.parquet")
+        inputs[key] = [str(tmp_path / f"{key}.parquet")]
+    figure = tmp_path / "contrast.png"
+    ctx = SectionContext(
+        inputs=inputs,
+        figures={"contrast_topk": str(figure)},
+        captions={"contrast_topk": "caption"},
+        options=ReportOptions(),
+        config={},
+    )
+    page = render_contrast(ctx)
+    assert "<h3>big</h3>" in page and "42.5% [" in page
+    # 47/200 = 23.5% [18.2-29.8]: its interval holds chance, so no fall could be seen there
+    assert "<b>small</b> cannot show the contrast" in page and "<h3>small</h3>" not in page
+    assert figure.stat().st_size > 1000
