@@ -154,7 +154,8 @@ def test_sweep_prompts_on_mmlu_are_development_questions_never_evaluated(tmp_pat
     )
     assert len(dev) == 5 and set(dev["task"]) == {"mmlu_letter"}
     assert not set(dev["question_id"]) & set(evaluated["question_id"])
-    assert all(c.endswith("Answer:") for c in dev["context"]) and dev["choices"][0].to_list() == [" A", " B", " C", " D"]
+    assert all(c.endswith("Answer:") for c in dev["context"])
+    assert dev["choices"][0].to_list() == [" A", " B", " C", " D"]
     assert dev.equals(pl.read_parquet(tmp_path / "sweep.parquet"))
     assert dev.equals(run_sweep_prompts(Files(mmlu=str(MINI_MMLU)), out, settings))  # seeded
     kv = run_sweep_prompts(Files(), out, SweepPrompts.of({"task": "kv_retrieval", "n": 3, "dict_size": 4}))
