@@ -45,11 +45,13 @@ def _verdicts(frame: pl.DataFrame, prefix: str, margin: float, tasks=VERDICT_TAS
         if tasks is not None and row["task"] not in tasks:
             continue
         where = "" if group == "all" else f" ({group})"
+        d = decide(row, margin)
         out.append(
             {
                 "name": f"{prefix}: {row['condition']} vs {row['reference']}, {row['task']}{where}",
                 "kind": "verdict",
-                "value": decide(row, margin).verb,
+                # a change smaller than the margin is its own verdict ("falls by less than ±5")
+                "value": d.label if d.within else d.verb,
                 "n": row["n"],
             }
         )
