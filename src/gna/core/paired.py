@@ -10,13 +10,14 @@ correct?) gives
 * the exact McNemar p-value (statsmodels), and Holm's correction (statsmodels) over each family
   of a comparisons table (the rows that answer one question, e.g. every top-k removal against
   the unmodified model), so that "falls" / "rises" is a finding of the family, not of one row;
-* equivalence within a stated margin by two one-sided tests at 5% each, decided by the
-  interval-inclusion principle: the 90% paired interval lies inside (-margin, +margin).
+* equivalence within a stated margin at 5% for every n: the exact one-sided 95% upper bounds on
+  the share of items lost and on the share gained both lie inside the margin (`equivalent`).
 
 A comparisons table (COLUMNS) holds the counts, the difference, its interval and the p-values;
 `decide` turns a row into the verb a sentence may use: "falls" / "rises" where McNemar rejects
-after Holm, "holds" (within the margin) where equivalence is shown, else "undecided", with the n
-that would decide it at 80% power if the observed rates held.
+after Holm (a change that is also within the margin says so), "holds" (within the margin) where
+equivalence is shown, else "undecided", with the n of the test that would decide it first at 80%
+power if the observed rates held.
 """
 
 from __future__ import annotations
@@ -195,63 +196,155 @@ def empty() -> pl.DataFrame:
 
 @dataclass(frozen=True)
 class Decision:
-    """What a comparison row shows: verb 'falls' | 'rises' | 'holds' | 'undecided'; for
-    'undecided', about how many items would decide it (at 80% power, the observed rates holding)."""
+    """What a comparison row shows: verb 'falls' | 'rises' | 'holds' | 'undecided'; `within`: a
+    fall or rise that is also inside the margin (a change smaller than the margin, shown); for
+    'undecided', about how many items would decide it (at 80% power, the observed rates holding)
+    and by which test (`test`: 'change', McNemar; 'equivalence', the exact bounds)."""
 
     verb: str
     margin: float
     n_to_decide: int | None = None
+    within: bool = False
+    test: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The verdict in a table cell: the verb, 'by less than' the margin where `within`, 'not decided'."""
+        if self.verb == "undecided":
+            return "not decided"
+        return f"{self.verb} by less than ±{100 * self.margin:g}" if self.within else self.verb
 
 
-def n_to_decide(n: int, discordant: int, diff: float, margin: float, multiplier: float = 1.0) -> int:
-    """About how many items would decide a comparison with `discordant` of `n` items changing and
-    observed difference `diff`, if those rates held: McNemar's power at 80% (Connor 1987) at the
-    level 5% / `multiplier` (the row's Holm multiplier: its test must pass that level) where |diff|
-    is at least the margin, else the equivalence test's (two one-sided tests at 5%, planned for a
-    true difference of `diff`: z of 1 - beta/2, as for a true difference of 0)."""
-    psi = max(discordant, 1) / max(n, 1)  # the share of items that change (one at least)
+def share_upper_bound(count: int, n: int, confidence: float = 1 - ALPHA) -> float:
+    """The exact (Clopper-Pearson) one-sided upper bound on a share of items from `count` of `n`."""
+    if n <= 0 or count >= n:
+        return 1.0
+    from scipy.stats import beta
+
+    return float(beta.ppf(confidence, count + 1, n - count))
+
+
+def equivalent(lost: int, gained: int, n: int, margin: float) -> bool:
+    """Equivalence within +-margin that keeps its 5% at every n: the exact one-sided 95% upper
+    bounds on the share of items lost and on the share gained both lie under the margin. A true
+    change of at least the margin either way moves at least that share of the items that way, and
+    an exact bound falls below the share it bounds with probability 5% at most (Newcombe's 90%
+    interval, the interval-inclusion rule, undercovers there: 7.7% at n = 50)."""
+    return n > 0 and share_upper_bound(lost, n) < margin and share_upper_bound(gained, n) < margin
+
+
+MIN_DISCORDANT = 6  # the exact two-sided McNemar test cannot reject at 5% with fewer changed items (2 * 0.5**5 > 0.05)
+EXACT_POWER_MAX_N = 5000  # above it, Connor's normal approximation is the plan
+
+
+def _mcnemar_power(n: int, psi: float, lost_share: float, alpha: float) -> float:
+    """Exact power of the two-sided exact McNemar test at level `alpha` with n items, a share `psi`
+    of them changing, `lost_share` of the changed ones lost (scipy's binomial)."""
+    import numpy as np
+    from scipy.stats import binom
+
+    d = np.arange(n + 1)
+    # the largest count a with 2 * P(X <= a) <= alpha, X ~ Bin(d, 1/2): the test rejects at L <= a or L >= d - a
+    a = binom.ppf(alpha / 2, d, 0.5)
+    a = np.where(2 * binom.cdf(a, d, 0.5) <= alpha, a, a - 1)
+    reject = binom.cdf(a, d, lost_share) + binom.sf(d - a - 1, d, lost_share)
+    reject = np.where(a >= 0, np.minimum(reject, 1.0), 0.0)
+    return float((binom.pmf(d, n, psi) * reject).sum())
+
+
+def n_to_show_change(n: int, discordant: int, diff: float, multiplier: float = 1.0) -> int:
+    """About how many items McNemar's test (at 5% / `multiplier`, the row's Holm multiplier) needs
+    to show a change of `diff` at 80% power where `discordant` of `n` items change, if those rates
+    held: Connor's (1987) approximation, then, where that is at most EXACT_POWER_MAX_N items, the
+    smallest n whose exact power (scipy's binomial) reaches 80%, and never fewer than the items
+    that hold MIN_DISCORDANT changed ones."""
+    psi = min(max(discordant, 1) / max(n, 1), 1.0)  # the share of items that change (one at least)
+    psi = max(psi, abs(diff))
     alpha = ALPHA / max(multiplier, 1.0)
-    z_a2, z_a, z_b = _normal_quantile(1 - alpha / 2), _normal_quantile(1 - ALPHA), _normal_quantile(POWER)
-    if abs(diff) >= margin and diff:
-        need = (z_a2 * math.sqrt(psi) + z_b * math.sqrt(max(psi - diff * diff, 0.0))) ** 2 / diff**2
-    else:
-        z_b2 = _normal_quantile(1 - (1 - POWER) / 2)
-        need = (z_a + z_b2) ** 2 * psi / max(margin - abs(diff), 1e-3) ** 2
-    return int(math.ceil(need))
+    z_a2, z_b = _normal_quantile(1 - alpha / 2), _normal_quantile(POWER)
+    connor = (z_a2 * math.sqrt(psi) + z_b * math.sqrt(max(psi - diff * diff, 0.0))) ** 2 / diff**2
+    floor = math.ceil(MIN_DISCORDANT / psi)
+    need = max(int(math.ceil(connor)), floor)
+    if need > EXACT_POWER_MAX_N:
+        return need
+    lost_share = (psi - diff) / (2 * psi)  # diff = gained - lost shares; lost + gained = psi
+    low, high = floor - 1, max(need, floor)
+    while _mcnemar_power(high, psi, lost_share, alpha) < POWER:
+        low, high = high, 2 * high
+        if high > EXACT_POWER_MAX_N:
+            return high
+    while high - low > 1:  # the smallest n with 80% power (power grows with n, up to the binomial's steps)
+        mid = (low + high) // 2
+        low, high = (low, mid) if _mcnemar_power(mid, psi, lost_share, alpha) >= POWER else (mid, high)
+    return high
+
+
+def n_to_show_equivalence(lost_share: float, gained_share: float, margin: float) -> int | None:
+    """About how many items `equivalent` needs at 80% power if a share `lost_share` of them were
+    lost and `gained_share` gained (scipy's binomial); None where no n can (a share at the margin)."""
+    if max(lost_share, gained_share) >= margin:
+        return None
+    from scipy.stats import binom
+
+    def power(n: int) -> float:
+        # the largest count whose exact upper bound lies under the margin, found by bisection
+        low, high = -1, n
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if share_upper_bound(mid, n) < margin else (low, mid)
+        return 0.0 if low < 0 else float(binom.cdf(low, n, lost_share) * binom.cdf(low, n, gained_share))
+
+    low, high = 1, 2
+    while power(high) < POWER:
+        low, high = high, 2 * high
+        if high > 10**9:
+            return None
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if power(mid) >= POWER else (mid, high)
+    return high
 
 
 def detectable_difference(n: int, discordant: int) -> float:
-    """The smallest paired difference n items detect at 80% power (McNemar, 5% two-sided; Connor
-    1987) where `discordant` of them change, the share of changing items being at least the
-    difference itself; 1.0 where no difference is detectable."""
+    """The smallest paired difference n items detect at 80% power (McNemar, 5% two-sided;
+    n_to_show_change) where `discordant` of them change, the share of changing items being at
+    least the difference itself; 1.0 where no difference is detectable."""
     if n <= 0:
         return 1.0
     low, high = 1.0 / n, 1.0
-    if n_to_decide(n, max(discordant, 1), high, 0.0) > n:
+    if n_to_show_change(n, max(discordant, 1), high) > n:
         return 1.0
-    for _ in range(40):  # bisection: the n a difference needs falls as the difference grows
+    for _ in range(30):  # bisection: the n a difference needs falls as the difference grows
         mid = (low + high) / 2
-        need = n_to_decide(n, max(discordant, round(mid * n)), mid, 0.0)
+        need = n_to_show_change(n, max(discordant, round(mid * n)), mid)
         low, high = (low, mid) if need <= n else (mid, high)
     return high
 
 
 def decide(row: dict, margin: float = DEFAULT_MARGIN) -> Decision:
     """The verb one comparisons-table row allows: McNemar after Holm rejects -> 'falls' / 'rises'
-    (by the sign of diff); else the 90% paired interval inside +-margin -> 'holds'; else 'undecided'."""
+    (by the sign of diff; `within` where it is also equivalent within the margin: a change smaller
+    than the margin); else equivalent within +-margin -> 'holds'; else 'undecided', with the n of
+    whichever test would decide it first (the change's, McNemar; the equivalence's)."""
+    n, lost, gained = row["n"], row["reference_only"], row["condition_only"]
+    within = equivalent(lost, gained, n, margin)
     if row["p_holm"] is not None and row["p_holm"] < ALPHA and row["diff"]:
-        return Decision("falls" if row["diff"] < 0 else "rises", margin)
-    low, high = paired_interval(
-        row["both_correct"], row["reference_only"], row["condition_only"], row["neither"], confidence=1 - 2 * ALPHA
-    )
-    if -margin < low and high < margin:
+        return Decision("falls" if row["diff"] < 0 else "rises", margin, within=within)
+    if within:
         return Decision("holds", margin)
-    discordant = row["reference_only"] + row["condition_only"]
-    # Holm's multiplier for this row (its adjusted over its raw p), so the n is planned at the
-    # level the row's test must pass; an n at or below this one cannot be what decides it
-    multiplier = row["p_holm"] / row["p_mcnemar"] if row["p_mcnemar"] else 1.0
-    need = n_to_decide(row["n"], discordant, row["diff"], margin, multiplier)
-    return Decision("undecided", margin, max(need, row["n"] + 1))
+    plans = {}
+    if row["diff"]:
+        # Holm's multiplier for this row (its adjusted over its raw p), so the n is planned at the
+        # level the row's test must pass
+        multiplier = row["p_holm"] / row["p_mcnemar"] if row["p_mcnemar"] else 1.0
+        plans["change"] = n_to_show_change(n, lost + gained, row["diff"], multiplier)
+    equivalence = n_to_show_equivalence(lost / n, gained / n, margin) if n else None
+    if equivalence is not None:
+        plans["equivalence"] = equivalence
+    if not plans:  # no change seen and the shares at the margin: the change's plan for a margin-sized difference
+        plans["change"] = n_to_show_change(n, lost + gained, margin)
+    test = min(plans, key=plans.get)
+    return Decision("undecided", margin, max(plans[test], n + 1), test=test)
 
 
 PRACTICAL_N_FACTOR = 100  # a planned n over this many times the row's n is reported as impractical
@@ -265,17 +358,22 @@ def describe(row: dict, margin: float = DEFAULT_MARGIN) -> str:
         f"{100 * row['diff']:+.1f} points [{100 * row['ci_low']:+.1f}, {100 * row['ci_high']:+.1f}], "
         f"{row['reference_only']} lost and {row['condition_only']} gained of {row['n']} items"
     )
+    bounds = (
+        f"at most {100 * share_upper_bound(row['reference_only'], row['n']):.1f}% of items lost and "
+        f"{100 * share_upper_bound(row['condition_only'], row['n']):.1f}% gained, exact one-sided 95% bounds"
+    )
     if d.verb in ("falls", "rises"):
-        return f"{d.verb}: {change} (exact McNemar p = {row['p_mcnemar']:.2g}, Holm {row['p_holm']:.2g})"
+        by = f", by less than ±{100 * margin:g} points" if d.within else ""
+        tail = f"; {bounds}" if d.within else ""
+        return f"{d.verb}{by}: {change} (exact McNemar p = {row['p_mcnemar']:.2g}, Holm {row['p_holm']:.2g}{tail})"
     if d.verb == "holds":
-        return f"holds within ±{100 * margin:g} points: {change} (90% interval inside the margin)"
-    # which test the n is planned for: the change where it is at least the margin, else equivalence
-    what = "show the change" if abs(row["diff"]) >= margin else f"show whether it holds within ±{100 * margin:g}"
+        return f"holds within ±{100 * margin:g} points: {change} ({bounds})"
+    what = "show the change (McNemar)" if d.test == "change" else f"show that it holds within ±{100 * margin:g}"
     # a difference near the margin can need millions of items: say so rather than plan them
     plan = (
         f"about n = {d.n_to_decide} would {what}"
         if d.n_to_decide <= PRACTICAL_N_FACTOR * row["n"]
-        else f"at this difference no practical n would {what} (about {d.n_to_decide:,} items)"
+        else f"no practical n would decide it (about {d.n_to_decide:,} items to {what})"
     )
     held = f"Holm p = {row['p_holm']:.2g}, not within ±{100 * margin:g}"
     return f"not decided at n = {row['n']}: {change} ({held}); {plan}"

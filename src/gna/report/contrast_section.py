@@ -31,6 +31,7 @@ from gna.report.htmlkit import (
     save_figure,
     table,
 )
+from gna.report.knowledge_section import against_study
 
 # the tasks of the contrast, in the order a reader reads it: the letter format, then the same questions
 # and the facts scored by their answer text (knowledge), then the sweep's own retrieval task
@@ -102,9 +103,9 @@ def summary_table(compared: pl.DataFrame, model: str, k: int, margin: float, ref
             f"top {k} removed": pct(top["acc_condition"]),
             "difference [95%]": f"{100 * top['diff']:+.1f} [{100 * top['ci_low']:+.1f}, {100 * top['ci_high']:+.1f}]",
             "McNemar / Holm p": f"{top['p_mcnemar']:.2g} / {top['p_holm']:.2g}",
-            "verdict": decide(top, margin).verb.replace("undecided", "not decided"),
+            "verdict": decide(top, margin).label,
             f"{k} random removed": pct(rnd["acc_condition"]) if rnd else "–",
-            "random verdict": decide(rnd, margin).verb.replace("undecided", "not decided") if rnd else "–",
+            "random verdict": decide(rnd, margin).label if rnd else "–",
         }
         if reference:
             row["study (Llama-3.1-8B, reference)"] = f"{STUDY[task][0]}: {STUDY[task][1]}"
@@ -120,18 +121,10 @@ def sentences(compared: pl.DataFrame, model: str, k: int, margin: float) -> list
         row = comparison_row(sub, "top k vs unmodified", "unmodified", f"top {k}", task)
         if row is None:
             continue
-        verb, reported = decide(row, margin).verb, STUDY[task][0]
-        if verb == reported:
-            stand = "as the study reports"
-        elif verb == "undecided":
-            stand = f"the study reports that it {reported}; these {row['n']} items cannot decide it"
-        else:
-            stand = (
-                f"<b>contradicts the study</b>, which reports that it {'stays' if reported == 'holds' else reported}"
-            )
+        stand = against_study(decide(row, margin), STUDY[task][0])
         out.append(
             f"{html.escape(name)}: {pct(row['acc_reference'])} → {pct(row['acc_condition'])} on the same {row['n']} "
-            f"items: {comparison_verdict(row, margin)} — {stand}"
+            f"items: {comparison_verdict(row, margin)}{stand}"
         )
     return out
 

@@ -25,7 +25,9 @@ from gna.core.stats import wilson_interval
 from gna.students.spec import TEACHER_VARIANT, VARIANT_PATTERN
 
 KNOWLEDGE_K = 5  # the top-k removal the knowledge view reads (the largest k of the table up to it)
-VERDICT_TASKS = ("kv_retrieval", "facts_cloze", "facts_choice")
+# the study's contrast: MMLU letter against its cloze form and the facts, beside KV (a model at chance on
+# a task has no comparisons row there, so no verdict)
+VERDICT_TASKS = ("kv_retrieval", "mmlu_letter", "mmlu_cloze", "facts_cloze", "facts_choice")
 
 
 def _read(path: Path) -> pl.DataFrame:
@@ -45,11 +47,13 @@ def _verdicts(frame: pl.DataFrame, prefix: str, margin: float, tasks=VERDICT_TAS
         if tasks is not None and row["task"] not in tasks:
             continue
         where = "" if group == "all" else f" ({group})"
+        d = decide(row, margin)
         out.append(
             {
                 "name": f"{prefix}: {row['condition']} vs {row['reference']}, {row['task']}{where}",
                 "kind": "verdict",
-                "value": decide(row, margin).verb,
+                # a change smaller than the margin is its own verdict ("falls by less than ±5")
+                "value": d.label if d.within else d.verb,
                 "n": row["n"],
             }
         )
@@ -114,6 +118,14 @@ def headline(data_dir: str | Path, margin: float = DEFAULT_MARGIN) -> list[dict]
                 out += _verdicts(subsets, model, margin, ("facts_cloze",), NOT_COPYABLE)
                 out += _verdicts(
                     topk.filter((pl.col("family") == "top k vs random k") & (pl.col("condition") == f"top {ks[-1]}")),
+                    model,
+                    margin,
+                )
+                # the control: as many heads drawn at random (its first draw, as the contrast reads it)
+                out += _verdicts(
+                    topk.filter(
+                        (pl.col("family") == "random k vs unmodified") & (pl.col("condition") == f"random {ks[-1]} #0")
+                    ),
                     model,
                     margin,
                 )

@@ -302,7 +302,7 @@ def comparisons_table(frame: pl.DataFrame, margin: float) -> str:
                 "McNemar p": f"{row['p_mcnemar']:.2g}",
                 "Holm p": f"{row['p_holm']:.2g}",
                 "detectable (80% power)": f"±{100 * detectable_difference(row['n'], discordant):.0f}",
-                "verdict": d.verb if d.verb != "undecided" else f"not decided (about n = {d.n_to_decide})",
+                "verdict": d.label if d.verb != "undecided" else f"not decided (about n = {d.n_to_decide})",
             }
         )
     shown = table(pl.DataFrame(rows), left=("model", "comparison", "task", "verdict"))
@@ -319,10 +319,13 @@ def comparisons_note(margin: float) -> str:
         "<p class='note'>Each comparison pairs the two conditions item by item on the items both answered: the "
         "difference (after minus before, points) with Newcombe's 95% interval for paired proportions, the exact "
         "McNemar test, and Holm's correction within each family of comparisons. <b>falls</b> / <b>rises</b>: Holm p "
-        f"&lt; 0.05; <b>holds</b>: the 90% paired interval lies within ±{100 * margin:g} points (two one-sided "
-        "tests, <code>report.equivalence_margin</code>); otherwise <i>not decided</i>, with about the n that would "
-        "decide it at 80% power if the observed rates held. <i>detectable</i>: the smallest paired difference (points) "
-        "the row's n detects with 80% power at its share of changing items.</p>"
+        f"&lt; 0.05 (<i>by less than ±{100 * margin:g}</i> where it also holds); <b>holds</b>: the exact one-sided "
+        f"95% upper bounds on the share of items lost and on the share gained both lie under ±{100 * margin:g} "
+        "points (<code>report.equivalence_margin</code>; this keeps its 5% at every n, and no n under 59 can show "
+        "±5); otherwise <i>not decided</i>, with about the n of the test that would decide it first at 80% power if "
+        "the observed rates held. The printed 95% intervals are not adjusted for the family; the verdicts are. "
+        "<i>detectable</i>: the smallest paired difference (points) the row's n detects with 80% power at its "
+        "share of changing items (exact McNemar power).</p>"
     )
 
 

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import polars as pl
 
 from gna.core.chance import above_chance, answered
-from gna.core.paired import NOT_COPYABLE, SUBSETS, decide, detectable_difference
+from gna.core.paired import NOT_COPYABLE, SUBSETS, Decision, decide, detectable_difference
 from gna.core.stats import wilson_interval
 from gna.report.htmlkit import (
     SectionContext,
@@ -113,13 +113,15 @@ STUDY = {
 KIND = {"kv_retrieval": "kv", "facts_cloze": "cloze", "facts_choice": "choice"}
 
 
-def against_study(measured: str, reported: str | None) -> str:
-    """How a measured verb (gna.core.paired.decide) stands to the study's."""
+def against_study(measured: Decision, reported: str | None) -> str:
+    """How a measured decision (gna.core.paired.decide) stands to the study's verb: a change shown to
+    be smaller than the margin is the study's "holds" at that margin."""
     if reported is None:
         return ""
-    if measured == reported:
-        return " — as the study reports"
-    if measured == "undecided":
+    verb = "holds" if measured.within and reported == "holds" else measured.verb
+    if verb == reported:
+        return " — as the study reports" + (" (a change smaller than the margin)" if measured.within else "")
+    if verb == "undecided":
         return f" — the study reports that it {reported}; this n cannot decide it"
     return f" — <b>contradicts the study</b>, which reports that it {'stays' if reported == 'holds' else reported}"
 
@@ -133,7 +135,7 @@ def change_sentence(name: str, row: dict | None, what: str, margin: float, repor
     cells = (
         f"{html.escape(name)}: {pct(row['acc_reference'])} → {pct(row['acc_condition'])} on the same {row['n']} items"
     )
-    return f"{cells} with {what}: {comparison_verdict(row, margin)}{against_study(decide(row, margin).verb, reported)}"
+    return f"{cells} with {what}: {comparison_verdict(row, margin)}{against_study(decide(row, margin), reported)}"
 
 
 def comparison_pairs(model: str, ctx: SectionContext) -> list[tuple[pl.DataFrame, str, str, str, str, str]]:

@@ -40,8 +40,8 @@ def selection_note(validation: pl.DataFrame, model: str, variant: str) -> str:
     return (
         f"<p class='note'>The full recipe's {html.escape(variant)} student is its checkpoint after "
         f"{chosen[0]} of {last} distillation steps (checkpoint selection: the validation prompts show it better "
-        f"than the last). The ablations that distil choose their checkpoint by the same rule on the same prompts "
-        f"(their logs, data/logs/hybrid_ablation, name the step).</p>"
+        f"than the last, Holm-corrected over the earlier points). The ablations that distil choose their "
+        f"checkpoint by the same rule on the same prompts (their logs, data/logs/hybrid_ablation, name the step).</p>"
     )
 
 

@@ -67,11 +67,14 @@ def _first_to_last(curve: pl.DataFrame, column: str) -> str:
 
 
 def _p_best(points: pl.DataFrame) -> str:
-    """The paired test's p of the best point against the last (– where the last is the best)."""
+    """The paired test's p (Holm-corrected over the candidates) of the best point against the last (– where
+    the last is the best)."""
     if "p_vs_last" not in points.columns:
         return "–"
     best = points.sort(["accuracy", "mean_logp"], descending=[True, True]).row(0, named=True)
-    return "–" if best["after_steps"] == points["after_steps"].max() else f"{best['p_vs_last']:.2g}"
+    if best["after_steps"] == points["after_steps"].max():
+        return "–"
+    return f"{best.get('p_holm_vs_last', best['p_vs_last']):.2g}"
 
 
 def selection_table(validation: pl.DataFrame, kd: pl.DataFrame, changes: pl.DataFrame, n: int) -> pl.DataFrame:

@@ -175,15 +175,32 @@ def _train_mode(student) -> None:
 SELECTION_ALPHA = 0.05
 
 
+def better_than_last_p(candidates: list[list[bool]], last: list[bool]) -> list[float]:
+    """Per candidate checkpoint, the exact one-sided McNemar p-value (scipy's binomial) that it
+    answers the validation items better than the last step's student (items it alone answers
+    against items the last alone answers)."""
+    import numpy as np
+    from scipy.stats import binom
+
+    if not candidates:
+        return []
+    points, last_arr = np.asarray(candidates, dtype=bool), np.asarray(last, dtype=bool)
+    gained, lost = (points & ~last_arr).sum(axis=1), (~points & last_arr).sum(axis=1)
+    # P(at least `gained` of the changed items go the candidate's way) under no difference
+    return [float(p) for p in np.where(gained + lost > 0, binom.sf(gained - 1, gained + lost, 0.5), 1.0)]
+
+
 @dataclass
 class Selection:
     """Checkpoint selection during KD: `score(student)` -> (per-item correctness, mean log-prob of
     the target) on a validation set, taken before the first step (aligned, no KD), every `every`
-    steps and after the last. The best point (by accuracy, then log-prob, then the earlier step)
-    replaces the last step's student only where it answers better on the same items by an exact
-    McNemar test (p < SELECTION_ALPHA): a tie or a difference the items cannot show keeps the
-    most trained student. `rows` (one per point, with the test's p against the last) and `chosen`
-    (a step count) are filled in; `finish` decides."""
+    steps and after the last. Each earlier point is tested against the last step's student on the
+    same items (exact one-sided McNemar: does it answer better?), Holm-corrected over the K - 1
+    candidates (statsmodels), so that with every point equally good the last is replaced at most
+    5% of the time whatever K; the best point among those the corrected test shows better (by
+    accuracy, then log-prob, then the earlier step) replaces the last, else the most trained
+    student stays. `rows` (one per point, with `p_vs_last` and `p_holm_vs_last`) and `chosen` (a
+    step count) are filled in; `finish` decides."""
 
     score: Callable[[torch.nn.Module], tuple[list[bool], float]]
     every: int
@@ -208,17 +225,20 @@ class Selection:
         return ", ".join(f"{r['after_steps']}: {r['accuracy']:.3f}" for r in self.rows)
 
     def finish(self, last: int) -> int:
-        """The chosen step: the best point where it beats the last by the paired test, else `last`."""
-        from gna.core.paired import mcnemar_p
+        """The chosen step: the best of the points the Holm-corrected test shows better than the
+        last, else `last`."""
+        from gna.core.paired import holm
 
-        best = max(self.rows, key=lambda r: (r["accuracy"], r["mean_logp"]))["after_steps"]
+        candidates = [r for r in self.rows if r["after_steps"] != last]
+        p = better_than_last_p([self.correct[r["after_steps"]] for r in candidates], self.correct[last])
+        for row, raw, adjusted in zip(candidates, p, holm(p)):
+            row["p_vs_last"], row["p_holm_vs_last"] = raw, adjusted
         for row in self.rows:
-            pairs = list(zip(self.correct[row["after_steps"]], self.correct[last]))
-            row["p_vs_last"] = mcnemar_p(sum(a and not b for a, b in pairs), sum(b and not a for a, b in pairs))
-        chosen = next(r for r in self.rows if r["after_steps"] == best)
-        last_row = next(r for r in self.rows if r["after_steps"] == last)
-        better = chosen["accuracy"] > last_row["accuracy"] and chosen["p_vs_last"] < SELECTION_ALPHA
-        self.chosen = best if better else last
+            if row["after_steps"] == last:
+                row["p_vs_last"], row["p_holm_vs_last"] = None, None
+        shown = [r for r in candidates if r["p_holm_vs_last"] < SELECTION_ALPHA]
+        best = max(shown, key=lambda r: (r["accuracy"], r["mean_logp"], -r["after_steps"]), default=None)
+        self.chosen = best["after_steps"] if best is not None else last
         return self.chosen
 
 

@@ -4,7 +4,18 @@ import polars as pl
 import pytest
 from scipy.stats import binomtest
 
-from gna.core.paired import comparisons, decide, describe, holm, mcnemar_p, n_to_decide, paired_interval
+from gna.core.paired import (
+    comparisons,
+    decide,
+    describe,
+    equivalent,
+    holm,
+    mcnemar_p,
+    n_to_show_change,
+    n_to_show_equivalence,
+    paired_interval,
+    share_upper_bound,
+)
 from gna.core.stats import wilson_interval
 
 
@@ -74,19 +85,20 @@ def test_too_few_items_decide_nothing_and_say_how_many_would():
     assert d.verb == "undecided" and d.n_to_decide > 20
     assert f"about n = {d.n_to_decide}" in describe(row)
     # a larger observed difference needs fewer items to show
-    assert n_to_decide(100, 20, -0.2, 0.05) < n_to_decide(100, 20, -0.1, 0.05)
+    assert n_to_show_change(100, 20, -0.2) < n_to_show_change(100, 20, -0.1)
 
 
-def test_a_difference_near_the_margin_is_not_planned_as_a_practical_n():
-    """-4.8 points with a margin of 5: equivalence needs the interval to fit in a fifth of a point beside
-    it (millions of items); the sentence says no practical n would decide it, with the number."""
+def test_a_difference_near_the_margin_is_planned_for_the_test_that_can_decide_it():
+    """45 lost and 36 gained of 186 (-4.8 points, 44% of items changing): no n can show equivalence
+    within 5 points (a quarter of the items are lost), so the plan is McNemar's (about 8 times n); a
+    plan over 100 times n is said to be no practical n, with the number."""
     ref, cond = _table(both=30, reference_only=45, condition_only=36, neither=75)
     row = comparisons({"a": ref, "b": cond}, [("f", "a", "b")]).row(0, named=True)
     d = decide(row)
-    assert d.verb == "undecided" and d.n_to_decide > 100 * row["n"], d
-    text = describe(row)
-    assert "at this difference no practical n would show whether it holds within ±5" in text, text
-    assert f"{d.n_to_decide:,} items" in text and "about n = " not in text
+    assert d.verb == "undecided" and d.test == "change" and 5 * row["n"] < d.n_to_decide < 100 * row["n"], d
+    assert f"about n = {d.n_to_decide} would show the change (McNemar)" in describe(row)
+    busy = _row(30, 28, 200)  # -1 point with 29% of items changing: McNemar would need about 23,000
+    assert "no practical n would decide it (about " in describe(busy) and decide(busy).n_to_decide > 100 * 200
 
 
 def test_conditions_are_paired_on_their_shared_items_and_holm_runs_per_family():
@@ -127,7 +139,7 @@ def test_the_detectable_difference_shrinks_with_n_and_is_what_n_to_decide_needs(
 
     small, large = detectable_difference(60, 10), detectable_difference(240, 40)
     assert 0 < large < small < 1
-    assert n_to_decide(240, 40, large, 0.0) <= 240 < n_to_decide(240, 40, large - 0.01, 0.0)
+    assert n_to_show_change(240, 40, large) <= 240 < n_to_show_change(240, 40, large - 0.01)
     assert detectable_difference(3, 0) == 1.0
 
 
@@ -154,3 +166,66 @@ def test_facts_are_compared_per_relation_and_on_the_not_copyable_items_in_a_fami
     plain = comparisons({"a": ref.drop("relation", "copyable"), "b": cond}, [("f", "a", "b")])
     assert table["p_holm"][0] == plain["p_holm"][0] == mcnemar_p(15, 0)
     assert table["p_holm"][1] == pytest.approx(min(1.0, 3 * mcnemar_p(15, 0)))
+
+
+def _row(lost: int, gained: int, n: int) -> dict:
+    both = (n - lost - gained) // 2
+    ref, cond = _table(both=both, reference_only=lost, condition_only=gained, neither=n - lost - gained - both)
+    return comparisons({"a": ref, "b": cond}, [("f", "a", "b")]).row(0, named=True)
+
+
+def test_equivalence_at_small_n_needs_the_exact_bound_under_the_margin():
+    """n = 100, 2 lost and none gained: Newcombe's 90% interval [-4.78, +0.80] lies inside +-5 (the
+    old rule said "holds"), but the exact one-sided 95% bound on the share lost is 6.16 points."""
+    row = _row(2, 0, 100)
+    low, high = paired_interval(row["both_correct"], 2, 0, row["neither"], confidence=0.90)
+    assert -0.05 < low and high < 0.05
+    assert share_upper_bound(2, 100) == pytest.approx(0.0616, abs=1e-4)
+    assert decide(row).verb == "undecided"
+    assert decide(_row(2, 0, 200)).verb == "holds"  # 2 of 200: the bound is 3.1 points
+
+
+@pytest.mark.parametrize("n", [50, 100, 200])
+def test_holds_keeps_its_five_percent_at_a_true_change_of_the_margin(n):
+    """Enumerated over every table (items lost, gained) of n items under a true change of exactly the
+    margin either way, for several shares of items changing the other way: P("holds") <= 5%."""
+    import numpy as np
+    from scipy.stats import multinomial
+
+    margin = 0.05
+    counts = [(lost, gained) for lost in range(n + 1) for gained in range(n + 1 - lost)]
+    holds = np.array([equivalent(lost, gained, n, margin) for lost, gained in counts])
+    tables = np.array([(lost, gained, n - lost - gained) for lost, gained in counts])
+    worst = 0.0
+    for other in (0.0, 0.005, 0.02, 0.05, 0.1, 0.3):
+        for lost_share, gained_share in ((margin + other, other), (other, margin + other)):
+            pmf = multinomial.pmf(tables, n, [lost_share, gained_share, 1 - lost_share - gained_share])
+            worst = max(worst, float(pmf[holds].sum()))
+    assert worst <= 0.05, worst
+    # the rule can say "holds" where an exact bound can get under the margin (a rule that never said it
+    # would pass trivially); at n = 50 none can: no item lost still bounds the share at 5.8 points
+    assert holds.any() == (n > 50)
+
+
+def test_the_planned_n_is_the_one_of_the_test_that_decides_first():
+    """n = 200, 14 lost and 5 gained (-4.5 points): McNemar decides first (Connor: 366; its exact
+    power reaches 80% at about 393), not the equivalence test (none: 7% of the items are lost)."""
+    d = decide(_row(14, 5, 200))
+    assert d.verb == "undecided" and d.test == "change" and 360 <= d.n_to_decide <= 420, d
+    assert "would show the change (McNemar)" in describe(_row(14, 5, 200))
+    assert n_to_show_equivalence(14 / 200, 5 / 200, 0.05) is None
+    # no change seen, few items moving: the equivalence test decides first
+    d = decide(_row(1, 1, 40))
+    assert d.test == "equivalence" and "would show that it holds within ±5" in describe(_row(1, 1, 40))
+    # one item of one lost: the exact test needs six changed items at least, not Connor's four
+    assert n_to_show_change(1, 1, -1.0) >= 6
+
+
+def test_a_fall_smaller_than_the_margin_says_both():
+    """n = 240, 6 lost and none gained: McNemar rejects (p = 0.031) and the exact bounds (4.9 and 1.2
+    points) lie inside +-5: one sentence, the fall and that it is smaller than the margin."""
+    row = _row(6, 0, 240)
+    d = decide(row)
+    assert (d.verb, d.within) == ("falls", True)
+    assert describe(row).startswith("falls, by less than ±5 points: -2.5 points")
+    assert decide(_row(21, 0, 240)).within is False

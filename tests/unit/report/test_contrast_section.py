@@ -43,7 +43,7 @@ def test_the_contrast_is_judged_task_by_task_against_the_study(tmp_path):
     assert letter.startswith("MMLU letter: 42.5% → 23.5% on the same 200 items") and "as the study reports" in letter
     assert "<b>holds within ±5 points</b>" in cloze and "as the study reports" in cloze
     assert "<b>falls</b>" in facts and "<b>contradicts the study</b>, which reports that it stays" in facts
-    assert "these 100 items cannot decide it" in kv
+    assert "this n cannot decide it" in kv
     table = summary_table(compared, "big", 5, 0.05, reference=True)
     assert table["verdict"].to_list() == ["falls", "holds", "falls", "not decided"]
     assert table["5 random removed"].to_list()[0] == "43.0%" and table["random verdict"][1] == "–"

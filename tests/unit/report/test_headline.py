@@ -62,7 +62,7 @@ def test_a_changed_verdict_and_a_missing_result_are_named(run):
     assert not ok
     assert "VERDICT CHANGED tiny-llama students: k2-n8 vs teacher, kv_retrieval: undecided → falls" in lines
     assert "missing    tiny-llama top-ranked head" in lines
-    assert lines[-1].endswith("1 of 25 verdicts changed")
+    assert lines[-1].endswith("1 of 38 verdicts changed")
 
 
 def test_no_run_or_no_record_is_an_error_naming_the_file(tmp_path, run, capsys):

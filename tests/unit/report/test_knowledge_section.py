@@ -232,9 +232,9 @@ def test_the_power_table_says_what_each_comparisons_table_can_detect(tmp_path):
     )
     cells = [re.findall(r"<td[^>]*>([^<]*)</td>", row) for row in power_part(ctx).split("<tr>")[2:]]
     # of the two top-k rows only the 240-item one can show a 10-point fall; the students' row
-    # has 152 of 200 items changing, so even 200 items detect only about 17 points
+    # has 152 of 200 items changing, so even 200 items detect only about 18 points (exact power)
     assert cells[0][:3] == ["remove top-k / random-k", "2", "10–240"] and cells[0][4] == "50.0%"
-    assert cells[1] == ["students", "1", "200", "±17 points", "0.0%"]
+    assert cells[1] == ["students", "1", "200", "±18 points", "0.0%"]
     assert power_part(SectionContext({}, {}, {}, ReportOptions(), {})) == ""  # no comparisons: no table
 
 
