@@ -160,6 +160,7 @@ def render_contrast(ctx: SectionContext) -> str:
     baseline, compared, topk = ctx.frame("baseline"), ctx.frame("heads_topk_comparisons"), ctx.frame("heads_topk")
     sweep = ctx.frame("heads_sweep")
     if baseline.is_empty():
+        placeholder_figure(ctx.figures["contrast_topk"], "no baseline scores")
         return ""
     shown, unable = [], []
     for model in sorted(baseline["model"].unique().to_list()):
@@ -201,8 +202,9 @@ def render_contrast(ctx: SectionContext) -> str:
         )
         parts.append(table(summary_table(compared, model, k, ctx.margin, ctx.show_reference), left=("task", "verdict")))
         parts.append(comparisons_table(verdict_rows(compared, model, k), ctx.margin))
+    # always drawn (a placeholder naming why where no model can show it), as every figure of the report
+    parts.append(ctx.figure("contrast_topk"))
     if shown:
-        parts.append(ctx.figure("contrast_topk"))
         parts.append(comparisons_note(ctx.margin))
     for model, letter in unable:
         parts.append(
