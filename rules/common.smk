@@ -9,7 +9,17 @@ from gna.core.resources import mem_mb, model_params_b
 from gna.core.settings import Evaluation, TopK
 from gna.models.sources import check_local_sources
 from gna.tasks.tables import kv_prompt_sets
-from gna.workflow.plan import all_results, answer_row_variants, gna_models, gna_students, model_heads, pruned_models, pure_ssm_variant, sweep_prompts, teachers
+from gna.workflow.plan import (
+    all_results,
+    answer_row_variants,
+    gna_models,
+    gna_students,
+    model_heads,
+    pruned_models,
+    pure_ssm_variant,
+    sweep_prompts,
+    teachers,
+)
 
 # `--configfile X` replaces the default config instead of merging model lists into it.
 if not workflow.overwrite_configfiles:
@@ -142,6 +152,8 @@ def heads_of(wildcards):
 def get_sweep_prompts(wildcards):
     """The prompts every head of the model is ablated on (gna.workflow.plan.sweep_prompts)."""
     return sweep_prompts(config, wildcards.model)[0]
+
+
 GNA_MODELS = gna_models(config)
 
 
