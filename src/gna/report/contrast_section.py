@@ -17,6 +17,7 @@ import polars as pl
 
 from gna.core.chance import above_chance
 from gna.core.paired import decide
+from gna.report.headline import knowledge_k
 from gna.report.htmlkit import (
     SectionContext,
     acc_text,
@@ -48,7 +49,6 @@ STUDY = {
     "facts_cloze": ("holds", "knowledge tasks unchanged"),
     "kv_retrieval": ("falls", "KV retrieval collapses"),
 }
-CONTRAST_K = 5  # the k the knowledge view and the headline read (the largest k of heads.top_k up to it)
 
 
 def letter_baseline(baseline: pl.DataFrame, model: str) -> dict | None:
@@ -66,10 +66,9 @@ def letter_baseline(baseline: pl.DataFrame, model: str) -> dict | None:
 
 
 def contrast_k(compared: pl.DataFrame, model: str) -> int | None:
-    """The k of the top-k removal the contrast reads for `model`: CONTRAST_K, or the largest k below it."""
+    """The k of the top-k removal the contrast reads for `model`: the knowledge view's (knowledge_k)."""
     rows = compared.filter((pl.col("model") == model) & (pl.col("family") == "top k vs unmodified"))
-    ks = sorted(int(c.split()[1]) for c in rows["condition"].unique().to_list() if 0 < int(c.split()[1]) <= CONTRAST_K)
-    return ks[-1] if ks else None
+    return knowledge_k(rows["condition"].unique().to_list())
 
 
 def verdict_rows(compared: pl.DataFrame, model: str, k: int) -> pl.DataFrame:

@@ -25,6 +25,15 @@ from gna.core.stats import wilson_interval
 from gna.students.spec import TEACHER_VARIANT, VARIANT_PATTERN
 
 KNOWLEDGE_K = 5  # the top-k removal the knowledge view reads (the largest k of the table up to it)
+
+
+def knowledge_k(conditions) -> int | None:
+    """The k the knowledge view, the contrast and the headline read from a remove-top-k comparisons
+    table's condition labels ('top 5', …): KNOWLEDGE_K, or the largest k below it; None without one."""
+    ks = [int(c.split()[1]) for c in conditions if c.startswith("top ") and 0 < int(c.split()[1]) <= KNOWLEDGE_K]
+    return max(ks, default=None)
+
+
 # the study's contrast: MMLU letter against its cloze form and the facts, beside KV (a model at chance on
 # a task has no comparisons row there, so no verdict)
 VERDICT_TASKS = ("kv_retrieval", "mmlu_letter", "mmlu_cloze", "facts_cloze", "facts_choice")
@@ -106,25 +115,25 @@ def headline(data_dir: str | Path, margin: float = DEFAULT_MARGIN) -> list[dict]
         topk = _read(heads / "topk.comparisons.parquet")
         if not topk.is_empty():
             removal = topk.filter(pl.col("family") == "top k vs unmodified")
-            ks = sorted(int(c.split()[1]) for c in removal["condition"].unique() if int(c.split()[1]) <= KNOWLEDGE_K)
-            if ks:
-                chosen = removal.filter(pl.col("condition") == f"top {ks[-1]}")
+            k = knowledge_k(removal["condition"].unique().to_list())
+            if k is not None:
+                chosen = removal.filter(pl.col("condition") == f"top {k}")
                 for row in chosen.filter(pl.col("group") == "all").sort("task").iter_rows(named=True):
-                    out.append(_accuracy(f"{model} top {ks[-1]} removed {row['task']}", row["acc_condition"], row["n"]))
+                    out.append(_accuracy(f"{model} top {k} removed {row['task']}", row["acc_condition"], row["n"]))
                 out += _verdicts(chosen, model, margin)
                 subsets = topk.filter(
-                    (pl.col("family") == "top k vs unmodified" + SUBSETS) & (pl.col("condition") == f"top {ks[-1]}")
+                    (pl.col("family") == "top k vs unmodified" + SUBSETS) & (pl.col("condition") == f"top {k}")
                 )
                 out += _verdicts(subsets, model, margin, ("facts_cloze",), NOT_COPYABLE)
                 out += _verdicts(
-                    topk.filter((pl.col("family") == "top k vs random k") & (pl.col("condition") == f"top {ks[-1]}")),
+                    topk.filter((pl.col("family") == "top k vs random k") & (pl.col("condition") == f"top {k}")),
                     model,
                     margin,
                 )
                 # the control: as many heads drawn at random (its first draw, as the contrast reads it)
                 out += _verdicts(
                     topk.filter(
-                        (pl.col("family") == "random k vs unmodified") & (pl.col("condition") == f"random {ks[-1]} #0")
+                        (pl.col("family") == "random k vs unmodified") & (pl.col("condition") == f"random {k} #0")
                     ),
                     model,
                     margin,

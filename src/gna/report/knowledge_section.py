@@ -16,6 +16,7 @@ import polars as pl
 from gna.core.chance import above_chance, answered
 from gna.core.paired import NOT_COPYABLE, SUBSETS, Decision, decide, detectable_difference
 from gna.core.stats import wilson_interval
+from gna.report.headline import knowledge_k
 from gna.report.htmlkit import (
     SectionContext,
     acc_text,
@@ -147,9 +148,8 @@ def comparison_pairs(model: str, ctx: SectionContext) -> list[tuple[pl.DataFrame
     topk = ctx.frame("heads_topk_comparisons")
     if not topk.is_empty():
         topk = topk.filter((pl.col("model") == model) & (pl.col("family") == "top k vs unmodified"))
-        ks = sorted(int(c.split()[1]) for c in topk["condition"].unique().to_list() if 0 < int(c.split()[1]) <= 5)
-        if ks:
-            k = ks[-1]
+        k = knowledge_k(topk["condition"].unique().to_list())
+        if k is not None:
             out.append(
                 (topk, "top k vs unmodified", "unmodified", f"top {k}", f"the top {k} of the ranking removed", "topk")
             )
