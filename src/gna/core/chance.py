@@ -60,12 +60,13 @@ def chance_reason(
 
 
 def at_chance(per_item: pl.DataFrame, table: pl.DataFrame, change: str = "removing layers") -> str | None:
-    """Why a model's accuracy on `table` cannot show a loss under `change`, or None: its Wilson
-    95% interval (per_item: score_table's frame) contains chance (chance_accuracy)."""
+    """Why `change` is not judged on `table` for this model, or None: its Wilson 95% interval
+    (per_item: score_table's frame) contains chance (chance_accuracy), so the model has no shown
+    ability on the task to lose (a change could still move its answers, but not lose a skill)."""
     correct, n = int(per_item["correct"].sum() or 0), len(per_item)
     low, high = wilson_interval(correct, n)
     accuracy = (correct / n if n else None, low, high, n)
-    return chance_reason(accuracy, chance_accuracy(table), f"{change} cannot show a loss")
+    return chance_reason(accuracy, chance_accuracy(table), f"{change} has no shown ability to take away")
 
 
 def degenerate_reason(agreement: float, n: int) -> str:

@@ -56,6 +56,9 @@ COLUMNS = {
     "ci_high": pl.Float64,
     "p_mcnemar": pl.Float64,
     "p_holm": pl.Float64,
+    # Holm's step-down multiplier of this row's raw p (m - rank + 1 in its family): the level its test
+    # must pass is 5% / this, which is what a planned n or a detectable difference is planned at
+    "holm_multiplier": pl.Int64,
 }
 
 
@@ -108,6 +111,17 @@ def holm(p_values: list[float]) -> list[float]:
     from statsmodels.stats.multitest import multipletests
 
     return [float(p) for p in multipletests(p_values, alpha=ALPHA, method="holm")[1]]
+
+
+def holm_multipliers(p_values: list[float]) -> list[int]:
+    """Holm's step-down multiplier of each raw p-value, in the given order: m for the smallest, m - 1
+    for the next, ..., 1 for the largest (ties in the given order), the factor its test is held to
+    before the adjusted values are made monotone (so not p_holm / p)."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    out = [0] * len(p_values)
+    for rank, i in enumerate(order):
+        out[i] = len(p_values) - rank
+    return out
 
 
 def paired_row(reference: pl.DataFrame, condition: pl.DataFrame) -> dict:
@@ -177,16 +191,17 @@ def comparisons(per_item: dict[str, pl.DataFrame], pairs: list[tuple[str, str, s
                     )
     if not rows:
         return empty()
-    frame = pl.DataFrame(rows, schema={k: v for k, v in COLUMNS.items() if k != "p_holm"}).with_row_index("_row")
-    adjusted = [
-        (row, p)
-        for part in frame.partition_by("family", maintain_order=True)
-        for row, p in zip(part["_row"].to_list(), holm(part["p_mcnemar"].to_list()))
-    ]
-    p_holm = dict(adjusted)
-    return frame.with_columns(pl.col("_row").replace_strict(p_holm, return_dtype=pl.Float64).alias("p_holm")).select(
-        list(COLUMNS)
-    )
+    added = ("p_holm", "holm_multiplier")
+    frame = pl.DataFrame(rows, schema={k: v for k, v in COLUMNS.items() if k not in added}).with_row_index("_row")
+    p_holm, multiplier = {}, {}
+    for part in frame.partition_by("family", maintain_order=True):
+        ids, raw = part["_row"].to_list(), part["p_mcnemar"].to_list()
+        p_holm |= dict(zip(ids, holm(raw)))
+        multiplier |= dict(zip(ids, holm_multipliers(raw)))
+    return frame.with_columns(
+        pl.col("_row").replace_strict(p_holm, return_dtype=pl.Float64).alias("p_holm"),
+        pl.col("_row").replace_strict(multiplier, return_dtype=pl.Int64).alias("holm_multiplier"),
+    ).select(list(COLUMNS))
 
 
 def empty() -> pl.DataFrame:
@@ -252,7 +267,7 @@ def _mcnemar_power(n: int, psi: float, lost_share: float, alpha: float) -> float
     return float((binom.pmf(d, n, psi) * reject).sum())
 
 
-def n_to_show_change(n: int, discordant: int, diff: float, multiplier: float = 1.0) -> int:
+def n_to_show_change(n: int, discordant: int, diff: float, multiplier: int = 1) -> int:
     """About how many items McNemar's test (at 5% / `multiplier`, the row's Holm multiplier) needs
     to show a change of `diff` at 80% power where `discordant` of `n` items change, if those rates
     held: Connor's (1987) approximation, then, where that is at most EXACT_POWER_MAX_N items, the
@@ -305,18 +320,18 @@ def n_to_show_equivalence(lost_share: float, gained_share: float, margin: float)
     return high
 
 
-def detectable_difference(n: int, discordant: int) -> float:
-    """The smallest paired difference n items detect at 80% power (McNemar, 5% two-sided;
-    n_to_show_change) where `discordant` of them change, the share of changing items being at
-    least the difference itself; 1.0 where no difference is detectable."""
+def detectable_difference(n: int, discordant: int, multiplier: int = 1) -> float:
+    """The smallest paired difference n items detect at 80% power (McNemar at 5% / `multiplier`,
+    the row's Holm multiplier, two-sided; n_to_show_change) where `discordant` of them change, the
+    share of changing items being at least the difference itself; 1.0 where none is detectable."""
     if n <= 0:
         return 1.0
     low, high = 1.0 / n, 1.0
-    if n_to_show_change(n, max(discordant, 1), high) > n:
+    if n_to_show_change(n, max(discordant, 1), high, multiplier) > n:
         return 1.0
     for _ in range(30):  # bisection: the n a difference needs falls as the difference grows
         mid = (low + high) / 2
-        need = n_to_show_change(n, max(discordant, round(mid * n)), mid)
+        need = n_to_show_change(n, max(discordant, round(mid * n)), mid, multiplier)
         low, high = (low, mid) if need <= n else (mid, high)
     return high
 
@@ -334,10 +349,8 @@ def decide(row: dict, margin: float = DEFAULT_MARGIN) -> Decision:
         return Decision("holds", margin)
     plans = {}
     if row["diff"]:
-        # Holm's multiplier for this row (its adjusted over its raw p), so the n is planned at the
-        # level the row's test must pass
-        multiplier = row["p_holm"] / row["p_mcnemar"] if row["p_mcnemar"] else 1.0
-        plans["change"] = n_to_show_change(n, lost + gained, row["diff"], multiplier)
+        # planned at the level the row's test must pass (a hand-made row is a family of one)
+        plans["change"] = n_to_show_change(n, lost + gained, row["diff"], row.get("holm_multiplier") or 1)
     equivalence = n_to_show_equivalence(lost / n, gained / n, margin) if n else None
     if equivalence is not None:
         plans["equivalence"] = equivalence

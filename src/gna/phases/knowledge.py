@@ -66,10 +66,7 @@ def form_row(tables: list[pl.DataFrame], scored: list[pl.DataFrame], tok) -> dic
     low, high = wilson_interval(correct, n)
     row = {"n": n, "acc": correct / n, "ci_low": low, "ci_high": high, "chance": chance_accuracy(table)}
     if len(scored) == len(LETTERS):
-        right = (
-            pl.concat([s.select("item_id", "correct") for s in scored]).group_by("item_id").agg(pl.col("correct").all())
-        )
-        circ = int(right["correct"].sum())
+        circ = int(circular_items(scored)["correct"].sum())
         c_low, c_high = wilson_interval(circ, n)
         row |= {"circular_acc": circ / n, "circular_ci_low": c_low, "circular_ci_high": c_high}
     else:
@@ -81,6 +78,30 @@ def form_row(tables: list[pl.DataFrame], scored: list[pl.DataFrame], tok) -> dic
         "repeats_example": repeats_example(table, items),
         "prompt_tokens": sum(len(tok(c)["input_ids"]) for c in table["context"]) / n,
     }
+
+
+def circular_items(scored: list[pl.DataFrame]) -> pl.DataFrame:
+    """Per item (item_id, correct): right under every rotation of `scored` (the circular check)."""
+    return pl.concat([s.select("item_id", "correct") for s in scored]).group_by("item_id").agg(pl.col("correct").all())
+
+
+def against_chosen(circular: dict[str, pl.DataFrame], chosen: str) -> dict[str, tuple[int, int]]:
+    """{form: (items only the chosen form passes, items only `form` passes)} under the circular
+    check, on the same facts, for every form of `circular` {form: circular_items} but the chosen;
+    {} where the chosen form has no circular check. What the report pairs the forms on."""
+    if chosen not in circular:
+        return {}
+    own = circular[chosen].rename({"correct": "own"})
+    out = {}
+    for form, items in circular.items():
+        if form == chosen:
+            continue
+        joined = own.join(items, on="item_id", how="inner")
+        out[form] = (
+            int((joined["own"] & ~joined["correct"]).sum()),
+            int((~joined["own"] & joined["correct"]).sum()),
+        )
+    return out
 
 
 def repeats_example(table: pl.DataFrame, items: pl.DataFrame) -> float | None:
@@ -117,7 +138,8 @@ def compare_formats(
     comparison.compare, with its circular check where its accuracy is above chance or it is the
     task's own form; on the evaluation split the task's own form (comparison.choice) at each of
     comparison.draws draws of solved examples, draw 0 with its circular check. `chosen` marks
-    the task's own form; chat forms are left out (a row with n = 0 and a note) where the tokenizer
+    the task's own form; on the development split, circular_chosen_only / circular_form_only count
+    the facts only the chosen form / only this form passes under the circular check (against_chosen); chat forms are left out (a row with n = 0 and a note) where the tokenizer
     has no chat template. `earlier`: the task tables with
     their baseline scores, read instead of scoring them again."""
     tok = scorer.tok
@@ -128,7 +150,7 @@ def compare_formats(
         return build_facts(facts, comparison.selection, fmt, form, split=split, chat=chat)
 
     own = comparison.choice
-    rows = []
+    rows, passed = [], {}  # {dev form: its circular_items}, to pair the forms on
 
     def add(split, form, circular, note=None):
         """Score `form` on `split` (None: the cloze form); under its other three rotations too where
@@ -146,6 +168,8 @@ def compare_formats(
         if form and (circular or (circular is None and above_chance(low, chance_accuracy(tables[0])))):
             tables += [build("choice", replace(form, rotation=r), split) for r in range(1, len(LETTERS))]
             scored += [scores_of(scorer, t, earlier) for t in tables[1:]]
+            if split == "dev":
+                passed[row["form"]] = circular_items(scored)
         rows.append(row | form_row(tables, scored, tok))
         log.info(
             "%s, %s: acc %.3f [%.3f, %.3f], circular %s",
@@ -163,9 +187,14 @@ def compare_formats(
         add("dev", form, True if form == own else None, note="the tokenizer has no chat template" if no_chat else None)
     for draw in range(comparison.draws):  # the task's own draw checked, the others for their spread only
         add("eval", replace(own, draw=draw), draw == 0)
+    paired = against_chosen(passed, own.label)
+    for row in rows:
+        counts = paired.get(row["form"]) if row["split"] == "dev" else None
+        row["circular_chosen_only"], row["circular_form_only"] = counts or (None, None)
     keys = ("answer", "shots", "marker", "chat", "prefix")
     return pl.DataFrame(rows, infer_schema_length=None).with_columns(
-        pl.all_horizontal([pl.col(k) == getattr(own, k) for k in keys]).fill_null(False).alias("chosen")
+        pl.all_horizontal([pl.col(k) == getattr(own, k) for k in keys]).fill_null(False).alias("chosen"),
+        pl.col("circular_chosen_only", "circular_form_only").cast(pl.Int64),
     )
 
 

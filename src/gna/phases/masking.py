@@ -265,8 +265,8 @@ def run_gna_masking(inputs: Files, outputs: Files, settings: GnaMasking) -> pl.D
     """Phase gna_masking: masking_experiment with the masking_heads of the roles table on the KV
     prompts (data/tasks/prompts/gna_masking: not those the roles were found on) and the knowledge
     tasks (cloze tables, each cut to gna.knowledge_items), then choice_masking (gated by
-    gna.mmlu_min_acc) on each multiple-choice table; `chance` leaves out the conditions that
-    cannot show a loss where (a) is at chance; (a) of the knowledge and choice tables is read from
+    gna.mmlu_min_acc) on each multiple-choice table; `chance` leaves out the masked
+    conditions where (a) is at chance; (a) of the knowledge and choice tables is read from
     the model's per-item scores (its baseline's; a student's answers) where they hold the items.
     A student (gna.students.mixer) labels its heads SSM or attention. Skipped (an empty table)
     unless both roles have a head.

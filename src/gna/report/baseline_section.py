@@ -155,11 +155,13 @@ def format_finding(model: str, by_format: dict[str, dict], paired: dict | None, 
     questions by the paired test (`paired`: the comparisons row, letter the reference; None
     where the per-item answers are not at hand)."""
     letter = by_format["letter"]
-    at_chance = letter["ci_low"] <= 0.25 <= letter["ci_high"]
+    chance = letter["chance"]
+    at_chance = letter["ci_low"] <= chance <= letter["ci_high"]
     verb = decide(paired, margin).verb if paired else None
     if at_chance and verb == "rises":
         reading = (
-            "Letter accuracy is at chance while cloze beats it on the same questions (paired test): the model "
+            "Letter accuracy cannot be told from chance while cloze beats it on the same questions (paired "
+            "test): the model "
             "has some of the knowledge but cannot retrieve the option letter in context."
         )
     else:
@@ -168,7 +170,7 @@ def format_finding(model: str, by_format: dict[str, dict], paired: dict | None, 
     cell = {k: acc_text(v["value"], v["ci_low"], v["ci_high"]) for k, v in by_format.items()}
     return (
         f"<li><b>{html.escape(model)}</b>: letter format {cell['letter']} vs cloze {cell['cloze']} on the "
-        f"same {letter['n']} questions (chance 25%).{compared} {reading}</li>"
+        f"same {letter['n']} questions (chance {pct(chance)}).{compared} {reading}</li>"
     )
 
 

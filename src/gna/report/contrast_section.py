@@ -52,7 +52,7 @@ STUDY = {
 
 
 def letter_baseline(baseline: pl.DataFrame, model: str) -> dict | None:
-    """The model's MMLU letter accuracy row (value, ci_low, ci_high, n), None where not scored."""
+    """The model's MMLU letter accuracy row (value, ci_low, ci_high, n, chance), None where not scored."""
     if baseline.is_empty():
         return None
     rows = baseline.filter(
@@ -166,7 +166,7 @@ def render_contrast(ctx: SectionContext) -> str:
         letter = letter_baseline(baseline, model)
         if letter is None:
             continue
-        if above_chance(letter["ci_low"], 0.25) and not compared.is_empty():
+        if above_chance(letter["ci_low"], letter["chance"]) and not compared.is_empty():
             k = contrast_k(compared, model)
             if k is not None:
                 shown.append((model, k, letter))
@@ -194,7 +194,7 @@ def render_contrast(ctx: SectionContext) -> str:
         mode = rows["mode"][0] if "mode" in rows.columns and len(rows) else "exact"
         parts.append(
             f"<h3>{html.escape(model)}</h3><p>MMLU letter baseline "
-            f"{acc_text(letter['value'], letter['ci_low'], letter['ci_high'])} (n = {letter['n']}, chance 25%). "
+            f"{acc_text(letter['value'], letter['ci_low'], letter['ci_high'])} (n = {letter['n']}, chance {pct(letter['chance'])}). "
             f"Heads ranked by their ablation on {ranked_on} ({mode} sweep); the top {k} removed together:</p><ul>"
             + "".join(f"<li>{s}</li>" for s in sentences(compared, model, k, ctx.margin))
             + "</ul>"
@@ -208,8 +208,8 @@ def render_contrast(ctx: SectionContext) -> str:
     for model, letter in unable:
         parts.append(
             f"<p class='note'><b>{html.escape(model)}</b> cannot show the contrast: its MMLU letter accuracy "
-            f"{acc_text(letter['value'], letter['ci_low'], letter['ci_high'])} (n = {letter['n']}) is not clear of "
-            "chance (25%), so a fall there could not be seen. Its retrieval heads and knowledge are in the sections "
+            f"{acc_text(letter['value'], letter['ci_low'], letter['ci_high'])} (n = {letter['n']}) cannot be told "
+            f"from chance ({pct(letter['chance'])}), so the study's fall to chance could not be seen. Its retrieval heads and knowledge are in the sections "
             "below.</p>"
         )
     return "".join(parts)

@@ -301,7 +301,7 @@ def comparisons_table(frame: pl.DataFrame, margin: float) -> str:
                 "lost / gained": f"{row['reference_only']} / {row['condition_only']}",
                 "McNemar p": f"{row['p_mcnemar']:.2g}",
                 "Holm p": f"{row['p_holm']:.2g}",
-                "detectable (80% power)": f"±{100 * detectable_difference(row['n'], discordant):.0f}",
+                "detectable (80% power)": f"±{100 * detectable_difference(row['n'], discordant, row['holm_multiplier']):.0f}",
                 "verdict": d.label if d.verb != "undecided" else f"not decided (about n = {d.n_to_decide})",
             }
         )
@@ -325,7 +325,7 @@ def comparisons_note(margin: float) -> str:
         "±5); otherwise <i>not decided</i>, with about the n of the test that would decide it first at 80% power if "
         "the observed rates held. The printed 95% intervals are not adjusted for the family; the verdicts are. "
         "<i>detectable</i>: the smallest paired difference (points) the row's n detects with 80% power at its "
-        "share of changing items (exact McNemar power).</p>"
+        "share of changing items and at the level Holm holds it to (exact McNemar power).</p>"
     )
 
 

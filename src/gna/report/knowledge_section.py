@@ -14,7 +14,16 @@ import matplotlib.pyplot as plt
 import polars as pl
 
 from gna.core.chance import above_chance, answered
-from gna.core.paired import NOT_COPYABLE, SUBSETS, Decision, decide, detectable_difference
+from gna.core.paired import (
+    ALPHA,
+    NOT_COPYABLE,
+    SUBSETS,
+    Decision,
+    decide,
+    detectable_difference,
+    holm,
+    mcnemar_p,
+)
 from gna.core.stats import wilson_interval
 from gna.report.headline import knowledge_k
 from gna.report.htmlkit import (
@@ -319,7 +328,7 @@ def power_part(ctx: SectionContext) -> str:
         if frame.is_empty():
             continue
         detectable = [
-            detectable_difference(r["n"], r["reference_only"] + r["condition_only"])
+            detectable_difference(r["n"], r["reference_only"] + r["condition_only"], r["holm_multiplier"])
             for r in frame.iter_rows(named=True)
         ]
         rows.append(
@@ -340,7 +349,7 @@ def power_part(ctx: SectionContext) -> str:
     return (
         "<h3>What the comparisons can detect</h3>"
         "<p>For each table of paired comparisons, the smallest difference its rows detect with 80% power (McNemar, "
-        "5% two-sided) given their n and the share of items that changed between the two conditions. Where a "
+        "5% two-sided divided by the row's Holm multiplier within its family) given their n and the share of items that changed between the two conditions. Where a "
         f"{100 * FALL:.0f}-point fall is beyond a row's reach, its <i>not decided</i> is a question of n, not of the "
         "model.</p>" + table(pl.DataFrame(rows), left=("comparisons",))
     )
@@ -411,23 +420,11 @@ def formats_sentences(model: str, formats: pl.DataFrame) -> list[str]:
     own = dev.filter(pl.col("chosen"))
     if len(own):
         run = own.row(0, named=True)
-        best = dev.sort(ranked, descending=True, nulls_last=True).row(0, named=True)
         text = (
             f"The form every experiment runs (<code>tasks.facts.choice</code>: {html.escape(run['form'])}): "
             f"{_acc_cell(run)}, circular {_acc_cell(run, 'circular_')} on the development split"
         )
-        if best["form"] != run["form"]:
-            trails = (best["circular_ci_low"] or 0) > (run["circular_ci_high"] or 1)
-            text += (
-                f"; the best by the circular check is {html.escape(best['form'])}, circular "
-                f"{_acc_cell(best, 'circular_')}: "
-                + (
-                    "<b>the configured form trails it</b>: choose that one in <code>tasks.facts.choice</code>"
-                    if trails
-                    else "the two cannot be told apart at this n"
-                )
-            )
-        out.append(text + ".")
+        out.append(text + against_best(dev, run) + ".")
     if len(evaluation):
         accs = evaluation.sort("draw")["acc"].to_list()
         first = evaluation.sort("draw").row(0, named=True)
@@ -437,6 +434,39 @@ def formats_sentences(model: str, formats: pl.DataFrame) -> list[str]:
             f"beside each interval), circular {_acc_cell(first, 'circular_') or '–'} on the task's own draw."
         )
     return out
+
+
+def against_best(dev: pl.DataFrame, run: dict) -> str:
+    """The clause comparing the chosen form `run` with the development split's best form by the
+    circular check, paired on the same facts: exact McNemar on the facts only one of the two passes,
+    Holm over every form compared with the chosen one (the best is a maximum over them); empty where
+    the chosen form is the best or nothing was paired."""
+    compared = dev.filter(pl.col("circular_form_only").is_not_null() & ~pl.col("chosen"))
+    if compared.is_empty():
+        return ""
+    compared = compared.with_columns(
+        pl.struct("circular_chosen_only", "circular_form_only")
+        .map_elements(lambda r: mcnemar_p(r["circular_chosen_only"], r["circular_form_only"]), return_dtype=pl.Float64)
+        .alias("p")
+    )
+    compared = compared.with_columns(pl.Series("p_holm", holm(compared["p"].to_list())))
+    best = compared.sort(["circular_acc", "acc"], descending=True, nulls_last=True).row(0, named=True)
+    if (best["circular_acc"] or 0) <= (run["circular_acc"] or 0):
+        return ""
+    paired = (
+        f"on the same {best['n']} facts it passes {best['circular_form_only']} the configured form fails and "
+        f"fails {best['circular_chosen_only']} it passes (exact McNemar p = {best['p']:.2g}, Holm over the "
+        f"{len(compared)} forms compared {best['p_holm']:.2g})"
+    )
+    verdict = (
+        "<b>the configured form trails it</b>: choose that one in <code>tasks.facts.choice</code>"
+        if best["p_holm"] < ALPHA
+        else "the two cannot be told apart at this n"
+    )
+    return (
+        f"; the best by the circular check is {html.escape(best['form'])}, circular {_acc_cell(best, 'circular_')}: "
+        f"{paired}, so {verdict}"
+    )
 
 
 def formats_part(formats: pl.DataFrame) -> str:

@@ -48,8 +48,8 @@ def answer_rows_experiment(
     the unmodified student, on each task (the study's Zamba2 table). `scored`: {task: per-item
     scores of the unmodified student on its items (its hybrid_score answers)}, read for the
     unmodified condition where they hold every item of the task's table, instead of scoring
-    those items again. `chance`: where the unmodified student cannot be told from chance masking
-    cannot show a loss, so the masked condition is not run; the unmodified row's skipped_reason
+    those items again. `chance`: where the unmodified student cannot be told from chance it has no
+    shown ability for masking to take away, so the masked condition is not run; the unmodified row's skipped_reason
     says why (null elsewhere)."""
     n_heads = model.config.num_attention_heads
     attention = {m.layer_idx: m.attention_heads for m in mixers(model) if m.attention_heads}

@@ -20,7 +20,7 @@ def test_at_chance_follows_the_wilson_interval():
     low, high = wilson_interval(1, 4)
     assert reason == (
         f"not distinguishable from chance at n=4: accuracy 25.0% [{low:.1%}, {high:.1%}] "
-        "contains chance 25.0%, so removing heads cannot show a loss"
+        "contains chance 25.0%, so removing heads has no shown ability to take away"
     )
     many = pl.concat([TABLE] * 10)
     assert at_chance(_items([True] * 40), many) is None  # 100% [91-100]: clear of 25%
@@ -35,7 +35,7 @@ def test_the_policy_is_off_by_default_and_spares_the_tasks_it_is_told():
     at = _items([False] * 4)
     assert ChancePolicy().reason(at, TABLE, "x") is None
     on = ChancePolicy(skip=True)
-    assert on.reason(at, TABLE, "x").endswith("so x cannot show a loss")
+    assert on.reason(at, TABLE, "x").endswith("so x has no shown ability to take away")
     assert on.sparing("t").reason(at, TABLE, "x") is None and on.sparing(None) == on
     assert on.sparing("t").applies("other") and not on.sparing("t").applies("t")
     with pytest.raises(ValueError, match="^chance.skip: "):

@@ -229,3 +229,26 @@ def test_a_fall_smaller_than_the_margin_says_both():
     assert (d.verb, d.within) == ("falls", True)
     assert describe(row).startswith("falls, by less than ±5 points: -2.5 points")
     assert decide(_row(21, 0, 240)).within is False
+
+
+def test_the_holm_multiplier_is_the_step_down_factor_not_the_ratio_of_adjusted_to_raw():
+    """Raw p 0.011 and 0.010 in one family: Holm adjusts both to 0.02 (the larger made monotone), so
+    the ratio p_holm / p of the first row is 1.8 where its test is held to 5% / 1; the second to 5% / 2."""
+    from gna.core.paired import holm, holm_multipliers
+
+    assert holm([0.011, 0.010]) == pytest.approx([0.02, 0.02])
+    assert holm_multipliers([0.011, 0.010]) == [1, 2]
+    assert holm_multipliers([0.5, 0.01, 0.2, 0.01]) == [1, 4, 2, 3]
+
+
+def test_a_comparisons_table_records_each_rows_holm_multiplier_and_the_plans_use_it():
+    from gna.core.paired import comparisons, detectable_difference
+
+    def frame(outcomes):
+        return pl.DataFrame({"task": "t", "item_id": range(len(outcomes)), "group": "all", "correct": outcomes})
+
+    ref = frame([True] * 100)
+    per_item = {"ref": ref, "a": frame([False] * 3 + [True] * 97), "b": frame([False] * 30 + [True] * 70)}
+    table = comparisons(per_item, [("f", "ref", "a"), ("f", "ref", "b")])
+    assert table["holm_multiplier"].to_list() == [1, 2]  # b's p is the smaller
+    assert detectable_difference(100, 10, 2) > detectable_difference(100, 10, 1)

@@ -60,7 +60,7 @@ def test_head_tables_score_a_task_at_chance_unablated_only(tiny_llama):
     ).equals(every)
     skipped = remove_top_k(Scorer(model, tok, progress=False), ranking, tables, top_k, reference=Reference(chance=on))
     assert set(skipped["k"]) == {0} and set(skipped["condition"]) == {"top"}
-    assert skipped["skipped_reason"].str.contains("so removing heads cannot show a loss").all()
+    assert skipped["skipped_reason"].str.contains("so removing heads has no shown ability to take away").all()
     assert skipped.drop("skipped_reason").equals(every.filter(pl.col("k") == 0).drop("skipped_reason"))
     # judged on the given baseline scores: all correct is above chance, so every condition runs
     right = score_table(Scorer(model, tok, progress=False), KV).with_columns(pl.lit(True).alias("correct"))

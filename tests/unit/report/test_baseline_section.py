@@ -8,7 +8,7 @@ from gna.report.baseline_section import format_finding, letter_vs_cloze
 
 def _acc(correct: int, n: int) -> dict:
     low, high = wilson_interval(correct, n)
-    return {"value": correct / n, "ci_low": low, "ci_high": high, "n": n}
+    return {"value": correct / n, "ci_low": low, "ci_high": high, "n": n, "chance": 0.25}
 
 
 def _items(letter: list[bool], cloze: list[bool]) -> pl.DataFrame:

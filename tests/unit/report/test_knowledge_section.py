@@ -144,9 +144,11 @@ def test_the_view_table_shows_each_condition_with_its_interval():
 
 
 def formats_frame(rows: list[tuple]) -> pl.DataFrame:
-    """A facts_formats table of (split, form, answer, draw, correct, circular correct, chosen) rows, n = 80."""
+    """A facts_formats table of (split, form, answer, draw, correct, circular correct, chosen[, (facts
+    only the chosen form passes, facts only this form passes)]) rows, n = 80."""
     out = []
-    for split, form, answer, draw, correct, circular, chosen in rows:
+    for split, form, answer, draw, correct, circular, chosen, *paired in rows:
+        chosen_only, form_only = paired[0] if paired else (None, None)
         low, high = wilson_interval(correct, 80)
         c_low, c_high = wilson_interval(circular, 80) if circular is not None else (None, None)
         out.append(
@@ -171,6 +173,8 @@ def formats_frame(rows: list[tuple]) -> pl.DataFrame:
                 "repeats_example": None,
                 "prompt_tokens": 40.0,
                 "chosen": chosen,
+                "circular_chosen_only": chosen_only,
+                "circular_form_only": form_only,
             }
         )
     return pl.DataFrame(out)
@@ -179,11 +183,11 @@ def formats_frame(rows: list[tuple]) -> pl.DataFrame:
 def test_the_format_comparison_says_when_no_letter_form_is_above_chance_and_whether_the_chosen_form_trails():
     from gna.report.knowledge_section import formats_part
 
-    def formats(letter: int, letter_circular: int, chosen_circular: int) -> pl.DataFrame:
+    def formats(letter: int, letter_circular: int, chosen_circular: int, paired=(0, 0)) -> pl.DataFrame:
         return formats_frame(
             [
                 ("dev", "cloze", None, 0, 70, None, False),
-                ("dev", "letter, 3 shots, A.", "letter", 0, letter, letter_circular, False),
+                ("dev", "letter, 3 shots, A.", "letter", 0, letter, letter_circular, False, paired),
                 ("dev", "letter, 0 shots, A.", "letter", 0, 20, None, False),
                 ("dev", "text, 1 shot, A.", "text", 0, 40, chosen_circular, True),
                 ("eval", "text, 1 shot, A.", "text", 0, 27, 10, True),
@@ -197,11 +201,32 @@ def test_the_format_comparison_says_when_no_letter_form_is_above_chance_and_whet
     assert "33.8%, 28.7%, 31.2% over 3 draws" in page and "spread 5.0 points" in page
     assert "2 of 3 multiple-choice forms are above chance" not in page  # 20/80 and 22/80 are not
     assert "1 of 3 multiple-choice forms are above chance" in page and "1 of those also pass the circular check" in page
-    answered = formats_part(formats(letter=60, letter_circular=45, chosen_circular=25))
+    answered = formats_part(formats(letter=60, letter_circular=45, chosen_circular=25, paired=(0, 20)))
     assert "The letter format (MMLU's answer, the study's form) is answered" in answered
-    assert "<b>the configured form trails it</b>" in answered  # circular 56% [45–67] against 31% [22–42]
-    close = formats_part(formats(letter=60, letter_circular=28, chosen_circular=25))
-    assert "cannot be told apart at this n" in close
+    assert "<b>the configured form trails it</b>" in answered
+    close = formats_part(formats(letter=60, letter_circular=28, chosen_circular=25, paired=(5, 8)))
+    assert "cannot be told apart at this n" in close and "passes 8 the configured form fails and fails 5" in close
+
+
+def test_the_format_check_pairs_the_forms_on_the_same_facts_not_by_overlapping_intervals():
+    """40/80 against 25/80 under the circular check: the Wilson intervals overlap ([39–61] and
+    [22–42]), yet on the same facts the best form passes 16 the chosen one fails and fails 1 it
+    passes (exact McNemar p = 0.00027): the chosen form trails. Holm runs over the forms compared
+    with it (the best is a maximum over them)."""
+    from gna.report.knowledge_section import formats_part
+
+    def page(others: int) -> str:
+        rows = [
+            ("dev", "letter, 3 shots, A.", "letter", 0, 60, 40, False, (1, 16)),
+            ("dev", "text, 1 shot, A.", "text", 0, 40, 25, True),
+        ] + [("dev", f"letter, {i} shots, (A)", "letter", 0, 45, 25, False, (3, 3)) for i in range(others)]
+        return formats_part(formats_frame(rows))
+
+    assert wilson_interval(40, 80)[0] < wilson_interval(25, 80)[1]  # the intervals overlap
+    one = page(0)
+    assert "<b>the configured form trails it</b>" in one and "exact McNemar p = 0.00027" in one
+    # the same best among 61 compared forms: Holm multiplies its p by 61 (0.017), still below 5%
+    assert "Holm over the 61 forms compared 0.017" in page(60) and "trails it" in page(60)
 
 
 def test_a_config_without_facts_still_writes_the_figure(tmp_path):

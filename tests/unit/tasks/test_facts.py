@@ -329,6 +329,10 @@ def test_format_comparison_scores_each_form_on_the_dev_split_with_its_circular_c
     above = compare_formats(scorer, facts, cfg, earlier=right)
     later = [all(d["correct"][i] for d in letter[1:]) for i in range(8)]
     assert above["acc"][1] == 1.0 and above["circular_acc"][1] == pytest.approx(sum(later) / 8)
+    # paired with the chosen form on the same facts: the facts only one of the two passes circularly
+    assert above["circular_chosen_only"][1] == sum(e and not x for e, x in zip(every, later))
+    assert above["circular_form_only"][1] == sum(x and not e for e, x in zip(every, later))
+    assert above["circular_form_only"][2] is None and result["circular_form_only"][1] is None  # itself; not rotated
     assert result["prompt_tokens"][2] > result["prompt_tokens"][0]
     assert result["repeats_example"][1] is None and 0 <= result["repeats_example"][2] <= 1
     # the evaluation split's first draw is the task's own table, read from its baseline scores
