@@ -64,9 +64,11 @@ def code_of(rule_name):
 
 
 def get_path(path):
-    """Relative paths in config are relative to the workflow folder."""
+    """A config path as a rule reads it: a relative one is relative to the workflow folder, and is
+    given relative to the working folder (Snakemake records inputs and params as written, so a
+    project moved as a whole reruns nothing); an absolute one as written."""
     path = Path(path)
-    return str(path if path.is_absolute() else Path(workflow.basedir) / path)
+    return str(path) if path.is_absolute() else os.path.relpath(Path(workflow.basedir) / path)
 
 
 # keys of a model spec that size cluster jobs, select phases or set its phases but do not change the

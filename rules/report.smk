@@ -39,7 +39,7 @@ rule report:
         settings={
             "options": config["report"],
             "config_json": json.dumps(config, sort_keys=True),
-            "workflow_dir": workflow.basedir,
+            "workflow_dir": os.path.relpath(workflow.basedir),  # relative: a moved project reruns nothing
         },
         code=code_of("report"),
     log:

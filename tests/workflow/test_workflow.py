@@ -594,3 +594,32 @@ def test_knowledge_tasks_score_only_the_students_of_knowledge_heads_kept(tmp_pat
     assert tasks_of(targets[1]) == {"kv_retrieval"}
     assert "data/results/hybrid/tiny-llama/answers/k0-n8.parquet" in inputs[targets[2]]
     assert not any("/answers/" in p for p in inputs[targets[3]])
+
+
+def test_a_project_moved_as_a_whole_reruns_nothing(tmp_path):
+    """Snakemake records inputs and params as written: a config path resolved to an absolute one
+    (the local MMLU and facts files, the lm-eval cross-check's task, the report's workflow folder)
+    reran every rule reading it once the project was moved. The workflow, its config and its data
+    in one folder, the task rules run, the folder renamed: a dry run there plans nothing."""
+    project = tmp_path / "here"
+    for part in ("Snakefile", "dvc.yaml", "rules", "workflow_scripts", "config", "tests/data"):
+        copy = shutil.copytree if (REPO / part).is_dir() else shutil.copy2
+        (project / part).parent.mkdir(parents=True, exist_ok=True)
+        copy(REPO / part, project / part)
+    cfg = smoke_config()
+    cfg["lm_eval"]["crosscheck_mmlu"] = True
+    (project / "config.yaml").write_text(yaml.safe_dump(cfg))
+    targets = ["data/tasks/mmlu_letter.parquet", "data/tasks/facts_cloze.parquet", "data/tasks/lmeval_crosscheck"]
+
+    def run(where: Path, *args: str) -> subprocess.CompletedProcess:
+        cmd = ["--snakefile", str(where / "Snakefile"), "--directory", str(where), "--configfile", "config.yaml"]
+        proc = snakemake_cli([*cmd, "--cores", "1", *args, *targets], cwd=where)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc
+
+    run(project)
+    assert planned_jobs_of(run(project, "-n")) == {}
+    moved = tmp_path / "elsewhere" / "there"
+    moved.parent.mkdir()
+    project.rename(moved)
+    assert planned_jobs_of(run(moved, "-n")) == {}
