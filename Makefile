@@ -8,7 +8,7 @@ CORES  ?= all
 TEST_WORKERS ?= 2
 WORKERS := -n $(TEST_WORKERS)
 
-.PHONY: venv gpu gpu-wheels reproduce check headline test test-fast lint smoke-golden smoke-plan gpu-check dryrun pull push report lock peers
+.PHONY: venv gpu gpu-wheels reproduce check headline timing-table test test-fast lint smoke-golden smoke-plan gpu-check dryrun pull push report lock peers
 
 # torch first, pinned to the CPU wheel (any looser spec can pull a multi-GB CUDA build), then
 # the project under a full constraint file so the resolver cannot replace it.
@@ -74,6 +74,12 @@ test-fast: venv gpu lint
 ## against: only after a change that is meant to change results.
 smoke-golden: venv
 	$(BIN)/python tests/golden.py refresh
+
+## The README's time table: the latest run's record (data/run/record.json) kept as its CPU kind's in
+## docs/runs/, then the table of every kept record written into the README (gna.report.timing_table)
+timing-table: venv
+	$(BIN)/python -m gna.report.timing_table keep data/run/record.json docs/runs
+	$(BIN)/python -m gna.report.timing_table write docs/runs README.md
 
 ## The smoke config's jobs as a plan (tests/data/smoke_plan.json) that benchmarks/gpu_check.py runs
 ## without Snakemake (gna.core.replay); a test says when the workflow has changed under it.

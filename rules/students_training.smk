@@ -16,7 +16,13 @@ CORPUS_CHECK = "data/distill/corpus-check.json"
 # the KV prompts of the students' checkpoint selection (hybrid.select: validation)
 KD_VALIDATION_SET = f"data/tasks/{PROMPT_SETS_DIR}/{KD_VALIDATION}.parquet"
 # how a student's KD checkpoint is chosen (gna.students.kd.Select)
-SELECT = {"by": HYBRID["select"], "every": HYBRID["validation"]["every"], "batch_size": EVALUATION["batch_size"]}
+SELECT = {
+    "by": HYBRID["select"],
+    "every": HYBRID["validation"]["every"],
+    # scored as the evaluation scores the student: its batch and its linears' precision
+    "batch_size": EVALUATION["batch_size"],
+    "compute_dtype": EVALUATION["compute_dtype"],
+}
 # the tasks.mmlu keys that choose the evaluation subset, which the corpus stays out of
 MMLU_SELECTION = {k: v for k, v in config["tasks"]["mmlu"].items() if k in ("n", "seed", "topics")}
 

@@ -164,6 +164,22 @@ def cpu_name(cpuinfo: str | None = None) -> str:
     return f"{name}, family {fields['cpu family']}" if "cpu family" in fields else name
 
 
+def cpu_kernels(cpuinfo: str | None = None) -> str:
+    """The widest matmul instructions the CPU offers, which decide a run's speed and its bf16
+    rounding: 'AMX', 'AVX-512 + BF16', 'AVX-512', 'AVX2' or 'unknown' (no /proc/cpuinfo)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return "unknown"
+    line = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
+    flags = set(line.split(":", 1)[-1].split())
+    for flag, name in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX-512 + BF16"), ("avx512f", "AVX-512")):
+        if flag in flags:
+            return name
+    return "AVX2" if "avx2" in flags else "unknown"
+
+
 def machine() -> dict:
     import torch
 
@@ -172,6 +188,7 @@ def machine() -> dict:
         "torch": torch.__version__,
         "platform": platform.platform(),
         "cpu": cpu_name(),
+        "kernels": cpu_kernels(),
         "cpu_count": __import__("os").cpu_count(),
         "cuda": torch.cuda.is_available(),
     }

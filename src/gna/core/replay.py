@@ -44,14 +44,20 @@ def _named(values, skip: tuple[str, ...] = ()) -> dict:
     return {"items": items, "names": names}
 
 
-def _portable(value, repo: str):
-    """`value` with the repository's absolute path, and paths inside it, written as {repo}..."""
+def _portable(value, repo: str, workdir: str = ""):
+    """`value` with the repository's absolute path, and paths inside it, written as {repo}...; a
+    path relative to `workdir` that leads into the repository (a config path the workflow gives
+    relative to its working folder) too."""
+    if isinstance(value, str) and workdir and value.startswith(".."):
+        absolute = os.path.normpath(os.path.join(workdir, value))
+        if absolute == repo or absolute.startswith(repo + os.sep):
+            value = absolute
     if isinstance(value, str) and (value == repo or value.startswith(repo + os.sep)):
         return REPO_TOKEN + value[len(repo) :]
     if isinstance(value, dict):
-        return {k: _portable(v, repo) for k, v in value.items()}
+        return {k: _portable(v, repo, workdir) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_portable(v, repo) for v in value]
+        return [_portable(v, repo, workdir) for v in value]
     return value
 
 
@@ -112,6 +118,7 @@ def record_plan(configfile: str | Path, workdir: str | Path, cores: int = 2) -> 
                     },
                 },
                 repo,
+                str(workdir),
             )
         )
     return {

@@ -226,6 +226,29 @@ def linears_computed_in(model, compute_dtype: str):
 
 
 @contextlib.contextmanager
+def evaluated_in(model, compute_dtype: str):
+    """Within the block, `model` multiplies as linears_computed_in(model, compute_dtype) sets it up
+    (the evaluation's precision: checkpoint selection scores a student as it will be scored); after
+    it, each linear layer has its own forward, its weight's requires_grad and no low copy again, so
+    training goes on as before."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    before = {m: (vars(m).get("forward"), m.weight.requires_grad) for m in linears}
+    linears_computed_in(model, compute_dtype)
+    try:
+        yield model
+    finally:
+        for module, (forward, grad) in before.items():
+            if forward is None:
+                vars(module).pop("forward", None)
+            else:
+                module.forward = forward
+            module.weight.requires_grad_(grad)
+            module._buffers.pop("weight_low", None)
+            for name in ("low_dtype", "weight_low_of"):
+                vars(module).pop(name, None)
+
+
+@contextlib.contextmanager
 def linears_in_full_precision(model):
     """Within the block, the linear layers that linears_computed_in set up multiply with their
     own weights through F.linear again (the engine's probe compares two paths through the model:

@@ -139,7 +139,8 @@ def compare_formats(
     task's own form; on the evaluation split the task's own form (comparison.choice) at each of
     comparison.draws draws of solved examples, draw 0 with its circular check. `chosen` marks
     the task's own form; on the development split, circular_chosen_only / circular_form_only count
-    the facts only the chosen form / only this form passes under the circular check (against_chosen); chat forms are left out (a row with n = 0 and a note) where the tokenizer
+    the facts only the chosen form / only this form passes under the circular check (against_chosen);
+    chat forms are left out (a row with n = 0 and a note) where the tokenizer
     has no chat template. `earlier`: the task tables with
     their baseline scores, read instead of scoring them again."""
     tok = scorer.tok

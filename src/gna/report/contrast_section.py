@@ -194,7 +194,8 @@ def render_contrast(ctx: SectionContext) -> str:
         mode = rows["mode"][0] if "mode" in rows.columns and len(rows) else "exact"
         parts.append(
             f"<h3>{html.escape(model)}</h3><p>MMLU letter baseline "
-            f"{acc_text(letter['value'], letter['ci_low'], letter['ci_high'])} (n = {letter['n']}, chance {pct(letter['chance'])}). "
+            f"{acc_text(letter['value'], letter['ci_low'], letter['ci_high'])} "
+            f"(n = {letter['n']}, chance {pct(letter['chance'])}). "
             f"Heads ranked by their ablation on {ranked_on} ({mode} sweep); the top {k} removed together:</p><ul>"
             + "".join(f"<li>{s}</li>" for s in sentences(compared, model, k, ctx.margin))
             + "</ul>"
@@ -209,7 +210,8 @@ def render_contrast(ctx: SectionContext) -> str:
         parts.append(
             f"<p class='note'><b>{html.escape(model)}</b> cannot show the contrast: its MMLU letter accuracy "
             f"{acc_text(letter['value'], letter['ci_low'], letter['ci_high'])} (n = {letter['n']}) cannot be told "
-            f"from chance ({pct(letter['chance'])}), so the study's fall to chance could not be seen. Its retrieval heads and knowledge are in the sections "
+            f"from chance ({pct(letter['chance'])}), so the study's fall to chance could not be seen. Its "
+            "retrieval heads and knowledge are in the sections "
             "below.</p>"
         )
     return "".join(parts)

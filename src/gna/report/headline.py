@@ -230,9 +230,7 @@ def headline(data_dir: str | Path, margin: float = DEFAULT_MARGIN) -> list[dict]
     return out
 
 
-def compare(
-    reference: list[dict], run: list[dict], margin: float = DEFAULT_MARGIN
-) -> tuple[list[str], bool]:
+def compare(reference: list[dict], run: list[dict], margin: float = DEFAULT_MARGIN) -> tuple[list[str], bool]:
     """One line per reference entry: 'equal', 'within its interval' (an accuracy inside the
     recorded 95% interval), 'within rounding' (at most rounding_items of its items apart),
     'borderline' (a verdict the rounding can flip: `borderline`, with both runs' counts and

@@ -287,6 +287,7 @@ def comparisons_table(frame: pl.DataFrame, margin: float) -> str:
     rows = []
     for row in frame.iter_rows(named=True):
         d, discordant = decide(row, margin), row["reference_only"] + row["condition_only"]
+        detectable = detectable_difference(row["n"], discordant, row["holm_multiplier"])
         rows.append(
             {
                 "model": row.get("model", ""),
@@ -301,7 +302,7 @@ def comparisons_table(frame: pl.DataFrame, margin: float) -> str:
                 "lost / gained": f"{row['reference_only']} / {row['condition_only']}",
                 "McNemar p": f"{row['p_mcnemar']:.2g}",
                 "Holm p": f"{row['p_holm']:.2g}",
-                "detectable (80% power)": f"±{100 * detectable_difference(row['n'], discordant, row['holm_multiplier']):.0f}",
+                "detectable (80% power)": f"±{100 * detectable:.0f}",
                 "verdict": d.label if d.verb != "undecided" else f"not decided (about n = {d.n_to_decide})",
             }
         )

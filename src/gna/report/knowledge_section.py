@@ -349,7 +349,8 @@ def power_part(ctx: SectionContext) -> str:
     return (
         "<h3>What the comparisons can detect</h3>"
         "<p>For each table of paired comparisons, the smallest difference its rows detect with 80% power (McNemar, "
-        "5% two-sided divided by the row's Holm multiplier within its family) given their n and the share of items that changed between the two conditions. Where a "
+        "5% two-sided divided by the row's Holm multiplier within its family) given their n and the share of "
+        "items that changed between the two conditions. Where a "
         f"{100 * FALL:.0f}-point fall is beyond a row's reach, its <i>not decided</i> is a question of n, not of the "
         "model.</p>" + table(pl.DataFrame(rows), left=("comparisons",))
     )

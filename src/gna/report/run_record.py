@@ -19,6 +19,7 @@ from gna.core.provenance import config_hash, git_commit, machine
 from gna.report.htmlkit import CSS, table
 
 RUN_RECORD = "data/run/index.html"
+RUN_RECORD_JSON = "data/run/record.json"  # the same record for gna.report.timing_table (README's time table)
 
 # the study's phases, by the rules that make them (a rule's benchmark records are under its name)
 PHASE_OF_RULE_PREFIX = {
@@ -116,14 +117,15 @@ def write_run_record(
     out_path: str | Path, benchmark_dir: str | Path, logs_dir: str | Path, config: dict, workflow_dir: str | Path
 ) -> None:
     """Write the run record page `out_path`: time, commit, config hash and machine, then the
-    per-phase and per-step timings (timings, phase_timings) and the timed parts (part_timings)."""
+    per-phase and per-step timings (timings, phase_timings) and the timed parts (part_timings);
+    beside it, record.json: the same machine and steps for gna.report.timing_table."""
     mach = machine()
     about = {
         "written": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "git commit": git_commit(workflow_dir),
         "config hash": config_hash(config),
         "python / torch": f"{mach['python']} / {mach['torch']}",
-        "machine": f"{mach['platform']}, {mach['cpu']}, {mach['cpu_count']} CPUs, "
+        "machine": f"{mach['platform']}, {mach['cpu']} ({mach['kernels']}), {mach['cpu_count']} CPUs, "
         f"CUDA {'yes' if mach['cuda'] else 'no'}",
     }
     fmt = {
@@ -143,6 +145,17 @@ def write_run_record(
         table(pl.DataFrame({"item": list(about), "value": list(about.values())}), left=("item", "value")),
     ]
     steps, parts = with_work(timings(benchmark_dir), logs_dir), part_timings(logs_dir)
+    record = {
+        "written": about["written"],
+        "git commit": about["git commit"],
+        "cpu": mach["cpu"],
+        "kernels": mach["kernels"],
+        "cpu_count": mach["cpu_count"],
+        "cuda": mach["cuda"],
+        "models": sorted(config.get("models", {})),
+        "steps": steps.select("step", "seconds", "peak RSS (MB)", "layer-tokens (M)").to_dicts(),
+    }
+    write_text(json.dumps(record, indent=1) + "\n", Path(out_path).with_name(Path(RUN_RECORD_JSON).name))
     if steps.is_empty():
         body.append(
             "<p>No benchmark records: no step has run in this folder (results restored with "

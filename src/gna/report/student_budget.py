@@ -75,7 +75,8 @@ def budget_goal(budget: pl.DataFrame, teacher: pl.DataFrame, size: int, share: f
         else:
             last = kv.row(-1, named=True)
             sentences.append(
-                f"{variant} does not reach {aim} on this curve: {acc_text(last['value'], last['ci_low'], last['ci_high'])} "
+                f"{variant} does not reach {aim} on this curve: "
+                f"{acc_text(last['value'], last['ci_low'], last['ci_high'])} "
                 f"after {last['kd_tokens']:,} tokens, its largest budget here."
             )
     return f"<p><b>Goal of {share:.0%} of the teacher:</b> {' '.join(sentences)}</p>" if sentences else ""

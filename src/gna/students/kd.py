@@ -20,7 +20,7 @@ from gna.core.io import atomic_dir, read_parquet, write_parquet
 from gna.core.settings import Files, RuleSettings
 from gna.core.tensor_files import read_tensors, write_tensors
 from gna.engine.device import device_of
-from gna.engine.precision import COMPUTE_DTYPES, frozen_weights_in, warn_if_autocast_emulated
+from gna.engine.precision import COMPUTE_DTYPES, evaluated_in, frozen_weights_in, warn_if_autocast_emulated
 from gna.engine.scoring import Scorer
 from gna.models.prepare import load_model
 from gna.students.alignment import Realign, load_aligned, lr_schedule, realign_in_context
@@ -47,20 +47,23 @@ class KD:
 
 @dataclass(frozen=True)
 class Select:
-    """Which KD checkpoint becomes the student (config keys hybrid.select, hybrid.validation.every
-    and eval.batch_size): `by` "validation" (Selection on the validation KV prompts, scored every
-    `every` steps, `batch_size` items per forward) or "last" (the last step's)."""
+    """Which KD checkpoint becomes the student (config keys hybrid.select, hybrid.validation.every,
+    eval.batch_size and eval.compute_dtype): `by` "validation" (Selection on the validation KV
+    prompts, scored every `every` steps, `batch_size` items per forward, the linear layers in the
+    evaluation's `compute_dtype`) or "last" (the last step's)."""
 
     by: str = "validation"
     every: int = 7
     batch_size: int = 8
+    compute_dtype: str = "float32"
 
     def selection(self, tok, validation_path: str) -> Selection | None:
         """The Selection of a KD run on the KV prompts at `validation_path` (by "validation"), or
         None (by "last")."""
         if self.by != "validation":
             return None
-        return Selection(validation_scorer(tok, read_parquet(validation_path), self.batch_size), self.every)
+        table = read_parquet(validation_path)
+        return Selection(validation_scorer(tok, table, self.batch_size, self.compute_dtype), self.every)
 
 
 @dataclass
@@ -360,13 +363,15 @@ def parameter_changes(start: dict[str, torch.Tensor], states: dict[str, dict[str
     return pl.DataFrame(rows)
 
 
-def validation_scorer(tok, table: pl.DataFrame, batch_size: int) -> Callable:
+def validation_scorer(tok, table: pl.DataFrame, batch_size: int, compute_dtype: str = "float32") -> Callable:
     """score(student) -> (per-item correctness, mean log-prob of the target) on the KV prompts `table`
-    (gna.engine.scoring.score_table): what checkpoint selection compares."""
+    (gna.engine.scoring.score_table) with the linear layers multiplying in `compute_dtype` as the
+    evaluation's do (eval.compute_dtype; evaluated_in): what checkpoint selection compares."""
     from gna.engine.scoring import score_table
 
     def score(student) -> tuple[list[bool], float]:
-        scored = score_table(Scorer(student, tok, batch_size=batch_size, progress=False), table)
+        with evaluated_in(student, compute_dtype):
+            scored = score_table(Scorer(student, tok, batch_size=batch_size, progress=False), table)
         return scored["correct"].to_list(), float(scored["logp_target"].mean())
 
     return score

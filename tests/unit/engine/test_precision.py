@@ -333,3 +333,31 @@ def test_training_in_bf16_on_a_cpu_without_bf16_instructions_is_named(monkeypatc
     with caplog.at_level("WARNING", logger="gna.engine.precision"):
         precision.warn_if_autocast_emulated(torch.device("meta"), "bfloat16", "hybrid.align")
     assert caplog.text == ""  # not a CPU
+
+
+def test_checkpoint_selection_scores_a_student_as_its_evaluation_does_then_training_goes_on(tiny_llama, bf16_path):
+    """The validation scorer (gna.students.kd) multiplies in eval.compute_dtype, as the evaluation of
+    the chosen student will (its scores are the evaluation's, bit for bit), then gives the student
+    back as it was: each linear layer its own forward, its weight's requires_grad, no copy kept."""
+    from gna.students.kd import validation_scorer
+
+    model, tok = tiny_llama
+    student = make_hybrid(copy.deepcopy(model), [(1, 0)], 4)
+    for p in student.parameters():
+        p.requires_grad_(False)
+    trained = [p for m in mixers(student) for p in m.ssm_params() if p.numel()]
+    for p in trained:
+        p.requires_grad_(True)
+    table = build_kv_retrieval([3], 6, 1, "lookup")
+    evaluation = score_table(
+        Scorer(linears_computed_in(copy.deepcopy(student), "bfloat16"), tok, batch_size=4, progress=False), table
+    )
+    correct, logp = validation_scorer(tok, table, 4, "bfloat16")(student)
+    assert correct == evaluation["correct"].to_list() and logp == float(evaluation["logp_target"].mean())
+    assert logp != validation_scorer(tok, table, 4, "float32")(student)[1]  # the precision is the evaluation's
+    linears = [m for m in student.modules() if isinstance(m, torch.nn.Linear)]
+    assert all("forward" not in vars(m) and not hasattr(m, "weight_low") for m in linears)
+    assert [p.requires_grad for p in student.parameters()] == [
+        any(p is t for t in trained) for p in student.parameters()
+    ]
+    assert any(m.weight.requires_grad for m in linears)  # an SSM projection trains on

@@ -40,6 +40,14 @@ def test_run_record_gathers_benchmark_records_and_timed_parts(tmp_path):
         "CPUs, CUDA",
     ):
         assert needle in page, needle
+    record = json.loads((tmp_path / "run/record.json").read_text())  # the same record for the time table
+    assert record["steps"][1] == {
+        "step": "heads_sweep/m",
+        "seconds": 12.5,
+        "peak RSS (MB)": 800.0,
+        "layer-tokens (M)": 2.5,
+    }
+    assert record["kernels"] in ("AMX", "AVX-512 + BF16", "AVX-512", "AVX2", "unknown") and record["models"] == []
     write_run_record(tmp_path / "empty.html", tmp_path / "none", tmp_path / "none", {}, REPO)
     assert "No benchmark records" in (tmp_path / "empty.html").read_text()
 
@@ -59,3 +67,12 @@ def test_phase_timings_sum_each_phase_and_the_total():
     assert phases["students"]["steps"] == 2 and phases["heads"]["seconds"] == 100.0
     assert phases["other"]["steps"] == 1
     assert phases["all"]["seconds"] == 116.0 and phases["all"]["peak RSS (MB)"] == 900.0
+
+
+def test_the_cpu_kernels_are_the_widest_matmul_instructions():
+    from gna.core.provenance import cpu_kernels
+
+    assert cpu_kernels("flags\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n") == "AMX"
+    assert cpu_kernels("flags\t: fpu avx2 avx512f avx512_bf16\n") == "AVX-512 + BF16"  # Zen 4
+    assert cpu_kernels("flags\t: fpu avx2 avx512f\n") == "AVX-512"
+    assert cpu_kernels("flags\t: fpu sse4_2 avx2\n") == "AVX2" and cpu_kernels("model name: M3\n") == "unknown"

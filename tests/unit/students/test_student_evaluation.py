@@ -239,7 +239,10 @@ def test_a_student_is_not_scored_where_its_teacher_is_degenerate(phase):
     ran = _rows_of(root, student, tasks, "teacher-False")
     # the teacher passes; the tiny student is at chance itself, so only its unmodified row is scored
     assert ran["condition"].to_list() == ["unmodified"]
-    assert "masking answer rows has no shown ability to take away: the masked condition not run" in ran["skipped_reason"][0]
+    assert (
+        "masking answer rows has no shown ability to take away: the masked condition not run"
+        in ran["skipped_reason"][0]
+    )
     every = _rows_of(root, student, tasks, "teacher-True", chance=ChancePolicy(skip=False))
     assert every["condition"].to_list() == ["unmodified", "attention answer rows masked"]
 
