@@ -115,13 +115,14 @@ def holm(p_values: list[float]) -> list[float]:
 
 def holm_multipliers(p_values: list[float]) -> list[int]:
     """Holm's step-down multiplier of each raw p-value, in the given order: m for the smallest, m - 1
-    for the next, ..., 1 for the largest (ties in the given order), the factor its test is held to
-    before the adjusted values are made monotone (so not p_holm / p)."""
-    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
-    out = [0] * len(p_values)
-    for rank, i in enumerate(order):
-        out[i] = len(p_values) - rank
-    return out
+    for the next, ..., 1 for the largest; tied p-values share the largest of their ranks' (they are
+    rejected together or not at all). The factor a row's test is held to before the adjusted values
+    are made monotone (so not p_holm / p)."""
+    ordered = sorted(p_values)
+    first = {}
+    for rank, p in enumerate(ordered):
+        first.setdefault(p, rank)
+    return [len(p_values) - first[p] for p in p_values]
 
 
 def paired_row(reference: pl.DataFrame, condition: pl.DataFrame) -> dict:

@@ -225,27 +225,40 @@ def linears_computed_in(model, compute_dtype: str):
     return model
 
 
+_SET_UP = ("forward", "low_dtype", "weight_low_of")  # what linears_computed_in sets on a module, besides weight_low
+
+
 @contextlib.contextmanager
 def evaluated_in(model, compute_dtype: str):
     """Within the block, `model` multiplies as linears_computed_in(model, compute_dtype) sets it up
     (the evaluation's precision: checkpoint selection scores a student as it will be scored); after
-    it, each linear layer has its own forward, its weight's requires_grad and no low copy again, so
+    it, each linear layer is as it was (its forward, low copy and weight's requires_grad), so
     training goes on as before."""
+    missing = object()
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    before = {m: (vars(m).get("forward"), m.weight.requires_grad) for m in linears}
-    linears_computed_in(model, compute_dtype)
+    before = {
+        m: (
+            {k: vars(m).get(k, missing) for k in _SET_UP},
+            m._buffers.get("weight_low", missing),
+            m.weight.requires_grad,
+        )
+        for m in linears
+    }
     try:
+        linears_computed_in(model, compute_dtype)
         yield model
     finally:
-        for module, (forward, grad) in before.items():
-            if forward is None:
-                vars(module).pop("forward", None)
+        for module, (attributes, low, grad) in before.items():
+            for name, value in attributes.items():
+                if value is missing:
+                    vars(module).pop(name, None)
+                else:
+                    vars(module)[name] = value
+            if low is missing:
+                module._buffers.pop("weight_low", None)
             else:
-                module.forward = forward
+                module._buffers["weight_low"] = low
             module.weight.requires_grad_(grad)
-            module._buffers.pop("weight_low", None)
-            for name in ("low_dtype", "weight_low_of"):
-                vars(module).pop(name, None)
 
 
 @contextlib.contextmanager

@@ -99,11 +99,17 @@ def rounding_items(n: int) -> int:
 
 def reachable(entry: dict, target: str, margin: float) -> bool:
     """Whether a verdict entry's table, with at most rounding_items(n) items moved between concordant
-    and lost or gained (each move changes one count by one), gives the verdict `target`; the row's
-    Holm p as its raw p times its Holm multiplier (the family's other rows held fixed)."""
+    and lost or gained (each move changes one count by one), gives the verdict `target`. The
+    family's other rows are held fixed: the moved row's Holm p is its raw p times its Holm
+    multiplier, and never below the recorded Holm p where that came from an earlier row (Holm's
+    adjusted values are monotone), so the unmoved table gives the recorded verdict."""
     from gna.core.paired import mcnemar_p
 
     n, moves = entry["n"], rounding_items(entry["n"])
+    if not n:
+        return False
+    own = entry["p_mcnemar"] * entry["holm_multiplier"]
+    floor = entry["p_holm"] if entry["p_holm"] > own * (1 + 1e-9) else 0.0
     for d_lost in range(-moves, moves + 1):
         for d_gained in range(-(moves - abs(d_lost)), moves - abs(d_lost) + 1):
             lost, gained = entry["lost"] + d_lost, entry["gained"] + d_gained
@@ -116,7 +122,7 @@ def reachable(entry: dict, target: str, margin: float) -> bool:
                 "condition_only": gained,
                 "diff": (gained - lost) / n,
                 "p_mcnemar": p,
-                "p_holm": min(1.0, p * entry["holm_multiplier"]),
+                "p_holm": min(1.0, max(floor, p * entry["holm_multiplier"])),
                 "holm_multiplier": entry["holm_multiplier"],
             }
             if verdict(row, margin) == target:
@@ -127,8 +133,8 @@ def reachable(entry: dict, target: str, margin: float) -> bool:
 def borderline(ref: dict, new: dict, margin: float) -> bool:
     """A changed verdict the CPU kinds' rounding can make: either run's table, moved by at most
     rounding_items, gives the other's verdict (False where an entry lacks its counts: an older record)."""
-    keys = ("n", "lost", "gained", "holm_multiplier")
-    if not all(k in e for k in keys for e in (ref, new)):
+    keys = ("n", "lost", "gained", "p_mcnemar", "p_holm", "holm_multiplier")
+    if not all(e.get(k) is not None for k in keys for e in (ref, new)) or ref["n"] != new["n"]:
         return False
     return reachable(ref, new["value"], margin) or reachable(new, ref["value"], margin)
 
@@ -251,7 +257,7 @@ def compare(reference: list[dict], run: list[dict], margin: float = DEFAULT_MARG
                 lines.append(f"equal      {ref['name']}: {text}")
             elif ref["ci"][0] <= b <= ref["ci"][1]:
                 lines.append(f"within     {ref['name']}: {text} (within its interval)")
-            elif round(abs(a - b) * ref["n"]) <= rounding_items(ref["n"]):
+            elif new["n"] == ref["n"] and round(abs(a - b) * ref["n"]) <= rounding_items(ref["n"]):
                 items = round(abs(a - b) * ref["n"])
                 lines.append(
                     f"rounding   {ref['name']}: {text} ({items} of {ref['n']} items: within the CPU kinds' rounding)"
@@ -264,7 +270,7 @@ def compare(reference: list[dict], run: list[dict], margin: float = DEFAULT_MARG
         elif ref["kind"] == "verdict" and borderline(ref, new, margin):
             lines.append(
                 f"borderline {ref['name']}: {ref['value']} ({_counts(ref)}) → {new['value']} ({_counts(new)}): "
-                f"{rounding_items(ref['n'])} items moved give the other verdict"
+                f"moving at most {rounding_items(ref['n'])} of its items gives the other verdict"
             )
         else:
             what = "VERDICT CHANGED" if ref["kind"] == "verdict" else "DIFFERS   "

@@ -287,7 +287,7 @@ def comparisons_table(frame: pl.DataFrame, margin: float) -> str:
     rows = []
     for row in frame.iter_rows(named=True):
         d, discordant = decide(row, margin), row["reference_only"] + row["condition_only"]
-        detectable = detectable_difference(row["n"], discordant, row["holm_multiplier"])
+        detectable = detectable_difference(row["n"], discordant, row.get("holm_multiplier") or 1)
         rows.append(
             {
                 "model": row.get("model", ""),

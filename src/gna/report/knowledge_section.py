@@ -328,7 +328,7 @@ def power_part(ctx: SectionContext) -> str:
         if frame.is_empty():
             continue
         detectable = [
-            detectable_difference(r["n"], r["reference_only"] + r["condition_only"], r["holm_multiplier"])
+            detectable_difference(r["n"], r["reference_only"] + r["condition_only"], r.get("holm_multiplier") or 1)
             for r in frame.iter_rows(named=True)
         ]
         rows.append(
@@ -438,10 +438,12 @@ def formats_sentences(model: str, formats: pl.DataFrame) -> list[str]:
 
 
 def against_best(dev: pl.DataFrame, run: dict) -> str:
-    """The clause comparing the chosen form `run` with the development split's best form by the
-    circular check, paired on the same facts: exact McNemar on the facts only one of the two passes,
-    Holm over every form compared with the chosen one (the best is a maximum over them); empty where
-    the chosen form is the best or nothing was paired."""
+    """The clause comparing the chosen form `run` with the other forms of the development split by
+    the circular check, paired on the same facts: exact McNemar on the facts only one of the two
+    passes, Holm over every form compared with the chosen one (the best is a maximum over them).
+    The chosen form trails the best of the forms the corrected test shows better; else the best by
+    the circular check cannot be told apart from it. Empty where nothing was paired or the chosen
+    form is the best."""
     compared = dev.filter(pl.col("circular_form_only").is_not_null() & ~pl.col("chosen"))
     if compared.is_empty():
         return ""
@@ -451,23 +453,25 @@ def against_best(dev: pl.DataFrame, run: dict) -> str:
         .alias("p")
     )
     compared = compared.with_columns(pl.Series("p_holm", holm(compared["p"].to_list())))
-    best = compared.sort(["circular_acc", "acc"], descending=True, nulls_last=True).row(0, named=True)
-    if (best["circular_acc"] or 0) <= (run["circular_acc"] or 0):
+    ranked = ["circular_acc", "acc"]
+    better = compared.filter(
+        (pl.col("p_holm") < ALPHA) & (pl.col("circular_form_only") > pl.col("circular_chosen_only"))
+    ).sort(ranked, descending=True, nulls_last=True)
+    best = (better if len(better) else compared.sort(ranked, descending=True, nulls_last=True)).row(0, named=True)
+    if not len(better) and (best["circular_acc"] or 0) <= (run["circular_acc"] or 0):
         return ""
     paired = (
-        f"on the same {best['n']} facts it passes {best['circular_form_only']} the configured form fails and "
+        f"on the same facts it passes {best['circular_form_only']} the configured form fails and "
         f"fails {best['circular_chosen_only']} it passes (exact McNemar p = {best['p']:.2g}, Holm over the "
         f"{len(compared)} forms compared {best['p_holm']:.2g})"
     )
+    which = "the best the paired test shows better" if len(better) else "the best by the circular check"
     verdict = (
         "<b>the configured form trails it</b>: choose that one in <code>tasks.facts.choice</code>"
-        if best["p_holm"] < ALPHA
+        if len(better)
         else "the two cannot be told apart at this n"
     )
-    return (
-        f"; the best by the circular check is {html.escape(best['form'])}, circular {_acc_cell(best, 'circular_')}: "
-        f"{paired}, so {verdict}"
-    )
+    return f"; {which} is {html.escape(best['form'])}, circular {_acc_cell(best, 'circular_')}: {paired}, so {verdict}"
 
 
 def formats_part(formats: pl.DataFrame) -> str:

@@ -48,36 +48,51 @@ def plot_budget(budget: pl.DataFrame, teacher: pl.DataFrame, size: int, path) ->
 
 
 def budget_goal(budget: pl.DataFrame, teacher: pl.DataFrame, size: int, share: float = 0.8) -> str:
-    """For each student with kept heads on the budget curve: the first budget where KV accuracy at
-    `size` keys is shown to reach `share` of the teacher's (its 95% interval's lower end at or above
-    it), else where its point estimate alone reaches it, else that none does."""
+    """For each student with kept heads on the budget curve: from which budget on its KV accuracy
+    at `size` keys is shown to reach `share` of the teacher's (the 95% interval's lower end at or
+    above it), read as a fixed sequence from the largest budget down (so the answer keeps its 5%
+    without a correction over the budgets); else the first budget whose point estimate alone
+    passes it; else that none does. Degenerate points are not read."""
     t = kv_at(teacher, size)
     if t.is_empty() or budget.is_empty():
         return ""
     goal = share * t["value"][0]
+    aim = f"{share:.0%} of the teacher's KV accuracy at {size} keys ({goal:.0%})"
     sentences = []
     for (variant, _k), sub in budget.filter(pl.col("heads_kept") > 0).group_by(
         "variant", "heads_kept", maintain_order=True
     ):
-        kv = kv_at(sub, size).sort("kd_tokens").filter(~pl.col("degenerate").fill_null(False))
+        kv = kv_at(sub, size).sort("kd_tokens")
+        readable = kv.filter(~pl.col("degenerate").fill_null(False))
         if kv.is_empty():
             continue
-        shown, point = kv.filter(pl.col("ci_low") >= goal), kv.filter(pl.col("value") >= goal)
-        aim = f"{share:.0%} of the teacher's KV accuracy at {size} keys ({goal:.0%})"
-        if len(shown) or len(point):
-            first = (shown if len(shown) else point).row(0, named=True)
-            how = "is shown to reach" if len(shown) else "reaches"
-            only = "" if len(shown) else ", on its point estimate only (its interval's lower end is below)"
+        if readable.is_empty():
+            sentences.append(f"{variant}: every point of its curve is degenerate, so the goal is not read.")
+            continue
+        shown = None
+        for row in reversed(readable.rows(named=True)):  # from the largest budget down
+            if row["ci_low"] < goal:
+                break
+            shown = row
+        point = readable.filter(pl.col("value") >= goal)
+        if shown is not None:
             sentences.append(
-                f"{variant} {how} {aim} after {first['kd_tokens']:,} distillation tokens "
-                f"({acc_text(first['value'], first['ci_low'], first['ci_high'])}){only}."
+                f"{variant} is shown to reach {aim} from {shown['kd_tokens']:,} distillation tokens on "
+                f"({acc_text(shown['value'], shown['ci_low'], shown['ci_high'])})."
+            )
+        elif len(point):
+            first = point.row(0, named=True)
+            sentences.append(
+                f"{variant}'s point estimate passes {aim} after {first['kd_tokens']:,} distillation tokens "
+                f"({acc_text(first['value'], first['ci_low'], first['ci_high'])}), but no budget's interval "
+                "shows it."
             )
         else:
-            last = kv.row(-1, named=True)
+            last = readable.row(-1, named=True)
             sentences.append(
                 f"{variant} does not reach {aim} on this curve: "
                 f"{acc_text(last['value'], last['ci_low'], last['ci_high'])} "
-                f"after {last['kd_tokens']:,} tokens, its largest budget here."
+                f"after {last['kd_tokens']:,} tokens, its largest readable budget here."
             )
     return f"<p><b>Goal of {share:.0%} of the teacher:</b> {' '.join(sentences)}</p>" if sentences else ""
 

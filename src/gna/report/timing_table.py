@@ -75,8 +75,10 @@ def markdown(records: list[dict]) -> str:
 
 
 def read_records(folder: str | Path) -> list[dict]:
-    """The kept run records in `folder`, by CPU name."""
+    """The kept run records in `folder`, by CPU name; an error naming the folder where it holds none."""
     records = [json.loads(p.read_text()) for p in sorted(Path(folder).glob("*.json"))]
+    if not records:
+        raise FileNotFoundError(f"{folder}: no kept run records (make timing-table keeps a finished run's)")
     return sorted(records, key=lambda r: (r["cpu"], r["kernels"]))
 
 

@@ -361,3 +361,18 @@ def test_checkpoint_selection_scores_a_student_as_its_evaluation_does_then_train
         any(p is t for t in trained) for p in student.parameters()
     ]
     assert any(m.weight.requires_grad for m in linears)  # an SSM projection trains on
+
+
+def test_a_model_set_up_for_evaluation_is_set_up_the_same_after_a_scoped_evaluation(tiny_llama, bf16_path):
+    """evaluated_in restores what it found: on a model linears_computed_in already set up, its own
+    forward, low copies and their bookkeeping stay, and it scores as before."""
+    from gna.engine.precision import evaluated_in
+
+    model, tok = tiny_llama
+    fast = linears_computed_in(copy.deepcopy(model), "bfloat16")
+    ids = _ids(fast, 3)
+    before = _logp(fast, ids)
+    with evaluated_in(fast, "float32"):
+        pass
+    assert torch.equal(_logp(fast, ids), before)
+    assert all(hasattr(m, "weight_low") for m in fast.modules() if isinstance(m, torch.nn.Linear))

@@ -64,22 +64,27 @@ def test_summary_names_the_goal_student_and_what_the_paired_test_shows():
     )
 
 
-def test_budget_goal_is_reached_where_the_interval_shows_it_not_on_a_point_estimate():
+def test_budget_goal_is_shown_by_the_interval_read_from_the_largest_budget_down():
     rows = [
         kv10(v, lo, hi, variant="k10-n16", heads_kept=10, kd_tokens=t, degenerate=False)
         for v, lo, hi, t in ((0.5, 0.36, 0.64, 0), (0.85, 0.73, 0.93, 1000), (0.95, 0.87, 0.99, 2000))
     ]
     budget = pl.DataFrame(rows)
     # 85% [73-93] at 1,000 tokens passes 80% on its point only; 95% [87-99] at 2,000 shows it
-    assert "k10-n16 is shown to reach 80% of the teacher's KV accuracy at 10 keys (80%) after 2,000" in budget_goal(
+    assert "k10-n16 is shown to reach 80% of the teacher's KV accuracy at 10 keys (80%) from 2,000" in budget_goal(
         budget, TEACHER, 10
     )
     point = budget.filter(pl.col("kd_tokens") <= 1000)
     text = budget_goal(point, TEACHER, 10)
-    assert "k10-n16 reaches 80% of the teacher's KV accuracy at 10 keys (80%) after 1,000" in text
-    assert "on its point estimate only" in text
+    assert "k10-n16's point estimate passes 80% of the teacher's KV accuracy at 10 keys (80%) after 1,000" in text
+    assert "no budget's interval shows it" in text
+    # a fixed sequence: an early budget that shows it does not count past a later one that does not
+    dip = pl.DataFrame([rows[0], {**rows[2], "kd_tokens": 1000}, {**rows[1], "kd_tokens": 2000}])
+    assert "is shown to reach" not in budget_goal(dip, TEACHER, 10)
     short = budget.filter(pl.col("kd_tokens") == 0)
     assert "k10-n16 does not reach 80%" in budget_goal(short, TEACHER, 10)
+    degenerate = budget.with_columns(pl.lit(True).alias("degenerate"))
+    assert "every point of its curve is degenerate" in budget_goal(degenerate, TEACHER, 10)
 
 
 def test_ablations_at_a_budget_are_compared_with_the_recipe_at_that_budget():

@@ -225,8 +225,17 @@ def test_the_format_check_pairs_the_forms_on_the_same_facts_not_by_overlapping_i
     assert wilson_interval(40, 80)[0] < wilson_interval(25, 80)[1]  # the intervals overlap
     one = page(0)
     assert "<b>the configured form trails it</b>" in one and "exact McNemar p = 0.00027" in one
+    assert "the best the paired test shows better is letter, 3 shots, A." in one
     # the same best among 61 compared forms: Holm multiplies its p by 61 (0.017), still below 5%
     assert "Holm over the 61 forms compared 0.017" in page(60) and "trails it" in page(60)
+    # the form with the most circular passes is not shown better, another one is: the chosen trails that one
+    rows = [
+        ("dev", "letter, 5 shots, A.", "letter", 0, 60, 42, False, (10, 17)),
+        ("dev", "letter, 3 shots, A.", "letter", 0, 60, 40, False, (1, 16)),
+        ("dev", "text, 1 shot, A.", "text", 0, 40, 25, True),
+    ]
+    text = formats_part(formats_frame(rows))
+    assert "the best the paired test shows better is letter, 3 shots, A." in text and "trails it" in text
 
 
 def test_a_config_without_facts_still_writes_the_figure(tmp_path):

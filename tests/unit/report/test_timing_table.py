@@ -80,6 +80,8 @@ def test_keep_write_and_check_the_readme_table(tmp_path, capsys):
     with pytest.raises(ValueError, match="notes.md: no time table markers"):
         with_table("no markers", "t", "notes.md")
     assert main(["keep", str(tmp_path / "none.json"), str(tmp_path / "runs")]) == 2
+    with pytest.raises(FileNotFoundError, match="empty: no kept run records"):
+        read_records(tmp_path / "empty")
 
 
 def test_the_readmes_table_is_the_one_the_kept_records_give():
