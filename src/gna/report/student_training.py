@@ -9,6 +9,7 @@ import html
 import matplotlib.pyplot as plt
 import polars as pl
 
+from gna.core.paired import holm
 from gna.core.stats import wilson_interval
 from gna.report.htmlkit import SectionContext, acc_text, plural, save_figure, table
 
@@ -67,14 +68,18 @@ def _first_to_last(curve: pl.DataFrame, column: str) -> str:
 
 
 def _p_best(points: pl.DataFrame) -> str:
-    """The paired test's p (Holm-corrected over the candidates) of the best point against the last (– where
-    the last is the best)."""
+    """The paired test's p of the best point against the last, Holm-corrected over the candidates
+    (every point but the last; gna.core.paired.holm, as the selection corrects them), from their
+    one-sided p-values; – where the last is the best or the points carry no test."""
     if "p_vs_last" not in points.columns:
         return "–"
+    last = points["after_steps"].max()
+    candidates = points.filter(pl.col("after_steps") != last)
     best = points.sort(["accuracy", "mean_logp"], descending=[True, True]).row(0, named=True)
-    if best["after_steps"] == points["after_steps"].max():
+    if best["after_steps"] == last or candidates["p_vs_last"].null_count():
         return "–"
-    return f"{best.get('p_holm_vs_last', best['p_vs_last']):.2g}"
+    adjusted = dict(zip(candidates["after_steps"].to_list(), holm(candidates["p_vs_last"].to_list())))
+    return f"{adjusted[best['after_steps']]:.2g}"
 
 
 def selection_table(validation: pl.DataFrame, kd: pl.DataFrame, changes: pl.DataFrame, n: int) -> pl.DataFrame:

@@ -458,7 +458,13 @@ def run_distill_kd(inputs: Files, outputs: Files, settings: DistillKD) -> None:
     ]
     validation = pl.DataFrame(
         selection.rows if selection else [],
-        schema={"after_steps": pl.Int64, "accuracy": pl.Float64, "mean_logp": pl.Float64, "p_vs_last": pl.Float64},
+        schema={
+            "after_steps": pl.Int64,
+            "accuracy": pl.Float64,
+            "mean_logp": pl.Float64,
+            "p_vs_last": pl.Float64,
+            "p_holm_vs_last": pl.Float64,
+        },
     ).with_columns((pl.col("after_steps") == chosen).alias("chosen"))
     if selection is not None:
         log.info(

@@ -220,3 +220,21 @@ def test_tasks_the_students_were_not_scored_on_are_named_with_the_reason():
     assert accuracy_rows(rows)["task"].to_list() == ["kv_retrieval"]
     assert _acc(rows, "mmlu_letter", "all") is None and _acc(rows, "kv_retrieval", "all")["value"] == 0.9
     assert len(kv_at(rows, None)) == 1 and kv_at(rows.filter(pl.col("task") != "kv_retrieval"), None).is_empty()
+
+
+def test_the_selection_note_prints_the_holm_corrected_p_the_selection_decided_on():
+    """The best point's p against the last in the students' table is the selection's own Holm-corrected
+    one (not its raw one-sided p): points after 0, 7 and 14 steps on 40 prompts."""
+    from gna.report.student_training import _p_best
+    from gna.students.kd import Selection
+
+    selection = Selection(score=lambda student: ([], 0.0), every=7)
+    answers = {0: [True] * 30 + [False] * 10, 7: [True] * 27 + [False] * 13, 14: [True] * 22 + [False] * 18}
+    for step, correct in answers.items():
+        selection.rows.append({"after_steps": step, "accuracy": sum(correct) / 40, "mean_logp": -1.0})
+        selection.correct[step] = correct
+    selection.finish(14)
+    points = pl.DataFrame(selection.rows)
+    best = points.filter(pl.col("after_steps") == 0).row(0, named=True)
+    assert best["p_holm_vs_last"] > best["p_vs_last"]  # two candidates: the correction matters
+    assert _p_best(points) == f"{best['p_holm_vs_last']:.2g}" != f"{best['p_vs_last']:.2g}"
