@@ -244,10 +244,13 @@ def compare(reference: list[dict], run: list[dict], margin: float = DEFAULT_MARG
     reproduced (no number differs, no verdict changed, nothing missing)."""
     got = {entry["name"]: entry for entry in run}
     lines, ok = [], True
+    failed = {"verdict": 0, "number": 0}  # entries that differ, changed or are missing, by kind
     for ref in reference:
         new = got.get(ref["name"])
+        kind = "verdict" if ref["kind"] == "verdict" else "number"
         if new is None:
             lines.append(f"missing    {ref['name']}")
+            failed[kind] += 1
             ok = False
             continue
         if ref["kind"] == "accuracy":
@@ -264,6 +267,7 @@ def compare(reference: list[dict], run: list[dict], margin: float = DEFAULT_MARG
                 )
             else:
                 lines.append(f"DIFFERS    {ref['name']}: {text}")
+                failed[kind] += 1
                 ok = False
         elif ref["value"] == new["value"]:
             lines.append(f"equal      {ref['name']}: {ref['value']}")
@@ -275,18 +279,17 @@ def compare(reference: list[dict], run: list[dict], margin: float = DEFAULT_MARG
         else:
             what = "VERDICT CHANGED" if ref["kind"] == "verdict" else "DIFFERS   "
             lines.append(f"{what} {ref['name']}: {ref['value']} → {new['value']}")
+            failed[kind] += 1
             ok = False
     verdicts = [r for r in reference if r["kind"] == "verdict"]
-    changed = sum(1 for line in lines if line.startswith("VERDICT CHANGED"))
-    differs = sum(1 for line in lines if line.startswith(("DIFFERS", "missing")))
     near = sum(1 for line in lines if line.startswith("borderline"))
     lines.append(
         f"reproduced: {len(reference)} headline entries, every number equal, within its interval or within "
         f"rounding, and {len(verdicts) - near} of {len(verdicts)} verdicts the same"
         + (f", {near} borderline (next to their threshold on either run)" if near else "")
         if ok
-        else f"NOT reproduced: {differs} of {len(reference) - len(verdicts)} numbers differ or are missing, "
-        f"{changed} of {len(verdicts)} verdicts changed"
+        else f"NOT reproduced: {failed['number']} of {len(reference) - len(verdicts)} numbers differ or are "
+        f"missing, {failed['verdict']} of {len(verdicts)} verdicts changed or missing"
     )
     return lines, ok
 

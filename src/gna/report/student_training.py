@@ -103,7 +103,7 @@ def selection_table(validation: pl.DataFrame, kd: pl.DataFrame, changes: pl.Data
                 "student": f"k{k}-n{size}",
                 "aligned, no KD": _validation_acc(first, n),
                 "chosen": f"{_validation_acc(chosen, n)} (step {chosen['after_steps']})",
-                "best vs last, p": _p_best(sub),
+                "best vs last, Holm p": _p_best(sub),
                 f"last (step {last['after_steps']})": _validation_acc(last, n),
                 "KD loss, answer positions": _first_to_last(curve, "loss_answer"),
                 "KD loss, other positions": _first_to_last(curve, "loss_other"),
@@ -144,9 +144,12 @@ def training_part(ctx: SectionContext, hy: dict) -> str:
         f"<p>Each student is scored on {n} KV prompts of {hy['dict_size']} keys with their own seed (never "
         f"evaluation items; checked by distill_corpus_check) once aligned (alignment, then realignment; "
         f"before KD), {every} and after the "
-        "last. The last step's student is kept unless the "
-        "best point (by accuracy, then the target's mean log-prob) answers these prompts better by an exact "
-        "paired test (McNemar, p &lt; 0.05): then that checkpoint is the student. Losses are the unweighted "
+        "last, its linear layers multiplying as the evaluation's do (<code>eval.compute_dtype</code>). Each "
+        "earlier point is tested against the last step's student on the same prompts (exact one-sided McNemar: "
+        "does it answer better?) with Holm's correction over those candidates; the last step's student is kept "
+        "unless a point passes it, and then the best of those that pass (by accuracy, then the target's mean "
+        "log-prob) is the student. <i>best vs last, Holm p</i>: the best point's corrected p. Losses are the "
+        "unweighted "
         "cross-entropy to the teacher's top-k at the positions that predict an answer token and at the "
         "others, first and last step; the gradient norm is before clipping to 1.</p>"
         + table(selection_table(validation, kd, changes, n), left=("model", "student"))
