@@ -64,11 +64,18 @@ def code_of(rule_name):
 
 
 def get_path(path):
-    """A config path as a rule reads it: a relative one is relative to the workflow folder, and is
-    given relative to the working folder (Snakemake records inputs and params as written, so a
-    project moved as a whole reruns nothing); an absolute one as written."""
+    """A config path as a rule reads it: a relative one is relative to the workflow folder, an
+    absolute one as written. Snakemake records inputs and params as written, so a path inside the
+    working folder is given relative to it (a project moved as a whole reruns nothing) and one
+    outside it in full (a working folder copied elsewhere reruns nothing)."""
     path = Path(path)
-    return str(path) if path.is_absolute() else os.path.relpath(Path(workflow.basedir) / path)
+    return str(path) if path.is_absolute() else within_workdir(Path(workflow.basedir) / path)
+
+
+def within_workdir(path):
+    """`path` relative to the working folder where it lies inside it, else as given."""
+    inside = Path(path).resolve().is_relative_to(Path.cwd().resolve())
+    return os.path.relpath(path) if inside else str(path)
 
 
 # keys of a model spec that size cluster jobs, select phases or set its phases but do not change the

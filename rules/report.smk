@@ -39,7 +39,7 @@ rule report:
         settings={
             "options": config["report"],
             "config_json": json.dumps(config, sort_keys=True),
-            "workflow_dir": os.path.relpath(workflow.basedir),  # relative: a moved project reruns nothing
+            "workflow_dir": within_workdir(workflow.basedir),  # so a moved project reruns nothing
         },
         code=code_of("report"),
     log:

@@ -11,7 +11,7 @@ from gna.report.htmlkit import ReportOptions, SectionContext
 
 def _baseline(model: str, letter: tuple[int, int]) -> pl.DataFrame:
     return acc_rows("mmlu_letter", {"all": letter}).with_columns(
-        pl.lit(model).alias("model"), pl.lit("gna").alias("engine")
+        pl.lit(model).alias("model"), pl.lit("gna").alias("engine"), pl.lit(0.25).alias("chance")
     )
 
 
