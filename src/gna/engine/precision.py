@@ -225,34 +225,6 @@ def linears_computed_in(model, compute_dtype: str):
     return model
 
 
-def release_full_precision(model) -> int:
-    """For an evaluation-only model whose linear layers multiply in bf16 (linears_computed_in): each
-    one's full-precision weight replaced by its low-precision copy, the only weight its matmul reads,
-    so the model is held once instead of twice (a 1.5B model: 7.1 → about 3.6 GB). Every bf16 result
-    stays the same bit for bit; linears_in_full_precision then multiplies the copy in float32. A
-    weight shared with another module (an output head tied to the input embedding) is kept.
-    Returns the bytes freed."""
-    shared = {id(p) for m in model.modules() if not isinstance(m, torch.nn.Linear) for p in m.parameters(recurse=False)}
-    freed = 0
-    for module in model.modules():
-        if _kernel_of(module) is not _linear_in_low_precision or id(module.weight) in shared:
-            continue
-        low = _low_weight(module)
-        if low.data_ptr() == module.weight.data_ptr():
-            continue
-        freed += module.weight.numel() * module.weight.element_size()
-        module.weight.data = low
-        module.weight_low_of = _weight_state(module.weight)
-    return freed
-
-
-def _linear_upcast(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """F.linear with the module's weight in x's dtype (a released low-precision weight, multiplied
-    in full precision)."""
-    bias = None if module.bias is None else module.bias.to(x.dtype)
-    return torch.nn.functional.linear(x, module.weight.to(x.dtype), bias)
-
-
 _SET_UP = ("forward", "low_dtype", "weight_low_of")  # what linears_computed_in sets on a module, besides weight_low
 
 
@@ -297,8 +269,6 @@ def linears_in_full_precision(model):
     set_up = {m: vars(m)["forward"] for m in model.modules() if _kernel_of(m) is not None}
     for module in set_up:
         del module.forward  # the class's own forward
-        if module.weight.dtype != torch.float32:  # released (release_full_precision): its copy, upcast
-            module.forward = functools.partial(_linear_upcast, module)
     try:
         yield model
     finally:

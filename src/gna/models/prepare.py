@@ -21,7 +21,7 @@ from gna.core.io import atomic_dir
 from gna.core.runtime import peak_rss_mb
 from gna.core.settings import DTYPE_NAMES, Files, RuleSettings, plain
 from gna.engine.device import compute_device
-from gna.engine.precision import linears_computed_in, release_full_precision
+from gna.engine.precision import linears_computed_in
 from gna.models.folders import STUDENT_SPEC_FILE, is_student
 from gna.models.sources import PinnedFile, SourceError, resolve_local
 
@@ -211,8 +211,7 @@ def load_model(
     """Load a prepared folder as (model in eval mode on `device`, tokenizer); device 'auto' is
     CUDA where torch sees a GPU (gna.engine.device.compute_device). `compute_dtype` (a
     COMPUTE_DTYPES name, eval.compute_dtype): an evaluation-only model, its linear layers
-    computed in that dtype (gna.engine.precision.linears_computed_in), held in it alone where it
-    is bf16 (release_full_precision); None: the model as
+    computed in that dtype (gna.engine.precision.linears_computed_in); None: the model as
     stored, F.linear everywhere (training starts from it). A distilled student's folder
     is refused: gna.students.spec.load_any loads both (kept apart so that the rules that never
     load a student do not depend on the students' code)."""
@@ -228,7 +227,6 @@ def load_model(
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype]).to(compute_device(device))
     if compute_dtype is not None:
         linears_computed_in(model.eval(), compute_dtype)
-        release_full_precision(model)  # evaluation only: the bf16 copies are all its matmuls read
     return model.eval(), AutoTokenizer.from_pretrained(model_dir)
 
 

@@ -376,34 +376,3 @@ def test_a_model_set_up_for_evaluation_is_set_up_the_same_after_a_scoped_evaluat
         pass
     assert torch.equal(_logp(fast, ids), before)
     assert all(hasattr(m, "weight_low") for m in fast.modules() if isinstance(m, torch.nn.Linear))
-
-
-def test_an_evaluation_model_released_to_its_bf16_copies_scores_the_same_bits(tiny_llama, bf16_path):
-    """release_full_precision (load_model with eval.compute_dtype bfloat16): each linear layer holds
-    its low-precision copy alone; the scores are the unreleased model's bit for bit, the engine's
-    probe still passes (its full-precision path multiplies the copies in float32), input gradients
-    still flow (attribution), and a head tied to the input embedding is kept."""
-    from gna.engine.precision import release_full_precision
-    from gna.engine.stack import check_engine
-
-    model, tok = tiny_llama
-    table = build_kv_retrieval([3], 6, 1, "lookup")
-    kept = linears_computed_in(copy.deepcopy(model), "bfloat16")
-    released = linears_computed_in(copy.deepcopy(model), "bfloat16")
-    linears = [m for m in released.modules() if isinstance(m, torch.nn.Linear)]
-    head = released.get_output_embeddings()
-    tied = head.weight is released.get_input_embeddings().weight
-    freed = release_full_precision(released)
-    untied = [m for m in linears if not (tied and m is head)]
-    assert freed == sum(m.weight.numel() * 4 for m in untied) > 0
-    assert all(m.weight.data_ptr() == m.weight_low.data_ptr() for m in untied)
-    assert all(m.weight.dtype == _low_dtype(released) for m in untied)
-    check_engine(released)
-    scored = score_table(Scorer(released, tok, batch_size=4, progress=False), table)
-    reference = score_table(Scorer(kept, tok, batch_size=4, progress=False), table)
-    assert scored["logp_target"].to_list() == reference["logp_target"].to_list()
-    ids = _ids(released, 4)
-    embeds = released.get_input_embeddings()(ids).detach().requires_grad_(True)
-    released(inputs_embeds=embeds).logits.sum().backward()
-    assert embeds.grad is not None and embeds.grad.abs().sum() > 0
-    assert release_full_precision(released) == 0  # once
