@@ -85,6 +85,9 @@ def rank_heads(sweep: pl.DataFrame) -> pl.DataFrame:
     return heads.with_columns(pl.int_range(1, len(heads) + 1).alias("rank"))
 
 
+ATTRIBUTION_BATCH = 2  # sequences per forward and backward of the attribution pass (memory, above)
+
+
 def attribution_scores(scorer: Scorer, table: pl.DataFrame, grad_drop: bool = False) -> pl.DataFrame:
     """Attribution patching: a linear estimate of every head's ablation effect on the mean
     log-prob of the correct choice, from one forward and one backward pass per batch.
@@ -157,7 +160,10 @@ def attribution_scores(scorer: Scorer, table: pl.DataFrame, grad_drop: bool = Fa
     handles = [s.module.register_forward_pre_hook(capture(s)) for s in sites]
     handles.append(model.get_input_embeddings().register_forward_hook(grad_from_embeddings))
     try:
-        score_batches(scorer, table, forward, desc="attribution", grad=True)
+        # the backward keeps every layer's activations: in small batches (the estimate is a sum over
+        # them) the 1.5B model's pass peaks at 10.7 GB instead of 14.3 at 8, and runs faster
+        small = replace(scorer, batch_size=min(scorer.batch_size, ATTRIBUTION_BATCH))
+        score_batches(small, table, forward, desc="attribution", grad=True)
     finally:
         for handle in handles:
             handle.remove()
