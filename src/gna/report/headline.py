@@ -30,7 +30,7 @@ from pathlib import Path
 import polars as pl
 
 from gna.core.chance import answered
-from gna.core.paired import DEFAULT_MARGIN, NOT_COPYABLE, SUBSETS, decide
+from gna.core.paired import DEFAULT_MARGIN, NOT_COPYABLE, SUBSETS, decide, mcnemar_p
 from gna.core.stats import wilson_interval
 from gna.students.spec import TEACHER_VARIANT, VARIANT_PATTERN
 
@@ -103,8 +103,6 @@ def reachable(entry: dict, target: str, margin: float) -> bool:
     family's other rows are held fixed: the moved row's Holm p is its raw p times its Holm
     multiplier, and never below the recorded Holm p where that came from an earlier row (Holm's
     adjusted values are monotone), so the unmoved table gives the recorded verdict."""
-    from gna.core.paired import mcnemar_p
-
     n, moves = entry["n"], rounding_items(entry["n"])
     if not n:
         return False
