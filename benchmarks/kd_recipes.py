@@ -4,16 +4,18 @@
         --recipes today,lr3e-4,lr1e-4,answers [--steps 14] [--out benchmarks/out/kd_recipes.parquet]
 
 Reads a finished run's model, teacher file, aligned heads (align-n<N>) and head ranking under DATA
-(the pipeline's data/ folder), builds each student as distill_kd does and distills it with each
-recipe (gna.students.kd.distill_logits), scoring the validation KV prompts (hybrid.validation:
-its own seed, hybrid.dict_size keys) before the first step and every --every steps. Prints one row
-per student and recipe (validation accuracy after alignment, best with its step, last; seconds
-per step) and writes every point. A recipe is the config's hybrid.kd with one change:
+(the pipeline's data/ folder), builds each student as distill_kd does (realigned on its own
+stream by hybrid.realign unless --no-realign) and distills it with each recipe
+(gna.students.kd.distill_logits) for each seed of --seeds, scoring the validation KV prompts
+(the workflow's kd_validation set: a seed namespace of its own, hybrid.dict_size keys) before the
+first step and every --every steps. Prints one row per student, recipe and seed (validation
+accuracy after realignment, best with its step, last, lowest; seconds) and writes every point. A
+recipe is the config's hybrid.kd with one change:
   today        hybrid.kd as configured
   lr<x>        learning rate x
   answers      the loss on answer positions only (weights 1 there, 0 elsewhere)
   steps<x>     x steps
-  warmup<x>    x warmup steps (default: a tenth of the steps, at least 1)
+  warmup<x>    the first x of the steps warm up (a share, e.g. warmup0.3; hybrid.kd.warmup)
   a+b          both changes
 """
 
@@ -33,10 +35,10 @@ import yaml  # noqa: E402
 
 from gna.core.io import read_parquet, write_parquet  # noqa: E402
 from gna.core.tensor_files import read_tensors  # noqa: E402
-from gna.students.alignment import load_aligned  # noqa: E402
+from gna.students.alignment import Realign, load_aligned, realign_in_context  # noqa: E402
 from gna.students.kd import KD, Selection, Watch, answer_weights, distill_logits, validation_scorer  # noqa: E402
 from gna.students.spec import make_hybrid, parse_variant, ranked_heads  # noqa: E402
-from gna.tasks.tables import build_kv_retrieval  # noqa: E402
+from gna.tasks.tables import KD_VALIDATION, PROMPT_SETS_DIR, build_kv_retrieval, kv_prompt_sets  # noqa: E402
 from gna.workflow.config import load_schema, validate_config  # noqa: E402
 
 
@@ -51,7 +53,7 @@ def recipe(name: str, kd: dict) -> tuple[dict, bool]:
     if name.startswith("steps"):
         return {**kd, "steps": int(name[5:])}, False
     if name.startswith("warmup"):
-        return {**kd, "warmup": int(name[6:])}, False
+        return {**kd, "warmup": float(name[6:])}, False
     if "+" in name:  # several changes at once: lr1e-4+answers
         settings, answers = dict(kd), False
         for part in name.split("+"):
@@ -59,7 +61,7 @@ def recipe(name: str, kd: dict) -> tuple[dict, bool]:
             settings.update({k: v for k, v in changed.items() if v != kd.get(k)})
             answers = answers or only
         return settings, answers
-    raise SystemExit(f"kd_recipes: unknown recipe {name!r} (today, answers, lr<x>, steps<x>)")
+    raise SystemExit(f"kd_recipes: unknown recipe {name!r} (today, answers, lr<x>, steps<x>, warmup<x>)")
 
 
 def main() -> None:
@@ -71,6 +73,8 @@ def main() -> None:
     ap.add_argument("--recipes", default="today")
     ap.add_argument("--steps", type=int, help="KD steps (default hybrid.kd.steps)")
     ap.add_argument("--every", type=int, default=1, help="KD steps between validation points")
+    ap.add_argument("--seeds", default=None, help="comma-separated KD seeds (default hybrid.seed)")
+    ap.add_argument("--no-realign", action="store_true", help="distill the aligned student as it is")
     ap.add_argument("--out", default="benchmarks/out/kd_recipes.parquet")
     args = ap.parse_args()
     from gna.models.prepare import load_model
@@ -81,12 +85,9 @@ def main() -> None:
     hy = config["hybrid"]
     data = Path(args.data)
     torch.set_num_threads(2)
-    table = build_kv_retrieval(
-        [hy["dict_size"]],
-        hy["validation"]["n"],
-        hy["validation"]["seed"],
-        config["tasks"]["kv_retrieval"]["template"],
-    )
+    keys = kv_prompt_sets(config)[f"{PROMPT_SETS_DIR}/{KD_VALIDATION}"]
+    table = build_kv_retrieval(keys["sizes"], keys["n_per_size"], keys["seed"], keys["template"])
+    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [hy["seed"]]
     teacher = read_tensors(data / "distill" / args.model / "teacher.safetensors", None, "cpu")
     ranking = read_parquet(data / "results" / "heads" / args.model / "ranking.parquet")
     rows, summary = [], []
@@ -94,47 +95,53 @@ def main() -> None:
         k, n = parse_variant(variant)
         aligned = read_tensors(data / "distill" / args.model / f"align-n{n}.safetensors", None, "cpu")
         for name in args.recipes.split(","):
-            kd, answers_only = recipe(name, hy["kd"])
-            if args.steps:
-                kd["steps"] = args.steps
-            model, tok = load_model(data / "models" / args.model, config["dtype"])
-            student = load_aligned(make_hybrid(model, ranked_heads(ranking, k, args.model), n), aligned)
-            mask = teacher["train_answers"]
-            weights = mask.float() if answers_only else answer_weights(mask, kd["answer_weight"])
-            targets = {
-                "ids": teacher["train_ids"],
-                "top_logp": teacher["top_logp"],
-                "top_idx": teacher["top_idx"],
-                "weights": weights,
-            }
-            select = Selection(validation_scorer(tok, table, config["eval"]["batch_size"]), every=args.every)
-            start = time.perf_counter()
-            watch = Watch(select=select, desc=f"{variant} {name}")
-            curve, _ = distill_logits(student, targets, KD(**kd), hy["seed"], watch)
-            seconds = time.perf_counter() - start
-            points = pl.DataFrame(select.rows).join(
-                curve.select(pl.col("step") + 1, "loss", "loss_answer", "loss_other", "grad_norm").rename(
-                    {"step": "after_steps"}
-                ),
-                on="after_steps",
-                how="left",
-            )
-            rows.append(points.with_columns(pl.lit(variant).alias("variant"), pl.lit(name).alias("recipe")))
-            best = points.sort(["accuracy", "mean_logp"], descending=True).row(0, named=True)
-            summary.append(
-                {
-                    "variant": variant,
-                    "recipe": name,
-                    "aligned": points["accuracy"][0],
-                    "best": best["accuracy"],
-                    "best_step": best["after_steps"],
-                    "last": points["accuracy"][-1],
-                    "min": points["accuracy"].min(),
-                    "s_total": round(seconds, 1),
+            for seed in seeds:
+                kd, answers_only = recipe(name, hy["kd"])
+                if args.steps:
+                    kd["steps"] = args.steps
+                start = time.perf_counter()
+                model, tok = load_model(data / "models" / args.model, config["dtype"])
+                student = load_aligned(make_hybrid(model, ranked_heads(ranking, k, args.model), n), aligned)
+                if not args.no_realign and hy["realign"]["steps"]:
+                    realign_in_context(student, teacher["hidden"], Realign(**hy["realign"]), seed, progress=False)
+                mask = teacher["train_answers"]
+                weights = mask.float() if answers_only else answer_weights(mask, kd["answer_weight"])
+                targets = {
+                    "ids": teacher["train_ids"],
+                    "top_logp": teacher["top_logp"],
+                    "top_idx": teacher["top_idx"],
+                    "weights": weights,
                 }
-            )
-            print(summary[-1], flush=True)
-            print(points.select("after_steps", "accuracy", "mean_logp", "loss_answer", "loss_other", "grad_norm"))
+                score = validation_scorer(tok, table, config["eval"]["batch_size"], config["eval"]["compute_dtype"])
+                select = Selection(score, every=args.every)
+                watch = Watch(select=select, desc=f"{variant} {name} seed {seed}")
+                curve, _ = distill_logits(student, targets, KD(**kd), seed, watch)
+                seconds = time.perf_counter() - start
+                points = pl.DataFrame(select.rows).join(
+                    curve.select(pl.col("step") + 1, "loss", "loss_answer", "loss_other", "grad_norm", "lr").rename(
+                        {"step": "after_steps"}
+                    ),
+                    on="after_steps",
+                    how="left",
+                )
+                labels = [pl.lit(variant).alias("variant"), pl.lit(name).alias("recipe"), pl.lit(seed).alias("seed")]
+                rows.append(points.with_columns(*labels))
+                best = points.sort(["accuracy", "mean_logp"], descending=True).row(0, named=True)
+                summary.append(
+                    {
+                        "variant": variant,
+                        "recipe": name,
+                        "seed": seed,
+                        "realigned": points["accuracy"][0],
+                        "best": best["accuracy"],
+                        "best_step": best["after_steps"],
+                        "last": points["accuracy"][-1],
+                        "min": points["accuracy"].min(),
+                        "s_total": round(seconds, 1),
+                    }
+                )
+                print(summary[-1], flush=True)
+                print(points.select("after_steps", "accuracy", "mean_logp", "lr", "loss_answer", "grad_norm"))
     write_parquet(pl.concat(rows, how="diagonal_relaxed"), args.out)
     with pl.Config(tbl_rows=100, tbl_width_chars=200):
         print(pl.DataFrame(summary))

@@ -23,7 +23,7 @@ from gna.report.htmlkit import (
     table,
 )
 from gna.report.student_alignment import align_heads_part
-from gna.report.student_budget import budget_part
+from gna.report.student_budget import budget_part, knowledge_part
 from gna.report.student_memory import memory_part
 from gna.report.student_recipe import ablation_part
 from gna.report.student_swap import swap_part, swap_verdict
@@ -264,9 +264,11 @@ def _model_part(
     compared: pl.DataFrame,
     margin: float,
     validation: pl.DataFrame,
+    knowledge: pl.DataFrame,
 ) -> str:
     """One teacher's students: heads-kept table (and, for `ctx`, the figures), summary, budget
-    curve, the recipe's ablations (`validation`: the checkpoint selection points), state sizes,
+    curve, facts through training (`knowledge`), the recipe's ablations (`validation`: the
+    checkpoint selection points), state sizes,
     swap, and the students compared item by item (`compared`: the comparisons table of every
     teacher; `margin`: the equivalence margin)."""
     sub = scores.filter(pl.col("model") == model)
@@ -287,6 +289,7 @@ def _model_part(
         + figure
         + heads_kept_summary(teacher, heads, compared, margin)
         + budget_part(model, budget, teacher, hy["dict_size"], ctx)
+        + knowledge_part(model, knowledge, margin)
         + ablation_part(model, sub, budget, ablation, hy, validation)
         + state_size_part(model, students, hy)
         + swap_part(model, swap, students, teacher, hy, swap_verdict(swap_row, margin))
@@ -375,6 +378,7 @@ def render_hybrid(ctx: SectionContext) -> str:
             compared,
             ctx.margin,
             validation,
+            ctx.frame("hybrid_knowledge"),
         )
         for model in models
     ]

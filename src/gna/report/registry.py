@@ -152,6 +152,11 @@ SECTIONS: tuple[Section, ...] = (
             Input("hybrid_validation", "data/distill/{hybrid_model}/kd-{student_variant}-validation.parquet", "hybrid"),
             Input("hybrid_changes", "data/distill/{hybrid_model}/kd-{student_variant}-changes.parquet", "hybrid"),
             Input("hybrid_budget", "data/results/hybrid/{hybrid_model}/budget-{budget_variant}.parquet", "hybrid"),
+            Input(
+                "hybrid_knowledge",
+                "data/results/hybrid/{hybrid_model}/knowledge-{budget_variant}.comparisons.parquet",
+                "hybrid",
+            ),
             Input("hybrid_ablation", "data/results/hybrid/{hybrid_model}/ablation-{ablation}.parquet", "hybrid"),
         ),
         _figures("SSM and hybrid students", "hybrid_heads", "hybrid_budget", "hybrid_training", "hybrid_align_heads"),

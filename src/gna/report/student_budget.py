@@ -7,8 +7,18 @@ import html
 import matplotlib.pyplot as plt
 import polars as pl
 
-from gna.report.htmlkit import SectionContext, acc_text, errorbar, save_figure, table
+from gna.core.paired import decide
+from gna.report.htmlkit import (
+    SectionContext,
+    acc_text,
+    comparisons_note,
+    comparisons_table,
+    errorbar,
+    save_figure,
+    table,
+)
 from gna.report.student_tables import PERPLEXITY, kv_at, metric_formats, metric_table
+from gna.students.student_evaluation import ALIGNED_STAGE, STAGE_BY_STAGE, THROUGH_TRAINING
 
 
 def plot_budget(budget: pl.DataFrame, teacher: pl.DataFrame, size: int, path) -> None:
@@ -122,4 +132,65 @@ def budget_part(model: str, budget: pl.DataFrame, teacher: pl.DataFrame, size: i
         + table(shown, left=("student, distillation tokens",), fmt=metric_formats(shown))
         + figure
         + budget_goal(sub, teacher, size)
+    )
+
+
+def stage_order(stage: str) -> int:
+    """Training order of a stage label (gna.students.student_evaluation.stage_label)."""
+    return {ALIGNED_STAGE: -1, "realigned": 0}.get(stage) if not stage.startswith("KD ") else int(stage[3:])
+
+
+def knowledge_part(model: str, knowledge: pl.DataFrame, margin: float) -> str:
+    """Facts cloze through training (hybrid_budget's knowledge-<student>.comparisons.parquet): each
+    budget-curve student after alignment, after realignment and at each KD checkpoint, against the
+    teacher and against the stage before, as a comparisons table, and a sentence per student
+    naming the stages shown to lose facts."""
+    sub = knowledge.filter(pl.col("model") == model) if not knowledge.is_empty() else knowledge
+    sub = (
+        sub.filter(pl.col("family").is_in([THROUGH_TRAINING, STAGE_BY_STAGE]) & (pl.col("group") == "all"))
+        if not sub.is_empty()
+        else sub
+    )
+    if sub.is_empty():
+        return ""
+    sub = sub.with_columns(pl.col("condition").map_elements(stage_order, return_dtype=pl.Int64).alias("_order")).sort(
+        "variant", "family", "_order", descending=[False, True, False]
+    )
+    sentences = []
+    for (variant,), rows in sub.group_by("variant", maintain_order=True):
+        steps = [r for r in rows.filter(pl.col("family") == STAGE_BY_STAGE).iter_rows(named=True)]
+        falls = [
+            f"{r['reference']} → {r['condition']} ({r['reference_only']} lost / {r['condition_only']} gained, "
+            f"Holm p = {r['p_holm']:.2g})"
+            for r in steps
+            if decide(r, margin).verb == "falls"
+        ]
+        vs_teacher = [r for r in rows.filter(pl.col("family") == THROUGH_TRAINING).iter_rows(named=True)]
+        first = next((r for r in vs_teacher if decide(r, margin).verb == "falls"), None)
+        where = (
+            f"falls from one stage to the next at {'; '.join(falls)}"
+            if falls
+            else "is not shown to fall between any two stages at this n"
+        )
+        against = (
+            f"below the teacher's from <i>{first['condition']}</i> on ({100 * first['acc_condition']:.1f}% against "
+            f"{100 * first['acc_reference']:.1f}%, n = {first['n']})"
+            if first
+            else "not shown below the teacher's at any stage"
+        )
+        sentences.append(f"<li><b>{html.escape(variant)}</b>: facts cloze {html.escape(where)}; {against}.</li>")
+    labelled = sub.drop("_order").with_columns(
+        pl.format("{} {}", "variant", "condition").alias("condition"),
+        pl.when(pl.col("reference") == "teacher")
+        .then(pl.col("reference"))
+        .otherwise(pl.format("{} {}", "variant", "reference"))
+        .alias("reference"),
+    )
+    return (
+        f"<h3>{html.escape(model)}: facts cloze through training</h3>"
+        "<p>Where a student loses knowledge: each budget-curve student scored on every facts cloze item after "
+        "layer alignment (<i>aligned</i>), after realignment on its own stream (<i>realigned</i>, KD step 0) and at "
+        "each KD checkpoint, compared item by item with the teacher and with the stage before (the MLPs and embeddings "
+        "are the teacher's throughout: only the SSM heads change).</p>"
+        f"<ul>{''.join(sentences)}</ul>" + comparisons_table(labelled, margin) + comparisons_note(margin)
     )

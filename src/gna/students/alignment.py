@@ -42,8 +42,9 @@ CURVE_EVERY = 10
 @dataclass(frozen=True)
 class Align:
     """Layer alignment (config block hybrid.align): `steps` steps of `batch` windows at learning
-    rate `lr`; compute_dtype "bfloat16": the SSM heads' forward and backward under bf16 autocast
-    (targets, parameters, optimizer and loss stay float32). `first_token`: False switches the
+    rate `lr`, the first `warmup` share of them warming up (warmup_steps); compute_dtype
+    "bfloat16": the SSM heads' forward and backward under bf16 autocast (targets, parameters,
+    optimizer and loss stay float32). `first_token`: False switches the
     first-token share off (HybridMixer.first_token_share; the recipe's no_first_token ablation,
     not a config key)."""
 
@@ -52,19 +53,30 @@ class Align:
     lr: float = 0.005
     compute_dtype: str = "float32"
     first_token: bool = True
+    warmup: float = 0.1
 
 
 @dataclass(frozen=True)
 class Realign:
     """Realignment on the student's own stream (config block hybrid.realign): `steps` steps per
-    layer (0: none) of `batch` windows at learning rate `lr`, on the first `windows` alignment
-    windows (None: all); compute_dtype as in Align."""
+    layer (0: none) of `batch` windows at learning rate `lr` with `warmup` as in Align, on the
+    first `windows` alignment windows (None: all); compute_dtype as in Align."""
 
     steps: int = 10
     lr: float = 0.002
     batch: int = 4
     compute_dtype: str = "float32"
     windows: int | None = None
+    warmup: float = 0.1
+
+
+def warmup_steps(steps: int, share: float) -> int:
+    """The warmup steps of a stage of `steps` steps (config key warmup of hybrid.align, realign and
+    kd): the first `share` of them, at least one. Adam's first update moves every weight by about
+    the learning rate whatever the gradient's scale, so the first step runs at 1/warmup of it."""
+    if not 0 <= share < 1:
+        raise ValueError(f"warmup: {share!r} is not a share of the steps in [0, 1)")
+    return max(1, math.floor(share * steps + 1e-9))
 
 
 def lr_schedule(step: int, steps: int, warmup: int) -> float:
@@ -119,7 +131,7 @@ def align_layers(
     init_from_teacher_maps(ms, base, hidden, pos)
     targets = attention_targets(base, ms, hidden, batch)
     curve = []
-    warmup = max(1, steps // 10)
+    warmup = warmup_steps(steps, align.warmup)
     with tqdm(range(steps), desc=f"align n={state_size}", disable=not progress, mininterval=2.0) as bar:
         for step in bar:
             for g in opt.param_groups:
@@ -204,7 +216,7 @@ def realign_in_context(
     rng = torch.Generator(device="cpu").manual_seed(seed)
     stream = hidden[0].float()  # the embeddings: the same in teacher and student
     shown = torch.arange(min(n_seq, 4), device=hidden.device)  # the windows the errors are reported on
-    warmup = max(1, steps // 10)
+    warmup = warmup_steps(steps, realign.warmup)
     pairs = list(zip(layers_of(student), mixers(student)))
     for i, (layer, m) in enumerate(tqdm(pairs, desc="realign", disable=not progress, mininterval=2.0)):
         with torch.no_grad():

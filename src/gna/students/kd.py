@@ -23,7 +23,7 @@ from gna.engine.device import device_of
 from gna.engine.precision import COMPUTE_DTYPES, evaluated_in, frozen_weights_in, warn_if_autocast_emulated
 from gna.engine.scoring import Scorer
 from gna.models.prepare import load_model
-from gna.students.alignment import Realign, load_aligned, lr_schedule, realign_in_context
+from gna.students.alignment import Realign, load_aligned, lr_schedule, realign_in_context, warmup_steps
 from gna.students.mixer import layers_of, mixers, restore, snapshot
 from gna.students.spec import hybrid_spec, make_hybrid, parse_variant, ranked_heads, save_student
 
@@ -33,7 +33,7 @@ log = logging.getLogger("gna.students.kd")
 @dataclass(frozen=True)
 class KD:
     """End-to-end distillation (config block hybrid.kd): `steps` steps of `batch` windows at
-    learning rate `lr` after `warmup` warmup steps (None: a tenth of the steps, at least 1), the
+    learning rate `lr`, the first `warmup` share of them warming up (warmup_steps), the
     positions that predict an answer token weighted `answer_weight`; compute_dtype "bfloat16":
     forward and backward under bf16 autocast with the frozen weights held in bf16."""
 
@@ -42,7 +42,7 @@ class KD:
     lr: float = 0.001
     answer_weight: float = 10
     compute_dtype: str = "float32"
-    warmup: int | None = None
+    warmup: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -296,7 +296,7 @@ def distill_logits(
     rng = torch.Generator(device="cpu").manual_seed(seed)  # the same draws on any device
     target = torch.softmax(top_logp.float(), dim=-1)
     weights = torch.ones(ids.shape, device=ids.device) if weights is None else weights.float()
-    warmup = kd.warmup or max(1, steps // 10)
+    warmup = warmup_steps(steps, kd.warmup)
     _train_mode(student)
     low = COMPUTE_DTYPES[compute_dtype]
     warn_if_autocast_emulated(ids.device, compute_dtype, "hybrid.kd")

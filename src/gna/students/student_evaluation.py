@@ -13,6 +13,8 @@ import torch.nn.functional as F
 
 from gna.core.chance import SKIPPED, ChancePolicy, skipped
 from gna.core.io import read_parquet, write_parquet
+from gna.core.paired import COLUMNS as COMPARISON_COLUMNS
+from gna.core.paired import comparisons
 from gna.core.settings import Files, RuleSettings, StudentScoring
 from gna.core.tensor_files import read_tensors
 from gna.engine.device import device_of
@@ -325,9 +327,13 @@ def run_hybrid_budget(inputs: Files, outputs: Files, settings: HybridBudget) -> 
     degeneracy checks) and held-out perplexity after each KD step count saved in its checkpoints
     and at the step checkpoint selection chose (the student itself: read from its hybrid_score
     results where they hold it, budget_point_from_scores). Tidy rows with kd_steps, kd_tokens
-    (tokens seen by distillation) and chosen (the student's own step) to outputs.budget. inputs:
-    model, checkpoints (its KD checkpoints), teacher, task (the KV table); optional summary and
-    answers (its hybrid_score results)."""
+    (tokens seen by distillation) and chosen (the student's own step) to outputs.budget. With
+    inputs.facts (the facts cloze table, a list: empty where the config has none), also
+    knowledge_through_training from the aligned heads inputs.aligned through every checkpoint,
+    against the teacher's answers inputs.teacher_answers, to outputs.knowledge (a comparisons
+    table; empty without facts). inputs: model, checkpoints (its KD checkpoints), teacher, task
+    (the KV table), aligned, facts, teacher_answers; optional summary and answers (its
+    hybrid_score results)."""
     model_name, variant, scoring = settings.model, settings.variant, settings.scoring
     evaluation, model_dir = scoring.evaluation, inputs.model
     model, tok = load_any(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
@@ -365,4 +371,50 @@ def run_hybrid_budget(inputs: Files, outputs: Files, settings: HybridBudget) -> 
         pl.lit(model_name).alias("model")
     )
     write_parquet(out, outputs.budget)
+    if inputs.facts:  # facts cloze through training (a config without it: no table)
+        aligned = read_tensors(inputs.aligned, None, device_of(model))
+        stages = {ALIGNED_STAGE: aligned} | {stage_label(step): states[step] for step in sorted(states)}
+        scorer = Scorer(model, tok, evaluation.batch_size)
+        knowledge = knowledge_through_training(
+            scorer, stages, read_parquet(inputs.facts[0]), read_parquet(inputs.teacher_answers[0])
+        )
+        labels = [pl.lit(variant).alias("variant"), pl.lit(model_name).alias("model")]
+        write_parquet(knowledge.with_columns(*labels), outputs.knowledge)
+    else:
+        write_parquet(pl.DataFrame(schema=COMPARISON_COLUMNS), outputs.knowledge)
     return out
+
+
+ALIGNED_STAGE = "aligned"  # the SSM heads as alignment fitted them, before realignment
+THROUGH_TRAINING = "through training vs teacher"
+STAGE_BY_STAGE = "each stage vs the one before"
+
+
+def stage_label(kd_steps: int) -> str:
+    """A KD checkpoint's stage: step 0 is the realigned student (distill_kd realigns before KD)."""
+    return "realigned" if kd_steps == 0 else f"KD {kd_steps}"
+
+
+def knowledge_through_training(
+    scorer: Scorer, stages: dict[str, dict], facts: pl.DataFrame, teacher: pl.DataFrame
+) -> pl.DataFrame:
+    """Where a student loses knowledge: the facts table `facts` scored at each stage of `stages`
+    {label: SSM parameters, in training order; ALIGNED_STAGE's are loaded with load_aligned, the
+    others restored as KD checkpoints} and compared item by item (gna.core.paired.comparisons)
+    with the teacher's answers `teacher` (its per-item answers; the facts task's rows) and with
+    the stage before. Leaves the model at the last stage."""
+    from gna.students.alignment import load_aligned
+
+    task = facts["task"][0]
+    per_item = {TEACHER_VARIANT: teacher.filter(pl.col("task") == task)}
+    for label, state in stages.items():
+        if label == ALIGNED_STAGE:
+            load_aligned(scorer.model, state)
+        else:
+            restore(scorer.model, state)
+        per_item[label] = score_table(scorer, facts, desc=f"{task} {label}")
+        log.info("%s at %s: acc %.3f", task, label, float(per_item[label]["correct"].mean()))
+    labels = list(stages)
+    pairs = [(THROUGH_TRAINING, TEACHER_VARIANT, label) for label in labels]
+    pairs += [(STAGE_BY_STAGE, before, after) for before, after in zip(labels, labels[1:])]
+    return comparisons(per_item, pairs)

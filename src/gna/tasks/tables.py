@@ -189,6 +189,14 @@ PROMPT_SETS_DIR = "prompts"  # data/tasks/prompts/<name>.parquet
 KD_VALIDATION = "kd_validation"  # the prompt set of the students' checkpoint selection
 
 
+def validation_kv_seed(seed: int) -> str:
+    """The KV seed of the students' validation prompts (hybrid.validation.seed): a string namespace
+    of its own, while the evaluation and the phases' prompt sets are drawn from integer seeds and
+    the corpus from "corpus-…" ones, so no validation prompt is one of theirs whatever the
+    config's seeds (distill_corpus_check checks it on the built sets)."""
+    return f"{KD_VALIDATION}-{seed}"
+
+
 def kv_prompt_sets(config: dict) -> dict[str, dict]:
     """Every KV-retrieval prompt set of a validated config, by its path under data/tasks without
     .parquet, as KvPrompts keys (sizes, n_per_size, seed, template): the evaluation set
@@ -198,7 +206,7 @@ def kv_prompt_sets(config: dict) -> dict[str, dict]:
     kv, heads, gna, hybrid = config["tasks"]["kv_retrieval"], config["heads"], config["gna"], config["hybrid"]
     validation = hybrid["validation"]
 
-    def prompts(sizes: list[int], n: int, seed: int) -> dict:
+    def prompts(sizes: list[int], n: int, seed: int | str) -> dict:
         return {"sizes": sizes, "n_per_size": n, "seed": seed, "template": kv["template"]}
 
     return {
@@ -210,8 +218,10 @@ def kv_prompt_sets(config: dict) -> dict[str, dict]:
         f"{PROMPT_SETS_DIR}/gna_map": prompts([gna["map_dict_size"]], 1, gna["seed"]),
         # one seed past the roles' prompts: heads are masked on items they were not classified on
         f"{PROMPT_SETS_DIR}/gna_masking": prompts([gna["dict_size"]], gna["masking_n"], gna["seed"] + 1),
-        # the students' checkpoint selection (hybrid.select): its own seed, never an evaluation item
-        f"{PROMPT_SETS_DIR}/{KD_VALIDATION}": prompts([hybrid["dict_size"]], validation["n"], validation["seed"]),
+        # the students' checkpoint selection (hybrid.select): a seed namespace of its own
+        f"{PROMPT_SETS_DIR}/{KD_VALIDATION}": prompts(
+            [hybrid["dict_size"]], validation["n"], validation_kv_seed(validation["seed"])
+        ),
     }
 
 
@@ -223,7 +233,7 @@ class KvPrompts:
 
     sizes: tuple[int, ...] = (5, 10, 20, 40)
     n_per_size: int = 50
-    seed: int = 1234
+    seed: int | str = 1234
     template: str = "lookup"
 
 

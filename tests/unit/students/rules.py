@@ -100,13 +100,25 @@ def budget(
     dict_size,
     summary_path=None,
     answers_path=None,
+    aligned=None,
+    facts=(),
+    teacher_answers=(),
     **scoring,
 ):
     inputs = Files(
-        model=model_dir, checkpoints=checkpoints, teacher=teacher, task=task, summary=summary_path, answers=answers_path
+        model=model_dir,
+        checkpoints=checkpoints,
+        teacher=teacher,
+        task=task,
+        summary=summary_path,
+        answers=answers_path,
+        aligned=aligned,
+        facts=list(facts),
+        teacher_answers=list(teacher_answers),
     )
     settings = HybridBudget(model_name, variant, _scoring(dict_size=dict_size, **scoring))
-    return run_hybrid_budget(inputs, Files(budget=out), settings)
+    knowledge = str(out).replace(".parquet", "-knowledge.comparisons.parquet")
+    return run_hybrid_budget(inputs, Files(budget=out, knowledge=knowledge), settings)
 
 
 def ablation(

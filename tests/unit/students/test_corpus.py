@@ -2,10 +2,12 @@
 apart from the evaluation items."""
 
 import json
+from pathlib import Path
 
 import polars as pl
 import pytest
 import torch
+import yaml
 from conftest import MINI_MMLU
 
 from gna.core.io import write_parquet
@@ -21,7 +23,17 @@ from gna.students.corpus import (
     split_pool,
     token_windows,
 )
-from gna.tasks.tables import build_kv_retrieval
+from gna.tasks.tables import (
+    KD_VALIDATION,
+    PROMPT_SETS_DIR,
+    KvPrompts,
+    build_kv_retrieval,
+    kv_prompt_sets,
+    write_kv_task,
+)
+from gna.workflow.config import load_schema, validate_config
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_split_pool_holds_out_the_first_share():
@@ -85,7 +97,10 @@ def test_a_corpus_holding_an_evaluation_item_is_refused(tmp_path):
 
     def check(out: str) -> dict:
         inputs = Files(
-            mmlu=str(MINI_MMLU), kv=str(tmp_path / "kv.parquet"), validation=str(tmp_path / "validation.parquet")
+            mmlu=str(MINI_MMLU),
+            kv=str(tmp_path / "kv.parquet"),
+            validation=str(tmp_path / "validation.parquet"),
+            prompt_sets=[],
         )
         return run_distill_corpus_check(inputs, Files(check=str(tmp_path / out)), settings)
 
@@ -113,3 +128,52 @@ def test_a_corpus_holding_an_evaluation_item_is_refused(tmp_path):
         check("check2.json")
     with pytest.raises(ValueError, match="1 MMLU questions are evaluation items"):
         check_no_evaluation_items(["q1", "q2"], ["q2", "q3"], "MMLU questions")
+
+
+@pytest.mark.parametrize("config_file", ["config.yaml", "paper.yaml", "gemma3-270m.yaml"])
+def test_validation_prompts_share_none_of_the_workflows_prompt_sets(tmp_path, config_file):
+    """Every KV prompt set a shipped config builds (kv_prompt_sets, written as the kv_task rule
+    writes it): the checkpoint-selection prompts share no prompt with the sweep, the curves, the
+    roles, the maps, the masking or the evaluation, and the corpus check says so on the files.
+    The validation seed used to equal heads.seed at the sweep's dictionary size."""
+    config = validate_config(
+        yaml.safe_load((REPO / "config" / config_file).read_text()), load_schema(REPO / "config/schema.yaml")
+    )
+    sets = kv_prompt_sets(config)
+    paths = {}
+    for name, keys in sets.items():
+        paths[name] = tmp_path / f"{name.replace('/', '-')}.parquet"
+        write_kv_task(
+            KvPrompts(
+                **{k: tuple(v) if k == "sizes" else v for k, v in keys.items() if k in KvPrompts.__dataclass_fields__}
+            ),
+            paths[name],
+        )
+    validation = paths.pop(f"{PROMPT_SETS_DIR}/{KD_VALIDATION}")
+    hybrid = config["hybrid"]
+    settings = DistillCorpusCheck.of(
+        {
+            "corpus": hybrid["corpus"],
+            "seed": hybrid["seed"],
+            "mmlu": {"n": 4, "seed": 0, "topics": []},
+            "template": config["tasks"]["kv_retrieval"]["template"],
+        }
+    )
+    inputs = Files(
+        mmlu=str(MINI_MMLU),
+        kv=str(paths.pop("kv_retrieval")),
+        validation=str(validation),
+        prompt_sets=[str(p) for p in paths.values()],
+    )
+    counts = run_distill_corpus_check(inputs, Files(check=str(tmp_path / "check.json")), settings)
+    assert {f"apart_from_{p.stem}" for p in paths.values()} <= set(counts) and len(paths) >= 5
+    # the check itself: the sweep's prompts given as the validation set are refused, naming the set
+    sweep = str(paths[f"{PROMPT_SETS_DIR}/head_sweep"])
+    with pytest.raises(
+        ValueError, match=r"hybrid.validation: \d+ KV prompts of checkpoint selection are also prompts of .*head_sweep"
+    ):
+        run_distill_corpus_check(
+            Files(mmlu=str(MINI_MMLU), kv=inputs.kv, validation=sweep, prompt_sets=inputs.prompt_sets),
+            Files(check=str(tmp_path / "check2.json")),
+            settings,
+        )

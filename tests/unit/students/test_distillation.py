@@ -645,3 +645,35 @@ def test_realignment_runs_on_the_first_windows_it_is_given(tiny_llama):
     first_two, alone, every = realigned(theirs, windows=2), realigned(theirs[:, :2]), realigned(theirs)
     assert all(torch.equal(v, alone[k]) for k, v in first_two.items())
     assert any(not torch.equal(v, every[k]) for k, v in first_two.items())
+
+
+def test_warmup_steps_are_a_share_of_the_stage_at_least_one():
+    from gna.students.alignment import lr_schedule, warmup_steps
+
+    assert [warmup_steps(s, 0.1) for s in (0, 9, 10, 14, 30, 80)] == [1, 1, 1, 1, 3, 8]  # the old a-tenth rule
+    assert warmup_steps(14, 0.3) == 4 and warmup_steps(10, 0.0) == 1
+    assert [lr_schedule(s, 14, 4) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    with pytest.raises(ValueError, match="warmup: 1.5 is not a share"):
+        warmup_steps(10, 1.5)
+
+
+def test_kd_warmup_keeps_a_step_0_solution_that_a_full_rate_first_step_destroys(tiny_llama):
+    """By construction the student at step 0 is the solution: its targets are its own next-token
+    distribution over the whole vocabulary, so its loss is at its minimum and the gradient is only
+    rounding. Adam's first update still moves every weight by about the learning rate, so a full-rate
+    first step (warmup 0: one step) raises the loss; warming up over half the steps (first step at
+    a fifth of the rate) keeps it near the minimum, and the curve's learning rate says so."""
+    model, _ = tiny_llama
+    ids = torch.randint(0, model.config.vocab_size, (4, 12), generator=torch.Generator().manual_seed(3))
+    student0 = make_hybrid(copy.deepcopy(model), [(1, 0)], 4)
+    own = teacher_activations(student0, ids, top_k=model.config.vocab_size, progress=False)
+    targets = {"ids": ids, "top_logp": own["top_logp"], "top_idx": own["top_idx"]}
+    rises, curves = {}, {}
+    for warmup in (0.0, 0.5):
+        student = copy.deepcopy(student0)
+        kd = KDSettings(steps=10, batch=4, lr=1e-4, warmup=warmup)
+        curve, _ = distill_logits(student, targets, kd, seed=0, watch=Watch(progress=False))
+        rises[warmup], curves[warmup] = curve["loss"][1] - curve["loss"][0], curve
+    assert curves[0.0]["lr"][0] == pytest.approx(1e-4) and curves[0.5]["lr"][0] == pytest.approx(2e-5)
+    assert rises[0.0] > 1e-3  # the full-rate first step leaves the solution (measured: 0.0030)
+    assert rises[0.5] < rises[0.0] / 4  # a fifth of the rate: measured 0.00023, a 13th of the rise

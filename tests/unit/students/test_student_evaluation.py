@@ -7,12 +7,14 @@ import logging
 import polars as pl
 import pytest
 import torch
+from conftest import MINI_MMLU
 
 from gna.core.chance import ChancePolicy, chance_accuracy
 from gna.core.io import write_parquet
 from gna.core.settings import Evaluation
 from gna.core.tensor_files import read_tensors
 from gna.engine.device import device_of
+from gna.engine.scoring import Scorer, score_table
 from gna.models.prepare import load_model
 from gna.students.alignment import Realign, load_aligned, realign_in_context
 from gna.students.mixer import mixers, snapshot
@@ -352,3 +354,52 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
     first = checkpoint_states(read_tensors(str(root / "kd2-checkpoints.safetensors")))[0]  # on the CPU
     for key, value in snapshot(aligned).items():
         assert torch.equal(first[key], value.cpu())
+
+
+def test_facts_are_compared_with_the_teacher_at_every_stage_of_training(phase, tiny_llama):
+    """The budget curve's knowledge table: the facts scored after alignment (the aligned heads
+    loaded into the student), after realignment (KD step 0) and at each checkpoint, each stage
+    compared item by item with the teacher's answers and with the stage before; the aligned stage
+    scores as a student built from the aligned file alone does, and without facts the table is
+    empty."""
+    from gna.students.student_evaluation import ALIGNED_STAGE, STAGE_BY_STAGE, THROUGH_TRAINING
+    from gna.tasks.facts import FactSelection, build_facts, read_local_facts
+
+    root, p = phase
+    model, tok = tiny_llama
+    cloze = build_facts(
+        read_local_facts(MINI_MMLU.parent / "mini_facts.csv"), FactSelection(("capital", "symbol"), 6, seed=1), "cloze"
+    )
+    write_parquet(cloze, root / "facts_cloze.parquet")
+    teacher_items = score_table(Scorer(model, tok, progress=False), cloze).with_columns(
+        pl.lit("teacher").alias("variant")
+    )
+    write_parquet(teacher_items, root / "teacher-answers.parquet")
+    files = (str(root / "kd2-checkpoints.safetensors"), str(root / "teacher.safetensors"), p["kv_retrieval.parquet"])
+    budget(
+        "tiny",
+        "k2-n4",
+        str(root / "k2"),
+        *files,
+        str(root / "kb.parquet"),
+        dict_size=5,
+        **SCORING,
+        aligned=str(root / "align.safetensors"),
+        facts=[str(root / "facts_cloze.parquet")],
+        teacher_answers=[str(root / "teacher-answers.parquet")],
+    )
+    knowledge = pl.read_parquet(root / "kb-knowledge.comparisons.parquet").filter(pl.col("group") == "all")
+    stages = [ALIGNED_STAGE, "realigned", "KD 1", "KD 2"]
+    vs_teacher = knowledge.filter(pl.col("family") == THROUGH_TRAINING)
+    assert vs_teacher["condition"].to_list() == stages and set(vs_teacher["reference"]) == {"teacher"}
+    assert vs_teacher["n"].to_list() == [len(cloze)] * 4 and set(knowledge["variant"]) == {"k2-n4"}
+    steps = knowledge.filter(pl.col("family") == STAGE_BY_STAGE)
+    assert list(zip(steps["reference"], steps["condition"])) == list(zip(stages, stages[1:]))
+    # the aligned stage is the student built from the aligned heads, before realignment and KD
+    aligned_model, _ = load_any(str(root / "k2"))
+    load_aligned(aligned_model, read_tensors(str(root / "align.safetensors"), None, "cpu"))
+    direct = score_table(Scorer(aligned_model, tok, progress=False), cloze)
+    assert vs_teacher["acc_condition"][0] == pytest.approx(float(direct["correct"].mean()))
+    assert vs_teacher["acc_reference"][0] == pytest.approx(float(teacher_items["correct"].mean()))
+    budget("tiny", "k2-n4", str(root / "k2"), *files, str(root / "kc.parquet"), dict_size=5, **SCORING)
+    assert pl.read_parquet(root / "kc-knowledge.comparisons.parquet").is_empty()
