@@ -8,6 +8,7 @@ import matplotlib.pyplot as plt
 import polars as pl
 
 from gna.core.paired import decide
+from gna.core.stats import wilson_interval
 from gna.report.htmlkit import (
     SectionContext,
     acc_text,
@@ -179,6 +180,29 @@ def knowledge_part(model: str, knowledge: pl.DataFrame, margin: float) -> str:
             else "not shown below the teacher's at any stage"
         )
         sentences.append(f"<li><b>{html.escape(variant)}</b>: facts cloze {html.escape(where)}; {against}.</li>")
+    compact = []
+    for (variant,), rows in sub.group_by("variant", maintain_order=True):
+        before = {r["condition"]: r for r in rows.filter(pl.col("family") == STAGE_BY_STAGE).iter_rows(named=True)}
+        for r in rows.filter(pl.col("family") == THROUGH_TRAINING).iter_rows(named=True):
+            low, high = wilson_interval(round(r["acc_condition"] * r["n"]), r["n"])
+            step = before.get(r["condition"])
+            compact.append(
+                {
+                    "student": variant,
+                    "stage": r["condition"],
+                    "facts cloze [95%]": acc_text(r["acc_condition"], low, high),
+                    "n": r["n"],
+                    "vs teacher: lost / gained": f"{r['reference_only']} / {r['condition_only']}",
+                    "vs teacher": decide(r, margin).label,
+                    "vs stage before: lost / gained": f"{step['reference_only']} / {step['condition_only']}"
+                    if step
+                    else "–",
+                    "vs stage before": decide(step, margin).label if step else "–",
+                }
+            )
+    first = sub.row(0, named=True)
+    t_low, t_high = wilson_interval(round(first["acc_reference"] * first["n"]), first["n"])
+    teacher_text = f"the teacher: {acc_text(first['acc_reference'], t_low, t_high)} (n = {first['n']})"
     labelled = sub.drop("_order").with_columns(
         pl.format("{} {}", "variant", "condition").alias("condition"),
         pl.when(pl.col("reference") == "teacher")
@@ -191,6 +215,9 @@ def knowledge_part(model: str, knowledge: pl.DataFrame, margin: float) -> str:
         "<p>Where a student loses knowledge: each budget-curve student scored on every facts cloze item after "
         "layer alignment (<i>aligned</i>), after realignment on its own stream (<i>realigned</i>, KD step 0) and at "
         "each KD checkpoint, compared item by item with the teacher and with the stage before (the MLPs and embeddings "
-        "are the teacher's throughout: only the SSM heads change).</p>"
-        f"<ul>{''.join(sentences)}</ul>" + comparisons_table(labelled, margin) + comparisons_note(margin)
+        f"are the teacher's throughout: only the SSM heads change); {teacher_text}.</p>"
+        f"<ul>{''.join(sentences)}</ul>"
+        + table(pl.DataFrame(compact), left=("student", "stage", "vs teacher", "vs stage before"))
+        + comparisons_table(labelled, margin)
+        + comparisons_note(margin)
     )

@@ -4,7 +4,7 @@ import polars as pl
 
 from gna.core.paired import comparisons
 from gna.report.hybrid_section import answer_rows_part, heads_kept_summary, state_size_part
-from gna.report.student_budget import budget_goal
+from gna.report.student_budget import budget_goal, knowledge_part
 from gna.report.student_recipe import ablation_part
 from gna.report.student_swap import swap_verdict
 
@@ -238,3 +238,35 @@ def test_the_selection_note_prints_the_holm_corrected_p_the_selection_decided_on
     best = points.filter(pl.col("after_steps") == 0).row(0, named=True)
     assert best["p_holm_vs_last"] > best["p_vs_last"]  # two candidates: the correction matters
     assert _p_best(points) == f"{best['p_holm_vs_last']:.2g}" != f"{best['p_vs_last']:.2g}"
+
+
+def _facts(correct: list[bool]) -> pl.DataFrame:
+    return pl.DataFrame(
+        {"task": "facts_cloze", "item_id": list(range(len(correct))), "group": "capital", "correct": correct}
+    )
+
+
+def test_facts_through_training_names_the_stage_that_loses_them():
+    """knowledge_part: the stage-by-stage comparison that falls is named with its counts, and the
+    first stage below the teacher; a student whose stages never differ reads 'not shown'."""
+    from gna.students.student_evaluation import STAGE_BY_STAGE, THROUGH_TRAINING
+
+    n = 200
+    teacher = _facts([True] * 180 + [False] * 20)
+    aligned = teacher  # alignment keeps every fact
+    realigned = teacher
+    kd = _facts([True] * 150 + [False] * 50)  # KD loses 30 facts, gains none
+    per_item = {"teacher": teacher, "aligned": aligned, "realigned": realigned, "KD 7": kd}
+    stages = ["aligned", "realigned", "KD 7"]
+    pairs = [(THROUGH_TRAINING, "teacher", s) for s in stages]
+    pairs += [(STAGE_BY_STAGE, a, b) for a, b in zip(stages, stages[1:])]
+    frame = comparisons(per_item, pairs).with_columns(pl.lit("k10-n16").alias("variant"), pl.lit("m").alias("model"))
+    page = knowledge_part("m", frame, 0.05)
+    assert "realigned → KD 7 (30 lost / 0 gained" in page.replace("&gt;", ">").replace("→", "→")
+    assert "below the teacher's from <i>KD 7</i> on (75.0% against 90.0%, n = 200)" in page
+    assert "the teacher: 90.0%" in page and page.count("<tr>") >= 4
+    steady = comparisons({"teacher": teacher, **{s: teacher for s in stages}}, pairs).with_columns(
+        pl.lit("k0-n16").alias("variant"), pl.lit("m").alias("model")
+    )
+    assert "not shown to fall between any two stages" in knowledge_part("m", steady, 0.05)
+    assert n == len(teacher) and knowledge_part("other", frame, 0.05) == ""
