@@ -14,6 +14,7 @@ recipe is the config's hybrid.kd with one change:
   today        hybrid.kd as configured
   lr<x>        learning rate x
   answers      the loss on answer positions only (weights 1 there, 0 elsewhere)
+  tail         the teacher's top-k as they are, its remaining mass one more bin (hybrid.kd.tail_bin)
   steps<x>     x steps
   warmup<x>    the first x of the steps warm up (a share, e.g. warmup0.3; hybrid.kd.warmup)
   a+b          both changes
@@ -37,6 +38,7 @@ from gna.core.io import read_parquet, write_parquet  # noqa: E402
 from gna.core.tensor_files import read_tensors  # noqa: E402
 from gna.students.alignment import Realign, load_aligned, realign_in_context  # noqa: E402
 from gna.students.kd import KD, Selection, Watch, answer_weights, distill_logits, validation_scorer  # noqa: E402
+from gna.students.mixer import restore  # noqa: E402
 from gna.students.spec import make_hybrid, parse_variant, ranked_heads  # noqa: E402
 from gna.tasks.tables import KD_VALIDATION, PROMPT_SETS_DIR, build_kv_retrieval, kv_prompt_sets  # noqa: E402
 from gna.workflow.config import load_schema, validate_config  # noqa: E402
@@ -48,6 +50,8 @@ def recipe(name: str, kd: dict) -> tuple[dict, bool]:
         return dict(kd), False
     if name == "answers":
         return dict(kd), True
+    if name == "tail":
+        return {**kd, "tail_bin": True}, False
     if name.startswith("lr"):
         return {**kd, "lr": float(name[2:])}, False
     if name.startswith("steps"):
@@ -61,7 +65,26 @@ def recipe(name: str, kd: dict) -> tuple[dict, bool]:
             settings.update({k: v for k, v in changed.items() if v != kd.get(k)})
             answers = answers or only
         return settings, answers
-    raise SystemExit(f"kd_recipes: unknown recipe {name!r} (today, answers, lr<x>, steps<x>, warmup<x>)")
+    raise SystemExit(f"kd_recipes: unknown recipe {name!r} (today, answers, tail, lr<x>, steps<x>, warmup<x>)")
+
+
+def random_control(student, saved: dict, score, seed: int) -> pl.DataFrame:
+    """Validation of the realigned student (saved[0]) moved, for each later snapshot of `saved`, by
+    a random direction with the norm of KD's change up to it, tensor by tensor: does KD's direction
+    matter, or would any step of that size do the same? Leaves the student at its last snapshot."""
+    gen = torch.Generator().manual_seed(seed)
+    start, rows = saved[0], []
+    for step in sorted(saved):
+        moved = {}
+        for key, before in start.items():
+            change = saved[step][key].float() - before.float()
+            noise = torch.randn(before.shape, generator=gen)
+            moved[key] = (before.float() + noise * change.norm() / noise.norm().clamp_min(1e-30)).to(before.dtype)
+        restore(student, moved)
+        correct, logp = score(student)
+        rows.append({"after_steps": step, "accuracy": sum(correct) / len(correct), "mean_logp": logp})
+    restore(student, saved[max(saved)])
+    return pl.DataFrame(rows)
 
 
 def main() -> None:
@@ -75,6 +98,12 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=1, help="KD steps between validation points")
     ap.add_argument("--seeds", default=None, help="comma-separated KD seeds (default hybrid.seed)")
     ap.add_argument("--no-realign", action="store_true", help="distill the aligned student as it is")
+    ap.add_argument(
+        "--random-control",
+        action="store_true",
+        help="also score, at each point, the realigned student moved by a random direction of the same norm "
+        "(per parameter tensor) as KD's change up to that point: recipe '<recipe> random'",
+    )
     ap.add_argument("--out", default="benchmarks/out/kd_recipes.parquet")
     args = ap.parse_args()
     from gna.models.prepare import load_model
@@ -114,9 +143,22 @@ def main() -> None:
                 }
                 score = validation_scorer(tok, table, config["eval"]["batch_size"], config["eval"]["compute_dtype"])
                 select = Selection(score, every=args.every)
-                watch = Watch(select=select, desc=f"{variant} {name} seed {seed}")
-                curve, _ = distill_logits(student, targets, KD(**kd), seed, watch)
+                steps = list(range(0, kd["steps"] + 1, args.every)) + [kd["steps"]]
+                watch = Watch(
+                    checkpoints=steps if args.random_control else (),
+                    select=select,
+                    desc=f"{variant} {name} seed {seed}",
+                )
+                curve, saved = distill_logits(student, targets, KD(**kd), seed, watch)
                 seconds = time.perf_counter() - start
+                if args.random_control:
+                    rows.append(
+                        random_control(student, saved, score, seed).with_columns(
+                            pl.lit(variant).alias("variant"),
+                            pl.lit(f"{name} random").alias("recipe"),
+                            pl.lit(seed).alias("seed"),
+                        )
+                    )
                 points = pl.DataFrame(select.rows).join(
                     curve.select(pl.col("step") + 1, "loss", "loss_answer", "loss_other", "grad_norm", "lr").rename(
                         {"step": "after_steps"}

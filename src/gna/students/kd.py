@@ -34,7 +34,8 @@ log = logging.getLogger("gna.students.kd")
 class KD:
     """End-to-end distillation (config block hybrid.kd): `steps` steps of `batch` windows at
     learning rate `lr`, the first `warmup` share of them warming up (warmup_steps), the
-    positions that predict an answer token weighted `answer_weight`; compute_dtype "bfloat16":
+    positions that predict an answer token weighted `answer_weight`; `tail_bin`: the teacher's top
+    k as they are, its remaining mass one more bin (else renormalised); compute_dtype "bfloat16":
     forward and backward under bf16 autocast with the frozen weights held in bf16."""
 
     steps: int = 14
@@ -43,6 +44,7 @@ class KD:
     answer_weight: float = 10
     compute_dtype: str = "float32"
     warmup: float = 0.1
+    tail_bin: bool = False
 
 
 @dataclass(frozen=True)
@@ -68,13 +70,15 @@ class Select:
 
 @dataclass
 class KDBatch:
-    """One KD step's windows: token `ids` [B, T], the teacher's renormalised top-k probabilities
-    `target` at `top_idx` [B, T, k] and the per-position loss `weights` [B, T]."""
+    """One KD step's windows: token `ids` [B, T], the teacher's top-k probabilities `target` at
+    `top_idx` [B, T, k] (renormalised, or with `tail` the teacher's own, the rest of its mass one
+    more bin) and the per-position loss `weights` [B, T]."""
 
     ids: torch.Tensor
     target: torch.Tensor
     top_idx: torch.Tensor
     weights: torch.Tensor
+    tail: bool = False
 
 
 def answer_weights(predicts_answer: torch.Tensor, answer_weight: float) -> torch.Tensor:
@@ -83,18 +87,30 @@ def answer_weights(predicts_answer: torch.Tensor, answer_weight: float) -> torch
     return 1 + (float(answer_weight) - 1) * predicts_answer.float()
 
 
-def _cross_entropy_per_position(logits: torch.Tensor, target: torch.Tensor, top_idx: torch.Tensor) -> torch.Tensor:
+def _cross_entropy_per_position(
+    logits: torch.Tensor, target: torch.Tensor, top_idx: torch.Tensor, tail: bool = False
+) -> torch.Tensor:
     logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(target * logp.gather(-1, top_idx.long())).sum(-1)
+    loss = -(target * logp.gather(-1, top_idx.long())).sum(-1)
+    if tail:  # the teacher's mass outside its top k against the student's there (every other token)
+        rest = logp.scatter(-1, top_idx.long(), float("-inf")).logsumexp(-1)
+        loss = loss - (1 - target.sum(-1)).clamp_min(0) * rest
+    return loss
 
 
 def kd_loss(
-    logits: torch.Tensor, target: torch.Tensor, top_idx: torch.Tensor, weights: torch.Tensor | None = None
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    top_idx: torch.Tensor,
+    weights: torch.Tensor | None = None,
+    tail: bool = False,
 ) -> torch.Tensor:
     """Cross-entropy of the student's next-token distribution (`logits` [B, T, V]) to the
-    teacher's renormalised top-k (`target` probabilities at `top_idx`, [B, T, k]), averaged over
-    positions with `weights` [B, T] (default 1). The reference of kd_backward."""
-    per_position = _cross_entropy_per_position(logits, target, top_idx)
+    teacher's top-k (`target` probabilities at `top_idx`, [B, T, k]: renormalised, or with `tail`
+    the teacher's own, its remaining mass a (k+1)-th bin matched to the student's mass on every
+    other token), averaged over positions with `weights` [B, T] (default 1). The reference of
+    kd_backward."""
+    per_position = _cross_entropy_per_position(logits, target, top_idx, tail)
     weights = torch.ones_like(per_position) if weights is None else weights
     return (weights * per_position).sum() / weights.sum()
 
@@ -107,18 +123,30 @@ class _TopKCrossEntropy(torch.autograd.Function):
     forward and backward here. _cross_entropy_per_position is the reference (tested)."""
 
     @staticmethod
-    def forward(ctx, logits, target, top_idx):
+    def forward(ctx, logits, target, top_idx, tail=False):
         logp = torch.log_softmax(logits.float(), dim=-1)
-        ctx.save_for_backward(logp, target, top_idx)
+        top = logp.gather(-1, top_idx)
+        loss = -(target * top).sum(-1)
+        # with the tail bin: t = the teacher's mass outside its top k, S = the student's inside it
+        t = (1 - target.sum(-1)).clamp_min(0) if tail else torch.zeros_like(loss)
+        s = top.exp().sum(-1).clamp_max(1 - 1e-6)
+        if tail:
+            loss = loss - t * torch.log1p(-s)
+        ctx.save_for_backward(logp, target, top_idx, t, s)
         ctx.logits_dtype = logits.dtype
-        return -(target * logp.gather(-1, top_idx)).sum(-1)
+        return loss
 
     @staticmethod
     def backward(ctx, grad):
-        logp, target, top_idx = ctx.saved_tensors  # logp is this function's own: overwritten
+        logp, target, top_idx, t, s = ctx.saved_tensors  # logp is this function's own: overwritten
         g = grad[:, None]
-        d = logp.exp_().mul_(g * target.sum(-1, keepdim=True)).scatter_add_(-1, top_idx, -(g * target))
-        return d.to(ctx.logits_dtype), None, None
+        # d/dz_j = p_j (Σ target − t S / (1 − S)) + [j in top] (t p_j / (1 − S) − target_j)
+        odds = (t / (1 - s))[:, None]
+        scale = target.sum(-1, keepdim=True) - odds * s[:, None]
+        p = logp.exp_()
+        at_top = p.gather(-1, top_idx) * odds - target
+        d = p.mul_(g * scale).scatter_add_(-1, top_idx, g * at_top)
+        return d.to(ctx.logits_dtype), None, None, None
 
 
 # positions whose vocabulary projection kd_backward holds at once: the whole batch's logits in
@@ -152,7 +180,7 @@ def kd_backward(
         rows = slice(start, start + head_rows)
         with autocast():
             logits = head(flat[rows])
-        per_position = _TopKCrossEntropy.apply(logits, target[rows].float(), top_idx[rows].long())
+        per_position = _TopKCrossEntropy.apply(logits, target[rows].float(), top_idx[rows].long(), batch.tail)
         part = (weights[rows] * per_position).sum() / total
         part.backward()
         loss += part.item()
@@ -294,7 +322,8 @@ def distill_logits(
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     rng = torch.Generator(device="cpu").manual_seed(seed)  # the same draws on any device
-    target = torch.softmax(top_logp.float(), dim=-1)
+    # the teacher's top k renormalised, or as they are with the rest of its mass a tail bin (KD.tail_bin)
+    target = top_logp.float().exp() if kd.tail_bin else torch.softmax(top_logp.float(), dim=-1)
     weights = torch.ones(ids.shape, device=ids.device) if weights is None else weights.float()
     warmup = warmup_steps(steps, kd.warmup)
     _train_mode(student)
@@ -326,7 +355,10 @@ def distill_logits(
                 opt.zero_grad(set_to_none=True)
                 parts = {}
                 loss = kd_backward(
-                    student, KDBatch(ids[pick], target[pick], top_idx[pick], weights[pick]), low, parts=parts
+                    student,
+                    KDBatch(ids[pick], target[pick], top_idx[pick], weights[pick], kd.tail_bin),
+                    low,
+                    parts=parts,
                 )
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
                 opt.step()
