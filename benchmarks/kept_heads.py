@@ -32,7 +32,7 @@ from gna.core.tensor_files import read_tensors  # noqa: E402
 from gna.students.alignment import Realign, load_aligned, realign_in_context
 from gna.students.kd import validation_scorer  # noqa: E402
 from gna.students.spec import make_hybrid, ranked_heads  # noqa: E402
-from gna.tasks.tables import build_kv_retrieval  # noqa: E402
+from gna.tasks.tables import KD_VALIDATION, PROMPT_SETS_DIR, build_kv_retrieval, kv_prompt_sets  # noqa: E402
 from gna.workflow.config import load_schema, validate_config  # noqa: E402
 
 
@@ -60,9 +60,8 @@ def main() -> None:
     )
     hy = config["hybrid"]
     torch.set_num_threads(2)
-    table = build_kv_retrieval(
-        [hy["dict_size"]], hy["validation"]["n"], hy["validation"]["seed"], config["tasks"]["kv_retrieval"]["template"]
-    )
+    keys = kv_prompt_sets(config)[f"{PROMPT_SETS_DIR}/{KD_VALIDATION}"]  # the workflow's validation prompts
+    table = build_kv_retrieval(keys["sizes"], keys["n_per_size"], keys["seed"], keys["template"])
     data, n = Path(args.data), args.state_size
     ranking = read_parquet(data / "results" / "heads" / args.model / "ranking.parquet")
     ranked = ranked_heads(ranking, len(ranking), args.model)
