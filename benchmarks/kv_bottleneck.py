@@ -99,6 +99,11 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=0.08)
     ap.add_argument("--k", default="5,10")
     ap.add_argument("--unit", choices=("head", "group"), default="head")
+    ap.add_argument(
+        "--ranked",
+        default=None,
+        help="skip the search: these units, best first (e.g. L13G0,L14G0), at the first size of --sizes",
+    )
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None)
@@ -109,7 +114,7 @@ def main() -> None:
     scorer = Scorer(model, tok, args.batch)
     out = {"model_dir": args.model_dir, "template": args.template, "probe": {}}
 
-    for size in map(int, args.sizes.split(",")):
+    for size in map(int, args.sizes.split(",")) if not args.ranked else []:
         t = time.perf_counter()
         frame = score_table(scorer, build_kv_retrieval([size], args.probe_n, "bottleneck-probe", args.template))
         out["probe"][size] = {
@@ -119,12 +124,15 @@ def main() -> None:
         }
         print(json.dumps({"probe": size, **out["probe"][size]}), flush=True)
     answered = [s for s, r in out["probe"].items() if r["acc"] >= SEARCHABLE]
-    size = max(answered) if answered else min(out["probe"])
+    size = (max(answered) if answered else min(out["probe"])) if not args.ranked else int(args.sizes.split(",")[0])
     out["size"] = size
 
     t = time.perf_counter()
     search = build_kv_retrieval([size], args.search_n, "bottleneck-search", args.template)
-    if args.unit == "group":
+    if args.ranked:
+        units = {u: unit_heads(u, model) for u in args.ranked.split(",")}
+        ranking = pl.DataFrame({"unit": list(units), "acc_drop": 0.0, "logp_drop": 0.0})
+    elif args.unit == "group":
         units = kv_groups(model)
         frames = score_ablations(scorer, search, {"base": [], **units}, desc="group sweep")
         ranking = rank_units(frames)
