@@ -46,14 +46,13 @@ rule hybrid_budget:
         corpus_check=CORPUS_CHECK,
         summary="data/results/hybrid/{model}/{variant}.parquet",  # the full budget's point: the student's own
         answers="data/results/hybrid/{model}/answers/{variant}.parquet",  # scores (degeneracy check at dict_size)
-        # facts cloze through training: from the aligned heads on, against the teacher's answers
-        aligned=lambda wc: f"data/distill/{wc.model}/align-n{parse_variant(wc.variant)[1]}.safetensors",
+        aligned=lambda wc: f"data/distill/{wc.model}/align-n{parse_variant(wc.variant)[1]}.safetensors",  # facts through training
         facts=["data/tasks/facts_cloze.parquet"] if "facts_cloze" in TASKS else [],
         teacher_answers=(["data/results/hybrid/{model}/answers/" + TEACHER_VARIANT + ".parquet"]
                          if "facts_cloze" in TASKS else []),
     output:
         budget="data/results/hybrid/{model}/budget-{variant}.parquet",
-        knowledge="data/results/hybrid/{model}/knowledge-{variant}.comparisons.parquet",
+        knowledge="data/results/hybrid/{model}/training-facts-{variant}.comparisons.parquet",
     params:
         settings=lambda wildcards: {
             "model": wildcards.model,

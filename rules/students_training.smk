@@ -91,8 +91,6 @@ rule distill_corpus_check:
         mmlu=get_mmlu_file,
         kv="data/tasks/kv_retrieval.parquet",
         validation=KD_VALIDATION_SET,
-        # every other KV prompt set the workflow builds: the validation prompts share none of them
-        prompt_sets=[f"data/tasks/{name}.parquet" for name in KV_SETS if name not in ("kv_retrieval", f"{PROMPT_SETS_DIR}/{KD_VALIDATION}")],
     output:
         check=CORPUS_CHECK,
     params:

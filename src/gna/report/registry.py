@@ -154,7 +154,7 @@ SECTIONS: tuple[Section, ...] = (
             Input("hybrid_budget", "data/results/hybrid/{hybrid_model}/budget-{budget_variant}.parquet", "hybrid"),
             Input(
                 "hybrid_knowledge",
-                "data/results/hybrid/{hybrid_model}/knowledge-{budget_variant}.comparisons.parquet",
+                "data/results/hybrid/{hybrid_model}/training-facts-{budget_variant}.comparisons.parquet",
                 "hybrid",
             ),
             Input("hybrid_ablation", "data/results/hybrid/{hybrid_model}/ablation-{ablation}.parquet", "hybrid"),

@@ -142,7 +142,7 @@ def stage_order(stage: str) -> int:
 
 
 def knowledge_part(model: str, knowledge: pl.DataFrame, margin: float) -> str:
-    """Facts cloze through training (hybrid_budget's knowledge-<student>.comparisons.parquet): each
+    """Facts cloze through training (hybrid_budget's training-facts-<student>.comparisons.parquet): each
     budget-curve student after alignment, after realignment and at each KD checkpoint, against the
     teacher and against the stage before, as a comparisons table, and a sentence per student
     naming the stages shown to lose facts."""

@@ -201,9 +201,12 @@ def run_distill_corpus_check(inputs: Files, outputs: Files, settings: DistillCor
     """Check that the distillation corpus (corpus_documents, from the MMLU questions of inputs.mmlu
     outside the evaluation subset settings.mmlu) holds no evaluation item: no MMLU question of the
     subset (by text) and no KV prompt of the evaluation table inputs.kv; and that the KV prompts
-    of checkpoint selection inputs.validation are neither evaluation prompts, nor prompts of another
-    set the workflow builds (inputs.prompt_sets: sweep, curves, roles, maps, masking;
-    check_validation_apart), nor corpus documents; raises otherwise (check_no_evaluation_items).
+    of checkpoint selection inputs.validation are neither evaluation prompts, nor prompts of the
+    sets inputs.prompt_sets (optional; check_validation_apart), nor corpus documents; raises
+    otherwise (check_no_evaluation_items). The workflow passes no other sets: the validation seed
+    namespace keeps them apart by construction (validation_kv_seed), and reading them here would
+    rerun every student's scoring after an edit of any phase's prompts; the tests check the built
+    sets of every shipped config.
     Writes what was checked to the JSON outputs.check.
     Model-free and apart from the teacher file, so an edit of the evaluation tasks reruns this
     check, not the distillation."""
@@ -213,7 +216,7 @@ def run_distill_corpus_check(inputs: Files, outputs: Files, settings: DistillCor
     validation_kv = read_parquet(inputs.validation)["context"]
     check_no_evaluation_items(validation_kv, evaluation_kv, "KV prompts of checkpoint selection")
     counts = {}
-    for path in inputs.prompt_sets:
+    for path in inputs.get("prompt_sets") or []:
         counts[f"apart_from_{Path(path).stem}"] = check_validation_apart(
             validation_kv, read_parquet(path)["context"], path
         )

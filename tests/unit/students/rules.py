@@ -117,7 +117,7 @@ def budget(
         teacher_answers=list(teacher_answers),
     )
     settings = HybridBudget(model_name, variant, _scoring(dict_size=dict_size, **scoring))
-    knowledge = str(out).replace(".parquet", "-knowledge.comparisons.parquet")
+    knowledge = str(out).replace(".parquet", "-training-facts.comparisons.parquet")
     return run_hybrid_budget(inputs, Files(budget=out, knowledge=knowledge), settings)
 
 

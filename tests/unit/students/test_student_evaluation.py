@@ -388,7 +388,7 @@ def test_facts_are_compared_with_the_teacher_at_every_stage_of_training(phase, t
         facts=[str(root / "facts_cloze.parquet")],
         teacher_answers=[str(root / "teacher-answers.parquet")],
     )
-    knowledge = pl.read_parquet(root / "kb-knowledge.comparisons.parquet").filter(pl.col("group") == "all")
+    knowledge = pl.read_parquet(root / "kb-training-facts.comparisons.parquet").filter(pl.col("group") == "all")
     stages = [ALIGNED_STAGE, "realigned", "KD 1", "KD 2"]
     vs_teacher = knowledge.filter(pl.col("family") == THROUGH_TRAINING)
     assert vs_teacher["condition"].to_list() == stages and set(vs_teacher["reference"]) == {"teacher"}
@@ -402,4 +402,4 @@ def test_facts_are_compared_with_the_teacher_at_every_stage_of_training(phase, t
     assert vs_teacher["acc_condition"][0] == pytest.approx(float(direct["correct"].mean()))
     assert vs_teacher["acc_reference"][0] == pytest.approx(float(teacher_items["correct"].mean()))
     budget("tiny", "k2-n4", str(root / "k2"), *files, str(root / "kc.parquet"), dict_size=5, **SCORING)
-    assert pl.read_parquet(root / "kc-knowledge.comparisons.parquet").is_empty()
+    assert pl.read_parquet(root / "kc-training-facts.comparisons.parquet").is_empty()
