@@ -19,7 +19,7 @@ from gna.report.htmlkit import (
     table,
 )
 from gna.report.student_tables import PERPLEXITY, kv_at, metric_formats, metric_table
-from gna.students.student_evaluation import ALIGNED_STAGE, STAGE_BY_STAGE, THROUGH_TRAINING
+from gna.students.student_evaluation import STAGE_BY_STAGE, THROUGH_TRAINING, stage_order
 
 
 def plot_budget(budget: pl.DataFrame, teacher: pl.DataFrame, size: int, path) -> None:
@@ -136,11 +136,6 @@ def budget_part(model: str, budget: pl.DataFrame, teacher: pl.DataFrame, size: i
     )
 
 
-def stage_order(stage: str) -> int:
-    """Training order of a stage label (gna.students.student_evaluation.stage_label)."""
-    return {ALIGNED_STAGE: -1, "realigned": 0}.get(stage) if not stage.startswith("KD ") else int(stage[3:])
-
-
 def knowledge_part(model: str, knowledge: pl.DataFrame, margin: float) -> str:
     """Facts cloze through training (hybrid_budget's training-facts-<student>.comparisons.parquet): each
     budget-curve student after alignment, after realignment and at each KD checkpoint, against the
@@ -157,16 +152,16 @@ def knowledge_part(model: str, knowledge: pl.DataFrame, margin: float) -> str:
     sub = sub.with_columns(pl.col("condition").map_elements(stage_order, return_dtype=pl.Int64).alias("_order")).sort(
         "variant", "family", "_order", descending=[False, True, False]
     )
-    sentences = []
+    sentences, compact = [], []
     for (variant,), rows in sub.group_by("variant", maintain_order=True):
-        steps = [r for r in rows.filter(pl.col("family") == STAGE_BY_STAGE).iter_rows(named=True)]
+        steps = list(rows.filter(pl.col("family") == STAGE_BY_STAGE).iter_rows(named=True))
+        vs_teacher = list(rows.filter(pl.col("family") == THROUGH_TRAINING).iter_rows(named=True))
         falls = [
             f"{r['reference']} → {r['condition']} ({r['reference_only']} lost / {r['condition_only']} gained, "
             f"Holm p = {r['p_holm']:.2g})"
             for r in steps
             if decide(r, margin).verb == "falls"
         ]
-        vs_teacher = [r for r in rows.filter(pl.col("family") == THROUGH_TRAINING).iter_rows(named=True)]
         first = next((r for r in vs_teacher if decide(r, margin).verb == "falls"), None)
         where = (
             f"falls from one stage to the next at {'; '.join(falls)}"
@@ -180,10 +175,8 @@ def knowledge_part(model: str, knowledge: pl.DataFrame, margin: float) -> str:
             else "not shown below the teacher's at any stage"
         )
         sentences.append(f"<li><b>{html.escape(variant)}</b>: facts cloze {html.escape(where)}; {against}.</li>")
-    compact = []
-    for (variant,), rows in sub.group_by("variant", maintain_order=True):
-        before = {r["condition"]: r for r in rows.filter(pl.col("family") == STAGE_BY_STAGE).iter_rows(named=True)}
-        for r in rows.filter(pl.col("family") == THROUGH_TRAINING).iter_rows(named=True):
+        before = {r["condition"]: r for r in steps}
+        for r in vs_teacher:
             low, high = wilson_interval(round(r["acc_condition"] * r["n"]), r["n"])
             step = before.get(r["condition"])
             compact.append(

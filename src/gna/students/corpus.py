@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from pathlib import Path
 
 import polars as pl
 import torch
@@ -133,21 +132,6 @@ def check_no_evaluation_items(corpus_texts, evaluation_texts, what: str) -> None
         )
 
 
-def check_validation_apart(validation_texts, other_texts, other: str) -> int:
-    """Refuse checkpoint-selection prompts that are also prompts of the set `other` (a path): the
-    sweep's and the curves' prompts chose and measured the kept heads, so selecting on them would
-    favour the students built on those heads. Returns how many prompts `other` holds."""
-    others = set(other_texts)
-    shared = [t for t in validation_texts if t in others]
-    if shared:
-        raise ValueError(
-            f"hybrid.validation: {len(shared)} KV prompts of checkpoint selection are also prompts of {other} "
-            f"(first: {shared[0][:80]!r}); validation prompts are drawn from a seed namespace of their own "
-            "(gna.tasks.tables.validation_kv_seed)"
-        )
-    return len(others)
-
-
 def split_pool(pool: pl.DataFrame, heldout_share: float) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(train, held-out) questions: the first `heldout_share` of the pool is held out."""
     n_held = int(round(len(pool) * heldout_share))
@@ -201,13 +185,8 @@ def run_distill_corpus_check(inputs: Files, outputs: Files, settings: DistillCor
     """Check that the distillation corpus (corpus_documents, from the MMLU questions of inputs.mmlu
     outside the evaluation subset settings.mmlu) holds no evaluation item: no MMLU question of the
     subset (by text) and no KV prompt of the evaluation table inputs.kv; and that the KV prompts
-    of checkpoint selection inputs.validation are neither evaluation prompts, nor prompts of the
-    sets inputs.prompt_sets (optional; check_validation_apart), nor corpus documents; raises
-    otherwise (check_no_evaluation_items). The workflow passes no other sets: the validation seed
-    namespace keeps them apart by construction (validation_kv_seed), and reading them here would
-    rerun every student's scoring after an edit of any phase's prompts; the tests check the built
-    sets of every shipped config.
-    Writes what was checked to the JSON outputs.check.
+    of checkpoint selection inputs.validation are neither evaluation prompts nor corpus documents;
+    raises otherwise (check_no_evaluation_items). Writes what was checked to the JSON outputs.check.
     Model-free and apart from the teacher file, so an edit of the evaluation tasks reruns this
     check, not the distillation."""
     corpus, seed, template = settings.corpus, settings.seed, settings.template
@@ -215,12 +194,7 @@ def run_distill_corpus_check(inputs: Files, outputs: Files, settings: DistillCor
     evaluation_kv = read_parquet(inputs.kv)["context"]
     validation_kv = read_parquet(inputs.validation)["context"]
     check_no_evaluation_items(validation_kv, evaluation_kv, "KV prompts of checkpoint selection")
-    counts = {}
-    for path in inputs.get("prompt_sets") or []:
-        counts[f"apart_from_{Path(path).stem}"] = check_validation_apart(
-            validation_kv, read_parquet(path)["context"], path
-        )
-    counts |= {
+    counts = {
         "evaluation_mmlu_questions": len(subset),
         "evaluation_kv_prompts": len(evaluation_kv),
         "validation_kv_prompts": len(validation_kv),

@@ -128,9 +128,9 @@ class _TopKCrossEntropy(torch.autograd.Function):
         top = logp.gather(-1, top_idx)
         loss = -(target * top).sum(-1)
         # with the tail bin: t = the teacher's mass outside its top k, S = the student's inside it
-        t = (1 - target.sum(-1)).clamp_min(0) if tail else torch.zeros_like(loss)
-        s = top.exp().sum(-1).clamp_max(1 - 1e-6)
+        t, s = torch.zeros_like(loss), torch.zeros_like(loss)
         if tail:
+            t, s = (1 - target.sum(-1)).clamp_min(0), top.exp().sum(-1).clamp_max(1 - 1e-6)
             loss = loss - t * torch.log1p(-s)
         ctx.save_for_backward(logp, target, top_idx, t, s)
         ctx.logits_dtype = logits.dtype

@@ -395,6 +395,13 @@ def stage_label(kd_steps: int) -> str:
     return "realigned" if kd_steps == 0 else f"KD {kd_steps}"
 
 
+def stage_order(stage: str) -> int:
+    """Training order of a stage: ALIGNED_STAGE first, then stage_label's by KD step."""
+    if stage == ALIGNED_STAGE:
+        return -1
+    return 0 if stage == "realigned" else int(stage.removeprefix("KD "))
+
+
 def knowledge_through_training(
     scorer: Scorer, stages: dict[str, dict], facts: pl.DataFrame, teacher: pl.DataFrame
 ) -> pl.DataFrame:

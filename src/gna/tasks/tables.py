@@ -193,8 +193,25 @@ def validation_kv_seed(seed: int) -> str:
     """The KV seed of the students' validation prompts (hybrid.validation.seed): a string namespace
     of its own, while the evaluation and the phases' prompt sets are drawn from integer seeds and
     the corpus from "corpus-…" ones, so no validation prompt is one of theirs whatever the
-    config's seeds (distill_corpus_check checks it on the built sets)."""
+    config's seeds (the tests build every set of each shipped config and check_validation_apart
+    them; the workflow does not read them all, which would rerun every student's scoring after an
+    edit of any phase's prompts)."""
     return f"{KD_VALIDATION}-{seed}"
+
+
+def check_validation_apart(validation_texts, other_texts, other: str) -> int:
+    """Refuse checkpoint-selection prompts that are also prompts of the set `other` (a path): the
+    sweep's and the curves' prompts chose and measured the kept heads, so selecting on them would
+    favour the students built on those heads. Returns how many prompts `other` holds."""
+    others = set(other_texts)
+    shared = [t for t in validation_texts if t in others]
+    if shared:
+        raise ValueError(
+            f"hybrid.validation: {len(shared)} KV prompts of checkpoint selection are also prompts of {other} "
+            f"(first: {shared[0][:80]!r}); validation prompts are drawn from a seed namespace of their own "
+            "(gna.tasks.tables.validation_kv_seed)"
+        )
+    return len(others)
 
 
 def kv_prompt_sets(config: dict) -> dict[str, dict]:

@@ -28,6 +28,7 @@ from gna.tasks.tables import (
     PROMPT_SETS_DIR,
     KvPrompts,
     build_kv_retrieval,
+    check_validation_apart,
     kv_prompt_sets,
     write_kv_task,
 )
@@ -100,7 +101,6 @@ def test_a_corpus_holding_an_evaluation_item_is_refused(tmp_path):
             mmlu=str(MINI_MMLU),
             kv=str(tmp_path / "kv.parquet"),
             validation=str(tmp_path / "validation.parquet"),
-            prompt_sets=[],
         )
         return run_distill_corpus_check(inputs, Files(check=str(tmp_path / out)), settings)
 
@@ -134,7 +134,7 @@ def test_a_corpus_holding_an_evaluation_item_is_refused(tmp_path):
 def test_validation_prompts_share_none_of_the_workflows_prompt_sets(tmp_path, config_file):
     """Every KV prompt set a shipped config builds (kv_prompt_sets, written as the kv_task rule
     writes it): the checkpoint-selection prompts share no prompt with the sweep, the curves, the
-    roles, the maps, the masking or the evaluation, and the corpus check says so on the files.
+    roles, the maps, the masking or the evaluation, and the corpus check passes on the files.
     The validation seed used to equal heads.seed at the sweep's dictionary size."""
     config = validate_config(
         yaml.safe_load((REPO / "config" / config_file).read_text()), load_schema(REPO / "config/schema.yaml")
@@ -159,21 +159,15 @@ def test_validation_prompts_share_none_of_the_workflows_prompt_sets(tmp_path, co
             "template": config["tasks"]["kv_retrieval"]["template"],
         }
     )
-    inputs = Files(
-        mmlu=str(MINI_MMLU),
-        kv=str(paths.pop("kv_retrieval")),
-        validation=str(validation),
-        prompt_sets=[str(p) for p in paths.values()],
-    )
-    counts = run_distill_corpus_check(inputs, Files(check=str(tmp_path / "check.json")), settings)
-    assert {f"apart_from_{p.stem}" for p in paths.values()} <= set(counts) and len(paths) >= 5
-    # the check itself: the sweep's prompts given as the validation set are refused, naming the set
-    sweep = str(paths[f"{PROMPT_SETS_DIR}/head_sweep"])
+    inputs = Files(mmlu=str(MINI_MMLU), kv=str(paths.pop("kv_retrieval")), validation=str(validation))
+    run_distill_corpus_check(inputs, Files(check=str(tmp_path / "check.json")), settings)
+    validation_kv = pl.read_parquet(validation)["context"]
+    assert len(paths) >= 5
+    for path in paths.values():
+        assert check_validation_apart(validation_kv, pl.read_parquet(path)["context"], str(path)) > 0
+    # the check itself: the sweep's prompts as the validation set are refused, naming the set
+    sweep = pl.read_parquet(paths[f"{PROMPT_SETS_DIR}/head_sweep"])["context"]
     with pytest.raises(
         ValueError, match=r"hybrid.validation: \d+ KV prompts of checkpoint selection are also prompts of .*head_sweep"
     ):
-        run_distill_corpus_check(
-            Files(mmlu=str(MINI_MMLU), kv=inputs.kv, validation=sweep, prompt_sets=inputs.prompt_sets),
-            Files(check=str(tmp_path / "check2.json")),
-            settings,
-        )
+        check_validation_apart(sweep, sweep, str(paths[f"{PROMPT_SETS_DIR}/head_sweep"]))
