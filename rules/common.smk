@@ -8,7 +8,7 @@ from gna.core.provenance import script_fingerprint
 from gna.core.resources import mem_mb, model_params_b
 from gna.core.settings import Evaluation, TopK
 from gna.models.sources import check_local_sources
-from gna.tasks.tables import kv_prompt_sets
+from gna.tasks.tables import heads_table_kv, kv_prompt_sets
 from gna.workflow.plan import (
     all_results,
     answer_row_variants,
@@ -156,6 +156,18 @@ ATTRIBUTION_MODELS = [m for m in MODELS if model_heads(config, m)["sweep_mode"] 
 def heads_of(wildcards):
     """The heads section as the model sets it (models.<name>.overrides.heads over heads)."""
     return model_heads(config, wildcards.model)
+
+
+def topk_tasks(wildcards):
+    """(task tables, baseline per-item files) of the remove-top-k table: every task's, the KV items
+    from the model's heads.table_kv set where it names one (no baseline: its k = 0 is scored)."""
+    own_kv = bool(heads_of(wildcards)["table_kv"])
+    tables = [
+        f"data/tasks/{heads_table_kv(wildcards.model)}.parquet" if own_kv and task == "kv_retrieval" else path
+        for task, path in zip(TASKS, task_files(TASKS, wildcards.model))
+    ]
+    kept = [task for task in TASKS if not (own_kv and task == "kv_retrieval")]
+    return tables, [f"data/results/baseline/{wildcards.model}/{task}.items.parquet" for task in kept]
 
 
 def get_sweep_prompts(wildcards):

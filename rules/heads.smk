@@ -30,6 +30,7 @@ rule heads_sweep:
             "model": wc.model,
             "sweep": {
                 "mode": heads_of(wc)["sweep_mode"],
+                "unit": heads_of(wc)["sweep_unit"],
                 **(
                     {"budget": heads_of(wc)["verify_budget"], "order": heads_of(wc)["verify_order"]}
                     if heads_of(wc)["sweep_mode"] == "verified"
@@ -85,8 +86,8 @@ rule heads_topk:
     input:
         model="data/models/{model}",
         ranking="data/results/heads/{model}/ranking.parquet",
-        tasks=lambda wc: task_files(TASKS, wc.model),
-        baseline=expand("data/results/baseline/{{model}}/{task}.items.parquet", task=TASKS),
+        tasks=lambda wc: topk_tasks(wc)[0],
+        baseline=lambda wc: topk_tasks(wc)[1],
     output:
         summary="data/results/heads/{model}/topk.parquet",
         comparisons="data/results/heads/{model}/topk.comparisons.parquet",

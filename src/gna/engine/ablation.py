@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from gna.engine.anatomy import decoder_layers, head_sites
+from gna.engine.anatomy import all_heads, decoder_layers, head_sites, kv_groups
 from gna.engine.hooks import ablate_heads
 from gna.engine.scoring import Scorer, Variant, score_variants
 
@@ -45,3 +45,52 @@ def score_ablations(
         )
     frames = score_variants(scorer, table, layers, variants, desc, base_key=plain[0] if plain else None)
     return {key: frames[plain[0] if key in plain else key] for key in ablations}
+
+
+SWEEP_UNITS = ("head", "group")
+
+
+def ablation_units(model, unit: str = "head") -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """{(layer, index): the heads ablated together as one unit}: every head alone (`head`), or
+    every key/value group (`group`: the query heads that read one key/value head, index = that
+    head's; gna.engine.anatomy.kv_groups). In grouped-query attention the heads of a group read the
+    same keys and values, so one of them can stand in for another that is removed alone."""
+    if unit == "head":
+        return {head: [head] for head in all_heads(model)}
+    if unit == "group":
+        return kv_groups(model)
+    raise ValueError(f"heads.sweep_unit: unknown unit {unit!r}; one of {', '.join(SWEEP_UNITS)}")
+
+
+def ranking_unit(ranking: pl.DataFrame) -> str:
+    """The unit a ranking ranks (heads.sweep_unit): 'head', or 'group' (key/value groups)."""
+    return ranking["unit"][0] if "unit" in ranking.columns and len(ranking) else "head"
+
+
+def single_heads(ranking: pl.DataFrame, user: str) -> pl.DataFrame:
+    """`ranking` where it ranks single heads; an error naming `user` (what keeps single heads) and the
+    key where it ranks key/value groups."""
+    if ranking_unit(ranking) != "head":
+        raise ValueError(
+            f"{user} keeps single heads, but this ranking ranks key/value groups (heads.sweep_unit: group); "
+            f"set heads.sweep_unit: head for this model, or skip the phase (models.<name>.skip)"
+        )
+    return ranking
+
+
+def unit_name(layer: int, index: int, unit: str = "head") -> str:
+    """'L13H2' (a head) or 'L13G0' (key/value group 0 of layer 13)."""
+    return f"L{layer}{'G' if unit == 'group' else 'H'}{index}"
+
+
+def head_ranks(ranking: pl.DataFrame) -> pl.DataFrame:
+    """A ranking with one row per query head: a head ranking as it is; a key/value group ranking with
+    each of a group's query heads in its own row, carrying the group's rank and drops (best group
+    first, a group's heads in their order)."""
+    if ranking_unit(ranking) == "head":
+        return ranking
+    return (
+        ranking.explode("query_heads")
+        .with_columns(pl.col("query_heads").cast(pl.Int64).alias("head"))
+        .sort(["rank", "head"])
+    )

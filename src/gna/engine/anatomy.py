@@ -163,3 +163,21 @@ def site_of(sites: list[HeadSite], layer: int, head: int) -> tuple[HeadSite, int
 
 def all_heads(model) -> list[tuple[int, int]]:
     return [(s.layer, s.offset + h) for s in head_sites(model) for h in range(s.n_heads)]
+
+
+def kv_groups(model) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """{(layer, g): the query heads that read key/value head g of that layer}, every layer: in
+    grouped-query attention query head h reads key/value head h // (query heads per key/value head),
+    as transformers repeats them (one group per head where every head has its own keys and values)."""
+    groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    n_kv = getattr(model.config, "num_key_value_heads", None)
+    for s in head_sites(model):
+        if s.kind != "attention":
+            raise UnsupportedModel(f"layer {s.layer}: {s.kind} heads have no key/value groups")
+        kv = n_kv or s.n_heads
+        if s.n_heads % kv:
+            raise UnsupportedModel(f"layer {s.layer}: {s.n_heads} query heads do not split over {kv} key/value heads")
+        per = s.n_heads // kv
+        for h in range(s.n_heads):
+            groups.setdefault((s.layer, (s.offset + h) // per), []).append((s.layer, s.offset + h))
+    return groups

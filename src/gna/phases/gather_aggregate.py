@@ -17,6 +17,7 @@ import torch
 
 from gna.core.io import read_parquet, write_parquet
 from gna.core.settings import Evaluation, Files, RuleSettings
+from gna.engine.ablation import head_ranks
 from gna.engine.anatomy import UnsupportedModel, family_of, head_sites
 from gna.engine.device import device_of
 from gna.engine.scoring import Scorer, starts_with_bos
@@ -243,14 +244,14 @@ def map_frame(model, tok, row: dict, heads: list[tuple[int, int]], segment_fn) -
 def best_role_head(roles: pl.DataFrame, role: str) -> tuple[int, int] | None:
     """(layer, head) of the best-ranked head classified as `role` in a roles table (rank: the
     head's rank in the ablation sweep), or None if no head has that role."""
-    best = roles.filter(pl.col("role") == role).sort("rank").head(1)
+    best = roles.filter(pl.col("role") == role).sort("rank", "layer", "head", nulls_last=True).head(1)
     return None if best.is_empty() else (best["layer"][0], best["head"][0])
 
 
 def map_heads(ranking: pl.DataFrame, roles: pl.DataFrame, n: int) -> list[tuple[int, int]]:
     """The heads whose maps are drawn: the `n` top-ranked heads, then the best-ranked Gather and
     Aggregate heads of `roles` if they are not among them."""
-    top = ranking.sort("rank").head(n)
+    top = head_ranks(ranking).sort("rank", "head").head(n)
     heads = list(zip(top["layer"].to_list(), top["head"].to_list()))
     for role in ROLES:
         best = best_role_head(roles, role)
@@ -304,7 +305,9 @@ def run_gna_roles(inputs: Files, outputs: Files, settings: GnaRoles) -> pl.DataF
         roles = head_roles(Scorer(model, tok), table, kv_row_segments, gna.gather_min, gna.aggregate_min)
     except UnsupportedModel as err:
         raise UnsupportedModel(f"{err}; {skip_hint(model_name, 'gna')}") from None
-    roles = roles.join(ranking.select("layer", "head", "rank", "acc_drop"), on=["layer", "head"], how="left")
+    roles = roles.join(
+        head_ranks(ranking).select("layer", "head", "rank", "acc_drop"), on=["layer", "head"], how="left"
+    )
     write_parquet(roles.with_columns(pl.lit(model_name).alias("model")), outputs.roles)
     role_source = read_parquet(teacher_roles_paths[0]) if teacher_roles_paths else roles
     heads = map_heads(ranking, role_source, gna.map_heads)

@@ -19,8 +19,8 @@ from tqdm.auto import tqdm
 
 from gna.core.io import read_parquet, write_json, write_parquet
 from gna.core.settings import Evaluation, Files, RuleSettings
-from gna.engine.ablation import score_ablations
-from gna.engine.anatomy import HeadSite, all_heads, decoder_layers, head_sites, site_of
+from gna.engine.ablation import SWEEP_UNITS, ablation_units, score_ablations, unit_name
+from gna.engine.anatomy import HeadSite, decoder_layers, head_sites, site_of
 from gna.engine.device import device_of
 from gna.engine.hooks import ablate_heads
 from gna.engine.scoring import Scorer, score_batches, score_table
@@ -34,22 +34,41 @@ def _summary(frame: pl.DataFrame) -> dict:
     return {"acc": float(frame["correct"].mean()), "mean_logp": float(frame["logp_target"].mean()), "n": len(frame)}
 
 
-def sweep_heads(scorer: Scorer, table: pl.DataFrame, heads: list[tuple[int, int]] | None = None) -> pl.DataFrame:
-    """Ablate each head alone; accuracy and mean log-prob of the correct choice per head.
+def _query_heads_per_group(model) -> int:
+    """The reference's own count, from the config alone (kv_groups reads the head sites)."""
+    config = model.config
+    return config.num_attention_heads // getattr(config, "num_key_value_heads", config.num_attention_heads)
+
+
+def sweep_heads(
+    scorer: Scorer, table: pl.DataFrame, heads: list[tuple[int, int]] | None = None, unit: str = "head"
+) -> pl.DataFrame:
+    """Ablate each unit alone (ablation_units: a head, or a key/value group's query heads together);
+    accuracy and mean log-prob of the correct choice per unit, `heads` (default: every unit) naming
+    the units measured by (layer, index).
 
     Exact for every family the engine runs: the hidden state entering layer L is computed once
-    per batch and only layers L..end rerun for that layer's heads (score_ablations).
-    Returns one row per head plus a row with layer = head = -1 for the unablated model, scored
-    from the same recorded pass."""
+    per batch and only layers L..end rerun for that layer's units (score_ablations).
+    Returns one row per unit (layer, head = the unit's index, unit, query_heads: the query heads
+    ablated) plus a row with layer = head = -1 for the unablated model, scored from the same
+    recorded pass."""
     sites = head_sites(scorer.model)
-    heads = heads if heads is not None else all_heads(scorer.model)
-    frames = score_ablations(scorer, table, {"base": [], **{head: [head] for head in heads}}, desc="head sweep")
-    rows = [{"layer": -1, "head": -1, "kind": "none", **_summary(frames["base"])}]
+    units = ablation_units(scorer.model, unit)
+    keys = heads if heads is not None else list(units)
+    frames = score_ablations(scorer, table, {"base": [], **{key: units[key] for key in keys}}, desc=f"{unit} sweep")
+    rows = [{"layer": -1, "head": -1, "kind": "none", "unit": unit, "query_heads": [], **_summary(frames["base"])}]
     rows += [
-        {"layer": layer, "head": head, "kind": site_of(sites, layer, head)[0].kind, **_summary(frames[(layer, head)])}
-        for layer, head in heads
+        {
+            "layer": layer,
+            "head": index,
+            "kind": site_of(sites, *units[layer, index][0])[0].kind,
+            "unit": unit,
+            "query_heads": [h for _, h in units[layer, index]],
+            **_summary(frames[(layer, index)]),
+        }
+        for layer, index in keys
     ]
-    return pl.DataFrame(rows)
+    return pl.DataFrame(rows, schema_overrides={"query_heads": pl.List(pl.Int64)})
 
 
 def sweep_cost(heads: list[tuple[int, int]], n_layers: int) -> int:
@@ -58,14 +77,18 @@ def sweep_cost(heads: list[tuple[int, int]], n_layers: int) -> int:
     return sum(n_layers - layer for layer, _ in heads)
 
 
-def sweep_heads_naive(scorer: Scorer, table: pl.DataFrame, heads: list[tuple[int, int]], sites=None) -> dict:
-    """Reference: one full forward of the whole model per ablated head; {(layer, head): per-item frame}."""
+def sweep_heads_naive(
+    scorer: Scorer, table: pl.DataFrame, heads: list[tuple[int, int]], sites=None, unit: str = "head"
+) -> dict:
+    """Reference: one full forward of the whole model per ablated unit (ablation_units: a head, or a
+    key/value group's query heads written out one by one here); {(layer, index): per-item frame}."""
     model = scorer.model
     sites = sites or head_sites(model)
-    quiet = replace(scorer, progress=False)  # one bar over the heads, none per head
+    per = _query_heads_per_group(model) if unit == "group" else 1
+    quiet = replace(scorer, progress=False)  # one bar over the units, none per unit
     out = {}
-    for layer, head in tqdm(heads, desc="head sweep (naive)", disable=not scorer.progress, mininterval=2.0):
-        with ablate_heads(model, [(layer, head)], sites):
+    for layer, head in tqdm(heads, desc=f"{unit} sweep (naive)", disable=not scorer.progress, mininterval=2.0):
+        with ablate_heads(model, [(layer, h) for h in range(head * per, (head + 1) * per)], sites):
             out[(layer, head)] = score_table(quiet, table)
     return out
 
@@ -229,28 +252,52 @@ def within_budget(
     return chosen
 
 
+def unit_attribution(est: pl.DataFrame, units: dict[tuple[int, int], list[tuple[int, int]]]) -> pl.DataFrame:
+    """attribution_scores per unit (ablation_units): a unit's estimated drop is the sum of its query
+    heads' (the estimate is linear in the ablated outputs, so removing them together sums them; the
+    GradDrop score is summed too, an upper bound of the group's own), with `head` = the unit's index."""
+    index = {head: key for key, heads in units.items() for head in heads}
+    if all(len(heads) == 1 for heads in units.values()):
+        return est
+    keys = [index[(layer, head)] for layer, head in zip(est["layer"].to_list(), est["head"].to_list())]
+    sums = [c for c in ("logp_drop_est", "graddrop_est") if c in est.columns]
+    return (
+        est.with_columns(pl.Series("head", [k[1] for k in keys]))
+        .group_by("layer", "head", maintain_order=True)
+        .agg(pl.col("kind").first(), *[pl.col(c).sum() for c in sums])
+    )
+
+
 def sweep_heads_verified(
-    scorer: Scorer, table: pl.DataFrame, budget: float = 0.2, order: str = "magnitude", min_heads: int = 2
+    scorer: Scorer,
+    table: pl.DataFrame,
+    budget: float = 0.2,
+    order: str = "magnitude",
+    min_heads: int = 2,
+    unit: str = "head",
 ) -> pl.DataFrame:
-    """The sweep's fast mode: rank every head by attribution (rank_attribution with `order`),
-    then sweep exactly, in that order, the heads that fit in `budget` of the full sweep's cost
-    (within_budget). Returns sweep_heads' rows for the unablated model and the verified heads
-    only (their numbers are exact); the heads left out were not measured, and rank_heads ranks
-    the verified ones. Fewer than `min_heads` verified heads is an error naming the budget.
-    benchmarks/head_sweep_speed.py measures how many of the full sweep's top 10 it finds, and at
+    """The sweep's fast mode: rank every unit (ablation_units: heads, or key/value groups) by
+    attribution (unit_attribution, ranked by rank_attribution with `order`), then sweep exactly, in
+    that order, the units that fit in `budget` of the full sweep's cost (within_budget). Returns
+    sweep_heads' rows for the unablated model and the verified units only (their numbers are exact);
+    the units left out were not measured, and rank_heads ranks the verified ones. Fewer than
+    `min_heads` verified units is an error naming the budget.
+    benchmarks/head_sweep_speed.py measures how many of the full sweep's top 10 heads it finds, and at
     what share of its time."""
     model = scorer.model
-    est = attribution_scores(scorer, table, grad_drop=order == "graddrop")
+    est = unit_attribution(
+        attribution_scores(scorer, table, grad_drop=order == "graddrop"), ablation_units(model, unit)
+    )
     n_layers = len(decoder_layers(model))
     chosen = within_budget(rank_attribution(est, order), n_layers, budget, order)
     if len(chosen) < min_heads:
-        share = attribution_cost(n_layers, order) / sweep_cost(all_heads(model), n_layers)
+        share = attribution_cost(n_layers, order) / sweep_cost(list(ablation_units(model, unit)), n_layers)
         raise ValueError(
-            f"heads.verify_budget={budget} verifies {len(chosen)} heads, fewer than the {min_heads} "
+            f"heads.verify_budget={budget} verifies {len(chosen)} {unit}s, fewer than the {min_heads} "
             f"needed: the attribution ({order}) alone costs {share:.0%} of the exact sweep on this "
             f"model; raise heads.verify_budget or use heads.sweep_mode: exact"
         )
-    return sweep_heads(scorer, table, heads=chosen)
+    return sweep_heads(scorer, table, heads=chosen, unit=unit)
 
 
 def top_heads(frame: pl.DataFrame, n: int) -> list[tuple[int, int]]:
@@ -290,18 +337,21 @@ SWEEP_MODES = ("exact", "verified")
 
 @dataclass(frozen=True)
 class SweepMode:
-    """How heads_sweep sweeps (config section heads): `mode` exact (every head ablated alone) or
-    verified (heads.sweep_mode); in verified mode the share of the exact sweep's cost spent
-    (`budget`: heads.verify_budget) and the attribution order of the pre-ranking (`order`:
+    """How heads_sweep sweeps (config section heads): `mode` exact (every unit ablated alone) or
+    verified (heads.sweep_mode), the unit ablated (`unit`: heads.sweep_unit, ablation_units); in
+    verified mode the share of the exact sweep's cost spent (`budget`: heads.verify_budget) and the attribution order of the pre-ranking (`order`:
     heads.verify_order; sweep_heads_verified)."""
 
     mode: str = "exact"
     budget: float = 0.2
     order: str = "magnitude"
+    unit: str = "head"
 
     def __post_init__(self):
         if self.mode not in SWEEP_MODES:
             raise ValueError(f"heads.sweep_mode: unknown mode {self.mode!r}; one of {SWEEP_MODES}")
+        if self.unit not in SWEEP_UNITS:
+            raise ValueError(f"heads.sweep_unit: unknown unit {self.unit!r}; one of {', '.join(SWEEP_UNITS)}")
 
 
 @dataclass(frozen=True)
@@ -315,34 +365,40 @@ class HeadsSweep(RuleSettings):
 
 
 def run_heads_sweep(inputs: Files, outputs: Files, settings: HeadsSweep) -> pl.DataFrame:
-    """Phase heads_sweep on the KV prompts (data/tasks/prompts/head_sweep): `sweep.mode` exact
-    (sweep_heads over every head) or verified (sweep_heads_verified with `sweep.budget` and
-    `sweep.order`), written with the mode and the model's number of heads, and its rank_heads
-    (both with a model column).
+    """Phase heads_sweep on the sweep prompts (data/tasks/prompts/head_sweep): `sweep.mode` exact
+    (sweep_heads over every unit of `sweep.unit`) or verified (sweep_heads_verified with
+    `sweep.budget` and `sweep.order`), written with the mode and the model's number of units
+    (heads_total: heads, or key/value groups), and its rank_heads (both with a model column).
     inputs: model, prompts; outputs: sweep, ranking."""
     evaluation, sweep, model_name = settings.evaluation, settings.sweep, settings.model
     model, tok = load_model(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     table = read_parquet(inputs.prompts)
     scorer = Scorer(model, tok, evaluation.batch_size)
     if sweep.mode == "exact":
-        result = sweep_heads(scorer, table)
+        result = sweep_heads(scorer, table, unit=sweep.unit)
     else:
-        result = sweep_heads_verified(scorer, table, sweep.budget, sweep.order)
+        result = sweep_heads_verified(scorer, table, sweep.budget, sweep.order, unit=sweep.unit)
     ranking = rank_heads(result)
     # the task the heads were ablated on (KV retrieval, or MMLU letter development questions)
     result = result.with_columns(
         pl.lit(sweep.mode).alias("mode"),
-        pl.lit(len(all_heads(model))).alias("heads_total"),
+        pl.lit(len(ablation_units(model, sweep.unit))).alias("heads_total"),
         pl.lit(table["task"][0]).alias("task"),
+        # the sweep prompts' dictionary size (KV retrieval; null for MMLU questions)
+        pl.lit(int(table["dict_size"][0]) if "dict_size" in table.columns else None, dtype=pl.Int64).alias("dict_size"),
     )
     write_parquet(result.with_columns(pl.lit(model_name).alias("model")), outputs.sweep)
     write_parquet(ranking.with_columns(pl.lit(model_name).alias("model")), outputs.ranking)
     log.info(
-        "%s sweep, %d of %d heads measured; top-10 heads: %s",
+        "%s sweep, %d of %d %ss measured; top 10: %s",
         sweep.mode,
         len(ranking),
-        len(all_heads(model)),
-        ", ".join(f"L{r['layer']}H{r['head']} (-{r['acc_drop']:.2f})" for r in ranking.head(10).iter_rows(named=True)),
+        len(ablation_units(model, sweep.unit)),
+        sweep.unit,
+        ", ".join(
+            f"{unit_name(r['layer'], r['head'], sweep.unit)} (-{r['acc_drop']:.2f})"
+            for r in ranking.head(10).iter_rows(named=True)
+        ),
     )
     return ranking
 

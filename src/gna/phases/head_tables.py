@@ -19,8 +19,8 @@ from gna.core.chance import NO_REFERENCE, SKIPPED, ChancePolicy, Reference
 from gna.core.io import read_json, read_parquet, write_parquet
 from gna.core.paired import comparisons
 from gna.core.settings import Evaluation, Files, RuleSettings, TopK
-from gna.engine.ablation import score_ablations
-from gna.engine.anatomy import all_heads, head_sites, heads_per_layer
+from gna.engine.ablation import ablation_units, ranking_unit, score_ablations, single_heads, unit_name
+from gna.engine.anatomy import head_sites, heads_per_layer
 from gna.engine.scoring import Scorer, known_items, known_or_scored, summarize_task
 from gna.models.prepare import load_model
 from gna.phases.pruning import prefix_scores
@@ -57,9 +57,22 @@ def _score(scorer: Scorer, tables, ablations, layers=None, desc="ablations"):
     return _summaries(_score_items(scorer, tables, ablations, layers, desc))
 
 
-def _top(ranking: pl.DataFrame, k: int) -> list[tuple[int, int]]:
+def top_units(ranking: pl.DataFrame, k: int) -> list[tuple[int, int]]:
+    """(layer, index) of the k top-ranked units (heads, or key/value groups)."""
     top = ranking.sort("rank").head(k)
     return list(zip(top["layer"].to_list(), top["head"].to_list()))
+
+
+def _top(ranking: pl.DataFrame, k: int) -> list[tuple[int, int]]:
+    """The query heads of the k top-ranked units, in rank order."""
+    top = ranking.sort("rank").head(k)
+    per_unit = top["query_heads"].to_list() if "query_heads" in top.columns else [[h] for h in top["head"]]
+    return [(layer, h) for layer, heads in zip(top["layer"].to_list(), per_unit) for h in heads]
+
+
+def units_label(units: list[tuple[int, int]], unit: str) -> str:
+    """'L13G0 L14G0' / 'L3H1 L4H2': the units of a condition, as the tables name them."""
+    return " ".join(unit_name(layer, index, unit) for layer, index in units)
 
 
 def remove_top_k(
@@ -84,20 +97,25 @@ def remove_top_k(
     short = [k for k in ks if k > len(ranking)]
     if short:
         raise ValueError(
-            f"heads.top_k: removing the top {max(short)} heads needs {max(short)} ranked heads; the "
-            f"ranking has {len(ranking)} (a verified sweep ranks only the heads that fit "
+            f"heads.top_k: removing the top {max(short)} {ranking_unit(ranking)}s needs {max(short)} ranked "
+            f"{ranking_unit(ranking)}s; the ranking has {len(ranking)} (a verified sweep ranks only those that fit "
             f"heads.verify_budget: raise it, or use heads.sweep_mode: exact)"
         )
-    population = all_heads(scorer.model)
+    unit = ranking_unit(ranking)
+    units = ablation_units(scorer.model, unit)
+    population = list(units)
     chance = reference.chance
-    jobs = [("top", k, 0, _top(ranking, k)) for k in ks]
+    # (condition, k, draw, the units removed); a group's query heads are removed together
+    jobs = [("top", k, 0, top_units(ranking, k)) for k in ks]
     control_draws = random_draws if control_draws is None else control_draws
     for k in ks:
         if k == 0:
             continue
         for draw in range(max(random_draws, control_draws)):
-            rng = random.Random(f"random-heads-{top_k.seed}-{k}-{draw}")
+            # head draws keep their seed string: the random-k heads of every earlier run stay the same
+            rng = random.Random(f"random-{'heads' if unit == 'head' else unit + 's'}-{top_k.seed}-{k}-{draw}")
             jobs.append(("random", k, draw, sorted(rng.sample(population, min(k, len(population))))))
+    heads_of_job = [[h for key in chosen for h in units[key]] for *_, chosen in jobs]
 
     def used_by(condition: str, k: int, draw: int) -> list[str]:
         if condition == "top":
@@ -116,7 +134,9 @@ def remove_top_k(
     # per task, every condition scoring it in one pass (k = 0 read from the baseline where given)
     items, reasons = {}, {}
     for task, table in tables.items():
-        wanted = {i: heads for i, (condition, k, draw, heads) in enumerate(jobs) if task in used_by(condition, k, draw)}
+        wanted = {
+            i: heads_of_job[i] for i, (condition, k, draw, _) in enumerate(jobs) if task in used_by(condition, k, draw)
+        }
         unablated = [i for i in wanted if jobs[i][1] == 0]
         if chance.applies(task):
             base = known_or_scored(scorer, table, reference.scores_of(task))
@@ -146,9 +166,10 @@ def remove_top_k(
                 pl.lit(condition).alias("condition"),
                 pl.lit(k).alias("k"),
                 pl.lit(draw).alias("draw"),
-                pl.lit(" ".join(f"L{l}H{h}" for l, h in heads)).alias("heads"),
+                pl.lit(units_label(chosen, unit)).alias("heads"),
+                pl.lit(unit).alias("unit"),
             )
-            for i, (condition, k, draw, heads) in enumerate(jobs)
+            for i, (condition, k, draw, chosen) in enumerate(jobs)
             if any((i, task) in summaries for task in used_by(condition, k, draw))
         ]
     ).with_columns(_reason_column(reasons))
@@ -185,6 +206,7 @@ def _reason_column(reasons: dict[str, str | None]) -> pl.Expr:
 
 def critical_heads(ranking: pl.DataFrame, kept_layers: list[int]) -> list[tuple[int, int]]:
     """The two best-ranked heads inside the kept layers, from two different layers, in layer order."""
+    single_heads(ranking, "the heads-kept table")
     chosen: list[tuple[int, int]] = []
     for row in ranking.sort("rank").iter_rows(named=True):
         if row["layer"] in kept_layers and all(row["layer"] != l for l, _ in chosen):
@@ -281,12 +303,15 @@ def kept_comparisons(per_item: dict[str, pl.DataFrame]) -> pl.DataFrame:
 
 
 def dict_size_curves(scorer: Scorer, ranking: pl.DataFrame, table: pl.DataFrame) -> pl.DataFrame:
-    """KV accuracy per dictionary size with nothing, the #1 head, or the #2 head removed."""
-    first, second = _top(ranking, 2)
+    """KV accuracy per dictionary size with nothing, the #1 unit (head, or key/value group), or the #2
+    removed."""
+    unit = ranking_unit(ranking)
+    units = ablation_units(scorer.model, unit)
+    first, second = top_units(ranking, 2)
     conditions = {
         "none removed": [],
-        f"#1 L{first[0]}H{first[1]} removed": [first],
-        f"#2 L{second[0]}H{second[1]} removed": [second],
+        f"#1 {unit_name(*first, unit)} removed": units[first],
+        f"#2 {unit_name(*second, unit)} removed": units[second],
     }
     summaries = _score(scorer, {"kv_retrieval": table}, conditions, desc="dictionary sizes")
     frames = []

@@ -29,6 +29,7 @@ from gna.report.htmlkit import (
     errorbar,
     pct,
     placeholder_figure,
+    removed_units,
     save_figure,
     table,
 )
@@ -147,7 +148,8 @@ def plot_contrast(topk: pl.DataFrame, models: list[str], path) -> None:
             if not rnd.is_empty():
                 ax.plot(rnd["k"], rnd["value"], marker="s", ls="none", mfc="none", color=color)
         ax.axhline(0.25, color="grey", lw=0.8, ls=":")
-        accuracy_axis(ax, f"{model}: top-ranked heads removed", "heads removed together (k)")
+        units = removed_units(topk, model)
+        accuracy_axis(ax, f"{model}: top-ranked {units} removed", f"{units} removed together (k)")
         ax.legend(fontsize=8, title="● top k (95% interval), □ random k", title_fontsize=8)
     save_figure(fig, path)
 
@@ -186,17 +188,42 @@ def render_contrast(ctx: SectionContext) -> str:
         ranked_on = (
             {
                 "mmlu_letter": "MMLU letter development questions (none of them reported)",
-                "kv_retrieval": "KV retrieval",
+                "kv_retrieval": "KV retrieval"
+                + (
+                    f" ({rows['dict_size'][0]}-key prompts)"
+                    if "dict_size" in rows.columns and rows["dict_size"][0]
+                    else ""
+                ),
             }.get(rows["task"][0], rows["task"][0])
             if "task" in rows.columns and len(rows)
             else "KV retrieval"
         )
         mode = rows["mode"][0] if "mode" in rows.columns and len(rows) else "exact"
+        units = removed_units(rows, model)
+        kv_sizes = (
+            topk.filter((pl.col("model") == model) & (pl.col("task") == "kv_retrieval") & (pl.col("group") != "all"))[
+                "group"
+            ]
+            .unique()
+            .to_list()
+            if not topk.is_empty()
+            else []
+        )
+        grouped = (
+            " (all query heads that share one key/value head, removed together: no single head's removal loses "
+            "an item on this model)"
+            if units != "heads"
+            else ""
+        )
+        tested = (
+            f"; KV retrieval scored on prompts of {' and '.join(sorted(kv_sizes, key=int))} keys" if kv_sizes else ""
+        )
         parts.append(
             f"<h3>{html.escape(model)}</h3><p>MMLU letter baseline "
             f"{acc_text(letter['value'], letter['ci_low'], letter['ci_high'])} "
             f"(n = {letter['n']}, chance {pct(letter['chance'])}). "
-            f"Heads ranked by their ablation on {ranked_on} ({mode} sweep); the top {k} removed together:</p><ul>"
+            f"{units.capitalize()}{grouped} ranked by their ablation on {ranked_on} ({mode} sweep); the top {k} "
+            f"removed together{tested}:</p><ul>"
             + "".join(f"<li>{s}</li>" for s in sentences(compared, model, k, ctx.margin))
             + "</ul>"
         )

@@ -20,6 +20,7 @@ from gna.report.htmlkit import (
     dict_size_axis,
     errorbar,
     pct,
+    removed_units,
     save_figure,
     skipped_tasks_note,
     table,
@@ -43,9 +44,10 @@ def plot_heatmap(ranking: pl.DataFrame, path) -> None:
         for r in sub.iter_rows(named=True):
             grid[r["layer"], r["head"]] = r["acc_drop"]
         sns.heatmap(grid, ax=ax, cmap="rocket_r", vmin=min(0.0, np.nanmin(grid)), cbar_kws={"label": "accuracy drop"})
-        ax.set_xlabel("head")
+        unit = removed_units(sub, model)[:-1]
+        ax.set_xlabel(unit)
         ax.set_ylabel("layer")
-        ax.set_title(f"{model}: KV-retrieval accuracy drop when one head is zeroed")
+        ax.set_title(f"{model}: accuracy drop on the sweep's task when one {unit} is zeroed")
     save_figure(fig, path)
 
 
@@ -73,7 +75,10 @@ def plot_topk(topk: pl.DataFrame, path) -> None:
                 ls="--",
                 label="random heads (mean ± sd of draws)",
             )
-        accuracy_axis(ax, f"{model}: top-ranked vs random heads", "heads removed together (k)", "KV-retrieval accuracy")
+        units = removed_units(topk, model)
+        accuracy_axis(
+            ax, f"{model}: top-ranked vs random {units}", f"{units} removed together (k)", "KV-retrieval accuracy"
+        )
     save_figure(fig, path)
 
 
@@ -123,23 +128,29 @@ def top_heads_part(ranking: pl.DataFrame, sweep: pl.DataFrame) -> str:
     for model in _models(ranking):
         base = sweep.filter((pl.col("model") == model) & (pl.col("layer") == -1)).row(0, named=True)
         sub = ranking.filter(pl.col("model") == model).sort("rank")
-        parts.append(f"<h3>{html.escape(model)}: top heads</h3>")
+        units = removed_units(sub, model)
+        parts.append(f"<h3>{html.escape(model)}: top {units}</h3>")
+        if units != "heads":
+            parts.append(
+                "<p>Ranked by key/value group: the query heads that read one key/value head are ablated together "
+                "(heads.sweep_unit: group), as no single head's removal loses an item on this model.</p>"
+            )
         if base.get("mode") == "verified":
             measured = (
-                f"verified mode: the {len(sub)} of {base['heads_total']} heads that attribution ranked "
+                f"verified mode: the {len(sub)} of {base['heads_total']} {units} that attribution ranked "
                 f"first and that fit the budget, each ablated exactly; the others were not measured "
                 f"(blank in the heatmap)"
             )
         else:
-            measured = f"{len(sub)} heads, each ablated exactly"
+            measured = f"{len(sub)} {units}, each ablated exactly"
+        task = {"kv_retrieval": "KV", "mmlu_letter": "MMLU letter development"}.get(base.get("task"), "KV")
         parts.append(
-            f"<p>Sweep: {base['n']} KV prompts, unablated accuracy {pct(base['acc'])}, "
-            f"mean log-prob of the correct value {base['mean_logp']:.3f}; {measured}.</p>"
+            f"<p>Sweep: {base['n']} {task} prompts, unablated accuracy {pct(base['acc'])}, "
+            f"mean log-prob of the correct answer {base['mean_logp']:.3f}; {measured}.</p>"
         )
-        top = sub.head(10).select(
-            "rank", pl.format("L{}H{}", "layer", "head").alias("head"), "kind", "acc", "acc_drop", "logp_drop"
-        )
-        parts.append(table(top, left=("head", "kind"), fmt={"acc": pct, "acc_drop": pct}))
+        name = pl.format("L{}G{}" if units != "heads" else "L{}H{}", "layer", "head").alias(units[:-1])
+        top = sub.head(10).select("rank", name, "kind", "acc", "acc_drop", "logp_drop")
+        parts.append(table(top, left=(units[:-1], "kind"), fmt={"acc": pct, "acc_drop": pct}))
     return "\n".join(parts)
 
 

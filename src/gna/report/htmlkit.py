@@ -55,6 +55,15 @@ def plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
+def removed_units(frame: pl.DataFrame, model: str) -> str:
+    """What a model's ranking ranks and its remove-top-k table removes, in the plural: 'heads', or
+    'key/value groups' (heads.sweep_unit: the query heads sharing a key/value head, together)."""
+    if frame.is_empty() or "unit" not in frame.columns:
+        return "heads"
+    units = frame.filter(pl.col("model") == model)["unit"].drop_nulls()
+    return "key/value groups" if len(units) and units[0] == "group" else "heads"
+
+
 def pct(value: float) -> str:
     return f"{100 * value:.1f}%"
 

@@ -137,7 +137,9 @@ def ablation_kd(hybrid: dict) -> dict:
 
 def ranked_heads(ranking, k: int, model_name: str = "the model") -> list[tuple[int, int]]:
     """The `k` best (layer, head) of a head ranking table (columns rank, layer, head)."""
-    ranking = ranking.sort("rank")
+    from gna.engine.ablation import single_heads  # the Snakefile imports this module: torch only when called
+
+    ranking = single_heads(ranking, "a student").sort("rank")
     if k > len(ranking):
         raise ValueError(f"hybrid.heads_kept: {k} heads asked, but {model_name} has only {len(ranking)} ranked heads")
     return [(int(layer), int(head)) for layer, head in ranking.select("layer", "head").head(k).iter_rows()]

@@ -226,7 +226,7 @@ def kv_prompt_sets(config: dict) -> dict[str, dict]:
     def prompts(sizes: list[int], n: int, seed: int | str) -> dict:
         return {"sizes": sizes, "n_per_size": n, "seed": seed, "template": kv["template"]}
 
-    return {
+    sets = {
         "kv_retrieval": kv,
         # every head's ablation is scored on these (heads_sweep) and estimated on them (heads_attribution)
         f"{PROMPT_SETS_DIR}/head_sweep": prompts([heads["sweep_dict_size"]], heads["sweep_n"], heads["seed"]),
@@ -240,6 +240,17 @@ def kv_prompt_sets(config: dict) -> dict[str, dict]:
             [hybrid["dict_size"]], validation["n"], validation_kv_seed(validation["seed"])
         ),
     }
+    for name, entry in config["models"].items():
+        table_kv = {**heads, **entry.get("overrides", {}).get("heads", {})}.get("table_kv")
+        if table_kv:
+            # the remove-top-k table's KV items at the setting its heads.table_kv names
+            sets[heads_table_kv(name)] = prompts([table_kv["dict_size"]], table_kv["n"], f"heads_table-{heads['seed']}")
+    return sets
+
+
+def heads_table_kv(model: str) -> str:
+    """The prompt set (kv_prompt_sets' key) of `model`'s remove-top-k KV items where heads.table_kv is set."""
+    return f"{PROMPT_SETS_DIR}/heads_table/{model}"
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ import pytest
 import yaml
 from conftest import REPO
 
+from gna.tasks.tables import heads_table_kv, kv_prompt_sets
 from gna.workflow.config import ConfigError, load_schema, validate_config
 
 SCHEMA = load_schema(REPO / "config" / "schema.yaml")
@@ -134,3 +135,24 @@ def test_a_models_heads_overrides_are_checked_by_their_key():
     config["models"][name]["overrides"] = {"heads": {"sweeps": 3}}
     with pytest.raises(ConfigError, match="sweeps' is not allowed"):
         validate_config(config, SCHEMA)
+
+
+def test_a_group_ranking_is_refused_where_a_phase_keeps_single_heads_of_it():
+    config = yaml.safe_load((REPO / "config" / "smoke.yaml").read_text())
+    name = next(iter(config["models"]))
+    config["models"][name]["overrides"] = {"heads": {"sweep_unit": "group"}}
+    config["models"][name]["skip"] = ["hybrid"]
+    with pytest.raises(ConfigError, match=rf"'models.{name}': heads.sweep_unit group .* but prune keep"):
+        validate_config(config, SCHEMA)
+    config["models"][name]["skip"] = ["prune", "hybrid"]
+    validated = validate_config(config, SCHEMA)
+    # its remove-top-k KV items: a prompt set of its own, where heads.table_kv names one
+    config["models"][name]["overrides"]["heads"]["table_kv"] = {"dict_size": 30, "n": 4}
+    sets = kv_prompt_sets(validate_config(config, SCHEMA))
+    assert sets[heads_table_kv(name)] == {
+        "sizes": [30],
+        "n_per_size": 4,
+        "seed": "heads_table-4321",
+        "template": "lookup",
+    }
+    assert heads_table_kv(name) not in kv_prompt_sets(validated)
