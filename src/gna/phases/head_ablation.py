@@ -339,8 +339,8 @@ SWEEP_MODES = ("exact", "verified")
 class SweepMode:
     """How heads_sweep sweeps (config section heads): `mode` exact (every unit ablated alone) or
     verified (heads.sweep_mode), the unit ablated (`unit`: heads.sweep_unit, ablation_units); in
-    verified mode the share of the exact sweep's cost spent (`budget`: heads.verify_budget) and the attribution order of the pre-ranking (`order`:
-    heads.verify_order; sweep_heads_verified)."""
+    verified mode the share of the exact sweep's cost spent (`budget`: heads.verify_budget) and the
+    attribution order of the pre-ranking (`order`: heads.verify_order; sweep_heads_verified)."""
 
     mode: str = "exact"
     budget: float = 0.2

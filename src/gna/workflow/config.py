@@ -168,7 +168,8 @@ def _check_semantics(config: dict) -> None:
         if unit == "group" and running:
             raise ConfigError(
                 f"config key 'models.{name}': heads.sweep_unit group ranks key/value groups, but "
-                f"{' and '.join(running)} keep single heads of the ranking; add them to models.{name}.skip or rank heads (sweep_unit: head)"
+                f"{' and '.join(running)} keep single heads of the ranking; add them to models.{name}.skip or "
+                "rank heads (sweep_unit: head)"
             )
     kv = config["tasks"]["kv_retrieval"]
     if kv["sizes"] and len(set(kv["sizes"])) != len(kv["sizes"]):
