@@ -34,7 +34,7 @@ import polars as pl
 import torch
 
 from gna.core.paired import mcnemar_p
-from gna.engine.ablation import score_ablations
+from gna.engine.ablation import ablation_units, score_ablations, unit_name
 from gna.engine.anatomy import all_heads, head_sites
 from gna.engine.hooks import ablate_heads
 from gna.engine.scoring import Scorer, score_table
@@ -53,16 +53,8 @@ def paired(base, other) -> dict:
 
 
 def kv_groups(model) -> dict[str, list[tuple[int, int]]]:
-    """{"L<layer>G<group>": its query heads} of every layer: query head h reads key/value head
-    h // (query heads per key/value head), as transformers' grouped-query attention repeats them."""
-    per = model.config.num_attention_heads // getattr(
-        model.config, "num_key_value_heads", model.config.num_attention_heads
-    )
-    return {
-        f"L{layer}G{head // per}": [(layer, h) for h in range(head, head + per)]
-        for layer, head in all_heads(model)
-        if head % per == 0
-    }
+    """{"L<layer>G<group>": its query heads} of every layer (the pipeline's units, heads.sweep_unit: group)."""
+    return {unit_name(layer, g, "group"): heads for (layer, g), heads in ablation_units(model, "group").items()}
 
 
 def unit_heads(unit: str, model) -> list[tuple[int, int]]:

@@ -179,7 +179,11 @@ def headline(data_dir: str | Path, margin: float = DEFAULT_MARGIN) -> list[dict]
         ranking = _read(heads / "ranking.parquet")
         if not ranking.is_empty():
             top = ranking.sort("rank").row(0, named=True)
-            out.append({"name": f"{model} top-ranked head", "kind": "label", "value": f"L{top['layer']}H{top['head']}"})
+            # a key/value group where the ranking ranks groups (heads.sweep_unit: group): L13G0
+            letter = "G" if top.get("unit") == "group" else "H"
+            out.append(
+                {"name": f"{model} top-ranked head", "kind": "label", "value": f"L{top['layer']}{letter}{top['head']}"}
+            )
         minimal = prune / "minimal_model.json"
         if minimal.is_file():
             layers = len(json.loads(minimal.read_text())["kept_layers"])

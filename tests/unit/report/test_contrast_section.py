@@ -85,3 +85,46 @@ def test_only_a_model_that_answers_the_letter_format_is_tested(tmp_path):
     # 47/200 = 23.5% [18.2-29.8]: its interval holds chance, so no fall could be seen there
     assert "<b>small</b> cannot show the contrast" in page and "<h3>small</h3>" not in page
     assert figure.stat().st_size > 1000
+
+
+def test_a_model_ranked_by_key_value_group_is_described_by_its_groups_and_its_kv_setting(tmp_path):
+    baseline = _baseline("big", (85, 200))
+    compared = _compared({"top 4": CONTRAST["top 5"], "random 4 #0": CONTRAST["random 5 #0"]}, "big")
+    topk = pl.DataFrame(
+        {
+            "model": ["big"] * 2,
+            "task": ["kv_retrieval"] * 2,
+            "group": ["all", "90"],
+            "metric": ["acc"] * 2,
+            "condition": ["top"] * 2,
+            "k": [4, 4],
+            "draw": [0, 0],
+            "value": [0.8, 0.8],
+            "ci_low": [0.7, 0.7],
+            "ci_high": [0.9, 0.9],
+            "unit": ["group"] * 2,
+        }
+    )
+    sweep = pl.DataFrame(
+        {"model": ["big"], "layer": [-1], "head": [-1], "task": ["kv_retrieval"], "mode": ["verified"]}
+    ).with_columns(pl.lit(20).alias("dict_size"), pl.lit("group").alias("unit"))
+    inputs = {}
+    for key, frame in (
+        ("baseline", baseline),
+        ("heads_topk_comparisons", compared),
+        ("heads_topk", topk),
+        ("heads_sweep", sweep),
+    ):
+        frame.write_parquet(tmp_path / f"{key}.parquet")
+        inputs[key] = [str(tmp_path / f"{key}.parquet")]
+    ctx = SectionContext(
+        inputs=inputs,
+        figures={"contrast_topk": str(tmp_path / "contrast.png")},
+        captions={"contrast_topk": "caption"},
+        options=ReportOptions(),
+        config={},
+    )
+    page = render_contrast(ctx)
+    assert "Key/value groups (all query heads that share one key/value head, removed together" in page
+    assert "KV retrieval (20-key prompts) (verified sweep); the top 4 removed together" in page
+    assert "KV retrieval scored on prompts of 90 keys" in page
