@@ -25,12 +25,13 @@ rule heads_sweep:
         sweep="data/results/heads/{model}/sweep.parquet",
         ranking="data/results/heads/{model}/ranking.parquet",
     params:
-        # verified mode only: its budget and the attribution order
+        # verified mode only: its budget and the attribution order; the unit where it is a group
         settings=lambda wc: {
             "model": wc.model,
             "sweep": {
                 "mode": heads_of(wc)["sweep_mode"],
-                "unit": heads_of(wc)["sweep_unit"],
+                # only where it is not the head: adding the key reran no head sweep
+                **({"unit": "group"} if heads_of(wc)["sweep_unit"] == "group" else {}),
                 **(
                     {"budget": heads_of(wc)["verify_budget"], "order": heads_of(wc)["verify_order"]}
                     if heads_of(wc)["sweep_mode"] == "verified"
