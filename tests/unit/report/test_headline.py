@@ -139,3 +139,12 @@ def test_a_verdict_set_by_an_earlier_row_of_its_family_keeps_that_holm_p_when_it
     assert p < 0.05 and not reachable(entry, "falls", 0.05)
     assert reachable({**entry, "p_holm": p}, "falls", 0.05)  # where its own p set its Holm p
     assert not reachable({**entry, "n": 0}, "falls", 0.05)
+
+
+def test_a_ranking_of_key_value_groups_is_labelled_by_its_group(run):
+    path = run / "results" / "heads" / "tiny-llama" / "ranking.parquet"
+    head = {e["name"]: e["value"] for e in headline(run)}["tiny-llama top-ranked head"]
+    assert head.startswith("L") and "H" in head
+    pl.read_parquet(path).with_columns(pl.lit("group").alias("unit")).write_parquet(path)
+    group = {e["name"]: e["value"] for e in headline(run)}["tiny-llama top-ranked head"]
+    assert group == head.replace("H", "G")
