@@ -80,7 +80,7 @@ def test_smoke_run_writes_results_and_report(smoke):
         "Minimal model",
         "Individual layer removal",
         "Per-head ablation",
-        "Removing the top-k heads together",
+        "Removing the top-k heads (or key/value groups) together",
         "Heads kept in the critical layers",
         "Attribution pre-ranking vs the exact sweep",
         "Gather-and-Aggregate roles",

@@ -14,6 +14,7 @@ import html
 
 import matplotlib.pyplot as plt
 import polars as pl
+from matplotlib.ticker import MaxNLocator
 
 from gna.core.chance import above_chance
 from gna.core.paired import decide
@@ -121,12 +122,25 @@ def sentences(compared: pl.DataFrame, model: str, k: int, margin: float) -> list
         row = comparison_row(sub, "top k vs unmodified", "unmodified", f"top {k}", task)
         if row is None:
             continue
-        stand = against_study(decide(row, margin), STUDY[task][0])
+        verdict = decide(row, margin)
+        stand = against_study(verdict, STUDY[task][0])
         out.append(
             f"{html.escape(name)}: {pct(row['acc_reference'])} → {pct(row['acc_condition'])} on the same {row['n']} "
-            f"items: {comparison_verdict(row, margin)}{stand}"
+            f"items: {comparison_verdict(row, margin)}{stand}{_control_too(sub, task, k, verdict.verb, margin)}"
         )
     return out
+
+
+def _control_too(compared: pl.DataFrame, task: str, k: int, verb: str, margin: float) -> str:
+    """Where the random-k control changes the same way as the top-k removal: a clause saying so (the change
+    is then not specific to the ranking); else nothing."""
+    row = comparison_row(compared, "random k vs unmodified", "unmodified", f"random {k} #0", task)
+    if verb not in ("falls", "rises") or row is None or decide(row, margin).verb != verb:
+        return ""
+    return (
+        f"; but {k} drawn at random {verb[:-1]} too ({pct(row['acc_reference'])} → {pct(row['acc_condition'])}, "
+        f"Holm p = {row['p_holm']:.2g}), so the change is not specific to the top-ranked ones"
+    )
 
 
 def plot_contrast(topk: pl.DataFrame, models: list[str], path) -> None:
@@ -150,6 +164,7 @@ def plot_contrast(topk: pl.DataFrame, models: list[str], path) -> None:
         ax.axhline(0.25, color="grey", lw=0.8, ls=":")
         units = removed_units(topk, model)
         accuracy_axis(ax, f"{model}: top-ranked {units} removed", f"{units} removed together (k)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize=8, title="● top k (95% interval), □ random k", title_fontsize=8)
     save_figure(fig, path)
 

@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 import seaborn as sns
+from matplotlib.ticker import MaxNLocator
 
 from gna.report.htmlkit import (
     SectionContext,
@@ -40,14 +41,17 @@ def plot_heatmap(ranking: pl.DataFrame, path) -> None:
         sub = ranking.filter(pl.col("model") == model)
         if sub.is_empty():
             continue
+        # where no unit's removal lowers accuracy, the ranking is its log-prob drops: draw those
+        measure = "acc_drop" if sub["acc_drop"].max() > 0 else "logp_drop"
+        label = {"acc_drop": "accuracy drop", "logp_drop": "log-prob drop (nats)"}[measure]
         grid = np.full((sub["layer"].max() + 1, sub["head"].max() + 1), np.nan)
         for r in sub.iter_rows(named=True):
-            grid[r["layer"], r["head"]] = r["acc_drop"]
-        sns.heatmap(grid, ax=ax, cmap="rocket_r", vmin=min(0.0, np.nanmin(grid)), cbar_kws={"label": "accuracy drop"})
+            grid[r["layer"], r["head"]] = r[measure]
+        sns.heatmap(grid, ax=ax, cmap="rocket_r", vmin=min(0.0, np.nanmin(grid)), cbar_kws={"label": label})
         unit = removed_units(sub, model)[:-1]
         ax.set_xlabel(unit)
         ax.set_ylabel("layer")
-        ax.set_title(f"{model}: accuracy drop on the sweep's task when one {unit} is zeroed")
+        ax.set_title(f"{model}: {label} on the sweep's task when one {unit} is zeroed", fontsize=10)
     save_figure(fig, path)
 
 
@@ -56,6 +60,7 @@ def plot_topk(topk: pl.DataFrame, path) -> None:
     models = _models(kv) or ["(none)"]
     fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 3.6), squeeze=False)
     for ax, model in zip(axes[0], models):
+        units = removed_units(topk, model)
         top = kv.filter((pl.col("model") == model) & (pl.col("condition") == "top")).sort("k")
         if not top.is_empty():
             errorbar(ax, top["k"], top["value"], top["ci_low"], top["ci_high"], label="top-ranked (95% interval)")
@@ -73,12 +78,12 @@ def plot_topk(topk: pl.DataFrame, path) -> None:
                 marker="s",
                 capsize=3,
                 ls="--",
-                label="random heads (mean ± sd of draws)",
+                label=f"random {units} (mean ± sd of draws)",
             )
-        units = removed_units(topk, model)
         accuracy_axis(
             ax, f"{model}: top-ranked vs random {units}", f"{units} removed together (k)", "KV-retrieval accuracy"
         )
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     save_figure(fig, path)
 
 
@@ -182,7 +187,7 @@ def topk_part(topk: pl.DataFrame, ctx: SectionContext) -> str:
     wide = topk_table(topk)
     compared = ctx.frame("heads_topk_comparisons")
     return (
-        "<h3>Removing the top-k heads together</h3>"
+        "<h3>Removing the top-k heads (or key/value groups) together</h3>"
         + table(wide, left=("model",), fmt={"random-k KV (mean)": pct, "random-k KV (sd)": pct})
         + skipped_tasks_note(topk, "the unablated model (k = 0)", "no heads removed")
         + ctx.figure("heads_topk")

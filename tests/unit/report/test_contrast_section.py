@@ -128,3 +128,13 @@ def test_a_model_ranked_by_key_value_group_is_described_by_its_groups_and_its_kv
     assert "Key/value groups (all query heads that share one key/value head, removed together" in page
     assert "KV retrieval (20-key prompts) (verified sweep); the top 4 removed together" in page
     assert "KV retrieval scored on prompts of 90 keys" in page
+
+
+def test_a_fall_the_random_control_shares_is_said_not_to_be_specific_to_the_ranking():
+    counts = {"top 5": CONTRAST["top 5"], "random 5 #0": {**CONTRAST["random 5 #0"], "facts_cloze": (28, 1, 190, 21)}}
+    _, _, facts, _ = sentences(_compared(counts, "big"), "big", 5, 0.05)
+    assert "<b>falls</b>" in facts and "but 5 drawn at random fall too (90.8% → 79.6%" in facts
+    assert "not specific to the top-ranked ones" in facts
+    # the letter falls and its random control does not: no such clause
+    letter, *_ = sentences(_compared(counts, "big"), "big", 5, 0.05)
+    assert "drawn at random" not in letter
