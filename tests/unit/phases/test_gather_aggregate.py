@@ -93,3 +93,13 @@ def test_best_role_heads_choose_by_rank():
     assert map_heads(ranking, ROLES_TABLE, 2) == [(1, 3), (1, 2), (2, 1)]
     assert map_heads(ranking, ROLES_TABLE, 3) == [(1, 3), (1, 2), (2, 1)]
     assert map_heads(ranking, ROLES_TABLE, 0) == [(1, 2), (2, 1)]
+
+
+def test_a_head_the_verified_sweep_did_not_measure_is_never_the_best_ranked():
+    from gna.phases.gather_aggregate import best_role_head
+
+    # verified mode: heads outside the budget have no rank (null after the join)
+    unranked = ROLES_TABLE.with_columns(pl.when(pl.col("head") == 0).then(None).otherwise(pl.col("rank")).alias("rank"))
+    assert best_role_head(unranked, "gather") == (1, 2) and best_role_head(unranked, "aggregate") == (2, 1)
+    only_unranked = unranked.filter(pl.col("head") == 0)
+    assert best_role_head(only_unranked, "gather") == (0, 0)  # still a head of the role, ranked or not
