@@ -101,6 +101,11 @@ class Evaluation:
         return asdict(self)
 
 
+def model_heads(config: dict, model: str) -> dict:
+    """The heads section for `model`: its models.<name>.overrides.heads over the config's heads section."""
+    return {**config["heads"], **config["models"][model].get("overrides", {}).get("heads", {})}
+
+
 @dataclass(frozen=True)
 class TopK:
     """The remove-top-k table (config section heads): `ks` the numbers of top-ranked heads removed

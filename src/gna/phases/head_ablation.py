@@ -379,10 +379,11 @@ def run_heads_sweep(inputs: Files, outputs: Files, settings: HeadsSweep) -> pl.D
     else:
         result = sweep_heads_verified(scorer, table, sweep.budget, sweep.order, unit=sweep.unit)
     ranking = rank_heads(result)
+    n_units = len(ablation_units(model, sweep.unit))
     # the task the heads were ablated on (KV retrieval, or MMLU letter development questions)
     result = result.with_columns(
         pl.lit(sweep.mode).alias("mode"),
-        pl.lit(len(ablation_units(model, sweep.unit))).alias("heads_total"),
+        pl.lit(n_units).alias("heads_total"),
         pl.lit(table["task"][0]).alias("task"),
         # the sweep prompts' dictionary size (KV retrieval; null for MMLU questions)
         pl.lit(int(table["dict_size"][0]) if "dict_size" in table.columns else None, dtype=pl.Int64).alias("dict_size"),
@@ -393,7 +394,7 @@ def run_heads_sweep(inputs: Files, outputs: Files, settings: HeadsSweep) -> pl.D
         "%s sweep, %d of %d %ss measured; top 10: %s",
         sweep.mode,
         len(ranking),
-        len(ablation_units(model, sweep.unit)),
+        n_units,
         sweep.unit,
         ", ".join(
             f"{unit_name(r['layer'], r['head'], sweep.unit)} (-{r['acc_drop']:.2f})"

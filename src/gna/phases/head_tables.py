@@ -63,13 +63,6 @@ def top_units(ranking: pl.DataFrame, k: int) -> list[tuple[int, int]]:
     return list(zip(top["layer"].to_list(), top["head"].to_list()))
 
 
-def _top(ranking: pl.DataFrame, k: int) -> list[tuple[int, int]]:
-    """The query heads of the k top-ranked units, in rank order."""
-    top = ranking.sort("rank").head(k)
-    per_unit = top["query_heads"].to_list() if "query_heads" in top.columns else [[h] for h in top["head"]]
-    return [(layer, h) for layer, heads in zip(top["layer"].to_list(), per_unit) for h in heads]
-
-
 def units_label(units: list[tuple[int, int]], unit: str) -> str:
     """'L13G0 L14G0' / 'L3H1 L4H2': the units of a condition, as the tables name them."""
     return " ".join(unit_name(layer, index, unit) for layer, index in units)

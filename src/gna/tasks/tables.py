@@ -16,7 +16,7 @@ from pathlib import Path
 import polars as pl
 
 from gna.core.io import read_parquet, write_parquet
-from gna.core.settings import Files, RuleSettings
+from gna.core.settings import Files, RuleSettings, model_heads
 from gna.models.sources import PinnedFile, fetch_pinned_file, resolve_local
 from gna.tasks.words import KEY_WORDS
 
@@ -240,8 +240,8 @@ def kv_prompt_sets(config: dict) -> dict[str, dict]:
             [hybrid["dict_size"]], validation["n"], validation_kv_seed(validation["seed"])
         ),
     }
-    for name, entry in config["models"].items():
-        table_kv = {**heads, **entry.get("overrides", {}).get("heads", {})}.get("table_kv")
+    for name in config["models"]:
+        table_kv = model_heads(config, name)["table_kv"]
         if table_kv:
             # the remove-top-k table's KV items at the setting its heads.table_kv names
             sets[heads_table_kv(name)] = prompts([table_kv["dict_size"]], table_kv["n"], f"heads_table-{heads['seed']}")

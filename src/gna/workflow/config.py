@@ -161,16 +161,6 @@ def _check_students(config: dict) -> None:
 
 def _check_semantics(config: dict) -> None:
     """Rules the schema cannot express."""
-    for name, entry in config["models"].items():
-        unit = {**config["heads"], **entry.get("overrides", {}).get("heads", {})}["sweep_unit"]
-        phases = ("prune", "hybrid") if config["hybrid"]["enabled"] else ("prune",)
-        running = [p for p in phases if p not in entry.get("skip", [])]
-        if unit == "group" and running:
-            raise ConfigError(
-                f"config key 'models.{name}': heads.sweep_unit group ranks key/value groups, but "
-                f"{' and '.join(running)} keep single heads of the ranking; add them to models.{name}.skip or "
-                "rank heads (sweep_unit: head)"
-            )
     kv = config["tasks"]["kv_retrieval"]
     if kv["sizes"] and len(set(kv["sizes"])) != len(kv["sizes"]):
         raise ConfigError(f"config key 'tasks.kv_retrieval.sizes': duplicate sizes in {kv['sizes']}")
@@ -187,6 +177,16 @@ def _check_semantics(config: dict) -> None:
                 "turn of the chat template; set chat: true or remove prefix"
             )
     from gna.workflow.plan import model_heads
+
+    phases = ("prune", "hybrid") if config["hybrid"]["enabled"] else ("prune",)
+    for name, entry in config["models"].items():
+        running = [p for p in phases if p not in entry.get("skip", [])]
+        if model_heads(config, name)["sweep_unit"] == "group" and running:
+            raise ConfigError(
+                f"config key 'models.{name}': heads.sweep_unit group ranks key/value groups, but "
+                f"{' and '.join(running)} keep single heads of the ranking; add them to models.{name}.skip or "
+                "rank heads (sweep_unit: head)"
+            )
 
     for where, heads in [("heads", config["heads"])] + [
         (f"models.{name}.overrides.heads", model_heads(config, name))

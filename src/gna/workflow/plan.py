@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from itertools import product
 
+from gna.core.settings import model_heads  # noqa: F401 (the Snakefile imports it from here)
 from gna.students.spec import TEACHER_VARIANT, parse_variant, student_name, student_variants, variant_name
 
 
@@ -23,11 +24,6 @@ def _not_skipping(config: dict, phase: str) -> list[str]:
 
 # heads keys whose values make the sweep's prompts (the rest decide what is done with them)
 SWEEP_PROMPT_KEYS = ("sweep_task", "sweep_dict_size", "sweep_n", "seed")
-
-
-def model_heads(config: dict, model: str) -> dict:
-    """The heads section for `model`: its models.<name>.overrides.heads over the config's heads section."""
-    return {**config["heads"], **config["models"][model].get("overrides", {}).get("heads", {})}
 
 
 def sweep_prompts(config: dict, model: str) -> tuple[str, dict | None]:
