@@ -116,7 +116,7 @@ rule facts_formats:
     output:
         formats="data/results/facts/{model}/formats.parquet",
     params:
-        settings=lambda wildcards: {"model": wildcards.model, "facts": FACTS_COMPARISON, "evaluation": EVALUATION},
+        settings=lambda wildcards: {"model": wildcards.model, "facts": facts_comparison(wildcards.model), "evaluation": EVALUATION},
         code=code_of("facts_formats"),
     log:
         "data/logs/facts_formats/{model}.log",

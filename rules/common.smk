@@ -14,6 +14,7 @@ from gna.workflow.plan import (
     answer_row_variants,
     gna_models,
     gna_students,
+    model_facts,
     model_heads,
     pruned_models,
     pure_ssm_variant,

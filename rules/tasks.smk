@@ -15,13 +15,16 @@ def get_local_facts(wildcards):
     return get_path(data["path"]) if data["source"] == "local" else []
 
 
-# what the facts' format comparison asks (gna.phases.knowledge.FormatComparison)
-FACTS_COMPARISON = {
-    "selection": {**FACTS_SELECTION, "dev_n": config["tasks"]["facts"]["dev"]["n"]},
-    "choice": config["tasks"]["facts"]["choice"],
-    "compare": config["tasks"]["facts"]["compare"],
-    "draws": config["tasks"]["facts"]["draws"],
-}
+def facts_comparison(model):
+    """What `model`'s format comparison asks (gna.phases.knowledge.FormatComparison): the compared
+    forms and draws may be the model's own (models.<name>.overrides.facts)."""
+    facts = model_facts(config, model)
+    return {
+        "selection": {**FACTS_SELECTION, "dev_n": facts["dev"]["n"]},
+        "choice": facts["choice"],
+        "compare": facts["compare"],
+        "draws": facts["draws"],
+    }
 
 
 rule fetch_mmlu:

@@ -106,6 +106,12 @@ def model_heads(config: dict, model: str) -> dict:
     return {**config["heads"], **config["models"][model].get("overrides", {}).get("heads", {})}
 
 
+def model_facts(config: dict, model: str) -> dict:
+    """The tasks.facts section for `model`'s format comparison: its models.<name>.overrides.facts
+    (compare, draws) over the config's."""
+    return {**config["tasks"]["facts"], **config["models"][model].get("overrides", {}).get("facts", {})}
+
+
 @dataclass(frozen=True)
 class TopK:
     """The remove-top-k table (config section heads): `ks` the numbers of top-ranked heads removed

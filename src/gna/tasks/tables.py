@@ -244,7 +244,8 @@ def kv_prompt_sets(config: dict) -> dict[str, dict]:
         table_kv = model_heads(config, name)["table_kv"]
         if table_kv:
             # the remove-top-k table's KV items at the setting its heads.table_kv names
-            sets[heads_table_kv(name)] = prompts([table_kv["dict_size"]], table_kv["n"], f"heads_table-{heads['seed']}")
+            seed = table_kv.get("seed", heads["seed"])
+            sets[heads_table_kv(name)] = prompts([table_kv["dict_size"]], table_kv["n"], f"heads_table-{seed}")
     return sets
 
 

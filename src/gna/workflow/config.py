@@ -170,13 +170,19 @@ def _check_semantics(config: dict) -> None:
             "config key 'tasks.facts.formats': choice needs cloze (its known items are read from the "
             "cloze scores); add cloze or remove choice"
         )
-    for i, entry in enumerate(facts["compare"]):
-        if entry.get("prefix") and not entry.get("chat"):
-            raise ConfigError(
-                f"config key 'tasks.facts.compare[{i}].prefix': the reply's 'The answer is' opens an assistant "
-                "turn of the chat template; set chat: true or remove prefix"
-            )
-    from gna.workflow.plan import model_heads
+    from gna.workflow.plan import model_facts, model_heads
+
+    compared = {"tasks.facts": facts["compare"]}
+    for name, entry in config["models"].items():
+        if "compare" in entry.get("overrides", {}).get("facts", {}):
+            compared[f"models.{name}.overrides.facts"] = model_facts(config, name)["compare"]
+    for where, forms in compared.items():
+        for i, form in enumerate(forms):
+            if form.get("prefix") and not form.get("chat"):
+                raise ConfigError(
+                    f"config key '{where}.compare[{i}].prefix': the reply's 'The answer is' opens an assistant "
+                    "turn of the chat template; set chat: true or remove prefix"
+                )
 
     phases = ("prune", "hybrid") if config["hybrid"]["enabled"] else ("prune",)
     for name, entry in config["models"].items():

@@ -4,6 +4,7 @@ import pytest
 import yaml
 from conftest import REPO
 
+from gna.core.settings import model_facts
 from gna.tasks.tables import heads_table_kv, kv_prompt_sets
 from gna.workflow.config import ConfigError, load_schema, validate_config
 
@@ -137,6 +138,24 @@ def test_a_models_heads_overrides_are_checked_by_their_key():
         validate_config(config, SCHEMA)
 
 
+def test_a_models_own_format_comparison_takes_the_sections_other_keys_and_is_checked_by_its_key():
+    config = yaml.safe_load((REPO / "config" / "smoke.yaml").read_text())
+    name = next(iter(config["models"]))
+    config["models"][name]["overrides"] = {"facts": {"compare": [{"answer": "letter", "shots": 3}], "draws": 1}}
+    validated = validate_config(config, SCHEMA)
+    facts = model_facts(validated, name)
+    # the form's defaults filled as in the section's list; the rest from the section
+    assert facts["compare"] == [{"answer": "letter", "chat": False, "marker": "dot", "prefix": False, "shots": 3}]
+    assert (facts["draws"], facts["dev"], facts["choice"]) == (1, validated["tasks"]["facts"]["dev"], validated["tasks"]["facts"]["choice"])
+    assert validated["tasks"]["facts"]["compare"] != facts["compare"]  # the section itself unchanged
+    config["models"][name]["overrides"] = {"facts": {"compare": [{"answer": "letter", "shots": 0, "prefix": True}]}}
+    with pytest.raises(ConfigError, match=rf"'models.{name}.overrides.facts.compare\[0\].prefix': the reply's"):
+        validate_config(config, SCHEMA)
+    config["models"][name]["overrides"] = {"facts": {"n": 10}}  # which facts are asked is the task's, not a model's
+    with pytest.raises(ConfigError, match=rf"'models.{name}.overrides.facts.n' is not allowed; allowed keys here: compare, draws"):
+        validate_config(config, SCHEMA)
+
+
 def test_a_group_ranking_is_refused_where_a_phase_keeps_single_heads_of_it():
     config = yaml.safe_load((REPO / "config" / "smoke.yaml").read_text())
     name = next(iter(config["models"]))
@@ -156,3 +175,6 @@ def test_a_group_ranking_is_refused_where_a_phase_keeps_single_heads_of_it():
         "template": "lookup",
     }
     assert heads_table_kv(name) not in kv_prompt_sets(validated)
+    # a seed of its own: a fresh draw of the same setting
+    config["models"][name]["overrides"]["heads"]["table_kv"] = {"dict_size": 30, "n": 4, "seed": 7}
+    assert kv_prompt_sets(validate_config(config, SCHEMA))[heads_table_kv(name)]["seed"] == "heads_table-7"
