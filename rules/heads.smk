@@ -97,6 +97,7 @@ rule heads_topk:
             "model": wc.model,
             "top_k": TopK.from_heads(heads_of(wc)).as_params(),
             "max_items": heads_of(wc)["table_max_items"],
+            **({"own_kv": True} if heads_of(wc)["table_kv"] else {}),  # its n kept whole; absent: no rerun elsewhere
             "chance": CHANCE,
             "evaluation": EVALUATION,
         },

@@ -321,19 +321,21 @@ def dict_size_curves(scorer: Scorer, ranking: pl.DataFrame, table: pl.DataFrame)
 class HeadsTopk(RuleSettings):
     """Settings of rule heads_topk: the `model` (wildcard), the remove-top-k table's `top_k`
     (config section heads: TopK), the items per task (`max_items`: heads.table_max_items; None:
-    all), the `chance` policy (config block chance) and how the model is loaded and scored
+    all), whether KV retrieval's items are a set of their own (`own_kv`: heads.table_kv, whose n is
+    kept whole), the `chance` policy (config block chance) and how the model is loaded and scored
     (`evaluation`)."""
 
     model: str
     top_k: TopK = TopK()
     max_items: int | None = None
+    own_kv: bool = False
     chance: ChancePolicy = ChancePolicy()
     evaluation: Evaluation = Evaluation()
 
 
 def run_heads_topk(inputs: Files, outputs: Files, settings: HeadsTopk) -> pl.DataFrame:
     """Phase heads_topk: remove_top_k of the ranking on the task tables (each cut to
-    `max_items`); k = 0 is read from the model's per-item baseline scores where given (and, by
+    `max_items` but a KV set of its own); k = 0 is read from the model's per-item baseline scores where given (and, by
     `chance`, whether a task is at chance; never the sweep's own task).
     inputs: model, ranking, tasks, optional baseline (list).
     outputs: summary (the tidy table), comparisons (topk_comparisons), each with a model column."""
@@ -343,7 +345,7 @@ def run_heads_topk(inputs: Files, outputs: Files, settings: HeadsTopk) -> pl.Dat
     result = remove_top_k(
         Scorer(model, tok, evaluation.batch_size),
         read_parquet(inputs.ranking),
-        load_task_tables(inputs.tasks, settings.max_items),
+        load_task_tables(inputs.tasks, settings.max_items, whole=(SWEEP_TASK,) if settings.own_kv else ()),
         settings.top_k,
         Reference(scored=load_item_scores(inputs.get("baseline", [])), chance=settings.chance.sparing(SWEEP_TASK)),
         per_item=per_item,

@@ -373,14 +373,17 @@ def subset_evenly(table: pl.DataFrame, max_items: int | None) -> pl.DataFrame:
     return table[[int(i * step) for i in range(max_items)]]
 
 
-def load_task_tables(paths: list[str], max_items: int | None = None) -> dict[str, pl.DataFrame]:
+def load_task_tables(
+    paths: list[str], max_items: int | None = None, whole: tuple[str, ...] = ()
+) -> dict[str, pl.DataFrame]:
     """{task name: table} for task Parquet files, each cut to `max_items` evenly spaced items, except
-    the facts: short four-option items whose size tasks.facts.n already sets (a cut would leave too
-    few items to tell their multiple-choice score from chance)."""
+    the facts (short four-option items whose size tasks.facts.n already sets: a cut would leave too
+    few items to tell their multiple-choice score from chance) and the tasks of `whole` (a set drawn
+    at its own size, e.g. heads.table_kv's)."""
     tables = {}
     for path in paths:
         table = read_parquet(path)
-        if not (len(table) and table["task"][0].startswith("facts_")):
+        if not (len(table) and (table["task"][0].startswith("facts_") or table["task"][0] in whole)):
             table = subset_evenly(table, max_items)
         if table.is_empty():
             raise ValueError(f"task file has no items: {path}")

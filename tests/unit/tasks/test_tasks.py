@@ -14,6 +14,7 @@ from gna.tasks.tables import (
     build_kv_retrieval,
     build_mmlu,
     context_swapped,
+    load_task_tables,
     load_mmlu_jsonl,
     run_kv_task,
     run_mmlu_task,
@@ -96,6 +97,19 @@ def test_run_kv_task_writes_the_configured_table(tmp_path):
     table = run_kv_task(Files(), Files(table=str(tmp_path / "kv.parquet")), settings)
     assert table.equals(build_kv_retrieval([3, 5], 2, 4, "study"))
     assert pl.read_parquet(tmp_path / "kv.parquet").equals(table)
+
+
+def test_task_tables_are_cut_to_max_items_but_a_set_drawn_at_its_own_size(tmp_path):
+    build_kv_retrieval([3, 5], 6, 4, "lookup").write_parquet(tmp_path / "kv.parquet")
+    subset, pool = select_mmlu(load_mmlu_jsonl(MINI_MMLU), 6, seed=1, topics=["biology"])
+    build_mmlu(subset, pool, "letter", num_fewshot=0, seed=1).write_parquet(tmp_path / "mmlu.parquet")
+    paths = [str(tmp_path / "kv.parquet"), str(tmp_path / "mmlu.parquet")]
+    cut = load_task_tables(paths, 4)
+    assert (len(cut["kv_retrieval"]), len(cut["mmlu_letter"])) == (4, 4)
+    assert cut["kv_retrieval"]["dict_size"].to_list() == [3, 3, 5, 5]  # evenly over the table
+    own = load_task_tables(paths, 4, whole=("kv_retrieval",))
+    assert (len(own["kv_retrieval"]), len(own["mmlu_letter"])) == (12, 4)
+    assert (len(load_task_tables(paths, 4, whole=("mmlu_letter",))["mmlu_letter"])) == 6
 
 
 def test_a_repeated_question_stays_out_of_the_pool_when_it_is_evaluated():
