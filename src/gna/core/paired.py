@@ -249,6 +249,15 @@ def equivalent(lost: int, gained: int, n: int, margin: float) -> bool:
     return n > 0 and share_upper_bound(lost, n) < margin and share_upper_bound(gained, n) < margin
 
 
+def fall_excluded(lost: int, n: int, fall: float) -> bool:
+    """Whether a fall of at least `fall` (a share of items: e.g. the points down to chance) is
+    excluded at 5%: the exact one-sided 95% upper bound on the share of items lost lies under it. A
+    net fall of that size loses at least that share of the items, and an exact bound falls below the
+    share it bounds with probability 5% at most (the bound `equivalent` uses, with the study's change
+    as the margin)."""
+    return n > 0 and fall > 0 and share_upper_bound(lost, n) < fall
+
+
 MIN_DISCORDANT = 6  # the exact two-sided McNemar test cannot reject at 5% with fewer changed items (2 * 0.5**5 > 0.05)
 EXACT_POWER_MAX_N = 5000  # above it, Connor's normal approximation is the plan
 

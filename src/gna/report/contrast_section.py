@@ -17,7 +17,7 @@ import polars as pl
 from matplotlib.ticker import MaxNLocator
 
 from gna.core.chance import above_chance
-from gna.core.paired import decide
+from gna.core.paired import decide, fall_excluded, share_upper_bound
 from gna.report.headline import knowledge_k
 from gna.report.htmlkit import (
     SectionContext,
@@ -44,6 +44,8 @@ TASKS = {
     "facts_cloze": "facts cloze",
     "kv_retrieval": "KV retrieval",
 }
+# the study's fall is one to chance: where it is not seen, whether so large a fall is excluded
+FALLS_TO_CHANCE = ("mmlu_letter",)
 # what the study reports for Llama-3.1-8B with its G&A heads disabled (labelled reference, never a result)
 STUDY = {
     "mmlu_letter": ("falls", "66% → 25% (chance)"),
@@ -114,8 +116,23 @@ def summary_table(compared: pl.DataFrame, model: str, k: int, margin: float, ref
     return pl.DataFrame(rows)
 
 
-def sentences(compared: pl.DataFrame, model: str, k: int, margin: float) -> list[str]:
-    """Per task: the top-k removal's paired verdict, and how it stands to what the study reports."""
+def to_chance(row: dict, chance: float | None) -> str | None:
+    """Where the study's fall to chance is excluded on a comparisons row (gna.core.paired.fall_excluded:
+    the exact bound on the share of items lost lies under the points from the unmodified accuracy down
+    to `chance`): a clause saying so; else None."""
+    if chance is None or not fall_excluded(row["reference_only"], row["n"], row["acc_reference"] - chance):
+        return None
+    bound = share_upper_bound(row["reference_only"], row["n"])
+    return (
+        f" — a fall to chance, as the study reports ({100 * (row['acc_reference'] - chance):.0f} points here), is "
+        f"excluded: at most {100 * bound:.1f}% of the items are lost (exact one-sided 95% bound), so this "
+        "<b>contradicts the study</b>"
+    )
+
+
+def sentences(compared: pl.DataFrame, model: str, k: int, margin: float, chance: float | None = None) -> list[str]:
+    """Per task: the top-k removal's paired verdict, and how it stands to what the study reports; for
+    the letter form, whose fall the study reports as one to `chance`, whether that fall is excluded."""
     out = []
     sub = compared.filter(pl.col("model") == model)
     for task, name in TASKS.items():
@@ -124,6 +141,8 @@ def sentences(compared: pl.DataFrame, model: str, k: int, margin: float) -> list
             continue
         verdict = decide(row, margin)
         stand = against_study(verdict, STUDY[task][0])
+        if task in FALLS_TO_CHANCE and verdict.verb != "falls":
+            stand = to_chance(row, chance) or stand
         out.append(
             f"{html.escape(name)}: {pct(row['acc_reference'])} → {pct(row['acc_condition'])} on the same {row['n']} "
             f"items: {comparison_verdict(row, margin)}{stand}{_control_too(sub, task, k, verdict.verb, margin)}"
@@ -239,7 +258,7 @@ def render_contrast(ctx: SectionContext) -> str:
             f"(n = {letter['n']}, chance {pct(letter['chance'])}). "
             f"{units.capitalize()}{grouped} ranked by their ablation on {ranked_on} ({mode} sweep); the top {k} "
             f"removed together{tested}:</p><ul>"
-            + "".join(f"<li>{s}</li>" for s in sentences(compared, model, k, ctx.margin))
+            + "".join(f"<li>{s}</li>" for s in sentences(compared, model, k, ctx.margin, letter["chance"]))
             + "</ul>"
         )
         parts.append(table(summary_table(compared, model, k, ctx.margin, ctx.show_reference), left=("task", "verdict")))

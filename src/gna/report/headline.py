@@ -30,7 +30,7 @@ from pathlib import Path
 import polars as pl
 
 from gna.core.chance import answered
-from gna.core.paired import DEFAULT_MARGIN, NOT_COPYABLE, SUBSETS, decide, mcnemar_p
+from gna.core.paired import DEFAULT_MARGIN, NOT_COPYABLE, SUBSETS, decide, fall_excluded, mcnemar_p
 from gna.core.stats import wilson_interval
 from gna.students.spec import TEACHER_VARIANT, VARIANT_PATTERN
 
@@ -83,6 +83,27 @@ def _verdicts(frame: pl.DataFrame, prefix: str, margin: float, tasks=VERDICT_TAS
             }
         )
     return out
+
+
+def _fall_to_chance(chosen: pl.DataFrame, accuracies: pl.DataFrame, model: str, k: int) -> list[dict]:
+    """The contrast's claim on the letter form, as the report reads it: whether the top-k removal's
+    items exclude a fall to chance (gna.core.paired.fall_excluded), chance from the model's baseline."""
+    rows = chosen.filter((pl.col("task") == "mmlu_letter") & (pl.col("group") == "all"))
+    base = accuracies.filter(pl.col("task") == "mmlu_letter")
+    if rows.is_empty() or base.is_empty() or "chance" not in base.columns:
+        return []
+    row, chance = rows.row(0, named=True), base["chance"][0]
+    excluded = fall_excluded(row["reference_only"], row["n"], row["acc_reference"] - chance)
+    return [
+        {
+            "name": f"{model}: top {k} vs unmodified, mmlu_letter: a fall to chance",
+            "kind": "verdict",
+            "value": "excluded" if excluded else "not excluded",
+            "n": row["n"],
+            "lost": row["reference_only"],
+            "gained": row["condition_only"],
+        }
+    ]
 
 
 def verdict(row: dict, margin: float) -> str:
@@ -197,6 +218,7 @@ def headline(data_dir: str | Path, margin: float = DEFAULT_MARGIN) -> list[dict]
                 for row in chosen.filter(pl.col("group") == "all").sort("task").iter_rows(named=True):
                     out.append(_accuracy(f"{model} top {k} removed {row['task']}", row["acc_condition"], row["n"]))
                 out += _verdicts(chosen, model, margin)
+                out += _fall_to_chance(chosen, acc.filter(pl.col("model") == model), model, k)
                 subsets = topk.filter(
                     (pl.col("family") == "top k vs unmodified" + SUBSETS) & (pl.col("condition") == f"top {k}")
                 )

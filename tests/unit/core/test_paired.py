@@ -9,6 +9,7 @@ from gna.core.paired import (
     decide,
     describe,
     equivalent,
+    fall_excluded,
     holm,
     mcnemar_p,
     n_to_show_change,
@@ -205,6 +206,22 @@ def test_holds_keeps_its_five_percent_at_a_true_change_of_the_margin(n):
     # the rule can say "holds" where an exact bound can get under the margin (a rule that never said it
     # would pass trivially); at n = 50 none can: no item lost still bounds the share at 5.8 points
     assert holds.any() == (n > 50)
+
+
+@pytest.mark.parametrize("n", [50, 100, 200])
+@pytest.mark.parametrize("fall", [0.05, 0.17])
+def test_a_fall_is_excluded_with_at_most_five_percent_error_where_it_is_true(n, fall):
+    """Enumerated over every count of items lost under a true fall of exactly `fall` (none gained: the
+    fewest items lost such a fall allows): P("excluded") <= 5%; the rule can say it (no items lost)."""
+    import numpy as np
+    from scipy.stats import binom
+
+    lost = np.arange(n + 1)
+    excluded = np.array([fall_excluded(int(k), n, fall) for k in lost])
+    assert float(binom.pmf(lost, n, fall)[excluded].sum()) <= 0.05
+    assert excluded[0] == (share_upper_bound(0, n) < fall)
+    # the knowledge model's letter form: 6 of 100 lost; chance 17 points below its 42%
+    assert fall_excluded(6, 100, 0.17) and not fall_excluded(12, 100, 0.17) and not fall_excluded(0, 100, 0)
 
 
 def test_the_planned_n_is_the_one_of_the_test_that_decides_first():

@@ -138,3 +138,18 @@ def test_a_fall_the_random_control_shares_is_said_not_to_be_specific_to_the_rank
     # the letter falls and its random control does not: no such clause
     letter, *_ = sentences(_compared(counts, "big"), "big", 5, 0.05)
     assert "drawn at random" not in letter
+
+
+def test_a_letter_form_that_does_not_fall_is_said_to_contradict_the_study_where_a_fall_to_chance_is_excluded():
+    # 42% -> 41% on 100 items, 6 lost / 5 gained: not decided within +-5, yet a fall of 17 points to
+    # chance would lose at least 17 of them; at most 11.5% are lost (exact one-sided 95% bound)
+    counts = {"top 4": {"mmlu_letter": (6, 5, 36, 53)}}
+    letter, *_ = sentences(_compared(counts, "big"), "big", 4, 0.05, chance=0.25)
+    assert "not decided at n = 100" in letter and "this n cannot decide it" not in letter
+    assert "a fall to chance, as the study reports (17 points here), is excluded: at most 11.5% of the items" in letter
+    assert "<b>contradicts the study</b>" in letter
+    # 12 lost: the bound (18.7%) no longer excludes 17 points; without chance nothing is claimed
+    counts = {"top 4": {"mmlu_letter": (12, 11, 30, 47)}}
+    letter, *_ = sentences(_compared(counts, "big"), "big", 4, 0.05, chance=0.25)
+    assert "fall to chance" not in letter and "this n cannot decide it" in letter
+    assert "fall to chance" not in sentences(_compared(counts, "big"), "big", 4, 0.05)[0]

@@ -71,7 +71,7 @@ def test_a_changed_verdict_and_a_missing_result_are_named(run):
         "verdict"
     ) in lines
     assert "missing    tiny-llama top-ranked head" in lines
-    assert lines[-1].startswith("NOT reproduced: 1 of ") and lines[-1].endswith("0 of 38 verdicts changed or missing")
+    assert lines[-1].startswith("NOT reproduced: 1 of ") and lines[-1].endswith("0 of 39 verdicts changed or missing")
 
 
 def entry(name: str, value: str, n: int, lost: int, gained: int, multiplier: int = 1) -> dict:
@@ -148,3 +148,18 @@ def test_a_ranking_of_key_value_groups_is_labelled_by_its_group(run):
     pl.read_parquet(path).with_columns(pl.lit("group").alias("unit")).write_parquet(path)
     group = {e["name"]: e["value"] for e in headline(run)}["tiny-llama top-ranked head"]
     assert group == head.replace("H", "G")
+
+
+def test_the_letter_forms_fall_to_chance_is_recorded_as_the_contrast_reads_it(run):
+    name = "tiny-llama: top 4 vs unmodified, mmlu_letter: a fall to chance"
+    assert {e["name"]: e["value"] for e in headline(run)}[name] == "not excluded"  # a tiny model at chance
+    path = run / "results" / "heads" / "tiny-llama" / "topk.comparisons.parquet"
+    letter = (pl.col("task") == "mmlu_letter") & (pl.col("condition") == "top 4")
+    frame = pl.read_parquet(path).with_columns(
+        pl.when(letter).then(pl.lit(0.9)).otherwise(pl.col("acc_reference")).alias("acc_reference"),
+        pl.when(letter).then(pl.lit(1)).otherwise(pl.col("reference_only")).alias("reference_only"),
+    )
+    frame.write_parquet(path)
+    entry = {e["name"]: e for e in headline(run)}[name]
+    # 1 lost of n: the exact bound on the share lost lies far under the 65 points down to chance
+    assert entry["value"] == "excluded" and entry["lost"] == 1
