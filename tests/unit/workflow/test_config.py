@@ -146,13 +146,19 @@ def test_a_models_own_format_comparison_takes_the_sections_other_keys_and_is_che
     facts = model_facts(validated, name)
     # the form's defaults filled as in the section's list; the rest from the section
     assert facts["compare"] == [{"answer": "letter", "chat": False, "marker": "dot", "prefix": False, "shots": 3}]
-    assert (facts["draws"], facts["dev"], facts["choice"]) == (1, validated["tasks"]["facts"]["dev"], validated["tasks"]["facts"]["choice"])
+    assert (facts["draws"], facts["dev"], facts["choice"]) == (
+        1,
+        validated["tasks"]["facts"]["dev"],
+        validated["tasks"]["facts"]["choice"],
+    )
     assert validated["tasks"]["facts"]["compare"] != facts["compare"]  # the section itself unchanged
     config["models"][name]["overrides"] = {"facts": {"compare": [{"answer": "letter", "shots": 0, "prefix": True}]}}
     with pytest.raises(ConfigError, match=rf"'models.{name}.overrides.facts.compare\[0\].prefix': the reply's"):
         validate_config(config, SCHEMA)
     config["models"][name]["overrides"] = {"facts": {"n": 10}}  # which facts are asked is the task's, not a model's
-    with pytest.raises(ConfigError, match=rf"'models.{name}.overrides.facts.n' is not allowed; allowed keys here: compare, draws"):
+    with pytest.raises(
+        ConfigError, match=rf"'models.{name}.overrides.facts.n' is not allowed; allowed keys here: compare, draws"
+    ):
         validate_config(config, SCHEMA)
 
 
