@@ -32,7 +32,7 @@ def test_students_long_overlay_merges_into_the_default_config():
     assert hybrid["corpus"]["train_windows"] == 512 and hybrid["corpus"]["seq_len"] == 256
     assert hybrid["kd"]["steps"] == 4 * default()["hybrid"]["kd"]["steps"] and hybrid["kd"]["answer_weight"] == 10
     assert hybrid["budget_curve"]["points"] == 8 and hybrid["budget_curve"]["variants"] == ["k0-n16", "k10-n16"]
-    assert out["models"] == default()["models"]
+    assert out["models"] == validate_config(default(), SCHEMA)["models"]
 
 
 def test_defaults_are_filled():
