@@ -87,8 +87,11 @@ def verdict_rows(compared: pl.DataFrame, model: str, k: int) -> pl.DataFrame:
     ).sort(pl.col("task").replace_strict({t: i for i, t in enumerate(TASKS)}, return_dtype=pl.Int64), "family")
 
 
-def summary_table(compared: pl.DataFrame, model: str, k: int, margin: float, reference: bool) -> pl.DataFrame:
-    """One row per task: the top-k and random-k verdicts side by side, and the study's reported change."""
+def summary_table(
+    compared: pl.DataFrame, model: str, k: int, margin: float, reference: bool, chance: float | None = None
+) -> pl.DataFrame:
+    """One row per task: the top-k and random-k verdicts side by side (the letter form's with whether a
+    fall to `chance` is excluded, where it does not fall), and the study's reported change."""
     rows = []
     for task, name in TASKS.items():
         top = comparison_row(
@@ -106,7 +109,8 @@ def summary_table(compared: pl.DataFrame, model: str, k: int, margin: float, ref
             f"top {k} removed": pct(top["acc_condition"]),
             "difference [95%]": f"{100 * top['diff']:+.1f} [{100 * top['ci_low']:+.1f}, {100 * top['ci_high']:+.1f}]",
             "McNemar / Holm p": f"{top['p_mcnemar']:.2g} / {top['p_holm']:.2g}",
-            "verdict": decide(top, margin).label,
+            "verdict": decide(top, margin).label
+            + ("; a fall to chance excluded" if _excludes(top, task, chance, margin) else ""),
             f"{k} random removed": pct(rnd["acc_condition"]) if rnd else "–",
             "random verdict": decide(rnd, margin).label if rnd else "–",
         }
@@ -114,6 +118,11 @@ def summary_table(compared: pl.DataFrame, model: str, k: int, margin: float, ref
             row["study (Llama-3.1-8B, reference)"] = f"{STUDY[task][0]}: {STUDY[task][1]}"
         rows.append(row)
     return pl.DataFrame(rows)
+
+
+def _excludes(row: dict, task: str, chance: float | None, margin: float) -> bool:
+    """Whether a row of a task the study reports falling to chance does not fall, and excludes that fall."""
+    return task in FALLS_TO_CHANCE and decide(row, margin).verb != "falls" and to_chance(row, chance) is not None
 
 
 def to_chance(row: dict, chance: float | None) -> str | None:
@@ -141,8 +150,8 @@ def sentences(compared: pl.DataFrame, model: str, k: int, margin: float, chance:
             continue
         verdict = decide(row, margin)
         stand = against_study(verdict, STUDY[task][0])
-        if task in FALLS_TO_CHANCE and verdict.verb != "falls":
-            stand = to_chance(row, chance) or stand
+        if _excludes(row, task, chance, margin):
+            stand = to_chance(row, chance)
         out.append(
             f"{html.escape(name)}: {pct(row['acc_reference'])} → {pct(row['acc_condition'])} on the same {row['n']} "
             f"items: {comparison_verdict(row, margin)}{stand}{_control_too(sub, task, k, verdict.verb, margin)}"
@@ -261,7 +270,8 @@ def render_contrast(ctx: SectionContext) -> str:
             + "".join(f"<li>{s}</li>" for s in sentences(compared, model, k, ctx.margin, letter["chance"]))
             + "</ul>"
         )
-        parts.append(table(summary_table(compared, model, k, ctx.margin, ctx.show_reference), left=("task", "verdict")))
+        summary = summary_table(compared, model, k, ctx.margin, ctx.show_reference, letter["chance"])
+        parts.append(table(summary, left=("task", "verdict")))
         parts.append(comparisons_table(verdict_rows(compared, model, k), ctx.margin))
     # always drawn (a placeholder naming why where no model can show it), as every figure of the report
     parts.append(ctx.figure("contrast_topk"))

@@ -153,3 +153,10 @@ def test_a_letter_form_that_does_not_fall_is_said_to_contradict_the_study_where_
     letter, *_ = sentences(_compared(counts, "big"), "big", 4, 0.05, chance=0.25)
     assert "fall to chance" not in letter and "this n cannot decide it" in letter
     assert "fall to chance" not in sentences(_compared(counts, "big"), "big", 4, 0.05)[0]
+    # the table says it beside the verdict
+    excluded = {"top 4": {"mmlu_letter": (6, 5, 36, 53)}}
+    table = summary_table(_compared(excluded, "big"), "big", 4, 0.05, reference=False, chance=0.25)
+    assert table["verdict"][0] == "not decided; a fall to chance excluded"
+    assert summary_table(_compared(counts, "big"), "big", 4, 0.05, reference=False, chance=0.25)["verdict"][0] == (
+        "not decided"
+    )
