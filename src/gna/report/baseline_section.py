@@ -26,12 +26,20 @@ from gna.report.htmlkit import (
 )
 from gna.tasks.lmeval_bridge import CROSSCHECK_TASK
 
+
+def pypi_source(spec: dict) -> str:
+    """A pypi-file source as the models table names it: the wheel and its member, or a file in parts
+    by its first and last wheel (a 22-part model would fill the table with every part's name)."""
+    if "parts" not in spec:
+        return f"PyPI {spec['package']}=={spec['version']} : {spec['member']}"
+    names = [f"{p['package']}=={p['version']}" for p in spec["parts"]]
+    if len(names) <= 2:
+        return "PyPI " + " + ".join(names)
+    return f"PyPI {names[0]} … {names[-1]} ({len(names)} parts joined in order)"
+
+
 SOURCES = {
-    "pypi-file": lambda s: (
-        f"PyPI {s['package']}=={s['version']} : {s['member']}"
-        if "parts" not in s
-        else "PyPI " + " + ".join(f"{p['package']}=={p['version']}" for p in s["parts"])
-    ),
+    "pypi-file": pypi_source,
     "hf": lambda s: f"HF {s['id']}" + (f"@{s['revision']}" if s.get("revision") else ""),
     "local": lambda s: f"local {s['path']}",
     "tiny-random": lambda s: f"tiny random {s.get('arch', 'llama')} (seed {s.get('seed', 0)})",

@@ -3,7 +3,7 @@
 import polars as pl
 
 from gna.core.stats import wilson_interval
-from gna.report.baseline_section import format_finding, letter_vs_cloze
+from gna.report.baseline_section import format_finding, letter_vs_cloze, pypi_source
 
 
 def _acc(correct: int, n: int) -> dict:
@@ -34,3 +34,10 @@ def test_the_study_reading_needs_the_paired_test_not_apart_intervals():
     row = letter_vs_cloze(_items(letter, mixed))["m"]
     assert "do not separate the two formats" in format_finding("m", by_format, row, 0.05)
     assert "do not separate the two formats" in format_finding("m", by_format, None, 0.05)
+
+
+def test_a_model_in_many_wheels_is_named_by_its_first_and_last():
+    parts = [{"package": f"m-part{i}", "version": "0.2.0", "member": f"m/p{i}.bin"} for i in range(1, 23)]
+    assert pypi_source({"parts": parts}) == "PyPI m-part1==0.2.0 … m-part22==0.2.0 (22 parts joined in order)"
+    assert pypi_source({"parts": parts[:2]}) == "PyPI m-part1==0.2.0 + m-part2==0.2.0"
+    assert pypi_source({"package": "w", "version": "1", "member": "w/f.gguf"}) == "PyPI w==1 : w/f.gguf"
