@@ -177,7 +177,7 @@ def plot_contrast(topk: pl.DataFrame, models: list[str], path) -> None:
         placeholder_figure(path, "no model answers MMLU in letter format above chance")
         return
     acc = topk.filter((pl.col("group") == "all") & (pl.col("metric") == "acc") & pl.col("value").is_not_null())
-    fig, axes = plt.subplots(1, len(models), figsize=(6.4 * len(models), 3.9), squeeze=False)
+    fig, axes = plt.subplots(1, len(models), figsize=(8.2 * len(models), 3.9), squeeze=False)
     for ax, model in zip(axes[0], models):
         for i, (task, name) in enumerate(TASKS.items()):
             rows = acc.filter((pl.col("model") == model) & (pl.col("task") == task))
@@ -193,7 +193,14 @@ def plot_contrast(topk: pl.DataFrame, models: list[str], path) -> None:
         units = removed_units(topk, model)
         accuracy_axis(ax, f"{model}: top-ranked {units} removed", f"{units} removed together (k)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.legend(fontsize=8, title="● top k (95% interval), □ random k", title_fontsize=8)
+        # beside the axes: inside, it hid the chance line and the points near it
+        ax.legend(
+            fontsize=8,
+            title="● top k (95% interval)\n□ random k",
+            title_fontsize=8,
+            loc="upper left",
+            bbox_to_anchor=(1.02, 1.0),
+        )
     save_figure(fig, path)
 
 
