@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from gna.core.io import read_parquet, write_json, write_parquet
 from gna.core.settings import Evaluation, Files, RuleSettings
-from gna.engine.ablation import SWEEP_UNITS, ablation_units, score_ablations, unit_name
+from gna.engine.ablation import SWEEP_UNITS, ablation_units, ranking_unit, score_ablations, unit_name
 from gna.engine.anatomy import HeadSite, decoder_layers, head_sites, site_of
 from gna.engine.device import device_of
 from gna.engine.hooks import ablate_heads
@@ -420,21 +420,25 @@ class HeadsAttribution(RuleSettings):
 def run_heads_attribution(inputs: Files, outputs: Files, settings: HeadsAttribution) -> pl.DataFrame:
     """Phase heads_attribution: attribution_scores on the sweep's prompts ranked by `order`
     (rank_attribution), the exact sweep of the estimate's top `top_n` heads (the cost of verifying
-    a pre-ranking), and compare_attribution against the exact ranking; written with a model
+    a pre-ranking), and compare_attribution against the exact ranking — per key/value group where
+    the ranking ranks groups (unit_attribution); written with a model
     column. The two parts' wall times go to the timings log (JSON: timings are not results).
     inputs: model, prompts, ranking; outputs: attribution, timings (the rule's log of that name)."""
     evaluation, order, top_n = settings.evaluation, settings.order, settings.top_n
     model, tok = load_model(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
-    table = read_parquet(inputs.prompts)
+    table, exact = read_parquet(inputs.prompts), read_parquet(inputs.ranking)
+    unit = ranking_unit(exact)  # a ranking of key/value groups is checked against the groups' estimates
     scorer = Scorer(model, tok, evaluation.batch_size)
     start = time.perf_counter()
-    est = attribution_scores(scorer, table, grad_drop=order == "graddrop")
+    est = unit_attribution(
+        attribution_scores(scorer, table, grad_drop=order == "graddrop"), ablation_units(model, unit)
+    )
     ranked = rank_attribution(est, order)
     t_attr = time.perf_counter() - start
     start = time.perf_counter()
-    sweep_heads(scorer, table, heads=top_heads(ranked, top_n))
+    sweep_heads(scorer, table, heads=top_heads(ranked, top_n), unit=unit)
     t_verify = time.perf_counter() - start
-    result = compare_attribution(ranked, read_parquet(inputs.ranking), top_n).with_columns(pl.lit(order).alias("order"))
+    result = compare_attribution(ranked, exact, top_n).with_columns(pl.lit(order).alias("order"))
     write_parquet(result.with_columns(pl.lit(settings.model).alias("model")), outputs.attribution)
     write_json({"attribution": round(t_attr, 2), f"verify top {top_n}": round(t_verify, 2)}, outputs.timings)
     log.info(
