@@ -87,6 +87,13 @@ def plot_topk(topk: pl.DataFrame, path) -> None:
     save_figure(fig, path)
 
 
+def curve_unit(curves: pl.DataFrame) -> str:
+    """What the curves remove, in the singular: a key/value group where their labels name one (L7G0),
+    else a head."""
+    groups = not curves.is_empty() and curves["condition"].str.contains(r"L\d+G\d+").any()
+    return "key/value group" if groups else "head"
+
+
 def plot_dictsize(curves: pl.DataFrame, path) -> None:
     data = curves.filter(pl.col("metric") == "acc")
     models = _models(data) or ["(none)"]
@@ -98,7 +105,9 @@ def plot_dictsize(curves: pl.DataFrame, path) -> None:
             errorbar(ax, line["dict_size"], line["value"], line["ci_low"], line["ci_high"], label=condition)
         if not sub.is_empty():
             dict_size_axis(ax, sub["dict_size"].unique().sort().to_list())
-        accuracy_axis(ax, f"{model}: removing the #1 or #2 head", "dictionary size", "KV-retrieval accuracy")
+        accuracy_axis(
+            ax, f"{model}: removing the #1 or #2 {curve_unit(sub)}", "dictionary size", "KV-retrieval accuracy"
+        )
     save_figure(fig, path)
 
 
@@ -238,7 +247,7 @@ def dictsize_part(curves: pl.DataFrame, ctx: SectionContext) -> str:
         curves.filter(pl.col("metric") == "acc").sort(["model", "dict_size"]), "condition", ["model", "dict_size"]
     ).sort(["model", "dict_size"])
     return (
-        "<h3>KV-retrieval vs dictionary size with the #1 or #2 head removed</h3>"
+        f"<h3>KV-retrieval vs dictionary size with the #1 or #2 {curve_unit(curves)} removed</h3>"
         + table(wide, left=("model",))
         + ctx.figure("heads_dictsize")
     )
