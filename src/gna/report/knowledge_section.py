@@ -513,7 +513,8 @@ def formats_part(formats: pl.DataFrame) -> str:
     return (
         "<h3>Which multiple-choice form the model can answer</h3>"
         "<p>Chosen on a development split the report judges nothing else on (its own facts and solved examples): "
-        "every form of <code>tasks.facts.compare</code> — the answer as the option's letter (MMLU's) or its text; "
+        "every form of <code>tasks.facts.compare</code> (or a model's own, <code>overrides.facts</code>) — the "
+        "answer as the option's letter (MMLU's) or its text; "
         "0–5 solved examples; options marked <i>A.</i> or <i>(A)</i>; plain text or the model's own chat template, "
         "with or without the reply opened by <i>The answer is</i> — beside the cloze form, each also under the "
         "four rotations of its options (<b>circular check</b>: an item counts only where the answer follows its "
