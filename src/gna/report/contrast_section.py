@@ -110,7 +110,7 @@ def summary_table(
             "difference [95%]": f"{100 * top['diff']:+.1f} [{100 * top['ci_low']:+.1f}, {100 * top['ci_high']:+.1f}]",
             "McNemar / Holm p": f"{top['p_mcnemar']:.2g} / {top['p_holm']:.2g}",
             "verdict": decide(top, margin).label
-            + ("; a fall to chance excluded" if _excludes(top, task, chance, margin) else ""),
+            + ("; a fall to chance excluded" if to_chance(top, task, chance, margin) else ""),
             f"{k} random removed": pct(rnd["acc_condition"]) if rnd else "–",
             "random verdict": decide(rnd, margin).label if rnd else "–",
         }
@@ -120,16 +120,16 @@ def summary_table(
     return pl.DataFrame(rows)
 
 
-def _excludes(row: dict, task: str, chance: float | None, margin: float) -> bool:
-    """Whether a row of a task the study reports falling to chance does not fall, and excludes that fall."""
-    return task in FALLS_TO_CHANCE and decide(row, margin).verb != "falls" and to_chance(row, chance) is not None
-
-
-def to_chance(row: dict, chance: float | None) -> str | None:
-    """Where the study's fall to chance is excluded on a comparisons row (gna.core.paired.fall_excluded:
-    the exact bound on the share of items lost lies under the points from the unmodified accuracy down
-    to `chance`): a clause saying so; else None."""
-    if chance is None or not fall_excluded(row["reference_only"], row["n"], row["acc_reference"] - chance):
+def to_chance(row: dict, task: str, chance: float | None, margin: float) -> str | None:
+    """Where a task the study reports falling to chance does not fall and its comparisons row excludes
+    that fall (gna.core.paired.fall_excluded: the exact bound on the share of items lost lies under the
+    points from the unmodified accuracy down to `chance`): a clause saying so; else None."""
+    if (
+        task not in FALLS_TO_CHANCE
+        or chance is None
+        or decide(row, margin).verb == "falls"
+        or not fall_excluded(row["reference_only"], row["n"], row["acc_reference"] - chance)
+    ):
         return None
     bound = share_upper_bound(row["reference_only"], row["n"])
     return (
@@ -149,9 +149,7 @@ def sentences(compared: pl.DataFrame, model: str, k: int, margin: float, chance:
         if row is None:
             continue
         verdict = decide(row, margin)
-        stand = against_study(verdict, STUDY[task][0])
-        if _excludes(row, task, chance, margin):
-            stand = to_chance(row, chance)
+        stand = to_chance(row, task, chance, margin) or against_study(verdict, STUDY[task][0])
         out.append(
             f"{html.escape(name)}: {pct(row['acc_reference'])} → {pct(row['acc_condition'])} on the same {row['n']} "
             f"items: {comparison_verdict(row, margin)}{stand}{_control_too(sub, task, k, verdict.verb, margin)}"
