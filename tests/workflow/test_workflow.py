@@ -110,7 +110,7 @@ def test_smoke_run_writes_results_and_report(smoke):
     ]
     assert not stray, stray
     record = (smoke / "data/run/index.html").read_text()
-    assert "heads_sweep/tiny-llama" in record and "verify top" in record and "git commit" in record
+    assert "heads_sweep/tiny-llama" in record and "heads_attribution/tiny-llama" in record and "git commit" in record
     gradual = pl.read_parquet(smoke / "data/results/prune/tiny-llama/gradual.parquet")
     assert set(gradual["layers_kept"]) == {1, 2, 3, 4} and set(gradual["task"]) == set(ours["task"])
     minimal = json.loads((smoke / "data/results/prune/tiny-llama/minimal_model.json").read_text())

@@ -118,7 +118,8 @@ class TopK:
     together (heads.top_k); the random-k controls: `random_draws` seeded draws per k (heads.random_draws,
     seed heads.seed) scoring `control_tasks` (heads.control_tasks), the tasks other than the sweep's at
     the k of `control_k` only (heads.control_k; None: every k) with the first `control_draws` draws
-    (heads.control_draws; None: random_draws)."""
+    (heads.control_draws; None: random_draws); the tasks outside `curve_tasks` (heads.curve_tasks; None: every
+    task) only at k = 0 and the k of control_k, top and random."""
 
     ks: tuple[int, ...] = (0, 1, 2, 5, 10, 20)
     random_draws: int = 3
@@ -126,6 +127,7 @@ class TopK:
     seed: int = 4321
     control_k: tuple[int, ...] | None = None
     control_draws: int | None = None
+    curve_tasks: tuple[str, ...] | None = None
 
     def __post_init__(self):
         for key, value in (("top_k", self.ks), ("control_k", self.control_k)):
@@ -134,7 +136,7 @@ class TopK:
         for key, value in (("random_draws", self.random_draws), ("control_draws", self.control_draws)):
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ValueError(f"heads.{key}: {value!r} is not a non-negative integer")
-        for name in ("ks", "control_tasks", "control_k"):
+        for name in ("ks", "control_tasks", "control_k", "curve_tasks"):
             value = getattr(self, name)
             object.__setattr__(self, name, None if value is None else tuple(value))
 
@@ -148,6 +150,7 @@ class TopK:
             seed=heads["seed"],
             control_k=heads["control_k"],
             control_draws=heads["control_draws"],
+            curve_tasks=heads["curve_tasks"],
         )
 
     def as_params(self) -> dict:

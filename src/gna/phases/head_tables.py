@@ -80,13 +80,14 @@ def remove_top_k(
     skipped_reason; the k of `top_k.ks`. The random-k controls score `top_k.control_tasks`: the
     sweep's task (SWEEP_TASK) at every k with `top_k.random_draws` draws, the others at the k of
     `top_k.control_k` only (None: every k) with the first `top_k.control_draws` of the same draws
-    (None: random_draws). `reference` is the unmodified model: its `scored` {task: per-item
+    (None: random_draws); a task outside `top_k.curve_tasks` (None: every task) is scored, top and
+    random, only at k = 0 and the k of control_k. `reference` is the unmodified model: its `scored` {task: per-item
     scores} (its baseline) are read for k = 0 instead of scoring the same items again; by its
     `chance` policy, a task on which it is at chance is scored at k = 0 only, with the reason in
     skipped_reason (null elsewhere). `per_item`, where given, receives every condition's per-item scores by its
     label (topk_label), for topk_comparisons."""
     ks, random_draws, control_tasks = top_k.ks, top_k.random_draws, top_k.control_tasks
-    control_k, control_draws = top_k.control_k, top_k.control_draws
+    control_k, control_draws, curve_tasks = top_k.control_k, top_k.control_draws, top_k.curve_tasks
     short = [k for k in ks if k > len(ranking)]
     if short:
         raise ValueError(
@@ -110,13 +111,18 @@ def remove_top_k(
             jobs.append(("random", k, draw, sorted(rng.sample(population, min(k, len(population))))))
     heads_of_job = [[h for key in chosen for h in units[key]] for *_, chosen in jobs]
 
+    def on_curve(task: str, k: int) -> bool:
+        # outside curve_tasks a task is scored where the knowledge view reads it: k = 0 and control_k
+        return k == 0 or curve_tasks is None or task in curve_tasks or control_k is None or k in control_k
+
     def used_by(condition: str, k: int, draw: int) -> list[str]:
         if condition == "top":
-            return list(tables)
+            return [t for t in tables if on_curve(t, k)]
         return [
             t
             for t in control_tasks
             if t in tables
+            and on_curve(t, k)
             and (
                 draw < random_draws
                 if t == SWEEP_TASK

@@ -205,6 +205,11 @@ def _check_semantics(config: dict) -> None:
                 f"config key '{where}.control_k': {outside} not in {where}.top_k ({heads['top_k']}); the "
                 "random-k controls run at k that the table removes"
             )
+        if heads["curve_tasks"] is not None and heads["control_k"] is None:
+            raise ConfigError(
+                f"config key '{where}.curve_tasks': the tasks off the curve are scored at the k of {where}.control_k, "
+                "which is null (every k); set control_k or leave curve_tasks null"
+            )
     hybrid = config["hybrid"]
     outside = [k for k in hybrid["knowledge_heads_kept"] or [] if k not in hybrid["heads_kept"]]
     if hybrid["enabled"] and outside:

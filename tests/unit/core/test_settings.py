@@ -61,8 +61,9 @@ def test_top_k_settings_name_their_key_and_round_trip_through_rule_params():
     from gna.core.settings import TopK
 
     heads = {"top_k": [0, 1, 5], "random_draws": 2, "control_tasks": ["kv_retrieval"], "seed": 7}
-    top_k = TopK.from_heads(heads | {"control_k": [5], "control_draws": None})
+    top_k = TopK.from_heads(heads | {"control_k": [5], "control_draws": None, "curve_tasks": ["facts_cloze"]})
     assert top_k.ks == (0, 1, 5) and top_k.control_k == (5,) and TopK(**top_k.as_params()) == top_k
+    assert top_k.curve_tasks == ("facts_cloze",)
     for bad, key in (({"ks": [-1]}, "heads.top_k"), ({"random_draws": -2}, "heads.random_draws")):
         with pytest.raises(ValueError, match=f"^{key}: "):
             TopK(**bad)

@@ -107,6 +107,32 @@ def test_random_controls_of_other_tasks_run_at_control_k_only(tiny_llama):
     assert first.sort(first.columns).equals(every.filter(~dropped).sort(every.columns))
 
 
+def test_tasks_off_the_curve_run_at_control_k_only(tiny_llama):
+    model, tok = tiny_llama
+    ranking = rank_heads(sweep_heads(Scorer(model, tok, progress=False), KV))
+    other = KV.with_columns(pl.lit("facts_cloze").alias("task"))
+    tables = {"kv_retrieval": KV, "facts_cloze": other}
+    args = dict(random_draws=1, control_tasks=["kv_retrieval", "facts_cloze"], seed=1, control_k=[2])
+    every = remove_top_k(Scorer(model, tok, progress=False), ranking, tables, TopK([0, 1, 2], **args))
+    per_item = {}
+    cut = remove_top_k(
+        Scorer(model, tok, progress=False),
+        ranking,
+        tables,
+        TopK([0, 1, 2], curve_tasks=["facts_cloze"], **args),
+        per_item=per_item,
+    )
+    # the sweep's task, off the curve, loses k = 1 (top and random); the curve task keeps every k
+    assert set(cut.filter(pl.col("task") == "kv_retrieval")["k"]) == {0, 2}
+    assert set(cut.filter((pl.col("task") == "facts_cloze") & (pl.col("condition") == "top"))["k"]) == {0, 1, 2}
+    dropped = (pl.col("task") == "kv_retrieval") & (pl.col("k") == 1)
+    assert cut.sort(cut.columns).equals(every.filter(~dropped).sort(every.columns))
+    # its comparisons: top 1 against the unmodified model on the curve task only
+    compared = topk_comparisons(per_item, TopK([0, 1, 2], curve_tasks=["facts_cloze"], **args))
+    assert set(compared.filter(pl.col("condition") == "top 1")["task"]) == {"facts_cloze"}
+    assert set(compared.filter(pl.col("condition") == "top 2")["task"]) == {"kv_retrieval", "facts_cloze"}
+
+
 def test_top_k_zero_is_read_from_the_baseline_scores(tiny_llama):
     model, tok = tiny_llama
     ranking = rank_heads(sweep_heads(Scorer(model, tok, progress=False), KV))

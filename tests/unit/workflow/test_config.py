@@ -107,6 +107,10 @@ def test_defaults_are_filled():
             lambda c: c.setdefault("heads", {}).update(top_k=[0, 1, 2], control_k=[5]),
             "config key 'heads.control_k': [5] not in heads.top_k",
         ),
+        (
+            lambda c: c.setdefault("heads", {}).update(curve_tasks=["mmlu_letter"], control_k=None),
+            "config key 'heads.curve_tasks': the tasks off the curve are scored at the k of heads.control_k",
+        ),
     ],
 )
 def test_bad_config_names_the_key(mutate, expected):
