@@ -13,6 +13,10 @@ correct?) gives
 * equivalence within a stated margin at 5% for every n: the exact one-sided 95% upper bounds on
   the share of items lost and on the share gained both lie inside the margin (`equivalent`).
 
+Where both frames carry the answer's log-prob (logp_target), the row also counts the items on which
+it is lower / higher under the condition, with the median change and the exact sign test (Holm within
+the family too): near a ceiling, a removal can cost confidence that accuracy cannot show.
+
 A comparisons table (COLUMNS) holds the counts, the difference, its interval and the p-values;
 `decide` turns a row into the verb a sentence may use: "falls" / "rises" where McNemar rejects
 after Holm (a change that is also within the margin says so), "holds" (within the margin) where
@@ -23,6 +27,7 @@ power if the observed rates held.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 import polars as pl
@@ -59,6 +64,15 @@ COLUMNS = {
     # Holm's step-down multiplier of this row's raw p (m - rank + 1 in its family): the level its test
     # must pass is 5% / this, which is what a planned n or a detectable difference is planned at
     "holm_multiplier": pl.Int64,
+    # the answer's log-prob item by item (null where a frame has none): on how many items it is
+    # lower / higher under the condition, the median change (nats), the exact two-sided sign test
+    # and its Holm-adjusted value within the family. A change in confidence that accuracy near its
+    # ceiling cannot show; the verbs stay with accuracy
+    "logp_lower": pl.Int64,
+    "logp_higher": pl.Int64,
+    "logp_median_diff": pl.Float64,
+    "p_logp": pl.Float64,
+    "p_logp_holm": pl.Float64,
 }
 
 
@@ -125,11 +139,30 @@ def holm_multipliers(p_values: list[float]) -> list[int]:
     return [len(p_values) - first[p] for p in p_values]
 
 
+def logp_change(lp_reference: list[float], lp_condition: list[float]) -> dict:
+    """The paired change of the answer's log-prob over items (LOGP columns but the Holm one): how
+    many items it is lower / higher under the condition (equal ones count for neither), the median
+    change, and the exact sign test of lower against higher (the binomial test McNemar's is)."""
+    diffs = [c - r for r, c in zip(lp_reference, lp_condition, strict=True)]
+    lower, higher = sum(d < 0 for d in diffs), sum(d > 0 for d in diffs)
+    return {
+        "logp_lower": lower,
+        "logp_higher": higher,
+        "logp_median_diff": statistics.median(diffs) if diffs else None,
+        "p_logp": mcnemar_p(lower, higher) if diffs else None,
+    }
+
+
 def paired_row(reference: pl.DataFrame, condition: pl.DataFrame) -> dict:
     """Counts, accuracies, difference, 95% interval and McNemar p of two per-item frames (item_id,
-    correct) joined on their shared items; n = 0 where they share none."""
-    joined = reference.select("item_id", pl.col("correct").alias("r")).join(
-        condition.select("item_id", pl.col("correct").alias("c")), on="item_id", how="inner"
+    correct) joined on their shared items, and the paired change of the answer's log-prob
+    (logp_change) where both carry logp_target; n = 0 where they share none."""
+    logp = "logp_target" in reference.columns and "logp_target" in condition.columns
+    extra = [pl.col("logp_target")] if logp else []
+    joined = reference.select("item_id", pl.col("correct").alias("r"), *[e.alias("lr") for e in extra]).join(
+        condition.select("item_id", pl.col("correct").alias("c"), *[e.alias("lc") for e in extra]),
+        on="item_id",
+        how="inner",
     )
     r, c = joined["r"].cast(pl.Boolean), joined["c"].cast(pl.Boolean)
     both, neither = int((r & c).sum()), int((~r & ~c).sum())
@@ -148,6 +181,7 @@ def paired_row(reference: pl.DataFrame, condition: pl.DataFrame) -> dict:
         "ci_low": low if n else None,
         "ci_high": high if n else None,
         "p_mcnemar": mcnemar_p(reference_only, condition_only) if n else None,
+        **(logp_change(joined["lr"].to_list(), joined["lc"].to_list()) if logp and n else {}),
     }
 
 
@@ -192,16 +226,19 @@ def comparisons(per_item: dict[str, pl.DataFrame], pairs: list[tuple[str, str, s
                     )
     if not rows:
         return empty()
-    added = ("p_holm", "holm_multiplier")
+    added = ("p_holm", "holm_multiplier", "p_logp_holm")
     frame = pl.DataFrame(rows, schema={k: v for k, v in COLUMNS.items() if k not in added}).with_row_index("_row")
-    p_holm, multiplier = {}, {}
+    p_holm, multiplier, p_logp_holm = {}, {}, {}
     for part in frame.partition_by("family", maintain_order=True):
         ids, raw = part["_row"].to_list(), part["p_mcnemar"].to_list()
         p_holm |= dict(zip(ids, holm(raw)))
         multiplier |= dict(zip(ids, holm_multipliers(raw)))
+        with_logp = part.filter(pl.col("p_logp").is_not_null())  # rows without log-probs are no test
+        p_logp_holm |= dict(zip(with_logp["_row"].to_list(), holm(with_logp["p_logp"].to_list())))
     return frame.with_columns(
         pl.col("_row").replace_strict(p_holm, return_dtype=pl.Float64).alias("p_holm"),
         pl.col("_row").replace_strict(multiplier, return_dtype=pl.Int64).alias("holm_multiplier"),
+        pl.col("_row").replace_strict(p_logp_holm, default=None, return_dtype=pl.Float64).alias("p_logp_holm"),
     ).select(list(COLUMNS))
 
 

@@ -139,9 +139,49 @@ def to_chance(row: dict, task: str, chance: float | None, margin: float) -> str 
     )
 
 
+# the task whose answer's log-prob the contrast reads too: retrieval near its ceiling (the premise that the
+# removed heads carry retrieval) can lose confidence that accuracy cannot show
+LOGP_TASKS = ("kv_retrieval",)
+
+
+def logp_text(row: dict) -> str:
+    """'lower on 98, higher on 22 of 120 (median −0.12 nats), sign test Holm p = 1e-10': the row's
+    paired change of the answer's log-prob (gna.core.paired.logp_change)."""
+    return (
+        f"lower on {row['logp_lower']}, higher on {row['logp_higher']} of {row['n']} "
+        f"(median {row['logp_median_diff']:+.3g} nats), sign test Holm p = {row['p_logp_holm']:.2g}"
+    )
+
+
+def logp_clause(compared: pl.DataFrame, task: str, k: int) -> str:
+    """For a LOGP_TASKS task: whether the top-k removal lowers the answer's log-prob (sign test, Holm within
+    its family), and whether it lowers it more than the same number drawn at random (the top k against
+    random k, item by item); '' where the rows carry no log-probs."""
+    top = comparison_row(compared, "top k vs unmodified", "unmodified", f"top {k}", task)
+    if task not in LOGP_TASKS or top is None or top.get("p_logp_holm") is None:
+        return ""
+    lowered = top["p_logp_holm"] < 0.05 and top["logp_lower"] > top["logp_higher"]
+    raised = top["p_logp_holm"] < 0.05 and not lowered
+    out = (
+        f". The answer's log-prob {'falls' if lowered else 'rises' if raised else 'is not shown to change'} "
+        f"({logp_text(top)})"
+    )
+    versus = comparison_row(compared, "top k vs random k", f"random {k} #0", f"top {k}", task)
+    if versus is not None and versus.get("p_logp_holm") is not None:
+        more = versus["p_logp_holm"] < 0.05 and versus["logp_lower"] > versus["logp_higher"]
+        less = versus["p_logp_holm"] < 0.05 and not more
+        out += (
+            f"; against {k} drawn at random it is "
+            f"{'lower: the top-ranked ones carry more of it' if more else 'higher' if less else 'not shown to differ'} "
+            f"({logp_text(versus)})"
+        )
+    return out
+
+
 def sentences(compared: pl.DataFrame, model: str, k: int, margin: float, chance: float | None = None) -> list[str]:
     """Per task: the top-k removal's paired verdict, and how it stands to what the study reports; for
-    the letter form, whose fall the study reports as one to `chance`, whether that fall is excluded."""
+    the letter form, whose fall the study reports as one to `chance`, whether that fall is excluded; for
+    retrieval, the answer's log-prob too (logp_clause)."""
     out = []
     sub = compared.filter(pl.col("model") == model)
     for task, name in TASKS.items():
@@ -153,6 +193,7 @@ def sentences(compared: pl.DataFrame, model: str, k: int, margin: float, chance:
         out.append(
             f"{html.escape(name)}: {pct(row['acc_reference'])} → {pct(row['acc_condition'])} on the same {row['n']} "
             f"items: {comparison_verdict(row, margin)}{stand}{_control_too(sub, task, k, verdict.verb, margin)}"
+            f"{logp_clause(sub, task, k)}"
         )
     return out
 

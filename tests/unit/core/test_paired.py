@@ -270,3 +270,28 @@ def test_a_comparisons_table_records_each_rows_holm_multiplier_and_the_plans_use
     table = comparisons(per_item, [("f", "ref", "a"), ("f", "ref", "b")])
     assert table["holm_multiplier"].to_list() == [1, 2]  # b's p is the smaller
     assert detectable_difference(100, 10, 2) > detectable_difference(100, 10, 1)
+
+
+def test_the_answers_log_prob_is_compared_item_by_item_where_both_frames_carry_it():
+    # every answer right under both conditions: accuracy cannot move, the log-prob can
+    ids = list(range(10))
+    ref = pl.DataFrame({"task": "kv_retrieval", "item_id": ids, "group": "all", "correct": [True] * 10})
+    ref = ref.with_columns(pl.Series("logp_target", [-0.1] * 10))
+    drops = [-0.9, -0.5, -0.4, -0.3, -0.2, -0.2, -0.1, -0.1, 0.0, 0.3]  # 8 lower, 1 higher, 1 equal
+    cut = ref.with_columns(pl.Series("logp_target", [-0.1 + d for d in drops]))
+    half = ref.with_columns(pl.Series("logp_target", [-0.1 + d for d in drops[:5]] + [-0.2] * 5))
+    plain = ref.drop("logp_target")
+    table = comparisons(
+        {"base": ref, "cut": cut, "half": half, "plain": plain},
+        [("removal", "base", "cut"), ("removal", "base", "half"), ("removal", "base", "plain")],
+    )
+    assert table["reference_only"].to_list() == [0, 0, 0] and table["p_mcnemar"].to_list() == [1.0, 1.0, 1.0]
+    row = table.row(0, named=True)
+    assert (row["logp_lower"], row["logp_higher"]) == (8, 1)
+    assert row["logp_median_diff"] == pytest.approx(-0.2)
+    assert row["p_logp"] == pytest.approx(binomtest(1, 9).pvalue, rel=1e-12)  # the exact sign test
+    assert (table["logp_lower"][1], table["logp_higher"][1]) == (10, 0)
+    # Holm over the rows that have a log-prob test; a frame without log-probs gives nulls, no test
+    p = [binomtest(1, 9).pvalue, binomtest(0, 10).pvalue]
+    assert table["p_logp_holm"].to_list()[:2] == pytest.approx(holm(p))
+    assert table.row(2, named=True)["p_logp"] is None and table["p_logp_holm"][2] is None

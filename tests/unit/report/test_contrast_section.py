@@ -160,3 +160,35 @@ def test_a_letter_form_that_does_not_fall_is_said_to_contradict_the_study_where_
     assert summary_table(_compared(counts, "big"), "big", 4, 0.05, reference=False, chance=0.25)["verdict"][0] == (
         "not decided"
     )
+
+
+def test_retrieval_reads_the_answers_log_prob_against_the_unmodified_model_and_random_k():
+    # every KV answer right in all three conditions (accuracy cannot fall); the log-prob of the answer is
+    # lower on 18 of 20 prompts without the top 4, on 10 of 20 without 4 drawn at random
+    ids = list(range(20))
+
+    def kv(logp):
+        return pl.DataFrame(
+            {"task": "kv_retrieval", "item_id": ids, "group": "all", "correct": [True] * 20}
+        ).with_columns(pl.Series("logp_target", logp))
+
+    base = kv([-0.1] * 20)
+    top = kv([-0.5] * 18 + [-0.05] * 2)
+    rnd = kv([-0.2] * 10 + [-0.05] * 10)
+    per_item = {"unmodified": base, "top 4": top, "random 4 #0": rnd}
+    pairs = [
+        ("top k vs unmodified", "unmodified", "top 4"),
+        ("random k vs unmodified", "unmodified", "random 4 #0"),
+        ("top k vs random k", "random 4 #0", "top 4"),
+    ]
+    compared = comparisons(per_item, pairs).with_columns(pl.lit("big").alias("model"))
+    (kv_sentence,) = sentences(compared, "big", 4, 0.05)
+    assert "The answer's log-prob falls (lower on 18, higher on 2 of 20 (median -0.4 nats)" in kv_sentence
+    assert "against 4 drawn at random it is lower: the top-ranked ones carry more of it" in kv_sentence
+    # a draw that lowers it as often as the top 4: not shown to differ; no log-probs: no clause
+    per_item["random 4 #0"] = top.with_columns(pl.col("logp_target") - 1e-3 * pl.Series([1, -1] * 10))
+    (kv_sentence,) = sentences(comparisons(per_item, pairs).with_columns(pl.lit("big").alias("model")), "big", 4, 0.05)
+    assert "against 4 drawn at random it is not shown to differ" in kv_sentence
+    plain = {label: frame.drop("logp_target") for label, frame in per_item.items()}
+    (kv_sentence,) = sentences(comparisons(plain, pairs).with_columns(pl.lit("big").alias("model")), "big", 4, 0.05)
+    assert "log-prob" not in kv_sentence
