@@ -17,6 +17,7 @@ Refresh only after a change that is meant to change results (`make smoke-golden`
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -42,8 +43,32 @@ TEACHER_RTOL = 1e-4
 STUDENT_RTOL = 1e-3
 
 
-def cpu_kind(cpuinfo: str | None = None) -> str:
-    """'<vendor> <kernel flags present>' of this machine (or of a /proc/cpuinfo text)."""
+def capped(flags: set[str], env) -> set[str]:
+    """`flags` less the kernels the environment keeps PyTorch from using: ATen's dispatch
+    (ATEN_CPU_CAPABILITY) and oneDNN's matmuls (ONEDNN_MAX_CPU_ISA, DNNL_MAX_CPU_ISA) capped below
+    AVX-512 round as a CPU without it does, so a run under such caps is another kind."""
+    isa = (env.get("ONEDNN_MAX_CPU_ISA") or env.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
+    aten = (env.get("ATEN_CPU_CAPABILITY") or "").upper()
+    out = set(flags)
+    if isa != "ALL":
+        if "AMX" not in isa:
+            out.discard("amx_bf16")
+            if not isa.startswith("AVX512"):
+                out -= {"avx512f", "avx512_bf16"}
+            elif "BF16" not in isa:
+                out.discard("avx512_bf16")
+        if isa in ("SSE41", "AVX"):
+            out.discard("avx2")
+    if aten in ("AVX2", "DEFAULT"):
+        out -= {"avx512f", "avx512_bf16", "amx_bf16"}
+    if aten == "DEFAULT":
+        out.discard("avx2")
+    return out
+
+
+def cpu_kind(cpuinfo: str | None = None, env=None) -> str:
+    """'<vendor> <kernel flags present>' of this machine (or of a /proc/cpuinfo text), less those
+    the environment (`env`, default os.environ) caps the kernels below (capped)."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
@@ -51,7 +76,7 @@ def cpu_kind(cpuinfo: str | None = None) -> str:
             return "unknown"
     fields = dict(line.split(":", 1) for line in cpuinfo.splitlines()[:40] if ":" in line)
     fields = {k.strip(): v.strip() for k, v in fields.items()}
-    flags = set(fields.get("flags", "").split())
+    flags = capped(set(fields.get("flags", "").split()), os.environ if env is None else env)
     return " ".join([fields.get("vendor_id", "unknown"), *[f for f in KERNEL_FLAGS if f in flags]])
 
 
