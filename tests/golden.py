@@ -53,9 +53,9 @@ def capped(flags: set[str], env) -> set[str]:
     if isa != "ALL":
         if "AMX" not in isa:
             out.discard("amx_bf16")
-            if not isa.startswith("AVX512"):
+            if not isa.startswith(("AVX512", "AVX10")):
                 out -= {"avx512f", "avx512_bf16"}
-            elif "BF16" not in isa:
+            elif isa.startswith("AVX512") and not isa.endswith(("BF16", "FP16")):
                 out.discard("avx512_bf16")
         if isa in ("SSE41", "AVX"):
             out.discard("avx2")
@@ -68,7 +68,9 @@ def capped(flags: set[str], env) -> set[str]:
 
 def cpu_kind(cpuinfo: str | None = None, env=None) -> str:
     """'<vendor> <kernel flags present>' of this machine (or of a /proc/cpuinfo text), less those
-    the environment (`env`, default os.environ) caps the kernels below (capped)."""
+    the environment (`env`, default os.environ) caps the kernels below (capped), then 'capped': the
+    caps cover some kernels only (MKL's float32 ones keep their own ISA), so such a run is a kind of
+    its own, not the CPU it imitates."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
@@ -76,8 +78,10 @@ def cpu_kind(cpuinfo: str | None = None, env=None) -> str:
             return "unknown"
     fields = dict(line.split(":", 1) for line in cpuinfo.splitlines()[:40] if ":" in line)
     fields = {k.strip(): v.strip() for k, v in fields.items()}
-    flags = capped(set(fields.get("flags", "").split()), os.environ if env is None else env)
-    return " ".join([fields.get("vendor_id", "unknown"), *[f for f in KERNEL_FLAGS if f in flags]])
+    present = set(fields.get("flags", "").split())
+    flags = capped(present, os.environ if env is None else env)
+    marker = ["capped"] if flags != present else []
+    return " ".join([fields.get("vendor_id", "unknown"), *[f for f in KERNEL_FLAGS if f in flags], *marker])
 
 
 def trained(name: str) -> bool:

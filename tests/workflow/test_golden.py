@@ -110,15 +110,18 @@ def test_missing_and_extra_files_fail(run_data):
 
 def test_the_cpu_kind_is_the_vendor_and_its_float_kernels():
     text = "vendor_id\t: AuthenticAMD\nflags\t\t: fpu avx2 avx512f avx512_bf16 sse\n"
-    assert cpu_kind(text) == "AuthenticAMD avx2 avx512f avx512_bf16"
-    assert cpu_kind("vendor_id : GenuineIntel\nflags : avx2 amx_bf16\n") == "GenuineIntel avx2 amx_bf16"
+    assert cpu_kind(text, env={}) == "AuthenticAMD avx2 avx512f avx512_bf16"
+    assert cpu_kind("vendor_id : GenuineIntel\nflags : avx2 amx_bf16\n", env={}) == "GenuineIntel avx2 amx_bf16"
     # kernels capped by the environment round as that ISA's: another kind
     avx2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-    assert cpu_kind(text, env=avx2) == "AuthenticAMD avx2"
-    assert cpu_kind(text, env={"ONEDNN_MAX_CPU_ISA": "AVX2"}) == "AuthenticAMD avx2"
-    assert cpu_kind(text, env={"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}) == "AuthenticAMD avx2 avx512f"
+    assert cpu_kind(text, env=avx2) == "AuthenticAMD avx2 capped"
+    assert cpu_kind(text, env={"ONEDNN_MAX_CPU_ISA": "AVX2"}) == "AuthenticAMD avx2 capped"
+    assert cpu_kind(text, env={"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}) == "AuthenticAMD avx2 avx512f capped"
+    assert cpu_kind(text, env={"ONEDNN_MAX_CPU_ISA": "AVX10_1_512"}) == "AuthenticAMD avx2 avx512f avx512_bf16"
     amx = "vendor_id : GenuineIntel\nflags : avx2 avx512f avx512_bf16 amx_bf16\n"
-    assert cpu_kind(amx, env={"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}) == "GenuineIntel avx2 avx512f avx512_bf16"
+    assert (
+        cpu_kind(amx, env={"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}) == "GenuineIntel avx2 avx512f avx512_bf16 capped"
+    )
     assert cpu_kind(amx, env={}) == "GenuineIntel avx2 avx512f avx512_bf16 amx_bf16"
     assert recorded_kind() is not None  # the golden results say where they were recorded
 

@@ -67,7 +67,8 @@ COLUMNS = {
     # the answer's log-prob item by item (null where a frame has none): on how many items it is
     # lower / higher under the condition, the median change (nats), the exact two-sided sign test
     # and its Holm-adjusted value within the family. A change in confidence that accuracy near its
-    # ceiling cannot show; the verbs stay with accuracy
+    # ceiling cannot show; the verbs stay with accuracy. logp_n: the items with a finite log-prob under both
+    "logp_n": pl.Int64,
     "logp_lower": pl.Int64,
     "logp_higher": pl.Int64,
     "logp_median_diff": pl.Float64,
@@ -139,13 +140,19 @@ def holm_multipliers(p_values: list[float]) -> list[int]:
     return [len(p_values) - first[p] for p in p_values]
 
 
-def logp_change(lp_reference: list[float], lp_condition: list[float]) -> dict:
-    """The paired change of the answer's log-prob over items (LOGP columns but the Holm one): how
-    many items it is lower / higher under the condition (equal ones count for neither), the median
-    change, and the exact sign test of lower against higher (the binomial test McNemar's is)."""
-    diffs = [c - r for r, c in zip(lp_reference, lp_condition, strict=True)]
+def logp_change(lp_reference: list[float | None], lp_condition: list[float | None]) -> dict:
+    """The paired change of the answer's log-prob over the items where both are finite (logp_n; a
+    missing or infinite one is no evidence either way): how many items it is lower / higher under
+    the condition (equal ones count for neither), the median change, and the exact sign test of
+    lower against higher (the binomial test McNemar's is); None where no item has both."""
+    diffs = [
+        c - r
+        for r, c in zip(lp_reference, lp_condition, strict=True)
+        if r is not None and c is not None and math.isfinite(r) and math.isfinite(c)
+    ]
     lower, higher = sum(d < 0 for d in diffs), sum(d > 0 for d in diffs)
     return {
+        "logp_n": len(diffs),
         "logp_lower": lower,
         "logp_higher": higher,
         "logp_median_diff": statistics.median(diffs) if diffs else None,

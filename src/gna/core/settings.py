@@ -136,6 +136,10 @@ class TopK:
         for key, value in (("random_draws", self.random_draws), ("control_draws", self.control_draws)):
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ValueError(f"heads.{key}: {value!r} is not a non-negative integer")
+        if self.curve_tasks is not None and self.control_k is None:
+            raise ValueError(
+                "heads.curve_tasks: the tasks off the curve are scored at the k of heads.control_k, which is null"
+            )
         for name in ("ks", "control_tasks", "control_k", "curve_tasks"):
             value = getattr(self, name)
             object.__setattr__(self, name, None if value is None else tuple(value))

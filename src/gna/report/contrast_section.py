@@ -17,7 +17,7 @@ import polars as pl
 from matplotlib.ticker import MaxNLocator
 
 from gna.core.chance import above_chance
-from gna.core.paired import decide, fall_excluded, share_upper_bound
+from gna.core.paired import ALPHA, decide, fall_excluded, share_upper_bound
 from gna.report.headline import knowledge_k
 from gna.report.htmlkit import (
     SectionContext,
@@ -145,36 +145,34 @@ LOGP_TASKS = ("kv_retrieval",)
 
 
 def logp_text(row: dict) -> str:
-    """'lower on 98, higher on 22 of 120 (median −0.12 nats), sign test Holm p = 1e-10': the row's
-    paired change of the answer's log-prob (gna.core.paired.logp_change)."""
+    """'lower on 98, higher on 22 of 120 items, median change -0.12 nats; sign test, Holm p = 1e-10':
+    the row's paired change of the answer's log-prob (gna.core.paired.logp_change)."""
     return (
-        f"lower on {row['logp_lower']}, higher on {row['logp_higher']} of {row['n']} "
-        f"(median {row['logp_median_diff']:+.3g} nats), sign test Holm p = {row['p_logp_holm']:.2g}"
+        f"lower on {row['logp_lower']}, higher on {row['logp_higher']} of {row['logp_n']} items, median change "
+        f"{row['logp_median_diff']:+.3g} nats; sign test, Holm p = {row['p_logp_holm']:.2g}"
     )
 
 
 def logp_clause(compared: pl.DataFrame, task: str, k: int) -> str:
-    """For a LOGP_TASKS task: whether the top-k removal lowers the answer's log-prob (sign test, Holm within
-    its family), and whether it lowers it more than the same number drawn at random (the top k against
-    random k, item by item); '' where the rows carry no log-probs."""
+    """For a LOGP_TASKS task: whether the top-k removal lowers the answer's log-prob on more items than it
+    raises it (two-sided exact sign test, Holm within its family: its verb is the log-prob's, not the
+    accuracy's), and whether it lowers it more often than the first random draw of k does (the top k
+    against random k, item by item); '' where the rows carry no log-probs."""
     top = comparison_row(compared, "top k vs unmodified", "unmodified", f"top {k}", task)
     if task not in LOGP_TASKS or top is None or top.get("p_logp_holm") is None:
         return ""
-    lowered = top["p_logp_holm"] < 0.05 and top["logp_lower"] > top["logp_higher"]
-    raised = top["p_logp_holm"] < 0.05 and not lowered
+    lowered = top["p_logp_holm"] < ALPHA and top["logp_lower"] > top["logp_higher"]
+    raised = top["p_logp_holm"] < ALPHA and not lowered
     out = (
-        f". The answer's log-prob {'falls' if lowered else 'rises' if raised else 'is not shown to change'} "
-        f"({logp_text(top)})"
+        f". The answer's log-prob {'falls' if lowered else 'rises' if raised else 'is not shown to change'}: "
+        f"{logp_text(top)}"
     )
     versus = comparison_row(compared, "top k vs random k", f"random {k} #0", f"top {k}", task)
     if versus is not None and versus.get("p_logp_holm") is not None:
-        more = versus["p_logp_holm"] < 0.05 and versus["logp_lower"] > versus["logp_higher"]
-        less = versus["p_logp_holm"] < 0.05 and not more
-        out += (
-            f"; against {k} drawn at random it is "
-            f"{'lower: the top-ranked ones carry more of it' if more else 'higher' if less else 'not shown to differ'} "
-            f"({logp_text(versus)})"
-        )
+        more = versus["p_logp_holm"] < ALPHA and versus["logp_lower"] > versus["logp_higher"]
+        less = versus["p_logp_holm"] < ALPHA and not more
+        how = "lower (the top-ranked ones carry more of it)" if more else "higher" if less else "not shown to differ"
+        out += f". Against {k} drawn at random it is {how}: {logp_text(versus)}"
     return out
 
 

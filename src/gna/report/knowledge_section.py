@@ -228,7 +228,9 @@ def subsets_part(model: str, ctx: SectionContext) -> str:
         "<p>The same comparisons relation by relation, and on the facts whose answer cannot be copied from the "
         "subject's letters (<i>not copyable</i>: not German ← Germany, not Mg ← Magnesium), each a family of its "
         "own for Holm's correction:</p>"
-        + comparisons_table(pl.concat(parts).with_columns(pl.lit(model).alias("model")), ctx.margin)
+        + comparisons_table(
+            pl.concat(parts, how="diagonal_relaxed").with_columns(pl.lit(model).alias("model")), ctx.margin
+        )
     )
 
 

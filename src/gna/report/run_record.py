@@ -171,7 +171,7 @@ def write_run_record(
     if not parts.is_empty():
         body += [
             "<h2>Parts of steps</h2><p>Steps that time their parts separately (e.g. the attribution "
-            "pre-ranking and the exact verification of its top heads).</p>",
+            "pre-ranking of the attribution check).</p>",
             table(parts, left=("step", "part"), fmt=fmt),
         ]
     page = (

@@ -295,3 +295,7 @@ def test_the_answers_log_prob_is_compared_item_by_item_where_both_frames_carry_i
     p = [binomtest(1, 9).pvalue, binomtest(0, 10).pvalue]
     assert table["p_logp_holm"].to_list()[:2] == pytest.approx(holm(p))
     assert table.row(2, named=True)["p_logp"] is None and table["p_logp_holm"][2] is None
+    # a missing or infinite log-prob is no evidence either way: those items are left out of the count
+    gaps = cut.with_columns(pl.Series("logp_target", [None, float("-inf")] + cut["logp_target"].to_list()[2:]))
+    row = comparisons({"base": ref, "gaps": gaps}, [("f", "base", "gaps")]).row(0, named=True)
+    assert (row["n"], row["logp_n"], row["logp_lower"], row["logp_higher"]) == (10, 8, 6, 1)
