@@ -147,8 +147,9 @@ LOGP_TASKS = ("kv_retrieval",)
 def logp_text(row: dict) -> str:
     """'lower on 98, higher on 22 of 120 items, median change -0.12 nats; sign test, Holm p = 1e-10':
     the row's paired change of the answer's log-prob (gna.core.paired.logp_change)."""
+    counted = row.get("logp_n") or row["n"]  # a table from before logp_n counted every pair
     return (
-        f"lower on {row['logp_lower']}, higher on {row['logp_higher']} of {row['logp_n']} items, median change "
+        f"lower on {row['logp_lower']}, higher on {row['logp_higher']} of {counted} items, median change "
         f"{row['logp_median_diff']:+.3g} nats; sign test, Holm p = {row['p_logp_holm']:.2g}"
     )
 
