@@ -172,7 +172,13 @@ def logp_clause(compared: pl.DataFrame, task: str, k: int) -> str:
     if versus is not None and versus.get("p_logp_holm") is not None:
         more = versus["p_logp_holm"] < ALPHA and versus["logp_lower"] > versus["logp_higher"]
         less = versus["p_logp_holm"] < ALPHA and not more
-        how = "lower (the top-ranked ones carry more of it)" if more else "higher" if less else "not shown to differ"
+        how = (
+            "lower (the top-ranked ones carry more of it)"
+            if more
+            else f"higher (the {k} drawn at random cost more of it)"
+            if less
+            else "not shown to differ"
+        )
         out += f". Against {k} drawn at random it is {how}: {logp_text(versus)}"
     return out
 

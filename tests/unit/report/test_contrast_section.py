@@ -185,6 +185,10 @@ def test_retrieval_reads_the_answers_log_prob_against_the_unmodified_model_and_r
     (kv_sentence,) = sentences(compared, "big", 4, 0.05)
     assert "The answer's log-prob falls: lower on 18, higher on 2 of 20 items, median change -0.4 nats" in kv_sentence
     assert "Against 4 drawn at random it is lower (the top-ranked ones carry more of it)" in kv_sentence
+    # a draw that lowers it on every prompt, and by more: the top 4 cost less of it than chance groups
+    per_item["random 4 #0"] = kv([-0.9] * 20)
+    (kv_sentence,) = sentences(comparisons(per_item, pairs).with_columns(pl.lit("big").alias("model")), "big", 4, 0.05)
+    assert "Against 4 drawn at random it is higher (the 4 drawn at random cost more of it)" in kv_sentence
     # a draw that lowers it as often as the top 4: not shown to differ; no log-probs: no clause
     per_item["random 4 #0"] = top.with_columns(pl.col("logp_target") - 1e-3 * pl.Series([1, -1] * 10))
     (kv_sentence,) = sentences(comparisons(per_item, pairs).with_columns(pl.lit("big").alias("model")), "big", 4, 0.05)
