@@ -189,3 +189,29 @@ def test_on_another_cpu_kind_floats_are_judged_at_their_columns_scale(run_data):
     table.with_columns(pl.col(column).list.eval(pl.element() + 1e-3 * scale)).write_parquet(items)
     with pytest.raises(AssertionError, match=rf"kv_retrieval.items.parquet: column '{column}'"):
         compare(run_data, kind=other)
+
+
+def test_on_another_cpu_kind_the_log_prob_sign_counts_may_move_by_a_few_items():
+    from golden import check
+
+    golden = pl.DataFrame(
+        {"task": ["kv", "mmlu"], "logp_n": [20, 100], "logp_lower": [12, 60], "logp_higher": [8, 40]}
+    ).with_columns(p_logp=pl.lit(0.5), p_logp_holm=pl.lit(0.5), diff=pl.lit(0.1), logp_median_diff=pl.lit(-0.03))
+    moved = golden.with_columns(pl.Series("logp_lower", [11, 65]), pl.Series("logp_higher", [9, 35]))
+    moved = moved.with_columns(pl.lit(0.3).alias("p_logp"), pl.lit(-0.037).alias("logp_median_diff"))
+    assert check("results/heads/m/topk.comparisons.parquet", moved, golden, same_kind=False) == "within 0.0001"
+    with pytest.raises(AssertionError, match="'logp_lower', row 0: 15 != golden 12, beyond 2 items"):
+        check(
+            "results/heads/m/topk.comparisons.parquet",
+            moved.with_columns(pl.Series("logp_lower", [15, 60])),
+            golden,
+            False,
+        )
+    # on the kind they were recorded on, every count is exact; the other columns stay within tolerance
+    with pytest.raises(AssertionError):
+        check("results/heads/m/topk.comparisons.parquet", moved, golden, same_kind=True)
+    far = moved.with_columns(pl.lit(-0.08).alias("logp_median_diff"))
+    with pytest.raises(AssertionError, match="'logp_median_diff', row 0: -0.08 != golden -0.03, beyond 0.02 nats"):
+        check("results/heads/m/topk.comparisons.parquet", far, golden, same_kind=False)
+    with pytest.raises(AssertionError, match="'diff'"):
+        check("results/heads/m/topk.comparisons.parquet", moved.with_columns(pl.lit(0.2).alias("diff")), golden, False)
