@@ -92,8 +92,8 @@ def conditions(model: str, ctx: SectionContext) -> list[tuple[str, pl.DataFrame]
             if len(rows):
                 out.append((f"student {variant}" + (" (pure SSM)" if k == 0 else ""), rows))
         swap = ctx.frame("hybrid_swap")
-        if not swap.is_empty():
-            swap = swap.filter(pl.col("model") == model)
+        swap = swap.filter(pl.col("model") == model) if not swap.is_empty() else swap
+        if not swap.is_empty():  # a model without students (skip: [hybrid]) has no swap of its own
             out.append((str(swap["variant"][0]), swap))
     return out
 

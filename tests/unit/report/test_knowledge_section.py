@@ -301,3 +301,25 @@ def test_answers_are_counted_by_position_and_by_the_solved_examples_answer():
     assert rows["capital"]["repeats an example"] == 0.5  # item 0 answered x, its example's answer
     assert rows["symbol"]["repeats an example"] == 0.5 and rows["symbol"]["value"] == 0.5
     assert rows["not copyable"]["n"] == 3 and rows["not copyable"]["value"] == pytest.approx(2 / 3)
+
+
+def test_a_model_without_students_beside_one_with_them_has_no_swap_row(tmp_path):
+    """The default study: SmolLM2 with students and a layer swap, the knowledge model with none
+    (skip: [hybrid]); the view of the latter read the other's empty swap rows and failed."""
+    from gna.report.knowledge_section import conditions
+
+    scores = condition(180, 200, 190, 170).with_columns(
+        pl.lit("small").alias("model"), pl.lit("k0-n16").alias("variant")
+    )
+    swap = scores.with_columns(pl.lit("k0-n16 + attention layer 3").alias("variant"))
+    inputs = {}
+    for key, frame in (("hybrid_scores", scores), ("hybrid_swap", swap)):
+        frame.write_parquet(tmp_path / f"{key}.parquet")
+        inputs[key] = [str(tmp_path / f"{key}.parquet")]
+    config = {"hybrid": {"enabled": True, "heads_kept": [0, 10], "state_size": 16}}
+    ctx = SectionContext(inputs=inputs, figures={}, captions={}, options=ReportOptions(), config=config)
+    assert [label for label, _ in conditions("small", ctx)] == [
+        "student k0-n16 (pure SSM)",
+        "k0-n16 + attention layer 3",
+    ]
+    assert conditions("big", ctx) == []
