@@ -61,19 +61,15 @@ def sign_counts_close(actual: pl.DataFrame, expected: pl.DataFrame) -> None:
     """Assert each row's log-prob sign counts within sign_slack of the golden ones and its median change
     within MEDIAN_SLACK nats (nulls where they are null); raises AssertionError naming the column, the
     row and both values."""
-    for column in SIGN_COUNTS:
-        a, e, n = actual[column], expected[column], expected["logp_n"]
+    items = [(sign_slack(m), "items") for m in expected["logp_n"].to_list()]
+    slacks = {column: items for column in SIGN_COUNTS} | {"logp_median_diff": [(MEDIAN_SLACK, "nats")] * len(items)}
+    for column, allowed in slacks.items():
+        a, e = actual[column], expected[column]
         if not a.is_null().equals(e.is_null()):
             raise AssertionError(f"column {column!r}: nulls differ")
-        for row, (x, y, m) in enumerate(zip(a.to_list(), e.to_list(), n.to_list())):
-            if x is not None and abs(x - y) > sign_slack(m):
-                raise AssertionError(f"column {column!r}, row {row}: {x} != golden {y}, beyond {sign_slack(m)} items")
-    a, e = actual["logp_median_diff"], expected["logp_median_diff"]
-    if not a.is_null().equals(e.is_null()):
-        raise AssertionError("column 'logp_median_diff': nulls differ")
-    for row, (x, y) in enumerate(zip(a.to_list(), e.to_list())):
-        if x is not None and abs(x - y) > MEDIAN_SLACK:
-            raise AssertionError(f"column 'logp_median_diff', row {row}: {x} != golden {y}, beyond {MEDIAN_SLACK} nats")
+        for row, (x, y, (slack, unit)) in enumerate(zip(a.to_list(), e.to_list(), allowed)):
+            if x is not None and abs(x - y) > slack:
+                raise AssertionError(f"column {column!r}, row {row}: {x} != golden {y}, beyond {slack} {unit}")
 
 
 def capped(flags: set[str], env) -> set[str]:

@@ -113,7 +113,8 @@ def remove_top_k(
 
     def on_curve(task: str, k: int) -> bool:
         # outside curve_tasks a task is scored where the knowledge view reads it: k = 0 and control_k
-        return k == 0 or curve_tasks is None or task in curve_tasks or control_k is None or k in control_k
+        # (TopK refuses curve_tasks without control_k)
+        return k == 0 or curve_tasks is None or task in curve_tasks or k in control_k
 
     def used_by(condition: str, k: int, draw: int) -> list[str]:
         if condition == "top":

@@ -154,6 +154,14 @@ def logp_text(row: dict) -> str:
     )
 
 
+def logp_direction(row: dict) -> str | None:
+    """'lower' / 'higher': the way the answer's log-prob moves on more items where the row's sign test
+    rejects after Holm; None where it does not."""
+    if row["p_logp_holm"] >= ALPHA:
+        return None
+    return "lower" if row["logp_lower"] > row["logp_higher"] else "higher"
+
+
 def logp_clause(compared: pl.DataFrame, task: str, k: int) -> str:
     """For a LOGP_TASKS task: whether the top-k removal lowers the answer's log-prob on more items than it
     raises it (two-sided exact sign test, Holm within its family: its verb is the log-prob's, not the
@@ -162,23 +170,15 @@ def logp_clause(compared: pl.DataFrame, task: str, k: int) -> str:
     top = comparison_row(compared, "top k vs unmodified", "unmodified", f"top {k}", task)
     if task not in LOGP_TASKS or top is None or top.get("p_logp_holm") is None:
         return ""
-    lowered = top["p_logp_holm"] < ALPHA and top["logp_lower"] > top["logp_higher"]
-    raised = top["p_logp_holm"] < ALPHA and not lowered
-    out = (
-        f". The answer's log-prob {'falls' if lowered else 'rises' if raised else 'is not shown to change'}: "
-        f"{logp_text(top)}"
-    )
+    verb = {"lower": "falls", "higher": "rises", None: "is not shown to change"}[logp_direction(top)]
+    out = f". The answer's log-prob {verb}: {logp_text(top)}"
     versus = comparison_row(compared, "top k vs random k", f"random {k} #0", f"top {k}", task)
     if versus is not None and versus.get("p_logp_holm") is not None:
-        more = versus["p_logp_holm"] < ALPHA and versus["logp_lower"] > versus["logp_higher"]
-        less = versus["p_logp_holm"] < ALPHA and not more
-        how = (
-            "lower (the top-ranked ones carry more of it)"
-            if more
-            else f"higher (the {k} drawn at random cost more of it)"
-            if less
-            else "not shown to differ"
-        )
+        how = {
+            "lower": "lower (the top-ranked ones carry more of it)",
+            "higher": f"higher (the {k} drawn at random cost more of it)",
+            None: "not shown to differ",
+        }[logp_direction(versus)]
         out += f". Against {k} drawn at random it is {how}: {logp_text(versus)}"
     return out
 
