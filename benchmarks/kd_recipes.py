@@ -17,6 +17,15 @@ recipe is the config's hybrid.kd with one change:
   tail         the teacher's top-k as they are, its remaining mass one more bin (hybrid.kd.tail_bin)
   steps<x>     x steps
   warmup<x>    the first x of the steps warm up (a share, e.g. warmup0.3; hybrid.kd.warmup)
+  fp32         forward and backward in float32 (hybrid.kd.compute_dtype; default bfloat16 autocast)
+  single       one document per window (BOS first where the tokenizer puts one), padded; the
+               teacher's targets computed again on them
+  bos          the stream's windows with BOS first (the tokenizer's), shifted by one token
+  whole        no weight on the positions of a document whose start the window cut off
+  right        answer positions up-weighted only where the teacher's first choice is the answer token
+  kv<x>        KD on a corpus whose documents are a share x KV prompts (hybrid.corpus.kv_share), built
+               by today's code; the teacher's targets and realignment's hidden states computed again
+               on it (the aligned heads stay the run's)
   a+b          both changes
 """
 
@@ -46,6 +55,13 @@ from gna.workflow.config import load_schema, validate_config  # noqa: E402
 
 def recipe(name: str, kd: dict) -> tuple[dict, bool]:
     """(kd settings, answers only) of a recipe name."""
+    if "+" in name:  # several changes at once: lr1e-4+answers
+        settings, answers = dict(kd), False
+        for part in name.split("+"):
+            changed, only = recipe(part, kd)
+            settings.update({k: v for k, v in changed.items() if v != kd.get(k)})
+            answers = answers or only
+        return settings, answers
     if name == "today":
         return dict(kd), False
     if name == "answers":
@@ -56,16 +72,107 @@ def recipe(name: str, kd: dict) -> tuple[dict, bool]:
         return {**kd, "lr": float(name[2:])}, False
     if name.startswith("steps"):
         return {**kd, "steps": int(name[5:])}, False
+    if name == "fp32":
+        return {**kd, "compute_dtype": "float32"}, False
     if name.startswith("warmup"):
         return {**kd, "warmup": float(name[6:])}, False
-    if "+" in name:  # several changes at once: lr1e-4+answers
-        settings, answers = dict(kd), False
-        for part in name.split("+"):
-            changed, only = recipe(part, kd)
-            settings.update({k: v for k, v in changed.items() if v != kd.get(k)})
-            answers = answers or only
-        return settings, answers
-    raise SystemExit(f"kd_recipes: unknown recipe {name!r} (today, answers, tail, lr<x>, steps<x>, warmup<x>)")
+    if name.startswith("kv") or name in ("whole", "right", "single", "bos"):  # the corpus and weights, not hybrid.kd
+        return dict(kd), False
+    raise SystemExit(
+        f"kd_recipes: unknown recipe {name!r} (today, answers, tail, fp32, lr<x>, steps<x>, warmup<x>, kv<x>)"
+    )
+
+
+def next_tokens(ids: torch.Tensor) -> torch.Tensor:
+    """The token each position predicts (the last position: -1, none)."""
+    return torch.cat([ids[:, 1:], torch.full((len(ids), 1), -1, dtype=ids.dtype)], 1)
+
+
+def separator(tok) -> int:
+    """The token between corpus documents (gna.students.corpus.token_windows)."""
+    return tok.eos_token_id if tok.eos_token_id is not None else 0
+
+
+def cut_documents(ids: torch.Tensor, sep: int) -> torch.Tensor:
+    """Per window position: whether it belongs to a document that began before the window (up
+    to and including the window's first separator; a whole window without one)."""
+    is_sep = ids == sep
+    seen = torch.cumsum(is_sep.int(), dim=1)
+    return (seen == 0) | ((seen == 1) & is_sep)
+
+
+def kv_share(name: str) -> float | None:
+    """The corpus KV share a recipe name asks for (kv<x>, alone or in a+b), or None."""
+    shares = [float(part[2:]) for part in name.split("+") if part.startswith("kv")]
+    return shares[-1] if shares else None
+
+
+def single_document_windows(tok, docs: tuple[list, list], corpus, seed: int) -> dict:
+    """One document per window, as a prompt is scored: BOS first where the tokenizer puts one
+    (gna.engine.scoring.starts_with_bos), the document, a separator, then padding; documents drawn
+    as token_windows draws them. {"train": ids, "train_answers": predicts an answer token,
+    "in_document": predicts a token of its own document (the loss's positions)}."""
+    import random
+
+    from gna.engine.scoring import starts_with_bos
+    from gna.students.corpus import answer_tokens
+
+    sep, seq_len = separator(tok), corpus.seq_len
+    bos = [tok.bos_token_id] if starts_with_bos(tok) else []
+    rng = random.Random(f"corpus-{seed}")
+    mmlu_docs, kv_docs = list(docs[0]), list(docs[1])
+    rng.shuffle(mmlu_docs)
+    rng.shuffle(kv_docs)
+    rows, answers, inside = [], [], []
+    while len(rows) < corpus.train_windows and (mmlu_docs or kv_docs):
+        use_kv = kv_docs and (not mmlu_docs or rng.random() < corpus.kv_share)
+        ids, answer = answer_tokens(tok, *(kv_docs if use_kv else mmlu_docs).pop())
+        ids, answer = (bos + ids + [sep])[:seq_len], ([False] * len(bos) + answer + [False])[:seq_len]
+        pad = seq_len - len(ids)
+        rows.append(ids + [sep] * pad)
+        answers.append(answer[1:] + [False] * (pad + 1))
+        inside.append([True] * (len(ids) - 1) + [False] * (pad + 1))
+    return {"train": torch.tensor(rows), "train_answers": torch.tensor(answers), "in_document": torch.tensor(inside)}
+
+
+def corpus_targets(
+    model, tok, config: dict, mmlu_path: Path, share: float | None, single: bool = False, bos: bool = False
+) -> dict:
+    """The teacher file's KD part (train_ids, train_answers, top_logp, top_idx) on the config's
+    corpus with KV share `share` (None: the config's), built as distill_teacher does (the MMLU
+    evaluation subset left out); `single`: one document per window (single_document_windows, with
+    its in_document mask)."""
+    from dataclasses import replace
+
+    from gna.engine.precision import evaluated_in
+    from gna.students.corpus import Corpus, MmluSelection, build_corpus, corpus_documents
+    from gna.students.teacher_file import teacher_activations
+    from gna.tasks.tables import load_mmlu_jsonl
+
+    hy, mmlu = config["hybrid"], config["tasks"]["mmlu"]
+    corpus = Corpus(**{k: tuple(v) if isinstance(v, list) else v for k, v in hy["corpus"].items()})
+    corpus = corpus if share is None else replace(corpus, kv_share=share)
+    _, pool = MmluSelection(mmlu["n"], mmlu["seed"], tuple(mmlu["topics"])).split(load_mmlu_jsonl(mmlu_path))
+    template = config["tasks"]["kv_retrieval"]["template"]
+    if single:
+        windows = single_document_windows(
+            tok, corpus_documents(pool, corpus, template, hy["seed"])["train"], corpus, hy["seed"]
+        )
+    else:
+        windows = build_corpus(tok, pool, corpus, template, hy["seed"])
+        if bos:  # BOS first in every window, the stream shifted by one
+            first = torch.full((len(windows["train"]), 1), tok.bos_token_id, dtype=windows["train"].dtype)
+            no = torch.zeros((len(windows["train"]), 1), dtype=torch.bool)
+            windows["train"] = torch.cat([first, windows["train"][:, :-1]], 1)
+            windows["train_answers"] = torch.cat([no, windows["train_answers"][:, :-1]], 1)
+    with evaluated_in(model, config["eval"]["compute_dtype"]):
+        # the hidden states realignment reads: its windows of the corpus
+        realign_windows = hy["realign"]["windows"] or hy["corpus"]["align_windows"]
+        acts = teacher_activations(
+            model, windows["train"], hy["top_k_logits"], hidden_windows=realign_windows, progress=False
+        )
+    extra = {"in_document": windows["in_document"]} if single else {}
+    return {"train_ids": windows["train"], "train_answers": windows["train_answers"], **acts, **extra}
 
 
 def random_control(student, saved: dict, score, seed: int) -> pl.DataFrame:
@@ -104,6 +211,9 @@ def main() -> None:
         help="also score, at each point, the realigned student moved by a random direction of the same norm "
         "(per parameter tensor) as KD's change up to that point: recipe '<recipe> random'",
     )
+    ap.add_argument(
+        "--mmlu", default=None, help="MMLU file of kv<x> recipes' corpora (default DATA/downloads/mmlu.jsonl)"
+    )
     ap.add_argument("--out", default="benchmarks/out/kd_recipes.parquet")
     args = ap.parse_args()
     from gna.models.prepare import load_model
@@ -119,7 +229,7 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [hy["seed"]]
     teacher = read_tensors(data / "distill" / args.model / "teacher.safetensors", None, "cpu")
     ranking = read_parquet(data / "results" / "heads" / args.model / "ranking.parquet")
-    rows, summary = [], []
+    rows, summary, corpora = [], [], {}
     for variant in args.variants.split(","):
         k, n = parse_variant(variant)
         aligned = read_tensors(data / "distill" / args.model / f"align-n{n}.safetensors", None, "cpu")
@@ -130,15 +240,31 @@ def main() -> None:
                     kd["steps"] = args.steps
                 start = time.perf_counter()
                 model, tok = load_model(data / "models" / args.model, config["dtype"])
+                share, single, bos = kv_share(name), "single" in name.split("+"), "bos" in name.split("+")
+                key = (share, single, bos)
+                if (share is not None or single or bos) and key not in corpora:
+                    mmlu_path = Path(args.mmlu or data / "downloads" / "mmlu.jsonl")
+                    corpora[key] = corpus_targets(model, tok, config, mmlu_path, share, single, bos)
+                kd_data = corpora[key] if key in corpora else teacher
                 student = load_aligned(make_hybrid(model, ranked_heads(ranking, k, args.model), n), aligned)
                 if not args.no_realign and hy["realign"]["steps"]:
-                    realign_in_context(student, teacher["hidden"], Realign(**hy["realign"]), seed, progress=False)
-                mask = teacher["train_answers"]
+                    hidden = kd_data[
+                        "hidden"
+                    ]  # the KD corpus's windows: the run's teacher file or a corpus built again
+                    realign_in_context(student, hidden, Realign(**hy["realign"]), seed, progress=False)
+                mask = kd_data["train_answers"]
+                parts = name.split("+")
+                if "right" in parts:  # up-weighted only where the teacher's first choice is the answer token
+                    mask = mask & (kd_data["top_idx"][..., 0].long() == next_tokens(kd_data["train_ids"]))
                 weights = mask.float() if answers_only else answer_weights(mask, kd["answer_weight"])
+                if "in_document" in kd_data:  # single documents: no weight on the padding
+                    weights = weights * kd_data["in_document"]
+                if "whole" in parts:  # no weight on a document whose start the window cut off
+                    weights = weights * ~cut_documents(kd_data["train_ids"], separator(tok))
                 targets = {
-                    "ids": teacher["train_ids"],
-                    "top_logp": teacher["top_logp"],
-                    "top_idx": teacher["top_idx"],
+                    "ids": kd_data["train_ids"],
+                    "top_logp": kd_data["top_logp"],
+                    "top_idx": kd_data["top_idx"],
                     "weights": weights,
                 }
                 score = validation_scorer(tok, table, config["eval"]["batch_size"], config["eval"]["compute_dtype"])

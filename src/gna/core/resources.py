@@ -21,8 +21,11 @@ RULE_MEMORY = {
     "prepare_model": (4000, 3.0),  # the source, its dequantised copy and the converted model
     "baseline": (4000, 1.5),  # weights + activations of a batch
     "facts_formats": (4000, 1.5),
-    "lm_eval": (4000, 2.0),  # lm-eval keeps logits over the whole vocabulary
-    "lm_eval_crosscheck": (4000, 2.0),
+    # lm-eval keeps logits over the whole vocabulary: its batch is cut to fit what is left of
+    # the request (gna.tasks.lmeval_bridge.fitting_batch_size), so half a copy of the weights
+    # bounds them (the knowledge model: batch 3, 11.7 GB asked; one copy more asked for batch 6)
+    "lm_eval": (4000, 1.5),
+    "lm_eval_crosscheck": (4000, 1.5),
     "prune_gradual": (4000, 1.5),
     "prune_individual": (4000, 1.5),
     "heads_sweep": (4000, 1.5),

@@ -93,15 +93,24 @@ def token_windows(
     seed: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Documents (context, answer) drawn at random (KV with probability corpus.kv_share), joined by
-    EOS and cut into `n_windows` windows of corpus.seq_len tokens. Returns (ids [n_windows, seq_len],
-    predicts_answer [n_windows, seq_len] bool: the next token is an answer token)."""
+    EOS and cut into `n_windows` windows of corpus.seq_len tokens, each opened by BOS where the
+    tokenizer puts one before a text (starts_with_bos: Gemma's does), as every prompt the students
+    are scored on is. Returns (ids [n_windows, seq_len], predicts_answer [n_windows, seq_len]
+    bool: the next token is an answer token)."""
+    from gna.engine.scoring import starts_with_bos
+
     kv_share, seq_len = corpus.kv_share, corpus.seq_len
     sep = tok.eos_token_id if tok.eos_token_id is not None else 0
+    # a window without it is out of distribution for such a model: its first position takes the
+    # attention that BOS takes in every prompt, and the teacher's targets there and after it are
+    # a different model's (Gemma 3: distillation on such windows cost the students retrieval)
+    bos = [tok.bos_token_id] if starts_with_bos(tok) else []
+    body = seq_len - len(bos)
     rng = random.Random(f"corpus-{seed}")
     mmlu_docs, kv_docs = list(mmlu_docs), list(kv_docs)
     rng.shuffle(mmlu_docs)
     rng.shuffle(kv_docs)
-    need = seq_len * n_windows
+    need = body * n_windows
     stream: list[int] = []
     is_answer: list[bool] = []
     while len(stream) < need and (mmlu_docs or kv_docs):
@@ -114,9 +123,15 @@ def token_windows(
             f"distillation corpus too small: {len(stream)} tokens, {need} needed for {n_windows} "
             f"windows of {seq_len} (lower hybrid.corpus.train_windows / heldout_windows / seq_len)"
         )
-    ids = torch.tensor(stream[:need]).view(n_windows, seq_len)
-    predicts = torch.tensor(is_answer[1 : need + 1] + [False] * (need + 1 - len(is_answer)))[:need]
-    return ids, predicts.view(n_windows, seq_len)
+    ids = torch.tensor(stream[:need]).view(n_windows, body)
+    # position t of a window predicts the window's token t + 1: BOS predicts the body's first
+    predicts = torch.tensor(is_answer[1 - len(bos) : need + 1] + [False] * (need + 1 - len(is_answer)))
+    predicts = predicts[: need + len(bos)]
+    if not bos:
+        return ids, predicts[:need].view(n_windows, seq_len)
+    starts = torch.full((n_windows, 1), bos[0], dtype=ids.dtype)
+    rows = torch.arange(n_windows)[:, None] * body + torch.arange(seq_len)[None, :]
+    return torch.cat([starts, ids], 1), predicts[rows]
 
 
 def check_no_evaluation_items(corpus_texts, evaluation_texts, what: str) -> None:

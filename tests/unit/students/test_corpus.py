@@ -71,6 +71,30 @@ def test_answer_mask_marks_the_positions_that_predict_an_answer_token(tiny_llama
         )  # the next token is an answer token
 
 
+class OpensWithBos:
+    """A tokenizer that puts BOS before a text, as Gemma's does: the tiny one's, BOS its own id."""
+
+    def __init__(self, tok):
+        self.tok, self.bos_token_id, self.eos_token_id = tok, 300, tok.eos_token_id
+
+    def __call__(self, text, add_special_tokens=True):
+        ids = self.tok(text, add_special_tokens=False)["input_ids"]
+        return {"input_ids": ([self.bos_token_id] if add_special_tokens else []) + ids}
+
+
+def test_windows_open_with_bos_where_the_tokenizer_puts_one(tiny_llama):
+    """Each window is BOS and then the stream the same corpus cuts into windows one token shorter,
+    answer marks shifted with it: BOS predicts the window's first token, as in a scored prompt."""
+    _, tok = tiny_llama
+    docs, kv = [(f"question {i} answer:", " B") for i in range(20)], [(f"k{i}:v{i}\nk{i}:", f"v{i}") for i in range(20)]
+    windows, predicts = token_windows(OpensWithBos(tok), docs, kv, Corpus(seq_len=16, kv_share=0.5), 5, seed=1)
+    plain, plain_predicts = token_windows(tok, docs, kv, Corpus(seq_len=15, kv_share=0.5), 5, seed=1)
+    assert windows.shape == predicts.shape == (5, 16)
+    assert windows[:, 0].tolist() == [300] * 5 and torch.equal(windows[:, 1:], plain)
+    assert torch.equal(predicts[:, 1:], plain_predicts) and plain_predicts.any()
+    assert torch.equal(predicts[1:, 0], plain_predicts[:-1, -1])  # BOS: is the window's first token an answer's?
+
+
 def test_corpus_kv_prompts_never_come_from_an_evaluation_seed():
     evaluation = set(build_kv_retrieval([3, 5], 20, seed=7, template="lookup")["context"])
     corpus = {c for c, _ in answered_kv([3, 5], 40, corpus_kv_seed("train", 7), "lookup")}
