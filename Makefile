@@ -41,14 +41,17 @@ gpu: venv
 reproduce: venv
 	$(BIN)/python -m gna.core.guard
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
-	-$(MAKE) --no-print-directory check
+	-$(CHECK)
 
 ## Did the run reproduce main's? The headline numbers and verdicts of data/ against docs/headline.json
 ## (a default run's, reviewed): per entry equal / within its interval / differs, per verdict the
 ## same or changed, then one line. Numbers move between CPU kinds in bf16 rounding; verdicts should not.
 ## `make headline` records this run's as the new reference (after review).
+# called directly by reproduce, not through a second make: that one would check the venv again
+# without the caller's options (make does not pass -o down) and could reinstall it
+CHECK := $(BIN)/python -m gna.report.headline check docs/headline.json data
 check: venv
-	$(BIN)/python -m gna.report.headline check docs/headline.json data
+	$(CHECK)
 
 headline: venv
 	$(BIN)/python -m gna.report.headline write data docs/headline.json
