@@ -20,12 +20,12 @@ recipe is the config's hybrid.kd with one change:
   fp32         forward and backward in float32 (hybrid.kd.compute_dtype; default bfloat16 autocast)
   single       one document per window (BOS first where the tokenizer puts one), padded; the
                teacher's targets computed again on them
-  bos          the stream's windows with BOS first (the tokenizer's), shifted by one token
   whole        no weight on the positions of a document whose start the window cut off
   right        answer positions up-weighted only where the teacher's first choice is the answer token
   kv<x>        KD on a corpus whose documents are a share x KV prompts (hybrid.corpus.kv_share), built
-               by today's code; the teacher's targets and realignment's hidden states computed again
-               on it (the aligned heads stay the run's)
+               by today's code (its windows open with BOS where the tokenizer puts one); the
+               teacher's targets and realignment's hidden states computed again on it (the aligned
+               heads stay the run's)
   a+b          both changes
 """
 
@@ -46,6 +46,7 @@ import yaml  # noqa: E402
 from gna.core.io import read_parquet, write_parquet  # noqa: E402
 from gna.core.tensor_files import read_tensors  # noqa: E402
 from gna.students.alignment import Realign, load_aligned, realign_in_context  # noqa: E402
+from gna.students.corpus import separator  # noqa: E402
 from gna.students.kd import KD, Selection, Watch, answer_weights, distill_logits, validation_scorer  # noqa: E402
 from gna.students.mixer import restore  # noqa: E402
 from gna.students.spec import make_hybrid, parse_variant, ranked_heads  # noqa: E402
@@ -76,7 +77,7 @@ def recipe(name: str, kd: dict) -> tuple[dict, bool]:
         return {**kd, "compute_dtype": "float32"}, False
     if name.startswith("warmup"):
         return {**kd, "warmup": float(name[6:])}, False
-    if name.startswith("kv") or name in ("whole", "right", "single", "bos"):  # the corpus and weights, not hybrid.kd
+    if name.startswith("kv") or name in ("whole", "right", "single"):  # the corpus and weights, not hybrid.kd
         return dict(kd), False
     raise SystemExit(
         f"kd_recipes: unknown recipe {name!r} (today, answers, tail, fp32, lr<x>, steps<x>, warmup<x>, kv<x>)"
@@ -86,11 +87,6 @@ def recipe(name: str, kd: dict) -> tuple[dict, bool]:
 def next_tokens(ids: torch.Tensor) -> torch.Tensor:
     """The token each position predicts (the last position: -1, none)."""
     return torch.cat([ids[:, 1:], torch.full((len(ids), 1), -1, dtype=ids.dtype)], 1)
-
-
-def separator(tok) -> int:
-    """The token between corpus documents (gna.students.corpus.token_windows)."""
-    return tok.eos_token_id if tok.eos_token_id is not None else 0
 
 
 def cut_documents(ids: torch.Tensor, sep: int) -> torch.Tensor:
@@ -135,9 +131,7 @@ def single_document_windows(tok, docs: tuple[list, list], corpus, seed: int) -> 
     return {"train": torch.tensor(rows), "train_answers": torch.tensor(answers), "in_document": torch.tensor(inside)}
 
 
-def corpus_targets(
-    model, tok, config: dict, mmlu_path: Path, share: float | None, single: bool = False, bos: bool = False
-) -> dict:
+def corpus_targets(model, tok, config: dict, mmlu_path: Path, share: float | None, single: bool = False) -> dict:
     """The teacher file's KD part (train_ids, train_answers, top_logp, top_idx) on the config's
     corpus with KV share `share` (None: the config's), built as distill_teacher does (the MMLU
     evaluation subset left out); `single`: one document per window (single_document_windows, with
@@ -160,11 +154,6 @@ def corpus_targets(
         )
     else:
         windows = build_corpus(tok, pool, corpus, template, hy["seed"])
-        if bos:  # BOS first in every window, the stream shifted by one
-            first = torch.full((len(windows["train"]), 1), tok.bos_token_id, dtype=windows["train"].dtype)
-            no = torch.zeros((len(windows["train"]), 1), dtype=torch.bool)
-            windows["train"] = torch.cat([first, windows["train"][:, :-1]], 1)
-            windows["train_answers"] = torch.cat([no, windows["train_answers"][:, :-1]], 1)
     with evaluated_in(model, config["eval"]["compute_dtype"]):
         # the hidden states realignment reads: its windows of the corpus
         realign_windows = hy["realign"]["windows"] or hy["corpus"]["align_windows"]
@@ -240,18 +229,16 @@ def main() -> None:
                     kd["steps"] = args.steps
                 start = time.perf_counter()
                 model, tok = load_model(data / "models" / args.model, config["dtype"])
-                share, single, bos = kv_share(name), "single" in name.split("+"), "bos" in name.split("+")
-                key = (share, single, bos)
-                if (share is not None or single or bos) and key not in corpora:
+                share, single = kv_share(name), "single" in name.split("+")
+                key = (share, single)
+                if (share is not None or single) and key not in corpora:
                     mmlu_path = Path(args.mmlu or data / "downloads" / "mmlu.jsonl")
-                    corpora[key] = corpus_targets(model, tok, config, mmlu_path, share, single, bos)
+                    corpora[key] = corpus_targets(model, tok, config, mmlu_path, share, single)
                 kd_data = corpora[key] if key in corpora else teacher
                 student = load_aligned(make_hybrid(model, ranked_heads(ranking, k, args.model), n), aligned)
                 if not args.no_realign and hy["realign"]["steps"]:
-                    hidden = kd_data[
-                        "hidden"
-                    ]  # the KD corpus's windows: the run's teacher file or a corpus built again
-                    realign_in_context(student, hidden, Realign(**hy["realign"]), seed, progress=False)
+                    # on the KD corpus's windows: the run's teacher file, or a corpus built again
+                    realign_in_context(student, kd_data["hidden"], Realign(**hy["realign"]), seed, progress=False)
                 mask = kd_data["train_answers"]
                 parts = name.split("+")
                 if "right" in parts:  # up-weighted only where the teacher's first choice is the answer token

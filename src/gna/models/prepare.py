@@ -37,7 +37,7 @@ def _strip_quantization(model):
     already dequantised, so a plain model built from the same config takes them over. It is
     built on the meta device and the tensors are assigned, not copied: one model's weights in
     memory, not two (a 1.5B model in float32 is 7 GB), and no random initialisation. Buffers
-    outside the state dict (rotary tables) are computed again from the config, as loading does."""
+    outside the state dict (rotary tables) are the source model's own, same names."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = model.config.to_dict()
@@ -46,7 +46,6 @@ def _strip_quantization(model):
         plain = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg), dtype=model.dtype)
     plain.load_state_dict(model.state_dict(), strict=True, assign=True)
     plain.tie_weights()
-    # the non-persistent buffers: the source's own, same names (same architecture and config)
     source = dict(model.named_buffers())
     for name, buffer in list(plain.named_buffers()):
         if buffer.is_meta:

@@ -84,6 +84,11 @@ def answer_tokens(tok, context: str, answer: str) -> tuple[list[int], list[bool]
     return full, [i >= shared for i in range(len(full))]
 
 
+def separator(tok) -> int:
+    """The token between two documents of the corpus stream: the tokenizer's EOS (0 without one)."""
+    return tok.eos_token_id if tok.eos_token_id is not None else 0
+
+
 def token_windows(
     tok,
     mmlu_docs: list[tuple[str, str]],
@@ -100,7 +105,7 @@ def token_windows(
     from gna.engine.scoring import starts_with_bos
 
     kv_share, seq_len = corpus.kv_share, corpus.seq_len
-    sep = tok.eos_token_id if tok.eos_token_id is not None else 0
+    sep = separator(tok)
     # a window without it is out of distribution for such a model: its first position takes the
     # attention that BOS takes in every prompt, and the teacher's targets there and after it are
     # a different model's (Gemma 3: distillation on such windows cost the students retrieval)
@@ -124,14 +129,12 @@ def token_windows(
             f"windows of {seq_len} (lower hybrid.corpus.train_windows / heldout_windows / seq_len)"
         )
     ids = torch.tensor(stream[:need]).view(n_windows, body)
-    # position t of a window predicts the window's token t + 1: BOS predicts the body's first
-    predicts = torch.tensor(is_answer[1 - len(bos) : need + 1] + [False] * (need + 1 - len(is_answer)))
-    predicts = predicts[: need + len(bos)]
-    if not bos:
-        return ids, predicts[:need].view(n_windows, seq_len)
-    starts = torch.full((n_windows, 1), bos[0], dtype=ids.dtype)
-    rows = torch.arange(n_windows)[:, None] * body + torch.arange(seq_len)[None, :]
-    return torch.cat([starts, ids], 1), predicts[rows]
+    if bos:
+        ids = torch.cat([torch.full((n_windows, 1), bos[0], dtype=ids.dtype), ids], 1)
+    # position t of window w predicts the window's token t + 1, stream token w * body + t + 1 - len(bos)
+    # (BOS predicts the body's first; the last position, the next window's first)
+    flags = torch.tensor(is_answer[: need + 1] + [False] * (need + 1 - len(is_answer)))
+    return ids, flags[torch.arange(n_windows)[:, None] * body + torch.arange(seq_len)[None, :] + 1 - len(bos)]
 
 
 def check_no_evaluation_items(corpus_texts, evaluation_texts, what: str) -> None:
