@@ -53,6 +53,7 @@ rule hybrid_budget:
     output:
         budget="data/results/hybrid/{model}/budget-{variant}.parquet",
         knowledge="data/results/hybrid/{model}/training-facts-{variant}.comparisons.parquet",
+        comparisons="data/results/hybrid/{model}/budget-{variant}.comparisons.parquet",  # each KD step vs realigned
     params:
         settings=lambda wildcards: {
             "model": wildcards.model,

@@ -265,9 +265,11 @@ def _model_part(
     margin: float,
     validation: pl.DataFrame,
     knowledge: pl.DataFrame,
+    budget_steps: pl.DataFrame,
 ) -> str:
     """One teacher's students: heads-kept table (and, for `ctx`, the figures), summary, budget
-    curve, facts through training (`knowledge`), the recipe's ablations (`validation`: the
+    curve (`budget_steps`: its KD checkpoints against the realigned student), facts through
+    training (`knowledge`), the recipe's ablations (`validation`: the
     checkpoint selection points), state sizes,
     swap, and the students compared item by item (`compared`: the comparisons table of every
     teacher; `margin`: the equivalence margin)."""
@@ -288,7 +290,7 @@ def _model_part(
         heads_kept_part(model, teacher, heads, hy)
         + figure
         + heads_kept_summary(teacher, heads, compared, margin)
-        + budget_part(model, budget, teacher, hy["dict_size"], ctx)
+        + budget_part(model, budget, teacher, hy["dict_size"], ctx, budget_steps, margin)
         + knowledge_part(model, knowledge, margin)
         + ablation_part(model, sub, budget, ablation, hy, validation)
         + state_size_part(model, students, hy)
@@ -379,6 +381,7 @@ def render_hybrid(ctx: SectionContext) -> str:
             ctx.margin,
             validation,
             ctx.frame("hybrid_knowledge"),
+            ctx.frame("hybrid_budget_steps"),
         )
         for model in models
     ]

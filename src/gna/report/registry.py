@@ -153,6 +153,11 @@ SECTIONS: tuple[Section, ...] = (
             Input("hybrid_changes", "data/distill/{hybrid_model}/kd-{student_variant}-changes.parquet", "hybrid"),
             Input("hybrid_budget", "data/results/hybrid/{hybrid_model}/budget-{budget_variant}.parquet", "hybrid"),
             Input(
+                "hybrid_budget_steps",
+                "data/results/hybrid/{hybrid_model}/budget-{budget_variant}.comparisons.parquet",
+                "hybrid",
+            ),
+            Input(
                 "hybrid_knowledge",
                 "data/results/hybrid/{hybrid_model}/training-facts-{budget_variant}.comparisons.parquet",
                 "hybrid",

@@ -15,11 +15,12 @@ from gna.report.htmlkit import (
     comparisons_note,
     comparisons_table,
     errorbar,
+    pct,
     save_figure,
     table,
 )
 from gna.report.student_tables import PERPLEXITY, kv_at, metric_formats, metric_table
-from gna.students.student_evaluation import STAGE_BY_STAGE, THROUGH_TRAINING, stage_order
+from gna.students.student_evaluation import STAGE_BY_STAGE, THROUGH_TRAINING, stage_label, stage_order
 
 
 def plot_budget(budget: pl.DataFrame, teacher: pl.DataFrame, size: int, path) -> None:
@@ -108,8 +109,64 @@ def budget_goal(budget: pl.DataFrame, teacher: pl.DataFrame, size: int, share: f
     return f"<p><b>Goal of {share:.0%} of the teacher:</b> {' '.join(sentences)}</p>" if sentences else ""
 
 
-def budget_part(model: str, budget: pl.DataFrame, teacher: pl.DataFrame, size: int, ctx: SectionContext | None) -> str:
-    """The budget curve: a table per student and budget, the goal sentence and (for `ctx`) the figure."""
+def kd_effect(steps: pl.DataFrame, budget: pl.DataFrame, size: int, margin: float) -> str:
+    """Does KD improve the realigned student: hybrid_budget's comparisons of every KD checkpoint
+    with the realigned student (step 0) on the curve's KV items, one sentence per student on the
+    checkpoint selection chose (from `budget`'s chosen column), and the table."""
+    if steps.is_empty():
+        return ""
+    steps = steps.filter(pl.col("group") == "all")
+    sentences = []
+    for (variant,), rows in steps.group_by("variant", maintain_order=True):
+        chosen = budget.filter((pl.col("variant") == variant) & pl.col("chosen"))["kd_steps"]
+        if chosen.is_empty():
+            continue
+        step = int(chosen[0])
+        if step == 0:
+            verbs = ", ".join(
+                f"{r['condition']} {decide(r, margin).label} "
+                f"({r['reference_only']} lost / {r['condition_only']} gained)"
+                for r in rows.iter_rows(named=True)
+            )
+            sentences.append(
+                f"<li><b>{html.escape(variant)}</b>: checkpoint selection kept the realigned student (KD step 0); "
+                f"against it on these items: {html.escape(verbs)}.</li>"
+            )
+            continue
+        row = rows.filter(pl.col("condition") == stage_label(step))
+        if row.is_empty():
+            continue
+        r = row.row(0, named=True)
+        sentences.append(
+            f"<li><b>{html.escape(variant)}</b>: the chosen checkpoint (KD step {step}) against the realigned student: "
+            f"{pct(r['acc_reference'])} → {pct(r['acc_condition'])}, {100 * r['diff']:+.1f} points "
+            f"[{100 * r['ci_low']:+.1f}, {100 * r['ci_high']:+.1f}], {r['reference_only']} lost / "
+            f"{r['condition_only']} gained, Holm p = {r['p_holm']:.2g} (n = {r['n']}): "
+            f"<b>{decide(r, margin).label}</b>.</li>"
+        )
+    labelled = steps.with_columns(
+        pl.format("{} {}", "variant", "condition").alias("condition"),
+        pl.format("{} {}", "variant", "reference").alias("reference"),
+    )
+    return (
+        f"<p><b>Does KD improve the realigned student?</b> Each KD checkpoint against the realigned student "
+        f"(KD step 0) item by item on the same {size}-key KV items (Holm over each student's checkpoints); the "
+        "checkpoint was chosen on the validation prompts, never on these items.</p>"
+        f"<ul>{''.join(sentences)}</ul>" + comparisons_table(labelled, margin)
+    )
+
+
+def budget_part(
+    model: str,
+    budget: pl.DataFrame,
+    teacher: pl.DataFrame,
+    size: int,
+    ctx: SectionContext | None,
+    steps: pl.DataFrame | None = None,
+    margin: float = 0.05,
+) -> str:
+    """The budget curve: a table per student and budget, the goal sentence, (for `ctx`) the figure
+    and, with `steps` (the KD checkpoints against the realigned student), kd_effect."""
     sub = budget.filter(pl.col("model") == model) if not budget.is_empty() else budget
     if sub.is_empty():
         return ""
@@ -133,6 +190,11 @@ def budget_part(model: str, budget: pl.DataFrame, teacher: pl.DataFrame, size: i
         + table(shown, left=("student, distillation tokens",), fmt=metric_formats(shown))
         + figure
         + budget_goal(sub, teacher, size)
+        + (
+            kd_effect(steps.filter(pl.col("model") == model), sub, size, margin)
+            if steps is not None and not steps.is_empty()
+            else ""
+        )
     )
 
 

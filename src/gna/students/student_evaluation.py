@@ -291,12 +291,14 @@ def kv_items(kv_path: str, dict_size: int) -> dict[str, pl.DataFrame]:
     return {"kv_retrieval": at_dict_size(read_parquet(kv_path), dict_size, kv_path)}
 
 
-def budget_point_from_scores(summary_path: str, answers_path: str, table: pl.DataFrame) -> pl.DataFrame | None:
-    """The budget curve's last point (the student itself) from its hybrid_score results: the
-    summary of its KV answers on the items of `table` (the curve's, one dictionary size) with
-    their context-swapped predictions, and its held-out perplexity. None where they do not have
-    it (KV not scored or cut to fewer items, or its degeneracy check drawn from other items):
-    the point is then scored."""
+def budget_point_from_scores(
+    summary_path: str, answers_path: str, table: pl.DataFrame
+) -> tuple[pl.DataFrame, pl.DataFrame] | None:
+    """The budget curve's point of the student itself from its hybrid_score results: (summary,
+    items) of its KV answers on the items of `table` (the curve's, one dictionary size) with
+    their context-swapped predictions, the summary with its held-out perplexity. None where they
+    do not have it (KV not scored or cut to fewer items, or its degeneracy check drawn from other
+    items): the point is then scored."""
     answers = read_parquet(answers_path)
     if "pred_other_context" not in answers.columns:
         return None
@@ -305,10 +307,8 @@ def budget_point_from_scores(summary_path: str, answers_path: str, table: pl.Dat
         return None
     summary = read_parquet(summary_path)
     heldout = summary.filter(pl.col("task") == "heldout").select("task", "group", "n", "metric", "value")
-    return pl.concat(
-        [summarize_task(items.drop("variant", "heads_kept", "state_size", "model", strict=False)), heldout],
-        how="diagonal_relaxed",
-    )
+    items = items.drop("variant", "heads_kept", "state_size", "model", strict=False)
+    return pl.concat([summarize_task(items), heldout], how="diagonal_relaxed"), items
 
 
 @dataclass(frozen=True)
@@ -331,9 +331,11 @@ def run_hybrid_budget(inputs: Files, outputs: Files, settings: HybridBudget) -> 
     inputs.facts (the facts cloze table, a list: empty where the config has none), also
     knowledge_through_training from the aligned heads inputs.aligned through every checkpoint,
     against the teacher's answers inputs.teacher_answers, to outputs.knowledge (a comparisons
-    table; empty without facts). inputs: model, checkpoints (its KD checkpoints), teacher, task
-    (the KV table), aligned, facts, teacher_answers; optional summary and answers (its
-    hybrid_score results)."""
+    table; empty without facts). Every KD checkpoint against the realigned student (step 0) item by
+    item on those KV items (does KD help, and does the chosen step?) to outputs.comparisons
+    (family KD_VS_REALIGNED). inputs: model, checkpoints (its KD checkpoints), teacher, task (the
+    KV table), aligned, facts, teacher_answers; optional summary and answers (its hybrid_score
+    results)."""
     model_name, variant, scoring = settings.model, settings.variant, settings.scoring
     evaluation, model_dir = scoring.evaluation, inputs.model
     model, tok = load_any(model_dir, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
@@ -350,14 +352,17 @@ def run_hybrid_budget(inputs: Files, outputs: Files, settings: HybridBudget) -> 
         if summary_path is not None and answers_path is not None
         else None
     )
-    frames = []
+    frames, answers = [], {}
     for step in sorted(states):
         if step == chosen and last is not None:
-            frame = last
+            frame, items = last
             log.info("%s after %d KD steps: read from its scores (%s)", variant, step, summary_path)
         else:
             restore(model, states[step])
-            frame, _ = score_model(Scorer(model, tok, evaluation.batch_size), tables, heldout, scoring.degeneracy_items)
+            frame, items = score_model(
+                Scorer(model, tok, evaluation.batch_size), tables, heldout, scoring.degeneracy_items
+            )
+        answers[stage_label(step)] = items
         frames.append(
             frame.with_columns(
                 pl.lit(step).alias("kd_steps"),
@@ -371,6 +376,12 @@ def run_hybrid_budget(inputs: Files, outputs: Files, settings: HybridBudget) -> 
         pl.lit(model_name).alias("model")
     )
     write_parquet(out, outputs.budget)
+    realigned = stage_label(0)
+    pairs = [(KD_VS_REALIGNED, realigned, label) for label in answers if label != realigned]
+    steps = comparisons(answers, pairs).with_columns(
+        pl.lit(variant).alias("variant"), pl.lit(model_name).alias("model")
+    )
+    write_parquet(steps, outputs.comparisons)
     if inputs.facts:  # facts cloze through training (a config without it: no table)
         aligned = read_tensors(inputs.aligned, None, device_of(model))
         stages = {ALIGNED_STAGE: aligned} | {stage_label(step): states[step] for step in sorted(states)}
@@ -386,6 +397,7 @@ def run_hybrid_budget(inputs: Files, outputs: Files, settings: HybridBudget) -> 
 
 
 ALIGNED_STAGE = "aligned"  # the SSM heads as alignment fitted them, before realignment
+KD_VS_REALIGNED = "KD checkpoint vs realigned"
 THROUGH_TRAINING = "through training vs teacher"
 STAGE_BY_STAGE = "each stage vs the one before"
 

@@ -270,3 +270,26 @@ def test_facts_through_training_names_the_stage_that_loses_them():
     )
     assert "not shown to fall between any two stages" in knowledge_part("m", steady, 0.05)
     assert n == len(teacher) and knowledge_part("other", frame, 0.05) == ""
+
+
+def test_kd_effect_reads_the_chosen_checkpoint_against_the_realigned_student():
+    """kd_effect: the sentence is the chosen step's paired row (its counts, Holm p and verb); a
+    student that kept step 0 gets the checkpoints' verbs against it instead."""
+    from gna.report.student_budget import kd_effect
+    from gna.students.student_evaluation import KD_VS_REALIGNED
+
+    def kv(correct):
+        return pl.DataFrame({"task": "kv_retrieval", "item_id": list(range(50)), "group": "10", "correct": correct})
+
+    realigned = kv([True] * 30 + [False] * 20)
+    per_item = {"realigned": realigned, "KD 7": kv([True] * 45 + [False] * 5), "KD 14": kv([True] * 30 + [False] * 20)}
+    pairs = [(KD_VS_REALIGNED, "realigned", s) for s in ("KD 7", "KD 14")]
+    steps = comparisons(per_item, pairs).with_columns(pl.lit("k10-n16").alias("variant"), pl.lit("m").alias("model"))
+    budget = pl.DataFrame({"variant": ["k10-n16"] * 3, "kd_steps": [0, 7, 14], "chosen": [False, True, False]})
+    page = kd_effect(steps, budget, 10, 0.05)
+    assert "the chosen checkpoint (KD step 7) against the realigned student: 60.0% → 90.0%, +30.0 points" in page
+    assert "0 lost / 15 gained" in page and "<b>rises</b>" in page
+    kept = budget.with_columns((pl.col("kd_steps") == 0).alias("chosen"))
+    page = kd_effect(steps, kept, 10, 0.05)
+    assert "kept the realigned student (KD step 0)" in page and "KD 7 rises" in page and "KD 14 " in page
+    assert kd_effect(steps.clear(), budget, 10, 0.05) == ""

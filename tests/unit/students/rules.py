@@ -118,7 +118,8 @@ def budget(
     )
     settings = HybridBudget(model_name, variant, _scoring(dict_size=dict_size, **scoring))
     knowledge = str(out).replace(".parquet", "-training-facts.comparisons.parquet")
-    return run_hybrid_budget(inputs, Files(budget=out, knowledge=knowledge), settings)
+    steps = str(out).replace(".parquet", ".comparisons.parquet")
+    return run_hybrid_budget(inputs, Files(budget=out, knowledge=knowledge, comparisons=steps), settings)
 
 
 def ablation(

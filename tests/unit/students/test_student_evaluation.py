@@ -19,7 +19,13 @@ from gna.models.prepare import load_model
 from gna.students.alignment import Realign, load_aligned, realign_in_context
 from gna.students.mixer import mixers, snapshot
 from gna.students.spec import load_any, make_hybrid, read_spec
-from gna.students.student_evaluation import budget_point_from_scores, checkpoint_states, label_variant, swap_label
+from gna.students.student_evaluation import (
+    KD_VS_REALIGNED,
+    budget_point_from_scores,
+    checkpoint_states,
+    label_variant,
+    swap_label,
+)
 from gna.tasks.tables import load_task_tables
 from unit.students.rules import ON, answer_rows, budget, score, swap_layer
 
@@ -311,6 +317,16 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
     curve = curve_of("budget.parquet")
     assert sorted(set(curve["kd_steps"])) == [0, 1, 2] and sorted(set(curve["kd_tokens"])) == [0, 64, 128]
     assert pl.read_parquet(root / "budget.parquet").equals(curve)
+    # every KD checkpoint against the realigned student (step 0), item by item on the curve's items
+    steps = pl.read_parquet(root / "budget.comparisons.parquet").filter(pl.col("group") == "all")
+    acc = curve.filter((pl.col("metric") == "acc") & (pl.col("group") == "all")).sort("kd_steps")["value"].to_list()
+    assert steps["condition"].to_list() == ["KD 1", "KD 2"] and set(steps["reference"]) == {"realigned"}
+    assert steps["acc_reference"].to_list() == pytest.approx([acc[0]] * 2)
+    assert steps["acc_condition"].to_list() == pytest.approx(acc[1:])
+    assert set(steps["family"]) == {KD_VS_REALIGNED} and set(steps["variant"]) == {"k2-n4"}
+    assert (
+        steps["n"].to_list() == [len(pl.read_parquet(p["kv_retrieval.parquet"]).filter(pl.col("dict_size") == 5))] * 2
+    )
     # hybrid_score at the one dictionary size (the state-size sweep's scoring) is the last point
     full = scores_of("", max_items=None, **SCORING, kv_dict_size=5)
     assert set(pl.read_parquet(root / "a.parquet")["group"]) == {"5"}
@@ -332,6 +348,10 @@ def test_budget_curve_scores_each_checkpoint_and_ends_at_the_student(phase, capl
     assert f"after {chosen} KD steps: read from its scores" in caplog.text
     order = ["kd_steps", "task", "group", "metric"]
     assert read.select(sorted(curve.columns)).sort(order).equals(curve.select(sorted(curve.columns)).sort(order))
+    # the chosen step's answers read from its scores compare as scoring it does
+    assert pl.read_parquet(root / "budget-read.comparisons.parquet").equals(
+        pl.read_parquet(root / "budget.comparisons.parquet")
+    )
     # answers without the check on every item of that size are not read: the point is scored
     scores_of("0", max_items=None, degeneracy_items=0, evaluation=Evaluation(batch_size=2))
     kv = pl.read_parquet(p["kv_retrieval.parquet"])
