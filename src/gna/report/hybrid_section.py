@@ -23,7 +23,7 @@ from gna.report.htmlkit import (
     table,
 )
 from gna.report.student_alignment import align_heads_part
-from gna.report.student_budget import budget_part, knowledge_part
+from gna.report.student_budget import budget_part, kd_effect, knowledge_part
 from gna.report.student_memory import memory_part
 from gna.report.student_recipe import ablation_part
 from gna.report.student_swap import swap_part, swap_verdict
@@ -290,7 +290,8 @@ def _model_part(
         heads_kept_part(model, teacher, heads, hy)
         + figure
         + heads_kept_summary(teacher, heads, compared, margin)
-        + budget_part(model, budget, teacher, hy["dict_size"], ctx, budget_steps, margin)
+        + budget_part(model, budget, teacher, hy["dict_size"], ctx)
+        + kd_effect(model, budget_steps, budget, hy["dict_size"], margin)
         + knowledge_part(model, knowledge, margin)
         + ablation_part(model, sub, budget, ablation, hy, validation)
         + state_size_part(model, students, hy)

@@ -109,13 +109,16 @@ def budget_goal(budget: pl.DataFrame, teacher: pl.DataFrame, size: int, share: f
     return f"<p><b>Goal of {share:.0%} of the teacher:</b> {' '.join(sentences)}</p>" if sentences else ""
 
 
-def kd_effect(steps: pl.DataFrame, budget: pl.DataFrame, size: int, margin: float) -> str:
+def kd_effect(model: str, steps: pl.DataFrame, budget: pl.DataFrame, size: int, margin: float) -> str:
     """Does KD improve the realigned student: hybrid_budget's comparisons of every KD checkpoint
-    with the realigned student (step 0) on the curve's KV items, one sentence per student on the
-    checkpoint selection chose (from `budget`'s chosen column), and the table."""
+    with the realigned student (step 0) on the curve's KV items (`steps`), for `model`'s students
+    one sentence each on the checkpoint selection chose (`budget`'s chosen column), and the table."""
+    if steps.is_empty() or budget.is_empty():
+        return ""
+    steps = steps.filter((pl.col("model") == model) & (pl.col("group") == "all"))
+    budget = budget.filter(pl.col("model") == model)
     if steps.is_empty():
         return ""
-    steps = steps.filter(pl.col("group") == "all")
     sentences = []
     for (variant,), rows in steps.group_by("variant", maintain_order=True):
         chosen = budget.filter((pl.col("variant") == variant) & pl.col("chosen"))["kd_steps"]
@@ -156,17 +159,8 @@ def kd_effect(steps: pl.DataFrame, budget: pl.DataFrame, size: int, margin: floa
     )
 
 
-def budget_part(
-    model: str,
-    budget: pl.DataFrame,
-    teacher: pl.DataFrame,
-    size: int,
-    ctx: SectionContext | None,
-    steps: pl.DataFrame | None = None,
-    margin: float = 0.05,
-) -> str:
-    """The budget curve: a table per student and budget, the goal sentence, (for `ctx`) the figure
-    and, with `steps` (the KD checkpoints against the realigned student), kd_effect."""
+def budget_part(model: str, budget: pl.DataFrame, teacher: pl.DataFrame, size: int, ctx: SectionContext | None) -> str:
+    """The budget curve: a table per student and budget, the goal sentence and (for `ctx`) the figure."""
     sub = budget.filter(pl.col("model") == model) if not budget.is_empty() else budget
     if sub.is_empty():
         return ""
@@ -190,11 +184,6 @@ def budget_part(
         + table(shown, left=("student, distillation tokens",), fmt=metric_formats(shown))
         + figure
         + budget_goal(sub, teacher, size)
-        + (
-            kd_effect(steps.filter(pl.col("model") == model), sub, size, margin)
-            if steps is not None and not steps.is_empty()
-            else ""
-        )
     )
 
 

@@ -285,11 +285,13 @@ def test_kd_effect_reads_the_chosen_checkpoint_against_the_realigned_student():
     per_item = {"realigned": realigned, "KD 7": kv([True] * 45 + [False] * 5), "KD 14": kv([True] * 30 + [False] * 20)}
     pairs = [(KD_VS_REALIGNED, "realigned", s) for s in ("KD 7", "KD 14")]
     steps = comparisons(per_item, pairs).with_columns(pl.lit("k10-n16").alias("variant"), pl.lit("m").alias("model"))
-    budget = pl.DataFrame({"variant": ["k10-n16"] * 3, "kd_steps": [0, 7, 14], "chosen": [False, True, False]})
-    page = kd_effect(steps, budget, 10, 0.05)
+    budget = pl.DataFrame(
+        {"variant": ["k10-n16"] * 3, "model": "m", "kd_steps": [0, 7, 14], "chosen": [False, True, False]}
+    )
+    page = kd_effect("m", steps, budget, 10, 0.05)
     assert "the chosen checkpoint (KD step 7) against the realigned student: 60.0% → 90.0%, +30.0 points" in page
     assert "0 lost / 15 gained" in page and "<b>rises</b>" in page
     kept = budget.with_columns((pl.col("kd_steps") == 0).alias("chosen"))
-    page = kd_effect(steps, kept, 10, 0.05)
+    page = kd_effect("m", steps, kept, 10, 0.05)
     assert "kept the realigned student (KD step 0)" in page and "KD 7 rises" in page and "KD 14 " in page
-    assert kd_effect(steps.clear(), budget, 10, 0.05) == ""
+    assert kd_effect("m", steps.clear(), budget, 10, 0.05) == "" and kd_effect("other", steps, budget, 10, 0.05) == ""
