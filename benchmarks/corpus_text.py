@@ -84,7 +84,9 @@ def main() -> None:
     from gna.workflow.config import load_schema, validate_config
 
     data = Path(args.data)
-    config = validate_config(yaml.safe_load(open(args.config)), load_schema())
+    config = validate_config(
+        yaml.safe_load(Path(args.config).read_text()), load_schema(REPO / "config" / "schema.yaml")
+    )
     hy, mmlu = config["hybrid"], config["tasks"]["mmlu"]
     corpus = Corpus(**{k: tuple(v) if isinstance(v, list) else v for k, v in hy["corpus"].items()})
     member = data / "downloads" / "corpus_text.py.txt"
