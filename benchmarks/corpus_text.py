@@ -111,7 +111,7 @@ def main() -> None:
     for share in [float(s) for s in args.shares.split(",")]:
         t0 = time.perf_counter()
         rng = random.Random(f"mix-{hy['seed']}")
-        docs = [text_docs[i] if rng.random() < share else doc for i, doc in enumerate(mmlu_docs)]
+        docs = [text_docs[i % len(text_docs)] if rng.random() < share else doc for i, doc in enumerate(mmlu_docs)]
         n_windows = min(corpus.align_windows, corpus.train_windows)
         ids, _ = token_windows(tok, docs, kv_docs, corpus, n_windows, hy["seed"])
         hidden = teacher_activations(scored_teacher, ids, hy["top_k_logits"], hidden_windows=n_windows, progress=False)[
@@ -158,7 +158,7 @@ def main() -> None:
                 "ci_high",
                 "reference_only",
                 "condition_only",
-                "p",
+                "p_mcnemar",
                 "p_holm",
             )
         )
