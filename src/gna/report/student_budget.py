@@ -12,6 +12,8 @@ from gna.core.stats import wilson_interval
 from gna.report.htmlkit import (
     SectionContext,
     acc_text,
+    comparison_row,
+    comparison_verdict,
     comparisons_note,
     comparisons_table,
     errorbar,
@@ -20,7 +22,13 @@ from gna.report.htmlkit import (
     table,
 )
 from gna.report.student_tables import PERPLEXITY, kv_at, metric_formats, metric_table
-from gna.students.student_evaluation import STAGE_BY_STAGE, THROUGH_TRAINING, stage_label, stage_order
+from gna.students.student_evaluation import (
+    KD_VS_REALIGNED,
+    STAGE_BY_STAGE,
+    THROUGH_TRAINING,
+    stage_label,
+    stage_order,
+)
 
 
 def plot_budget(budget: pl.DataFrame, teacher: pl.DataFrame, size: int, path) -> None:
@@ -136,16 +144,12 @@ def kd_effect(model: str, steps: pl.DataFrame, budget: pl.DataFrame, size: int, 
                 f"against it on these items: {html.escape(verbs)}.</li>"
             )
             continue
-        row = rows.filter(pl.col("condition") == stage_label(step))
-        if row.is_empty():
+        r = comparison_row(rows, KD_VS_REALIGNED, stage_label(0), stage_label(step), "kv_retrieval")
+        if r is None:
             continue
-        r = row.row(0, named=True)
         sentences.append(
-            f"<li><b>{html.escape(variant)}</b>: the chosen checkpoint (KD step {step}) against the realigned student: "
-            f"{pct(r['acc_reference'])} → {pct(r['acc_condition'])}, {100 * r['diff']:+.1f} points "
-            f"[{100 * r['ci_low']:+.1f}, {100 * r['ci_high']:+.1f}], {r['reference_only']} lost / "
-            f"{r['condition_only']} gained, Holm p = {r['p_holm']:.2g} (n = {r['n']}): "
-            f"<b>{decide(r, margin).label}</b>.</li>"
+            f"<li><b>{html.escape(variant)}</b>: the chosen checkpoint (KD step {step}) against the realigned student, "
+            f"{pct(r['acc_reference'])} → {pct(r['acc_condition'])}: {comparison_verdict(r, margin)}.</li>"
         )
     labelled = steps.with_columns(
         pl.format("{} {}", "variant", "condition").alias("condition"),

@@ -289,8 +289,8 @@ def test_kd_effect_reads_the_chosen_checkpoint_against_the_realigned_student():
         {"variant": ["k10-n16"] * 3, "model": "m", "kd_steps": [0, 7, 14], "chosen": [False, True, False]}
     )
     page = kd_effect("m", steps, budget, 10, 0.05)
-    assert "the chosen checkpoint (KD step 7) against the realigned student: 60.0% → 90.0%, +30.0 points" in page
-    assert "0 lost / 15 gained" in page and "<b>rises</b>" in page
+    assert "the chosen checkpoint (KD step 7) against the realigned student, 60.0% → 90.0%: <b>rises</b>" in page
+    assert "+30.0 points" in page and "0 lost and 15 gained of 50 items" in page
     kept = budget.with_columns((pl.col("kd_steps") == 0).alias("chosen"))
     page = kd_effect("m", steps, kept, 10, 0.05)
     assert "kept the realigned student (KD step 0)" in page and "KD 7 rises" in page and "KD 14 " in page
