@@ -118,9 +118,18 @@ def trained(name: str) -> bool:
     return name.startswith("distill/") or "hybrid" in name
 
 
+def _float_valued(dtype) -> bool:
+    return dtype.is_float() or (isinstance(dtype, pl.List) and dtype.inner.is_float())
+
+
 def stable(frame: pl.DataFrame) -> pl.DataFrame:
-    """`frame` with its rows sorted by every column (a stable order)."""
-    return frame.sort(frame.columns, nulls_last=True) if frame.width else frame
+    """`frame` with its rows sorted by every column, the float-valued ones last (a stable order):
+    rows that share their labels keep their order on another kind of CPU, where a float that
+    sorted first could swap two of them (measured: a student's attention-map rows on Intel AMX)."""
+    if not frame.width:
+        return frame
+    floats = [c for c in frame.columns if _float_valued(frame[c].dtype)]
+    return frame.sort([c for c in frame.columns if c not in floats] + floats, nulls_last=True)
 
 
 def snapshot(data_dir: str | Path) -> dict[str, pl.DataFrame]:
