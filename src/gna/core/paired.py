@@ -26,6 +26,7 @@ power if the observed rates held.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from dataclasses import dataclass
@@ -275,6 +276,9 @@ class Decision:
         return f"{self.verb} by less than ±{100 * self.margin:g}" if self.within else self.verb
 
 
+# The planning functions below are pure and a report asks them for the same rows again and again
+# (thousands of exact binomial quantiles per comparisons table): each answer is kept.
+@functools.cache
 def share_upper_bound(count: int, n: int, confidence: float = 1 - ALPHA) -> float:
     """The exact (Clopper-Pearson) one-sided upper bound on a share of items from `count` of `n`."""
     if n <= 0 or count >= n:
@@ -306,6 +310,7 @@ MIN_DISCORDANT = 6  # the exact two-sided McNemar test cannot reject at 5% with 
 EXACT_POWER_MAX_N = 5000  # above it, Connor's normal approximation is the plan
 
 
+@functools.cache
 def _mcnemar_power(n: int, psi: float, lost_share: float, alpha: float) -> float:
     """Exact power of the two-sided exact McNemar test at level `alpha` with n items, a share `psi`
     of them changing, `lost_share` of the changed ones lost (scipy's binomial)."""
@@ -321,6 +326,7 @@ def _mcnemar_power(n: int, psi: float, lost_share: float, alpha: float) -> float
     return float((binom.pmf(d, n, psi) * reject).sum())
 
 
+@functools.cache
 def n_to_show_change(n: int, discordant: int, diff: float, multiplier: int = 1) -> int:
     """About how many items McNemar's test (at 5% / `multiplier`, the row's Holm multiplier) needs
     to show a change of `diff` at 80% power where `discordant` of `n` items change, if those rates
@@ -348,6 +354,18 @@ def n_to_show_change(n: int, discordant: int, diff: float, multiplier: int = 1) 
     return high
 
 
+@functools.cache
+def _most_under(n: int, margin: float) -> int:
+    """The largest count of n items whose exact upper bound (share_upper_bound) lies under
+    `margin`, found by bisection; -1 where none does."""
+    low, high = -1, n
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if share_upper_bound(mid, n) < margin else (low, mid)
+    return low
+
+
+@functools.cache
 def n_to_show_equivalence(lost_share: float, gained_share: float, margin: float) -> int | None:
     """About how many items `equivalent` needs at 80% power if a share `lost_share` of them were
     lost and `gained_share` gained (scipy's binomial); None where no n can (a share at the margin)."""
@@ -356,11 +374,7 @@ def n_to_show_equivalence(lost_share: float, gained_share: float, margin: float)
     from scipy.stats import binom
 
     def power(n: int) -> float:
-        # the largest count whose exact upper bound lies under the margin, found by bisection
-        low, high = -1, n
-        while high - low > 1:
-            mid = (low + high) // 2
-            low, high = (mid, high) if share_upper_bound(mid, n) < margin else (low, mid)
+        low = _most_under(n, margin)
         return 0.0 if low < 0 else float(binom.cdf(low, n, lost_share) * binom.cdf(low, n, gained_share))
 
     low, high = 1, 2
@@ -374,6 +388,7 @@ def n_to_show_equivalence(lost_share: float, gained_share: float, margin: float)
     return high
 
 
+@functools.cache
 def detectable_difference(n: int, discordant: int, multiplier: int = 1) -> float:
     """The smallest paired difference n items detect at 80% power (McNemar at 5% / `multiplier`,
     the row's Holm multiplier, two-sided; n_to_show_change) where `discordant` of them change, the

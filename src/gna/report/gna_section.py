@@ -38,11 +38,12 @@ def draw_map(ax, sub: pl.DataFrame, title: str) -> None:
     fontsize = 5 if T <= 60 else 3
     ax.set_xticks(range(T), names, rotation=90, fontsize=fontsize)
     ax.set_yticks(range(T), names, fontsize=fontsize)
+    x_labels, y_labels = ax.get_xticklabels(), ax.get_yticklabels()  # each call formats every tick: once
     for i, mark in enumerate(labels["mark"]):
         color = MARK_COLORS.get(mark)
         if color:
-            ax.get_xticklabels()[i].set_color(color)
-            ax.get_yticklabels()[i].set_color(color)
+            x_labels[i].set_color(color)
+            y_labels[i].set_color(color)
     ax.set_title(title, fontsize=8)
 
 

@@ -299,3 +299,38 @@ def test_the_answers_log_prob_is_compared_item_by_item_where_both_frames_carry_i
     gaps = cut.with_columns(pl.Series("logp_target", [None, float("-inf")] + cut["logp_target"].to_list()[2:]))
     row = comparisons({"base": ref, "gaps": gaps}, [("f", "base", "gaps")]).row(0, named=True)
     assert (row["n"], row["logp_n"], row["logp_lower"], row["logp_higher"]) == (10, 8, 6, 1)
+
+
+def test_the_kept_plans_equal_the_plans_computed_at_every_call(monkeypatch):
+    """The planning functions keep each answer (functools.cache): decide and detectable_difference
+    give the same verdicts, planned n and detectable differences as the functions they wrap, called
+    afresh (benchmarks/verdict_speed.py times the two)."""
+    from gna.core import paired
+
+    rows = [
+        _row(lost, gained, n) | {"holm_multiplier": multiplier}
+        for n in (12, 60)
+        for lost, gained in ((0, 0), (1, 0), (n // 5, n // 20), (n // 10, n // 10))
+        for multiplier in (1, 3)
+    ]
+
+    def plans():
+        return [
+            (paired.decide(row), paired.detectable_difference(row["n"], row["reference_only"] + row["condition_only"]))
+            for row in rows
+        ]
+
+    for name in ("share_upper_bound", "_most_under", "_mcnemar_power", "n_to_show_change", "n_to_show_equivalence"):
+        getattr(paired, name).cache_clear()
+    kept = plans()
+    assert paired.share_upper_bound.cache_info().hits > 0  # asked again for the same counts
+    for name in (
+        "share_upper_bound",
+        "_most_under",
+        "_mcnemar_power",
+        "n_to_show_change",
+        "n_to_show_equivalence",
+        "detectable_difference",
+    ):
+        monkeypatch.setattr(paired, name, getattr(paired, name).__wrapped__)
+    assert plans() == kept
