@@ -309,9 +309,8 @@ def test_the_kept_plans_equal_the_plans_computed_at_every_call(monkeypatch):
 
     rows = [
         _row(lost, gained, n) | {"holm_multiplier": multiplier}
-        for n in (12, 60)
+        for n, multiplier in ((12, 1), (60, 3))
         for lost, gained in ((0, 0), (1, 0), (n // 5, n // 20), (n // 10, n // 10))
-        for multiplier in (1, 3)
     ]
 
     def plans():
