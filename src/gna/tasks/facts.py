@@ -134,12 +134,16 @@ def facts_frame(rows: list[tuple]) -> pl.DataFrame:
     )
 
 
+_SAID_NEVER_ASKED: set[tuple[str, frozenset]] = set()
+
+
 def single_answer(facts: pl.DataFrame, relation: str) -> list[dict]:
     """The facts of `relation` whose subject has exactly one answer, sorted by subject."""
     rows = facts.filter(pl.col("relation") == relation)
     counts = rows.group_by("subject").len()
     multi = set(counts.filter(pl.col("len") > 1)["subject"])
-    if multi:
+    if multi and (relation, frozenset(multi)) not in _SAID_NEVER_ASKED:  # once per process: a job selects many times
+        _SAID_NEVER_ASKED.add((relation, frozenset(multi)))
         log.info("%s: %d subjects with more than one answer are never asked: %s", relation, len(multi), sorted(multi))
     return rows.filter(~pl.col("subject").is_in(sorted(multi))).sort("subject").rows(named=True)
 

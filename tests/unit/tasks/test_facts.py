@@ -384,3 +384,22 @@ def test_a_prefix_without_the_chat_template_is_refused_naming_the_key():
     }
     with pytest.raises(ConfigError, match=r"tasks.facts.compare\[1\].prefix"):
         validate_config(config, load_schema(REPO / "config" / "schema.yaml"))
+
+
+def test_a_subject_with_two_answers_is_never_asked_and_said_once(caplog, monkeypatch):
+    """A job selects from the same facts many times (a format comparison: once per form and
+    rotation): the subjects left out are named once, not at every selection."""
+    from gna.tasks import facts as module
+
+    monkeypatch.setattr(module, "_SAID_NEVER_ASKED", set())  # as in a new process
+    facts = facts_frame(
+        [
+            ("continent", "Turkey", "Asia", "t"),
+            ("continent", "Turkey", "Europe", "t"),
+            ("continent", "Peru", "South America", "t"),
+        ]
+    )
+    with caplog.at_level("INFO", logger="gna.tasks.facts"):
+        for _ in range(3):
+            assert [r["subject"] for r in module.single_answer(facts, "continent")] == ["Peru"]
+    assert sum("never asked: ['Turkey']" in r.getMessage() for r in caplog.records) == 1
