@@ -23,14 +23,7 @@ from gna.core import paired
 from gna.report import htmlkit
 
 # the cached planning functions (functools.cache): the reference calls what each one wraps
-CACHED = (
-    "share_upper_bound",
-    "_most_under",
-    "_mcnemar_power",
-    "n_to_show_change",
-    "n_to_show_equivalence",
-    "detectable_difference",
-)
+CACHED = paired.KEPT_PLANS
 
 
 @contextmanager

@@ -405,6 +405,18 @@ def detectable_difference(n: int, discordant: int, multiplier: int = 1) -> float
     return high
 
 
+# the planning functions above that keep each answer, by name (benchmarks/verdict_speed.py and a test
+# compare them with what they wrap: `__wrapped__`)
+KEPT_PLANS = (
+    "share_upper_bound",
+    "_most_under",
+    "_mcnemar_power",
+    "n_to_show_change",
+    "n_to_show_equivalence",
+    "detectable_difference",
+)
+
+
 def decide(row: dict, margin: float = DEFAULT_MARGIN) -> Decision:
     """The verb one comparisons-table row allows: McNemar after Holm rejects -> 'falls' / 'rises'
     (by the sign of diff; `within` where it is also equivalent within the margin: a change smaller

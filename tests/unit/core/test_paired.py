@@ -319,17 +319,10 @@ def test_the_kept_plans_equal_the_plans_computed_at_every_call(monkeypatch):
             for row in rows
         ]
 
-    for name in ("share_upper_bound", "_most_under", "_mcnemar_power", "n_to_show_change", "n_to_show_equivalence"):
+    for name in paired.KEPT_PLANS:
         getattr(paired, name).cache_clear()
     kept = plans()
     assert paired.share_upper_bound.cache_info().hits > 0  # asked again for the same counts
-    for name in (
-        "share_upper_bound",
-        "_most_under",
-        "_mcnemar_power",
-        "n_to_show_change",
-        "n_to_show_equivalence",
-        "detectable_difference",
-    ):
+    for name in paired.KEPT_PLANS:
         monkeypatch.setattr(paired, name, getattr(paired, name).__wrapped__)
     assert plans() == kept
