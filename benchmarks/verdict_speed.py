@@ -22,15 +22,12 @@ import polars as pl
 from gna.core import paired
 from gna.report import htmlkit
 
-# the cached planning functions (functools.cache): the reference calls what each one wraps
-CACHED = paired.KEPT_PLANS
-
 
 @contextmanager
 def uncached():
-    """gna.core.paired's planning functions without their caches (each call computes again), also
-    where the report's tables imported one by name."""
-    kept = {name: getattr(paired, name) for name in CACHED}
+    """gna.core.paired's planning functions without their caches (paired.KEPT_PLANS: each call
+    computes again, through what the cache wraps), also where the report's tables imported one by name."""
+    kept = {name: getattr(paired, name) for name in paired.KEPT_PLANS}
     try:
         for name, fn in kept.items():
             for module in (paired, htmlkit):
@@ -59,7 +56,7 @@ def main() -> None:
         start = time.perf_counter()
         reference = [htmlkit.comparisons_table(f, args.margin) for f in frames]
         t_ref = time.perf_counter() - start
-    for name in CACHED:
+    for name in paired.KEPT_PLANS:
         getattr(paired, name).cache_clear()  # the fast path starts cold, as a report job does
     start = time.perf_counter()
     fast = [htmlkit.comparisons_table(f, args.margin) for f in frames]
