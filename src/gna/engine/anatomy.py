@@ -44,6 +44,41 @@ def _named_child(model, names: tuple[str, ...], kind: type, what: str) -> tuple[
     raise UnsupportedModel(f"{family_of(model)} ({type(base).__name__}): no {what} (looked for {', '.join(names)})")
 
 
+def soft_capped(config) -> bool:
+    """Whether `config` (or its text config) caps attention logits (Gemma 2: tanh at
+    attn_logit_softcapping)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text, "attn_logit_softcapping", None) is not None
+
+
+def eager_where_capped(model):
+    """`model`, on eager attention where its config caps attention logits: transformers <= 5.18
+    ran Gemma 2 on sdpa, which drops the cap without a word (logits 3.6e-3 off on a tiny model)."""
+    if soft_capped(model.config):
+        model.set_attn_implementation("eager")
+    return model
+
+
+def engine_ready(model):
+    """`model` as every loader hands it to the engine, whatever transformers chose when it was
+    built: eager attention where logits are soft-capped (eager_where_capped), CPU tensors through
+    transformers' torch scans where it bound mamba-ssm's kernels (gna.engine.ssm_kernel.cpu_scans_in_torch)."""
+    from gna.engine.ssm_kernel import cpu_scans_in_torch
+
+    return cpu_scans_in_torch(eager_where_capped(model))
+
+
+def check_attention_path(model) -> None:
+    """Raise UnsupportedModel where a soft-capped model runs another attention path than eager."""
+    path = getattr(model.config, "_attn_implementation", None)
+    if soft_capped(model.config) and path != "eager":
+        raise UnsupportedModel(
+            f"{family_of(model)} ({type(model).__name__}) caps its attention logits (attn_logit_softcapping) "
+            f"but runs {path!r} attention, which may drop the cap: load it with attn_implementation='eager' "
+            "(gna's loaders do: gna.engine.anatomy.eager_where_capped)"
+        )
+
+
 def layer_list(model) -> tuple[str, torch.nn.ModuleList]:
     """(attribute name, module list) of the decoder's layers."""
     return _named_child(model, LAYER_LISTS, torch.nn.ModuleList, "list of decoder layers")

@@ -25,6 +25,7 @@ import contextlib
 import functools
 import importlib
 import importlib.util
+import inspect
 import logging
 import os
 import sys
@@ -41,15 +42,30 @@ DT_MIN = 1e-6
 @functools.cache
 def load_kernel():
     """mamba_ssm's `mamba_chunk_scan_combined`, or None where mamba-ssm or Triton is missing (the
-    reason logged once)."""
+    reason logged once). The modules it imports are taken out of sys.modules again: transformers
+    binds mamba-ssm's kernels for Mamba-2 and Zamba2 when `import mamba_ssm` works, with no device
+    check, so a package entry left behind would send CPU models into Triton (kernel_free_modules)."""
     if importlib.util.find_spec("mamba_ssm") is None or importlib.util.find_spec("triton") is None:
         log.debug("mamba-ssm's SSD kernel: mamba-ssm or triton is not installed (make gpu)")
         return None
+    before = set(_mamba_modules())
+    try:
+        return _import_kernel()
+    finally:
+        for name in set(_mamba_modules()) - before:
+            del sys.modules[name]
+
+
+def _mamba_modules() -> list[str]:
+    return [n for n in sys.modules if n == "mamba_ssm" or n.startswith("mamba_ssm.")]
+
+
+def _import_kernel():
     try:
         module = importlib.import_module("mamba_ssm.ops.triton.ssd_combined")
     except ImportError as error:  # the released package's __init__ needs its CUDA extension
         log.info("mamba-ssm imported without its package __init__ (%s)", error)
-        for name in [n for n in sys.modules if n == "mamba_ssm" or n.startswith("mamba_ssm.")]:
+        for name in _mamba_modules():
             del sys.modules[name]
         spec = importlib.util.find_spec("mamba_ssm")
         package = types.ModuleType("mamba_ssm")
@@ -60,7 +76,7 @@ def load_kernel():
         except ImportError as again:
             log.warning("mamba-ssm's SSD kernel cannot be imported (%s): the torch scan runs", again)
             return None
-    if interpreted():
+    if interpreted():  # before the modules leave sys.modules: it finds their autotuners there
         _for_the_interpreter()
     return module.mamba_chunk_scan_combined
 
@@ -133,3 +149,42 @@ def ssd_chunked_kernel(inputs: tuple[torch.Tensor, ...], chunk: int = 64, state=
         return_final_states=True,
     )
     return y + D[None, None, :, None] * x, final.transpose(-1, -2).to(x.dtype)
+
+
+def cpu_scans_in_torch(model: torch.nn.Module) -> torch.nn.Module:
+    """`model`, its transformers modeling modules made to send CPU tensors to their torch scans.
+    Where `import mamba_ssm` works when such a module is first imported (a full mamba-ssm build),
+    transformers binds mamba-ssm's Triton kernels for Mamba-2 and Zamba2 with no device check, and a
+    CPU model then fails inside Triton; each such binding is replaced, once per process, by one that
+    chooses by its first tensor's device (the kernel on CUDA, transformers' own torch function
+    elsewhere). Models whose modules bound nothing from mamba-ssm are left as they are."""
+    for name in {type(m).__module__ for m in model.modules()}:
+        module = sys.modules.get(name)
+        for attr, fn in list(vars(module).items()) if module is not None else []:
+            if _bound_to_mamba_ssm(fn):
+                setattr(module, attr, _by_device(fn))
+    return model
+
+
+def _bound_to_mamba_ssm(fn) -> bool:
+    """Whether `fn` is a transformers kernel wrapper (use_kernel_func_from_hub_with_fallback: the
+    torch function under __wrapped__, the chosen implementation in its closure) that chose mamba-ssm."""
+    if not callable(fn) or getattr(fn, "gna_by_device", False) or not hasattr(fn, "__wrapped__"):
+        return False
+    try:
+        chosen = inspect.getclosurevars(fn).nonlocals.get("implementation")
+    except (TypeError, ValueError):
+        return False
+    return getattr(chosen, "__module__", "").startswith("mamba_ssm")
+
+
+def _by_device(fn):
+    torch_function = fn.__wrapped__
+
+    @functools.wraps(torch_function)
+    def by_device(*args, **kwargs):
+        first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        return fn(*args, **kwargs) if first is not None and first.is_cuda else torch_function(*args, **kwargs)
+
+    by_device.gna_by_device = True
+    return by_device

@@ -24,6 +24,7 @@ import torch
 from gna.core import work
 from gna.engine.anatomy import (
     UnsupportedModel,
+    check_attention_path,
     decoder_layers,
     family_of,
     final_norm,
@@ -120,6 +121,7 @@ class Pass:
 
 class DecoderStack:
     def __init__(self, model):
+        check_attention_path(model)
         self.model = model
         self.base = model.base_model
         self.layers = list(decoder_layers(model))

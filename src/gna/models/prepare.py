@@ -20,6 +20,7 @@ import torch
 from gna.core.io import atomic_dir
 from gna.core.runtime import peak_rss_mb
 from gna.core.settings import DTYPE_NAMES, Files, RuleSettings, plain
+from gna.engine.anatomy import engine_ready
 from gna.engine.device import compute_device
 from gna.engine.precision import linears_computed_in
 from gna.models.folders import STUDENT_SPEC_FILE, is_student
@@ -234,7 +235,8 @@ def load_model(
         raise ValueError(
             f"{model_dir} is a distilled student ({STUDENT_SPEC_FILE}): load it with gna.students.spec.load_any"
         )
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype]).to(compute_device(device))
+    model = engine_ready(AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype]))
+    model.to(compute_device(device))
     if compute_dtype is not None:
         linears_computed_in(model.eval(), compute_dtype)
     return model.eval(), AutoTokenizer.from_pretrained(model_dir)

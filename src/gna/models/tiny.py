@@ -140,6 +140,8 @@ def tiny_random_model(spec: dict):
     depend only on `spec['seed']`."""
     from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
 
+    from gna.engine.anatomy import engine_ready
+
     arch = spec.get("arch", "llama")
     if arch not in ARCHS:
         raise ValueError(f"unknown tiny-random arch {arch!r}; allowed: {', '.join(ARCHS)}")
@@ -148,6 +150,6 @@ def tiny_random_model(spec: dict):
     # a larger vocabulary than the tokenizer's (`vocab`) gives a model the output head of a real one
     config = _config(arch, spec, spec.get("vocab") or len(tok), special)
     torch.manual_seed(int(spec.get("seed", 0)))
-    model = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)](config)
+    model = engine_ready(MODEL_FOR_CAUSAL_LM_MAPPING[type(config)](config))
     model.eval()
     return model, tok

@@ -219,6 +219,8 @@ def load_student(model_dir: Path, dtype=None, device: str | None = "auto"):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.initialization import no_init_weights
 
+    from gna.engine.anatomy import engine_ready
+
     model_dir = Path(model_dir)
     spec = read_spec(model_dir)
     # every weight is read from the file below (checked), so random initialisation (~1 s for
@@ -226,6 +228,7 @@ def load_student(model_dir: Path, dtype=None, device: str | None = "auto"):
     # output head to the input embedding, so that is done here (the file holds the pair once)
     with no_init_weights():
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype or torch.float32)
+        engine_ready(model)
         make_hybrid(model, [tuple(x) for x in spec["kept_heads"]], spec["state_size"])
     model.tie_weights()
     missing, unexpected = load_weights(model, str(model_dir / "model.safetensors"), strict=False)

@@ -4,6 +4,7 @@ Where mamba-ssm and triton are installed (`make gpu`), the kernel runs on the CP
 interpreter (TRITON_INTERPRET=1, which must be set before triton is imported: a subprocess)."""
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -100,3 +101,57 @@ def test_the_kernel_equals_the_torch_scan_on_a_gpu():
     ref_y, ref_state = ssd_chunked(ScanInputs(x, log_a, Bm, Cm, D), chunk=64)
     assert torch.allclose(y, ref_y, atol=2e-3 * ref_y.abs().max().item(), rtol=0)
     assert torch.allclose(state, ref_state, atol=2e-3 * ref_state.abs().max().item(), rtol=0)
+
+
+FORWARDS = textwrap.dedent("""
+    import json, sys, types, importlib.util
+    import torch
+    from gna.engine.ssm_kernel import load_kernel
+    mode = sys.argv[1]
+    if mode == "kernel":
+        assert load_kernel() is not None
+    elif mode == "full build":  # `import mamba_ssm` works, as with its CUDA extension built
+        spec = importlib.util.find_spec("mamba_ssm")
+        package = types.ModuleType("mamba_ssm")
+        package.__path__, package.__spec__ = list(spec.submodule_search_locations), spec
+        sys.modules["mamba_ssm"] = package
+    from gna.models.tiny import tiny_random_model
+    out = {}
+    for arch in ("mamba2", "zamba2"):
+        model, tok = tiny_random_model({"arch": arch, "layers": 4, "hidden": 32, "heads": 4, "kv_heads": 2, "seed": 1})
+        with torch.no_grad():
+            out[arch] = model(torch.tensor([tok("k1:v1 k2:v2 k1:").input_ids])).logits.flatten()[:64].tolist()
+    if mode == "kernel":  # the kernel still runs (here on CPU tensors: Triton's interpreter)
+        from gna.engine.ssm import ScanInputs, ssd_chunked
+        from gna.engine.ssm_kernel import ssd_chunked_kernel
+        from tests.unit.engine.test_ssm_kernel import scan_inputs
+        inputs = ScanInputs(*scan_inputs(length=20))
+        assert torch.allclose(ssd_chunked_kernel(inputs, 16)[0], ssd_chunked(inputs, 16)[0], atol=1e-4, rtol=1e-4)
+    print(json.dumps(out))
+""")
+
+
+def _forwards(mode: str, **env) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-c", FORWARDS, mode],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+@pytest.mark.skipif(not HAS_KERNEL, reason="mamba-ssm and triton are not installed (make gpu)")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="Triton's interpreter stands in for a GPU here")
+@pytest.mark.slow
+def test_cpu_models_run_their_torch_scans_after_the_kernel_is_loaded():
+    """transformers binds mamba-ssm's Triton kernels for Mamba-2 and Zamba2 wherever `import
+    mamba_ssm` works, with no device check: neither loading the kernel (which imports it under a bare
+    package entry) nor a full mamba-ssm build may send a CPU model there. The forwards equal those of
+    a process that never met mamba-ssm, and the kernel still runs after them."""
+    plain = _forwards("plain")
+    assert _forwards("kernel", TRITON_INTERPRET="1") == plain
+    assert _forwards("full build") == plain
