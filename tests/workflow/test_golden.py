@@ -228,3 +228,43 @@ def test_on_another_cpu_kind_the_log_prob_sign_counts_may_move_by_a_few_items():
         check("results/heads/m/topk.comparisons.parquet", far, golden, same_kind=False)
     with pytest.raises(AssertionError, match="'diff'"):
         check("results/heads/m/topk.comparisons.parquet", moved.with_columns(pl.lit(0.2).alias("diff")), golden, False)
+
+
+def _moved(frame: pl.DataFrame, column: str, row: int, by: float) -> pl.DataFrame:
+    return frame.with_columns(frame[column].clone().scatter(row, frame[column][row] + by))
+
+
+@pytest.mark.parametrize("factor, holds", [(0.5, True), (1.5, False)])
+def test_every_tolerance_is_pinned_at_its_boundary(run_data, factor, holds):
+    """On another CPU kind a teacher column, a student column and the log-prob median change pass when
+    moved by half their tolerance and fail at one and a half, so a tolerance off by more than that
+    fails here (the moved value is not the one that sets its column's scale); a sign count passes
+    at its slack and fails one item past it."""
+    from golden import check, sign_slack
+
+    # the tolerances the module docstring states, written here: the test must not read the constants it pins
+    teacher_rtol, student_rtol, median_slack = 1e-4, 1e-3, 0.02
+
+    golden = read_golden(run_data)
+
+    def judged(name: str, frame: pl.DataFrame) -> bool:
+        try:
+            check(name, stable(frame), golden[name], same_kind=False)
+        except AssertionError:
+            return False
+        return True
+
+    for name, column, rtol in (
+        (RANKING, "mean_logp", teacher_rtol),
+        ("results/hybrid/tiny-llama/k2-n8.parquet", "value", student_rtol),
+    ):
+        frame = golden[name]
+        scale = frame[column].abs().max()
+        row = int((frame[column].abs() - scale / 2).abs().arg_min())  # not the row that sets the scale
+        assert judged(name, _moved(frame, column, row, factor * rtol * scale)) is holds, (name, column)
+    name = "results/heads/tiny-llama/topk.comparisons.parquet"
+    frame = golden[name]
+    assert judged(name, _moved(frame, "logp_median_diff", 0, factor * median_slack)) is holds
+    row = int(frame["logp_n"].arg_max())
+    slack = sign_slack(frame["logp_n"][row])
+    assert judged(name, _moved(frame, "logp_lower", row, slack if holds else slack + 1)) is holds

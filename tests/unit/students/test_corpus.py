@@ -159,11 +159,16 @@ def test_validation_prompts_share_none_of_the_workflows_prompt_sets(tmp_path, co
     """Every KV prompt set a shipped config builds (kv_prompt_sets, written as the kv_task rule
     writes it): the checkpoint-selection prompts share no prompt with the sweep, the curves, the
     roles, the maps, the masking or the evaluation, and the corpus check passes on the files.
-    The validation seed used to equal heads.seed at the sweep's dictionary size."""
+    The validation prompts are set, explicitly, at the sweep's seed and dictionary size: the case
+    where only the seed namespace keeps them apart (integer seeds would draw the sweep's prompts)."""
     config = validate_config(
         yaml.safe_load((REPO / "config" / config_file).read_text()), load_schema(REPO / "config/schema.yaml")
     )
+    config["hybrid"]["validation"]["seed"] = config["heads"]["seed"]
+    config["hybrid"]["dict_size"] = config["heads"]["sweep_dict_size"]
     sets = kv_prompt_sets(config)
+    same_seed = {**sets[f"{PROMPT_SETS_DIR}/{KD_VALIDATION}"], "seed": config["heads"]["seed"]}
+    assert same_seed["sizes"] == sets[f"{PROMPT_SETS_DIR}/head_sweep"]["sizes"]
     paths = {}
     for name, keys in sets.items():
         paths[name] = tmp_path / f"{name.replace('/', '-')}.parquet"
@@ -187,6 +192,14 @@ def test_validation_prompts_share_none_of_the_workflows_prompt_sets(tmp_path, co
     run_distill_corpus_check(inputs, Files(check=str(tmp_path / "check.json")), settings)
     validation_kv = pl.read_parquet(validation)["context"]
     assert len(paths) >= 5
+    # without the namespace, the same seed would draw the sweep's own prompts
+    write_kv_task(KvPrompts(**{**same_seed, "sizes": tuple(same_seed["sizes"])}), tmp_path / "integer-seed.parquet")
+    with pytest.raises(ValueError, match="also prompts of"):
+        check_validation_apart(
+            pl.read_parquet(tmp_path / "integer-seed.parquet")["context"],
+            pl.read_parquet(paths[f"{PROMPT_SETS_DIR}/head_sweep"])["context"],
+            "head_sweep",
+        )
     for path in paths.values():
         assert check_validation_apart(validation_kv, pl.read_parquet(path)["context"], str(path)) > 0
     # the check itself: the sweep's prompts as the validation set are refused, naming the set
