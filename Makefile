@@ -89,11 +89,14 @@ timing-table: venv
 smoke-plan: venv
 	$(BIN)/python -m gna.core.replay record config/smoke.yaml tests/data/smoke_plan.json
 
-## The wheels a bare, offline CUDA node lacks for benchmarks/gpu_check.py (about 55 MB, into
-## gpu-wheels/): polars and jsonschema at requirements.lock's versions for that node's Python
-## (GPU_PY), and mamba-ssm built without its CUDA extension (README "GPUs").
+## The wheels a bare, offline CUDA node lacks for benchmarks/gpu_check.py (about 72 MB, into
+## gpu-wheels/), at requirements.lock's versions for that node's Python (GPU_PY): polars and
+## jsonschema; transformers (a node's 5.17 runs Gemma 2 uncapped; gpu_check refuses it) with what
+## its huggingface-hub 2 needs that a 5.17 node's hub 1 did not (httpx2 and its own, click, hf-xet;
+## tokenizers and safetensors stay: 5.23 asks for the same); mamba-ssm built without its CUDA
+## extension (README "GPUs").
 GPU_PY ?= 3.12
-GPU_WHEELS := $(shell grep -iE '^(polars|polars-runtime-32|jsonschema|jsonschema-specifications|referencing|rpds-py)==' requirements.lock)
+GPU_WHEELS := $(shell grep -iE '^(polars|polars-runtime-32|jsonschema|jsonschema-specifications|referencing|rpds-py|transformers|huggingface_hub|httpx2|httpcore2|truststore|anyio|idna|h11|click|hf-xet)==' requirements.lock)
 gpu-wheels: venv
 	rm -rf gpu-wheels && mkdir -p gpu-wheels
 	$(BIN)/python -m pip download --no-deps --only-binary=:all: --python-version $(GPU_PY) --implementation cp \

@@ -1,14 +1,18 @@
 """One command that checks the pipeline on a CUDA machine and writes one JSON.
 
-    python benchmarks/gpu_check.py [--out gpu_check.json] [--parts machine,kernel,paper,smoke,tests]
+    python benchmarks/gpu_check.py [--out gpu_check.json] [--parts machine,kernel,paper,smoke,tests] [--budget 540]
 
 Runs on a bare, offline GPU node that has torch, transformers, pyarrow and pytest (no Snakemake,
-DVC or lm-eval; polars and jsonschema are the only wheels to bring, README "GPUs"), from the
-repository's root, without installing it (src/ is put on the path). No downloads: every model is
-random, every table built here. Parts, each timed and written to the JSON as soon as it ends (a
-part that fails records its error and the next one runs):
+DVC or lm-eval; it needs the wheels of `make gpu-wheels`, README "GPUs"), from the repository's
+root, without installing it (src/ is put on the path). It refuses a transformers older than
+pyproject.toml's `transformers>=` (transformers 5.18 and older run Gemma 2 on sdpa, which drops its
+attention soft-capping). No downloads: every model is random, every table built here. Parts, run in
+this order, each timed and written to the JSON as soon as it ends (a part that fails records its
+error and the next one runs):
 
-- machine: GPU, CUDA, torch, transformers, Triton, mamba-ssm, commit.
+- machine: GPU, CUDA, Python, the commit and the version of every library the checks use (torch,
+  transformers, tokenizers, safetensors, huggingface-hub, triton, mamba-ssm, polars, pyarrow, numpy,
+  jsonschema, pytest, pytest-xdist).
 - kernel: mamba-ssm's Triton SSD kernel against the torch scan (ssd_chunked) at paper shapes
   (batch 4, length 2048, 32 heads, head dim 64, state 16): largest difference and speed-up.
 - paper: a Llama-3.2-1B-shaped random model (16 layers, hidden 2048, 32/8 heads, vocab 128256):
@@ -21,14 +25,23 @@ part that fails records its error and the next one runs):
   (tests/data/smoke_results) as for another kind of processor: the teacher's rules within a
   relative 1e-4, the students' within 1e-3 (tests/golden.py). The students run the reference SSM
   scan there (--smoke-scan torch); `--smoke-scan triton` runs mamba-ssm's kernel instead, whose
-  TF32 dots move trained students by more than 1e-3. `--smoke-timeout` compares what finished in
-  time and names the jobs that did not.
-- tests: the engine, students, phases and models unit tests with models on CUDA
-  (GNA_TEST_DEVICE=cuda), pass/fail counts and every failure's message, kept as each test fails
-  (benchmarks/_failures.py), so a run cut off by --tests-timeout still says why.
+  TF32 dots move trained students by more than 1e-3. Cut at its limit, it compares what finished
+  and names the jobs that did not.
+- tests: the unit tests that put a model on CUDA (UNIT_TESTS) with GNA_TEST_DEVICE=cuda, on the
+  reference SSM scan (GNA_SSM_KERNEL=torch; the kernel's own GPU test sets the kernel), pytest-xdist
+  workers where installed, the family matrix handed out one family at a time; each test's seconds,
+  pass/fail counts and every failure's message, kept as each test ends (benchmarks/_failures.py),
+  so a run cut off at its limit still says why. A test still running after --test-alarm seconds
+  fails with its name.
 
-On an H200 the parts take about 0.1 + 0.6 + 3 + 5 + 6 minutes (smoke at --parallel 8): run them in
-two calls where one command may last 10 minutes, or smoke and tests side by side in one.
+The budget: before running, the parts are planned into --budget seconds (default 540: a node's
+10-minute command with a minute to spare) from what each takes on an H200 (ESTIMATES_S: machine
+6 s, kernel 40 s, paper about 3 min, smoke 184 s at --parallel 8; tests about 3 min, estimated:
+6 min before they were narrowed to the model-on-CUDA ones on the torch scan). Served in PRIORITY
+order, a part run to its end (machine, kernel, paper) that no longer fits is left out; smoke and
+tests get time limits (their share of what is left, at least MIN_LIMIT_S), re-derived before each
+from the time really left. The plan, the limits and what was left out to fit are printed and
+written to the JSON. `--device cpu` checks this script on a CPU machine, at small shapes.
 """
 
 from __future__ import annotations
@@ -37,6 +50,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -44,6 +58,8 @@ import time
 import traceback
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+STARTED = time.monotonic()  # the budget counts from here, importing torch included
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO / "tests"), str(REPO / "benchmarks")]
@@ -53,7 +69,44 @@ import torch  # noqa: E402
 from gna.engine.scoring import Scorer
 
 PARTS = ("machine", "kernel", "paper", "smoke", "tests")
-UNIT_TESTS = ["tests/unit/engine", "tests/unit/students", "tests/unit/phases", "tests/unit/models"]
+# seconds on an H200 (module docstring); tests: estimated, not yet measured since they were narrowed
+ESTIMATES_S = {"machine": 6, "kernel": 40, "paper": 180, "smoke": 184, "tests": 180}
+CUT = ("smoke", "tests")  # run under a time limit: cut off, they still report what finished
+PRIORITY = ("machine", "tests", "smoke", "kernel", "paper")  # served first when the budget is short
+MARGIN_S = 30  # a cut part's stopping and judging what finished, the last JSON
+MIN_LIMIT_S = 60  # a cut part given less would report too little to be worth its time
+# The tests that put a model on CUDA under GNA_TEST_DEVICE=cuda (through gna.models.prepare.load_model
+# or gna.students.spec.load_any), the device and SSM kernel tests, and the SSM heads' ablation
+# tests; the other unit tests build their models on the CPU, where `make test` runs them.
+UNIT_TESTS = [
+    "tests/unit/engine/test_attention_path.py",
+    "tests/unit/engine/test_device.py",
+    "tests/unit/engine/test_ssm_kernel.py",
+    "tests/unit/engine/test_ssm.py::test_student_round_trip_through_load_any",
+    "tests/unit/engine/test_ssm.py::test_a_student_with_a_tied_output_head_round_trips",
+    "tests/unit/models/test_families.py",
+    "tests/unit/models/test_models.py",
+    "tests/unit/phases/test_head_ablation.py::test_ssm_heads",
+    "tests/unit/phases/test_head_ablation.py::test_zamba2_heads_are_ablated_where_they_are",
+    "tests/unit/phases/test_head_ablation.py::test_sweep_phase_in_each_mode_says_what_it_measured",
+    "tests/unit/students",
+]
+# what the machine part records the version of (distribution names)
+LIBRARIES = (
+    "torch",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "huggingface-hub",
+    "triton",
+    "mamba-ssm",
+    "polars",
+    "pyarrow",
+    "numpy",
+    "jsonschema",
+    "pytest",
+    "pytest-xdist",
+)
 LLAMA_1B = {
     "arch": "llama",
     "layers": 16,
@@ -92,32 +145,55 @@ def synced(fn):
     return out, round(time.perf_counter() - start, 3)
 
 
-def machine() -> dict:
-    import transformers
+def version(name: str) -> str | None:
+    """The installed version of distribution `name`, or None where it is absent."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
 
-    def version(name):
+    for spelling in (name, name.replace("-", "_")):
         try:
-            from importlib.metadata import version as v
+            return installed(spelling)
+        except PackageNotFoundError:
+            pass
+    return None
 
-            return v(name)
-        except Exception:  # noqa: BLE001 - absent packages are reported, not fatal
-            return None
 
+def machine() -> dict:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     props = torch.cuda.get_device_properties(0) if DEVICE == "cuda" else None
     return {
         "gpu": props and props.name,
         "gpu_memory_gb": props and round(props.total_memory / 2**30, 1),
         "cuda": torch.version.cuda,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "triton": version("triton"),
-        "mamba_ssm": version("mamba-ssm") or version("mamba_ssm"),
-        "polars": version("polars"),
         "python": platform.python_version(),
+        **{name: version(name) for name in LIBRARIES},
+        "transformers_minimum": minimum_transformers(),
         "cpu_cores": os.cpu_count(),
         "commit": commit.stdout.strip() or "unknown",
     }
+
+
+def minimum_transformers() -> str:
+    """The lowest transformers that pyproject.toml's dependencies allow (its `transformers>=`)."""
+    import tomllib
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    spec = next(d for d in deps if re.match(r"transformers\s*>=", d))
+    return re.search(r">=\s*([\w.]+)", spec).group(1)
+
+
+def transformers_refused(installed: str, minimum: str) -> str | None:
+    """Why the check refuses transformers `installed` (None from `minimum` on)."""
+    from packaging.version import Version
+
+    if Version(installed) >= Version(minimum):
+        return None
+    return (
+        f"gpu_check: transformers {installed} is installed; pyproject.toml needs {minimum} or later. "
+        "transformers 5.18 and older run Gemma 2 on sdpa, which silently drops its attention "
+        "soft-capping, so every Gemma 2 evaluation there is wrong. Bring the wheels of "
+        "`make gpu-wheels` (README 'GPUs')."
+    )
 
 
 def kernel() -> dict:
@@ -357,15 +433,19 @@ def _stop_children() -> None:
             pass
 
 
-def unit_tests(paths: list[str], timeout: int) -> dict:
-    from _failures import read_failures
+def unit_tests(paths: list[str], timeout: int, alarm_s: int | None = None) -> dict:
+    """pytest on `paths` in a subprocess with models on DEVICE, stopped after `timeout` seconds;
+    with `alarm_s`, a test still running after that long fails with its name."""
+    from _failures import read_durations, read_failures
 
     junit = Path(tempfile.mkdtemp()) / "junit.xml"
-    failures_log = junit.with_name("failures.jsonl")
+    log = junit.with_name("tests.jsonl")
     env = {
         **os.environ,
         "GNA_TEST_DEVICE": DEVICE,
-        "GNA_FAILURES_LOG": str(failures_log),
+        "GNA_SSM_KERNEL": "torch",  # the reference scan: the kernel is judged by its own test
+        "GNA_TESTS_LOG": str(log),
+        "GNA_TEST_ALARM_S": str(alarm_s or ""),
         "PYTHONPATH": os.pathsep.join(
             filter(None, [str(REPO / "src"), str(REPO / "benchmarks"), os.environ.get("PYTHONPATH")])
         ),
@@ -401,7 +481,8 @@ def unit_tests(paths: list[str], timeout: int) -> dict:
         return {
             **finished_tests(lines),
             "timed_out": f"after {timeout} s: the counts are the tests that finished",
-            "failures": read_failures(str(failures_log)),
+            "failures": read_failures(str(log)),
+            "durations": read_durations(str(log)),
             "output": "\n".join(lines[-20:]),
         }
     out = {
@@ -410,28 +491,32 @@ def unit_tests(paths: list[str], timeout: int) -> dict:
         "summary": tail.splitlines()[-1:],
     }
     if junit.exists():
-        cases = ET.parse(junit).getroot().iter("testcase")
-        counts = {"passed": 0, "failed": 0, "skipped": 0}
-        failures = []
-        for case in cases:
-            bad = case.find("failure") if case.find("failure") is not None else case.find("error")
-            if bad is not None:
-                counts["failed"] += 1
-                failures.append(
-                    {
-                        "test": f"{case.get('classname')}::{case.get('name')}",
-                        "message": (bad.get("message") or "")[:600],
-                        "text": (bad.text or "")[-1500:],
-                    }
-                )
-            elif case.find("skipped") is not None:
-                counts["skipped"] += 1
-            else:
-                counts["passed"] += 1
-        out.update(counts, failures=failures)
+        out.update(junit_results(junit))
     else:
         out["output"] = tail
-    return out
+    return {**out, "durations": read_durations(str(log))}
+
+
+def junit_results(junit: Path) -> dict:
+    """Pass/fail/skip counts and each failure's message from pytest's JUnit file."""
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    failures = []
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if bad is not None:
+            counts["failed"] += 1
+            failures.append(
+                {
+                    "test": f"{case.get('classname')}::{case.get('name')}",
+                    "message": (bad.get("message") or "")[:600],
+                    "text": (bad.text or "")[-1500:],
+                }
+            )
+        elif case.find("skipped") is not None:
+            counts["skipped"] += 1
+        else:
+            counts["passed"] += 1
+    return {**counts, "failures": failures}
 
 
 def finished_tests(lines: list[str]) -> dict:
@@ -449,6 +534,47 @@ def finished_tests(lines: list[str]) -> dict:
     return {**counts, "failed_tests": [n for n, w in seen.items() if w in ("FAILED", "ERROR")]}
 
 
+def plan(parts: list[str], budget_s: float, estimates: dict[str, float] = ESTIMATES_S) -> dict:
+    """Each part's estimate and time limit within `budget_s` seconds, MARGIN_S kept aside. Parts are
+    served in PRIORITY order, each its estimate while that fits: a part run to its end that no
+    longer fits is left out; a cut part (CUT) gets what is left, or is left out below MIN_LIMIT_S.
+    The time still over is shared by the cut parts in proportion to what they got: their limits."""
+    left = budget_s - MARGIN_S
+    given, left_out = {}, []
+    for part in sorted(parts, key=PRIORITY.index):
+        if estimates[part] <= left or (part in CUT and left >= MIN_LIMIT_S):
+            given[part] = min(estimates[part], left)
+            left -= given[part]
+        else:
+            left_out.append(part)
+    cut = sum(s for part, s in given.items() if part in CUT)
+    return {
+        "budget_s": round(budget_s, 1),
+        "margin_s": MARGIN_S,
+        "parts": {
+            part: {
+                "estimate_s": estimates[part],
+                "limit_s": int(given[part] + left * given[part] / cut) if part in CUT else None,
+            }
+            for part in PARTS
+            if part in given
+        },
+        "left_out": left_out,
+    }
+
+
+def print_plan(planned: dict, budget_s: float) -> None:
+    print(
+        f"[gpu_check] plan: {planned['budget_s']:g} s left of the {budget_s:g}-s budget, "
+        f"{planned['margin_s']} s of it kept for stopping cut parts:"
+    )
+    for part, p in planned["parts"].items():
+        limit = f", limit {p['limit_s']} s" if p["limit_s"] is not None else ", runs to its end"
+        print(f"  {part:8} ~{p['estimate_s']} s{limit}")
+    left_out = ", ".join(f"{part} (~{ESTIMATES_S[part]} s)" for part in planned["left_out"])
+    print(f"  left out to fit: {left_out or 'nothing'}", flush=True)
+
+
 def _has(module: str) -> bool:
     import importlib.util
 
@@ -459,8 +585,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="gpu_check.json")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
+    ap.add_argument("--budget", type=float, default=540, help="seconds the whole run must end within")
     ap.add_argument("--big", action="store_true", help="also a Llama-3.1-8B shape (about 16 GB of bf16 weights)")
-    ap.add_argument("--parallel", type=int, default=4, help="smoke jobs at a time")
+    ap.add_argument("--parallel", type=int, default=min(8, os.cpu_count() or 1), help="smoke jobs at a time")
     ap.add_argument("--keep", help="run the smoke jobs in this folder and keep it")
     ap.add_argument(
         "--smoke-scan",
@@ -468,9 +595,10 @@ def main() -> None:
         choices=["torch", "triton"],
         help="the students' SSM scan in the smoke jobs (torch: the reference, judged by the goldens)",
     )
-    ap.add_argument("--smoke-timeout", type=float, help="seconds: compare the jobs finished by then, name the others")
+    ap.add_argument("--smoke-timeout", type=float, help="seconds, at most (default: the plan's limit)")
     ap.add_argument("--tests", default=",".join(UNIT_TESTS), help="comma-separated test paths of the tests part")
-    ap.add_argument("--tests-timeout", type=int, default=300)
+    ap.add_argument("--tests-timeout", type=int, help="seconds, at most (default: the plan's limit)")
+    ap.add_argument("--test-alarm", type=int, default=90, help="seconds: a test still running then fails")
     ap.add_argument(
         "--device",
         default="cuda",
@@ -486,26 +614,54 @@ def main() -> None:
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
         sys.exit(f"gpu_check: unknown part(s) {', '.join(unknown)}; allowed: {', '.join(PARTS)}")
-    runs = {
-        "machine": machine,
-        "kernel": kernel,
-        "paper": lambda: paper(args.big),
-        "smoke": lambda: smoke(args.parallel, args.keep, args.smoke_timeout, args.smoke_scan),
-        "tests": lambda: unit_tests(args.tests.split(","), args.tests_timeout),
+    import transformers
+
+    refused = transformers_refused(transformers.__version__, minimum_transformers())
+    if refused:
+        sys.exit(refused)
+    runs = {  # each part given its time limit (None: it runs to its end)
+        "machine": lambda limit: machine(),
+        "kernel": lambda limit: kernel(),
+        "paper": lambda limit: paper(args.big),
+        "smoke": lambda limit: smoke(args.parallel, args.keep, at_most(args.smoke_timeout, limit), args.smoke_scan),
+        "tests": lambda limit: unit_tests(args.tests.split(","), at_most(args.tests_timeout, limit), args.test_alarm),
     }
-    result, total = {}, time.perf_counter()
-    for part in parts:
-        print(f"[gpu_check] {part} ...", flush=True)
+    planned = plan(parts, args.budget - (time.monotonic() - STARTED))
+    print_plan(planned, args.budget)
+    result = {"plan": planned}
+    todo = list(planned["parts"])
+    while todo:
+        # planned again on the time really left: a part that ran long shortens the later limits
+        now = plan(todo, args.budget - (time.monotonic() - STARTED))
+        part = todo.pop(0)
+        if part in now["left_out"]:
+            print(f"[gpu_check] {part}: left out, {now['budget_s']} s left of the budget", flush=True)
+            planned["left_out"].append(part)
+            continue
+        limit = now["parts"][part]["limit_s"]
+        print(f"[gpu_check] {part} ..." + (f" (limit {limit} s)" if limit is not None else ""), flush=True)
         start = time.perf_counter()
         try:
-            result[part] = runs[part]()
+            result[part] = runs[part](limit)
         except Exception as e:  # noqa: BLE001 - one part's failure is recorded; the others still run
             result[part] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
-        result[part]["part_s"] = round(time.perf_counter() - start, 1)
-        result["total_s"] = round(time.perf_counter() - total, 1)
-        Path(args.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
+        result[part].update(limit_s=limit, part_s=round(time.perf_counter() - start, 1))
+        write(result, args.out)
         print(json.dumps({part: result[part]}, default=str)[:3000], flush=True)
-    print(f"[gpu_check] wrote {args.out} in {result['total_s']} s")
+    write(result, args.out)
+    left_out = ", ".join(planned["left_out"]) or "nothing"
+    print(f"[gpu_check] wrote {args.out} in {result['total_s']} s of its {args.budget:g} s (left out: {left_out})")
+
+
+def write(result: dict, out: str) -> None:
+    """The JSON as it stands, with the seconds since the start."""
+    result["total_s"] = round(time.monotonic() - STARTED, 1)
+    Path(out).write_text(json.dumps(result, indent=1, default=str) + "\n")
+
+
+def at_most(given: float | None, limit: float) -> float:
+    """The plan's limit, or the one given on the command line where that is shorter."""
+    return limit if given is None else min(given, limit)
 
 
 if __name__ == "__main__":
