@@ -1,6 +1,6 @@
 """One command that checks the pipeline on a CUDA machine and writes one JSON.
 
-    python benchmarks/gpu_check.py [--out gpu_check.json] [--parts machine,kernel,paper,smoke,tests] [--budget 540]
+    python benchmarks/gpu_check.py [--out gpu_check.json] [--parts machine,kernel,smoke,stages,tests] [--budget 540]
 
 Runs on a bare, offline GPU node that has torch, transformers, pyarrow and pytest (no Snakemake,
 DVC or lm-eval; it needs the wheels of `make gpu-wheels`, README "GPUs"), from the repository's
@@ -22,11 +22,16 @@ error and the next one runs):
   sweep for a Llama-3.1-8B shape.
 - smoke: every job of the smoke config (tests/data/smoke_plan.json, the workflow's own plan) run
   script by script on CUDA (gna.core.replay), its results compared with the golden files
-  (tests/data/smoke_results) as for another kind of processor: the teacher's rules within a
-  relative 1e-4, the students' within 1e-3 (tests/golden.py). The students run the reference SSM
+  (tests/data/smoke_results) as a device's (tests/golden.py): the teacher's rules within a
+  relative 1e-4, the students' within the spread recorded from one-ulp reruns of their chain on
+  the recording CPU (device_spread.json: alignment, realignment and KD compound a device's float32
+  summation order beyond the 1e-3 that holds between CPU kinds). The students run the reference SSM
   scan there (--smoke-scan torch); `--smoke-scan triton` runs mamba-ssm's kernel instead, whose
   TF32 dots move trained students by more than 1e-3. Cut at its limit, it compares what finished
   and names the jobs that did not.
+- stages: each student rule replayed alone from the golden run's own inputs (the teacher file, the
+  aligned students: tests/data/smoke_stage_inputs), its results within 1e-3 of the golden ones:
+  each stage's own arithmetic on the device, without the noise it inherits from the stages before.
 - tests: the unit tests that put a model on CUDA (UNIT_TESTS) with GNA_TEST_DEVICE=cuda, on the
   reference SSM scan (GNA_SSM_KERNEL=torch; the kernel's own GPU test sets the kernel), pytest-xdist
   workers where installed, the family matrix handed out one family at a time; each test's seconds,
@@ -36,10 +41,10 @@ error and the next one runs):
 
 The budget: before running, the parts are planned into --budget seconds (default 540: a node's
 10-minute command with a minute to spare) from what each takes on an H200 (ESTIMATES_S: machine
-6 s, kernel 40 s, paper about 3 min, smoke 184 s at --parallel 8; tests about 3 min, estimated:
-6 min before they were narrowed to the model-on-CUDA ones on the torch scan). Served in PRIORITY
-order, a part run to its end (machine, kernel, paper) that no longer fits is left out; smoke and
-tests get time limits (their share of what is left, at least MIN_LIMIT_S), re-derived before each
+6 s, kernel 40 s, paper about 3 min, smoke 184 s at --parallel 8; stages about 2 min and tests
+about 3 min, estimated: the tests took 6 min before they were narrowed to the model-on-CUDA ones on
+the torch scan). Served in PRIORITY order, a part run to its end (machine, kernel, paper) that no
+longer fits is left out; smoke, stages and tests get time limits (their share of what is left, at least MIN_LIMIT_S), re-derived before each
 from the time really left. The plan, the limits and what was left out to fit are printed and
 written to the JSON. `--device cpu` checks this script on a CPU machine, at small shapes.
 """
@@ -68,11 +73,11 @@ import torch  # noqa: E402
 
 from gna.engine.scoring import Scorer
 
-PARTS = ("machine", "kernel", "paper", "smoke", "tests")
+PARTS = ("machine", "kernel", "paper", "smoke", "stages", "tests")
 # seconds on an H200 (module docstring); tests: estimated, not yet measured since they were narrowed
-ESTIMATES_S = {"machine": 6, "kernel": 40, "paper": 180, "smoke": 184, "tests": 180}
-CUT = ("smoke", "tests")  # run under a time limit: cut off, they still report what finished
-PRIORITY = ("machine", "tests", "smoke", "kernel", "paper")  # served first when the budget is short
+ESTIMATES_S = {"machine": 6, "kernel": 40, "paper": 180, "smoke": 184, "stages": 120, "tests": 180}
+CUT = ("smoke", "stages", "tests")  # run under a time limit: cut off, they still report what finished
+PRIORITY = ("machine", "tests", "smoke", "kernel", "stages", "paper")  # served first when the budget is short
 MARGIN_S = 30  # a cut part's stopping and judging what finished, the last JSON
 MIN_LIMIT_S = 60  # a cut part given less would report too little to be worth its time
 # The tests that put a model on CUDA under GNA_TEST_DEVICE=cuda (through gna.models.prepare.load_model
@@ -406,6 +411,32 @@ def smoke(parallel: int, keep: str | None, limit_s: float | None, scan: str) -> 
     return out
 
 
+def stages(parallel: int, limit_s: float | None) -> dict:
+    """Each student rule of the smoke replayed alone from the golden run's own inputs (the teacher
+    file, the aligned students: tests/data/smoke_stage_inputs) on the device, its results judged on
+    that stage's arithmetic (tests/golden.py replay_stages: within 1e-3 of the CPU's), where the
+    smoke part judges the whole chain by the recorded device spread. Rules not started by
+    `limit_s` are named."""
+    from golden import cpu_kind, replay_stages
+
+    start = time.perf_counter()
+    outcomes = replay_stages(
+        tempfile.mkdtemp(prefix="gna-gpu-stages-"),
+        kind=DEVICE if DEVICE == "cuda" else cpu_kind(),
+        env={"GNA_DEVICE": DEVICE, "GNA_SSM_KERNEL": "torch"},
+        parallel=parallel,
+        deadline=None if limit_s is None else time.monotonic() + limit_s,
+    )
+    counts: dict[str, int] = {}
+    for outcome in outcomes.values():
+        counts[outcome.split(":")[0]] = counts.get(outcome.split(":")[0], 0) + 1
+    return {
+        "wall_s": round(time.perf_counter() - start, 1),
+        "counts": counts,
+        "not_as_golden": {k: v for k, v in outcomes.items() if v not in ("bit for bit", "within 0.001")},
+    }
+
+
 class _Stopped(Exception):
     """Raised into gna.core.replay by the smoke part's progress callback once its time is up."""
 
@@ -624,6 +655,7 @@ def main() -> None:
         "kernel": lambda limit: kernel(),
         "paper": lambda limit: paper(args.big),
         "smoke": lambda limit: smoke(args.parallel, args.keep, at_most(args.smoke_timeout, limit), args.smoke_scan),
+        "stages": lambda limit: stages(args.parallel, limit),
         "tests": lambda limit: unit_tests(args.tests.split(","), at_most(args.tests_timeout, limit), args.test_alarm),
     }
     planned = plan(parts, args.budget - (time.monotonic() - STARTED))

@@ -14,8 +14,22 @@ nats: measured 0.007 on the smoke's students, AVX-512 against AVX2 kernels; the 
 a difference of log-probs, says nothing of theirs), and the p-values computed from them are left to
 the unit tests.
 
+On a device (a GPU: kind 'cuda') a student's numbers compound the device's float32 summation order
+through alignment, realignment and KD: one ulp of the teacher moves a realigned student's first KD
+gradient by more than 1e-3 (tests/unit/students/test_distillation.py). So they are judged two ways:
+- each student stage replayed alone from the golden run's own inputs (STAGE_INPUTS_DIR, committed:
+  the teacher file, the aligned students, the student folders, the tasks; `replay_stages`), its
+  results within 1e-3 as on another CPU kind: the stage's own arithmetic;
+- the whole run's student results within DEVICE_SPREAD (device_spread.json beside the golden files):
+  per file and column, SPREAD_FACTOR times the largest move, relative to the column's largest
+  magnitude, in SPREAD_K reruns of the student chain on the recording CPU with the teacher's
+  embeddings moved by one ulp (`record_spread`), and never below 1e-3; the columns that such a
+  rerun changed though they hold no floats (a chosen checkpoint's step) are not compared there.
+CPU kinds keep 1e-3, and the recording kind bit for bit.
+
     python tests/golden.py refresh WORKDIR   # store the results of a finished smoke run in WORKDIR
     python tests/golden.py refresh           # run the smoke config in a temporary folder first
+    python tests/golden.py spread            # record device_spread.json (after a refresh, same CPU)
 
 Refresh only after a change that is meant to change results (`make smoke-golden`)."""
 
@@ -36,6 +50,11 @@ from polars.testing import assert_frame_equal
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN_DIR = REPO / "tests" / "data" / "smoke_results"
+STAGE_INPUTS_DIR = REPO / "tests" / "data" / "smoke_stage_inputs"
+PLAN = REPO / "tests" / "data" / "smoke_plan.json"
+DEVICE_SPREAD = "device_spread.json"
+SPREAD_K = 4
+SPREAD_FACTOR = 2.0
 # How the suite runs Snakemake on the smoke config: its jobs are tiny and spend most of their
 # seconds starting Python, so two single-threaded jobs at a time take half the wall time of one
 # two-threaded job after another (the results are the same bytes: test_golden checks).
@@ -173,13 +192,14 @@ def recorded_kind(golden_dir: str | Path = GOLDEN_DIR) -> str | None:
     return json.loads(path.read_text())["cpu"] if path.is_file() else None
 
 
-def within(actual: pl.DataFrame, expected: pl.DataFrame, rtol: float) -> None:
+def within(actual: pl.DataFrame, expected: pl.DataFrame, rtol: float, column_rtol: dict | None = None) -> None:
     """Assert the frames equal, every finite float within `rtol` of its golden column's largest
     finite magnitude (rounding errors scale with the quantities a value is computed from, so a
     near-zero entry of a column of ones, e.g. a position's attention weight of 3e-6, may move by
     1e-7 on another CPU: measured, AMD AVX2 against AVX-512), infinities, NaNs and nulls where the
-    golden ones are, lists of floats element by element, other columns exactly. Raises
-    AssertionError naming the column, the row and both values of the largest difference."""
+    golden ones are, lists of floats element by element, other columns exactly; `column_rtol`
+    overrides `rtol` by column. Raises AssertionError naming the column, the row and both values
+    of the largest difference."""
     if actual.schema != expected.schema or actual.height != expected.height:
         raise AssertionError(first_difference(actual, expected))
     for column in expected.columns:
@@ -196,7 +216,8 @@ def within(actual: pl.DataFrame, expected: pl.DataFrame, rtol: float) -> None:
             continue
         finite = e.is_finite().fill_null(False)
         largest = e.filter(finite).abs().max()
-        allowed = rtol * (float(largest) if largest is not None else 0.0)
+        tol = (column_rtol or {}).get(column, rtol)
+        allowed = tol * (float(largest) if largest is not None else 0.0)
         gap = (a - e).abs().fill_nan(0.0).fill_null(0.0).zip_with(finite, pl.Series([0.0] * len(e)))
         same = (a.eq_missing(e) | (a.is_nan() & e.is_nan())).fill_null(False)  # inf, NaN, null alike
         misplaced = (~finite & ~same) | (finite & ~a.is_finite().fill_null(False))
@@ -204,15 +225,27 @@ def within(actual: pl.DataFrame, expected: pl.DataFrame, rtol: float) -> None:
             at = int(misplaced.arg_true()[0]) if misplaced.any() else int(gap.arg_max())
             raise AssertionError(
                 f"column {column!r}, row {rows[at]} (rows sorted by all columns): {a[at]!r} != golden {e[at]!r}, "
-                f"beyond {rtol:g} of the column's largest finite magnitude {largest!r}"
+                f"beyond {tol:g} of the column's largest finite magnitude {largest!r}"
             )
 
 
-def check(name: str, actual: pl.DataFrame, expected: pl.DataFrame, same_kind: bool) -> str:
+def is_device(kind: str) -> bool:
+    """Whether `kind` names a device (cuda) rather than a kind of CPU (cpu_kind)."""
+    return kind.split()[0] == "cuda"
+
+
+def device_spread(golden_dir: str | Path = GOLDEN_DIR) -> dict:
+    """The recorded spread (record_spread): {"files": {name: {"rtol": {column: tol}, "varies": [...]}}, ...}."""
+    path = Path(golden_dir) / DEVICE_SPREAD
+    return json.loads(path.read_text()) if path.is_file() else {"files": {}}
+
+
+def check(name: str, actual: pl.DataFrame, expected: pl.DataFrame, same_kind: bool, spread: dict | None = None) -> str:
     """How result file `name` matches its golden frame: 'bit for bit', or where the golden
     results come from another kind of machine (not `same_kind`) 'within 1e-4' (the teacher's
     results) or 'within 0.001' (the students'; `within`: of the value's or its column's scale),
-    non-float columns exactly; raises AssertionError naming the difference."""
+    non-float columns exactly; on a device, a student file's `spread` entry (device_spread) gives
+    its columns' tolerances ('within the device spread'). Raises AssertionError naming the difference."""
     try:
         assert_frame_equal(actual, expected, check_exact=True)
         return "bit for bit"
@@ -225,6 +258,11 @@ def check(name: str, actual: pl.DataFrame, expected: pl.DataFrame, same_kind: bo
         if set(SIGN_COUNTS) <= set(expected.columns) and actual.columns == expected.columns:
             sign_counts_close(actual, expected)
             actual, expected = (frame.drop(*SIGN_COUNTS, *SIGN_P, "logp_median_diff") for frame in (actual, expected))
+        if spread:
+            varies = [c for c in spread.get("varies", []) if c in expected.columns]
+            actual, expected = actual.drop(varies), expected.drop(varies)
+            within(actual, expected, rtol, spread.get("rtol", {}))
+            return "within the device spread"
         within(actual, expected, rtol)
     except AssertionError as error:
         raise AssertionError(f"{name}: {error}") from None
@@ -238,11 +276,12 @@ def outcomes(actual_dir: str | Path, *, kind: str, golden_dir: str | Path = GOLD
     files only one side has."""
     actual, golden = snapshot(actual_dir), read_golden(golden_dir)
     same_kind = kind == recorded_kind(golden_dir)
+    spread = device_spread(golden_dir)["files"] if is_device(kind) else {}
     out = {name: "missing" for name in golden.keys() - actual.keys()}
     out |= {name: "not in the golden results" for name in actual.keys() - golden.keys()}
     for name in golden.keys() & actual.keys():
         try:
-            out[name] = check(name, actual[name], golden[name], same_kind)
+            out[name] = check(name, actual[name], golden[name], same_kind, spread.get(name))
         except AssertionError as error:
             out[name] = f"differs: {str(error).splitlines()[0]}"
     return dict(sorted(out.items()))
@@ -258,8 +297,200 @@ def compare(actual_dir: str | Path, *, kind: str, golden_dir: str | Path = GOLDE
     if missing or extra:
         raise AssertionError(f"result files differ from {golden_dir}: missing {missing}, extra {extra}")
     same_kind = kind == recorded_kind(golden_dir)
+    spread = device_spread(golden_dir)["files"] if is_device(kind) else {}
     for name in sorted(golden):
-        check(name, actual[name], golden[name], same_kind)
+        check(name, actual[name], golden[name], same_kind, spread.get(name))
+
+
+def _data_name(path: str) -> str | None:
+    """A plan path's name relative to data/ (None outside data/)."""
+    return path[len("data/") :] if path.startswith("data/") else None
+
+
+def student_jobs(plan: dict) -> list[dict]:
+    """The plan's jobs that train or score a student: those writing a student's Parquet result
+    (trained) or a student's folder (the teacher file and the corpus check are the teacher's side)."""
+    return [
+        job
+        for job in plan["jobs"]
+        if any(
+            (name := _data_name(p)) and ((name.endswith(".parquet") and trained(name)) or "hybrid" in name)
+            for p in job["output"]["items"]
+        )
+    ]
+
+
+def stage_input_paths(plan: dict) -> list[str]:
+    """What the student jobs read that some job of the plan writes (paths under data/)."""
+    written = {p for job in plan["jobs"] for p in job["output"]["items"]}
+    return sorted({p for job in student_jobs(plan) for p in job["input"]["items"] if p in written})
+
+
+def store_stage_inputs(workdir: str | Path, inputs_dir: Path = STAGE_INPUTS_DIR) -> None:
+    """Keep the student jobs' inputs from the finished smoke run in `workdir` (refresh does)."""
+    from gna.core.replay import read_plan
+
+    shutil.rmtree(inputs_dir, ignore_errors=True)
+    for path in stage_input_paths(read_plan(PLAN)):
+        source, target = Path(workdir) / path, inputs_dir / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if source.is_dir() else shutil.copy2)(source, target)
+
+
+def _seeded(workdir: Path, inputs_dir: Path, rules: tuple[str, ...], plan: dict) -> Path:
+    """`workdir` holding the golden run's stage inputs, less what the jobs of `rules` write."""
+    shutil.rmtree(workdir, ignore_errors=True)
+    shutil.copytree(inputs_dir, workdir)
+    for job in plan["jobs"]:
+        for path in job["output"]["items"] if job["rule"] in rules else []:
+            target = workdir / path
+            shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+    return workdir
+
+
+def _written_results(plan: dict, rules: tuple[str, ...]) -> list[str]:
+    return sorted(
+        name
+        for job in plan["jobs"]
+        if job["rule"] in rules
+        for p in job["output"]["items"]
+        if (name := _data_name(p)) and name.endswith(".parquet") and name.split("/")[0] in RESULT_FOLDERS
+    )
+
+
+def replay_stages(
+    root: str | Path,
+    *,
+    kind: str,
+    rules: tuple[str, ...] | None = None,
+    env: dict | None = None,
+    parallel: int = 2,
+    inputs_dir: Path = STAGE_INPUTS_DIR,
+    deadline: float | None = None,
+) -> dict[str, str]:
+    """Each student rule (or each of `rules`) replayed alone in a folder of its own under `root`, from
+    the golden run's inputs, its results judged as check judges another kind's (bit for bit on the
+    recording kind, else within 1e-3, never by the device spread): {result file: outcome}, and
+    {job: status} for a job that did not succeed; past `deadline` (time.monotonic()) a rule is not
+    started, its results 'not run: time'."""
+    import time
+
+    from gna.core.replay import read_plan, replay
+
+    plan, golden = read_plan(PLAN), read_golden()
+    same_kind = kind == recorded_kind()
+    out = {}
+    for rule in rules or dict.fromkeys(job["rule"] for job in student_jobs(plan)):
+        if deadline is not None and time.monotonic() > deadline:
+            out |= dict.fromkeys(_written_results(plan, (rule,)), "not run: time")
+            continue
+        workdir = _seeded(Path(root) / rule, inputs_dir, (rule,), plan)
+        for record in replay(PLAN, workdir, rules=(rule,), env=env, parallel=parallel):
+            if record["rule"] == rule and record["status"] != "ok":
+                out[record["label"]] = f"{record['status']}: {record.get('error', '')[-300:]}"
+        for name in _written_results(plan, (rule,)):
+            path = workdir / "data" / name
+            try:
+                out[name] = (
+                    check(name, stable(pl.read_parquet(path)), golden[name], same_kind) if path.exists() else "missing"
+                )
+            except AssertionError as error:
+                out[name] = f"differs: {str(error).splitlines()[0]}"
+    return dict(sorted(out.items()))
+
+
+def _nudged_teacher(workdir: Path, plan: dict, rerun: int) -> None:
+    """The teacher folder's input embeddings each moved by one ulp, up or down by a draw of `rerun`."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    teacher = next(p for job in student_jobs(plan) for p in job["input"]["items"] if p.startswith("data/models/"))
+    path = workdir / teacher / "model.safetensors"
+    tensors = load_file(path)
+    name = next(k for k in tensors if k.endswith("embed_tokens.weight"))
+    weight = tensors[name]
+    up = torch.rand(weight.shape, generator=torch.Generator().manual_seed(rerun)) < 0.5
+    towards = torch.where(up, torch.full_like(weight, float("inf")), torch.full_like(weight, float("-inf")))
+    tensors[name] = torch.nextafter(weight, towards)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def record_spread(
+    root: str | Path, k: int = SPREAD_K, golden_dir: Path = GOLDEN_DIR, inputs_dir: Path = STAGE_INPUTS_DIR
+) -> dict:
+    """Rerun the teacher file and the student chain `k` times from the golden run's inputs, the
+    teacher's embeddings moved by one ulp each time (_nudged_teacher), and write device_spread.json:
+    per student result file, each float column's tolerance (SPREAD_FACTOR times its largest relative
+    move, at least STUDENT_RTOL) and the columns without floats that a rerun changed. Run it on the
+    kind of CPU the golden results were recorded on (their reruns are compared with them)."""
+    from gna.core.replay import read_plan, replay
+
+    if cpu_kind() != recorded_kind(golden_dir):
+        raise SystemExit(f"record the spread where the golden results were recorded ({recorded_kind(golden_dir)})")
+    plan, golden = read_plan(PLAN), read_golden(golden_dir)
+    rules = ("distill_teacher", *dict.fromkeys(job["rule"] for job in student_jobs(plan)))
+    names = _written_results(plan, rules)
+    moves: dict[str, dict[str, float]] = {name: {} for name in names}
+    varies: dict[str, set[str]] = {name: set() for name in names}
+    for rerun in range(k):
+        workdir = _seeded(Path(root) / f"rerun-{rerun}", inputs_dir, rules, plan)
+        _nudged_teacher(workdir, plan, rerun)
+        records = replay(PLAN, workdir, rules=rules, parallel=2)
+        failed = {r["label"]: r.get("error", "")[-300:] for r in records if r["status"] not in ("ok", "given")}
+        if failed:
+            raise RuntimeError(f"spread rerun {rerun}: jobs did not succeed: {failed}")
+        for name in names:
+            for column, move in _relative_moves(stable(pl.read_parquet(workdir / "data" / name)), golden[name]).items():
+                if move is None:
+                    varies[name].add(column)
+                else:
+                    moves[name][column] = max(moves[name].get(column, 0.0), move)
+    spread = {
+        "measured_on": cpu_kind(),
+        "reruns": k,
+        "rule": f"per column: {SPREAD_FACTOR:g} x the largest move in {k} one-ulp reruns, relative to the "
+        f"column's largest magnitude, at least {STUDENT_RTOL:g}",
+        "files": {
+            name: {
+                "rtol": {
+                    c: max(STUDENT_RTOL, float(f"{SPREAD_FACTOR * m:.2g}")) for c, m in sorted(moves[name].items())
+                },
+                "varies": sorted(varies[name]),
+                "largest_move": {c: float(f"{m:.3g}") for c, m in sorted(moves[name].items())},
+            }
+            for name in names
+        },
+    }
+    write_json = Path(golden_dir) / DEVICE_SPREAD
+    write_json.write_text(json.dumps(spread, indent=1) + "\n")
+    return spread
+
+
+def _relative_moves(actual: pl.DataFrame, expected: pl.DataFrame) -> dict[str, float | None]:
+    """Per column of a rerun's frame: its float values' largest move relative to the golden column's
+    largest finite magnitude; None for a column without floats that differs (or a frame whose rows
+    differ: every column). The sign-test columns are judged by their own slack (sign_counts_close)."""
+    if actual.height != expected.height or actual.columns != expected.columns:
+        return dict.fromkeys(expected.columns)
+    out = {}
+    for column in expected.columns:
+        if column in (*SIGN_COUNTS, *SIGN_P, "logp_median_diff"):
+            continue
+        a, e = actual[column], expected[column]
+        if isinstance(e.dtype, pl.List) and e.dtype.inner.is_float():
+            if not a.list.len().equals(e.list.len()):
+                out[column] = None
+                continue
+            a, e = a.explode(), e.explode()
+        if not e.dtype.is_float():
+            if not a.equals(e):
+                out[column] = None
+            continue
+        finite = (e.is_finite() & a.is_finite()).fill_null(False)
+        largest = e.filter(finite).abs().max()
+        gap = (a - e).filter(finite).abs().max()
+        out[column] = float(gap) / float(largest) if largest and gap is not None else 0.0
+    return out
 
 
 def run_smoke(workdir: Path) -> None:
@@ -299,10 +530,17 @@ def refresh(workdir: str | Path | None = None, golden_dir: Path = GOLDEN_DIR) ->
         (golden_dir / name).parent.mkdir(parents=True, exist_ok=True)
         frame.write_parquet(golden_dir / name, compression="zstd", compression_level=19)
     (golden_dir / RECORDED_ON).write_text(json.dumps({"cpu": cpu_kind()}) + "\n")
-    print(f"wrote {len(frames)} golden files to {golden_dir}, recorded on {cpu_kind()}")
+    if golden_dir == GOLDEN_DIR:
+        store_stage_inputs(workdir)
+    print(f"wrote {len(frames)} golden files to {golden_dir} and the student stages' inputs, recorded on {cpu_kind()}")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 3) or sys.argv[1] != "refresh":
+    sys.path.insert(0, str(REPO / "src"))
+    if len(sys.argv) == 2 and sys.argv[1] == "spread":
+        with tempfile.TemporaryDirectory(prefix="gna-spread-") as tmp:
+            print(json.dumps(record_spread(tmp)["files"], indent=1))
+    elif len(sys.argv) in (2, 3) and sys.argv[1] == "refresh":
+        refresh(sys.argv[2] if len(sys.argv) == 3 else None)
+    else:
         raise SystemExit(__doc__)
-    refresh(sys.argv[2] if len(sys.argv) == 3 else None)

@@ -268,3 +268,51 @@ def test_every_tolerance_is_pinned_at_its_boundary(run_data, factor, holds):
     row = int(frame["logp_n"].arg_max())
     slack = sign_slack(frame["logp_n"][row])
     assert judged(name, _moved(frame, "logp_lower", row, slack if holds else slack + 1)) is holds
+
+
+def test_on_a_device_a_students_columns_are_judged_by_the_recorded_spread(run_data):
+    """device_spread.json says how it was recorded and gives each student column its tolerance; on a
+    device that tolerance holds at half and fails at one and a half, a column a rerun changed is not
+    compared there, and on another CPU kind every student column keeps 1e-3."""
+    from golden import STUDENT_RTOL, check, device_spread, is_device
+
+    spread = device_spread()
+    assert spread["reruns"] >= 4 and spread["measured_on"] == recorded_kind() and "one-ulp" in spread["rule"]
+    assert is_device("cuda") and not is_device(recorded_kind())
+    golden = read_golden(run_data)
+    name = "results/hybrid/tiny-llama/k2-n8.parquet"
+    entry = spread["files"][name]
+    tol = entry["rtol"]["value"]
+    assert tol >= STUDENT_RTOL
+    frame = golden[name]
+    scale = frame["value"].abs().max()
+    row = int((frame["value"].abs() - scale / 2).abs().arg_min())
+    half = _moved(frame, "value", row, 0.5 * tol * scale)
+    assert check(name, half, frame, False, entry) == "within the device spread"
+    with pytest.raises(AssertionError, match="k2-n8.parquet: column 'value'"):
+        check(name, _moved(frame, "value", row, 1.5 * tol * scale), frame, False, entry)
+    with pytest.raises(AssertionError):  # on another CPU kind: 1e-3
+        check(name, _moved(frame, "value", row, 1.5 * STUDENT_RTOL * scale), frame, False)
+    compare(run_data, kind="cuda")  # the golden results themselves, judged as a device's
+    free = {"rtol": {}, "varies": ["n"]}
+    changed = frame.with_columns(pl.col("n") + 1)
+    assert check(name, changed, frame, False, free) == "within the device spread"
+    with pytest.raises(AssertionError, match="k2-n8.parquet"):
+        check(name, changed, frame, False)
+
+
+@pytest.mark.slow
+def test_a_student_stage_replayed_from_the_golden_inputs_gives_the_golden_results(tmp_path):
+    """KD replayed alone from the committed inputs of the golden run (its teacher file and aligned
+    students): its results judged on their own arithmetic, bit for bit where the golden results were
+    recorded, within 1e-3 elsewhere; the jobs of other rules are given, not run."""
+    from golden import PLAN, STAGE_INPUTS_DIR, replay_stages, stage_input_paths
+
+    from gna.core.replay import read_plan
+
+    given = stage_input_paths(read_plan(PLAN))
+    assert "data/distill/tiny-llama/align-n8.safetensors" in given
+    assert all((STAGE_INPUTS_DIR / path).exists() for path in given)
+    outcomes = replay_stages(tmp_path, kind=cpu_kind(), rules=("distill_kd",))
+    assert outcomes and all(name.startswith("distill/") or "hybrid" in name for name in outcomes), outcomes
+    assert set(outcomes.values()) <= {"bit for bit", "within 0.001"}, outcomes

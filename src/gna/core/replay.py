@@ -209,13 +209,16 @@ def replay(
     parallel: int = 1,
     env: dict | None = None,
     skip_rules: tuple[str, ...] = (),
+    rules: tuple[str, ...] | None = None,
     progress=None,
 ) -> list[dict]:
     """Run every job of the plan at `plan_path` in `workdir`, each in its own Python process, up to
     `parallel` at a time, each as soon as the jobs writing its inputs have succeeded; the jobs of
     `skip_rules` are not run, nor is a job whose input a skipped or failed job should have written.
-    Returns one record per job: rule, label, status (ok, failed, skipped, not run), seconds, the
-    end of its log where it failed."""
+    With `rules`, only their jobs run: every other job is given (status 'given'), what they read
+    of its outputs already in `workdir` (a job missing one is 'not run', naming it). Returns one
+    record per job: rule, label, status (ok, failed, skipped, given, not run), seconds, the end of
+    its log where it failed."""
     plan_path = Path(plan_path).resolve()
     plan = read_plan(plan_path)
     jobs = plan["jobs"]
@@ -246,8 +249,18 @@ def replay(
         return record
 
     for i, job in enumerate(jobs):
-        if job["rule"] in skip_rules:
+        if rules is not None and job["rule"] not in rules:
+            results[i]["status"] = "given"
+        elif job["rule"] in skip_rules:
             results[i]["status"] = "skipped"
+        elif rules is not None:
+            missing = [
+                p
+                for p in job["input"]["items"]
+                if p in writer and jobs[writer[p]]["rule"] not in rules and not (workdir / _resolved(p, repo)).exists()
+            ]
+            if missing:
+                results[i].update(status="not run", error=f"given inputs missing in {workdir}: {missing}")
     pending, running = {i for i, r in enumerate(results) if r["status"] == "waiting"}, {}
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         while pending or running:
@@ -255,7 +268,7 @@ def replay(
                 if any(results[d]["status"] in ("failed", "skipped", "not run") for d in needs[i]):
                     results[i]["status"] = "not run"
                     pending.discard(i)
-                elif len(running) < parallel and all(results[d]["status"] == "ok" for d in needs[i]):
+                elif len(running) < parallel and all(results[d]["status"] in ("ok", "given") for d in needs[i]):
                     running[pool.submit(run, i)] = i
                     pending.discard(i)
             if not running:
