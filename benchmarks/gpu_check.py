@@ -44,9 +44,10 @@ The budget: before running, the parts are planned into --budget seconds (default
 6 s, kernel 40 s, paper about 3 min, smoke 184 s at --parallel 8; stages about 2 min and tests
 about 3 min, estimated: the tests took 6 min before they were narrowed to the model-on-CUDA ones on
 the torch scan). Served in PRIORITY order, a part run to its end (machine, kernel, paper) that no
-longer fits is left out; smoke, stages and tests get time limits (their share of what is left, at least MIN_LIMIT_S), re-derived before each
-from the time really left. The plan, the limits and what was left out to fit are printed and
-written to the JSON. `--device cpu` checks this script on a CPU machine, at small shapes.
+longer fits is left out; smoke, stages and tests get time limits (their share of what is left, at
+least MIN_LIMIT_S), re-derived before each from the time really left. The plan, the limits and
+what was left out to fit are printed and written to the JSON. `--device cpu` checks this script on
+a CPU machine, at small shapes.
 """
 
 from __future__ import annotations
