@@ -8,7 +8,7 @@ CORES  ?= all
 TEST_WORKERS ?= 2
 WORKERS := -n $(TEST_WORKERS)
 
-.PHONY: venv gpu gpu-wheels reproduce check headline timing-table test test-fast lint smoke-golden smoke-plan gpu-check dryrun pull push report lock peers
+.PHONY: venv gpu gpu-wheels reproduce check headline findings timing-table test test-fast lint smoke-golden smoke-plan gpu-check dryrun pull push report lock peers
 
 # torch first, pinned to the CPU wheel (any looser spec can pull a multi-GB CUDA build), then
 # the project under a full constraint file so the resolver cannot replace it.
@@ -55,6 +55,12 @@ check: venv
 
 headline: venv
 	$(BIN)/python -m gna.report.headline write data docs/headline.json
+	$(MAKE) --no-print-directory findings
+
+## docs/findings.md and its figures (docs/figures/), written from docs/headline.json: the study's
+## claims beside each model's result (gna.report.findings; a test checks the committed page)
+findings: venv
+	$(BIN)/python -m gna.report.findings docs/headline.json docs/findings.md
 
 ## The test suite (unit tests on tiny models, the workflow on config/smoke.yaml, one test on
 ## the real default model). `make test-fast` skips tests marked slow.

@@ -35,6 +35,7 @@ from gna.report.htmlkit import (
     table,
 )
 from gna.report.knowledge_section import against_study
+from gna.report.study import CONTRAST
 
 # the tasks of the contrast, in the order a reader reads it: the letter format, then the same questions
 # and the facts scored by their answer text (knowledge), then the sweep's own retrieval task
@@ -46,13 +47,6 @@ TASKS = {
 }
 # the study's fall is one to chance: where it is not seen, whether so large a fall is excluded
 FALLS_TO_CHANCE = ("mmlu_letter",)
-# what the study reports for Llama-3.1-8B with its G&A heads disabled (labelled reference, never a result)
-STUDY = {
-    "mmlu_letter": ("falls", "66% → 25% (chance)"),
-    "mmlu_cloze": ("holds", "knowledge tasks unchanged"),
-    "facts_cloze": ("holds", "knowledge tasks unchanged"),
-    "kv_retrieval": ("falls", "KV retrieval collapses"),
-}
 
 
 def letter_baseline(baseline: pl.DataFrame, model: str) -> dict | None:
@@ -115,7 +109,7 @@ def summary_table(
             "random verdict": decide(rnd, margin).label if rnd else "–",
         }
         if reference:
-            row["study (Llama-3.1-8B, reference)"] = f"{STUDY[task][0]}: {STUDY[task][1]}"
+            row["study (Llama-3.1-8B, reference)"] = f"{CONTRAST[task][0]}: {CONTRAST[task][1]}"
         rows.append(row)
     return pl.DataFrame(rows)
 
@@ -194,7 +188,7 @@ def sentences(compared: pl.DataFrame, model: str, k: int, margin: float, chance:
         if row is None:
             continue
         verdict = decide(row, margin)
-        stand = to_chance(row, task, chance, margin) or against_study(verdict, STUDY[task][0])
+        stand = to_chance(row, task, chance, margin) or against_study(verdict, CONTRAST[task][0])
         out.append(
             f"{html.escape(name)}: {pct(row['acc_reference'])} → {pct(row['acc_condition'])} on the same {row['n']} "
             f"items: {comparison_verdict(row, margin)}{stand}{_control_too(sub, task, k, verdict.verb, margin)}"

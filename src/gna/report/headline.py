@@ -180,6 +180,19 @@ def _formats(formats: pl.DataFrame, model: str) -> list[dict]:
     return out
 
 
+def provenance_entry(record: dict) -> dict:
+    """Where a headline comes from, read from its run's record (gna.report.run_record's record.json):
+    the commit, the CPU and its kernels, the cores and the date. `make check` does not compare it."""
+    return {
+        "name": "provenance",
+        "kind": "provenance",
+        "commit": record["git commit"][:7] + ("-dirty" if record["git commit"].endswith("-dirty") else ""),
+        "cpu": f"{record['cpu']} ({record['kernels']})",
+        "cores": record["cpu_count"],
+        "date": record["written"],
+    }
+
+
 def headline(data_dir: str | Path, margin: float = DEFAULT_MARGIN) -> list[dict]:
     """The headline entries of the finished run in `data_dir` (its data/ folder): per teacher the
     baseline accuracies, the top-ranked head, the minimal model's depth, the top-k removal's
@@ -257,6 +270,9 @@ def headline(data_dir: str | Path, margin: float = DEFAULT_MARGIN) -> list[dict]
             out += _verdicts(
                 students.filter(pl.col("family") != "more heads kept vs fewer"), f"{model} students", margin
             )
+    record = data / "run" / "record.json"
+    if record.is_file():
+        out.append(provenance_entry(json.loads(record.read_text())))
     return out
 
 
@@ -269,6 +285,7 @@ def compare(reference: list[dict], run: list[dict], margin: float = DEFAULT_MARG
     got = {entry["name"]: entry for entry in run}
     lines, ok = [], True
     failed = {"verdict": 0, "number": 0}  # entries that differ, changed or are missing, by kind
+    reference = [ref for ref in reference if ref["kind"] != "provenance"]  # where, not what
     for ref in reference:
         new = got.get(ref["name"])
         kind = "verdict" if ref["kind"] == "verdict" else "number"
@@ -318,6 +335,11 @@ def compare(reference: list[dict], run: list[dict], margin: float = DEFAULT_MARG
     return lines, ok
 
 
+def headline_text(entries: list[dict]) -> str:
+    """The headline file's text: one entry a line, so that a reviewer reads a change in a diff."""
+    return "[\n" + ",\n".join(json.dumps(e, ensure_ascii=False) for e in entries) + "\n]\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 3 or args[0] not in ("write", "check"):
@@ -326,8 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     if args[0] == "write":
         data, out = args[1], Path(args[2])
         entries = headline(data)
-        # one entry a line: a reviewer reads a change to it in a diff
-        out.write_text("[\n" + ",\n".join(json.dumps(e, ensure_ascii=False) for e in entries) + "\n]\n")
+        out.write_text(headline_text(entries))
         print(f"wrote {len(entries)} headline entries of {data} to {out}")
         return 0
     if not Path(args[1]).is_file():

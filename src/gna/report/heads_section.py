@@ -26,6 +26,7 @@ from gna.report.htmlkit import (
     skipped_tasks_note,
     table,
 )
+from gna.report.study import CITATION, KEPT_HEADS, reference_html
 
 
 def _models(frame: pl.DataFrame) -> list[str]:
@@ -124,16 +125,7 @@ def plot_attribution(attr: pl.DataFrame, path) -> None:
     save_figure(fig, path)
 
 
-REFERENCE_KEPT = """
-<p class='note'><b>Reference, not produced by this pipeline:</b> the study's published table (Bick, Xing, Gu,
-ICML 2025) for Llama-3.1-8B-Instruct pruned above layer 17, heads kept in layers 16/17:</p>
-<table class='ref'><thead><tr><th>heads kept L16</th><th>heads kept L17</th><th>MMLU (reference)</th>
-<th>knowledge tasks (reference)</th></tr></thead><tbody>
-<tr><td>22</td><td>24</td><td>66.32%</td><td>39.09%</td></tr>
-<tr><td>∅</td><td>24</td><td>24.36%</td><td>39.18%</td></tr>
-<tr><td>22</td><td>∅</td><td>25.59%</td><td>39.21%</td></tr>
-<tr><td>∅</td><td>∅</td><td>25.56%</td><td>39.21%</td></tr></tbody></table>
-"""
+REFERENCE_KEPT = reference_html(KEPT_HEADS, f"the study's published table ({CITATION}) for {KEPT_HEADS['what']}")
 
 
 def top_heads_part(ranking: pl.DataFrame, sweep: pl.DataFrame) -> str:

@@ -37,27 +37,11 @@ from gna.report.student_tables import (
     not_scored_note,
 )
 from gna.report.student_training import training_part
+from gna.report.study import HYBRID_HEADS, STATE_SIZE, reference_html
 from gna.students.spec import TEACHER_VARIANT
 
-REFERENCE_HEADS = """
-<p class='note'><b>Reference, not produced by this pipeline:</b> the study's Hybrid-Llama-1B (distilled from
-Llama-3.2-1B, retrieval-guided heads kept), selected columns:</p>
-<table class='ref'><thead><tr><th>attention heads kept</th><th>LAMBADA acc</th><th>MMLU</th><th>KV-Ret</th>
-<th>PIQA (knowledge)</th></tr></thead><tbody>
-<tr><td>0</td><td>50.7</td><td>39.2</td><td>13.2</td><td>74.2</td></tr>
-<tr><td>10</td><td>54.2</td><td>42.1</td><td>99.0</td><td>74.6</td></tr>
-<tr><td>20</td><td>55.0</td><td>43.0</td><td>99.3</td><td>74.5</td></tr>
-<tr><td>40</td><td>54.0</td><td>44.0</td><td>99.4</td><td>73.7</td></tr>
-<tr><td>512 (Llama-3.2-1B)</td><td>60.1</td><td>46.0</td><td>99.3</td><td>74.4</td></tr></tbody></table>
-"""
-
-REFERENCE_STATE = """
-<p class='note'><b>Reference, not produced by this pipeline:</b> the study's state-size table (Hybrid-Llama-1B,
-20 heads kept):</p>
-<table class='ref'><thead><tr><th>state size</th><th>MMLU</th><th>KV-Ret</th><th>PIQA (knowledge)</th></tr></thead>
-<tbody><tr><td>4</td><td>37.0</td><td>72.6</td><td>74.6</td></tr><tr><td>8</td><td>41.0</td><td>90.0</td><td>74.0</td></tr>
-<tr><td>64</td><td>43.0</td><td>99.3</td><td>74.5</td></tr></tbody></table>
-"""
+REFERENCE_HEADS = reference_html(HYBRID_HEADS, f"the study's {HYBRID_HEADS['what']}")
+REFERENCE_STATE = reference_html(STATE_SIZE, f"the study's {STATE_SIZE['what']}")
 
 
 def plot_heads(students: pl.DataFrame, teacher: pl.DataFrame, path) -> None:
@@ -344,7 +328,7 @@ def render_hybrid(ctx: SectionContext) -> str:
     skipped_note = (
         f"<p>No students of {', '.join(f'<code>{html.escape(m)}</code>' for m in skipped)}: "
         "<code>skip: [hybrid]</code> in the config (students replace attention with separate q/k/v/o "
-        "projections and rotary positions head by head; the README's family table lists the families "
+        "projections and rotary positions head by head; the family table of docs/usage.md lists the families "
         "they are built for).</p>"
         if skipped
         else ""

@@ -40,6 +40,7 @@ from gna.report.htmlkit import (
     save_figure,
     table,
 )
+from gna.report.study import VERBS
 from gna.students.spec import TEACHER_VARIANT, variant_name
 from gna.tasks.facts import LETTERS, repeats_solved_answer
 
@@ -110,16 +111,6 @@ def view_table(conds: list[tuple[str, pl.DataFrame]]) -> pl.DataFrame:
     return pl.DataFrame(rows)
 
 
-# what the study reports for each comparison, per column kind ("kv", "cloze", "choice"):
-# falls, rises or holds (Bick et al.: one head's removal takes MMLU letter to chance while cloze
-# knowledge stays; SSMs keep knowledge but fail the letter format; hybrids and the critical
-# layer's attention bring it back)
-STUDY = {
-    "topk": {"kv": "falls", "cloze": "holds", "choice": "falls"},
-    "ssm": {"kv": "falls", "cloze": "holds", "choice": "falls"},
-    "hybrid": {"kv": "rises", "cloze": "holds", "choice": "rises"},
-    "swap": {"kv": "rises", "cloze": "holds", "choice": "rises"},
-}
 KIND = {"kv_retrieval": "kv", "facts_cloze": "cloze", "facts_choice": "choice"}
 
 
@@ -199,12 +190,12 @@ def findings(model: str, ctx: SectionContext) -> list[str]:
     for compared, family, reference, condition, what, kind in comparison_pairs(model, ctx):
         for (task, group), name in COLUMNS.items():
             row = comparison_row(compared, family, reference, condition, task, group)
-            sentence = change_sentence(name, row, what, ctx.margin, STUDY[kind][KIND[task]])
+            sentence = change_sentence(name, row, what, ctx.margin, VERBS[kind][KIND[task]])
             if sentence:
                 out.append(sentence)
             if (task, group) == ("facts_cloze", "all"):  # knowledge where copying the subject cannot help
                 row = comparison_row(compared, family + SUBSETS, reference, condition, task, NOT_COPYABLE)
-                sentence = change_sentence(f"{name}, answers not copyable", row, what, ctx.margin, STUDY[kind]["cloze"])
+                sentence = change_sentence(f"{name}, answers not copyable", row, what, ctx.margin, VERBS[kind]["cloze"])
                 if sentence:
                     out.append(sentence)
     return out
