@@ -1,4 +1,4 @@
-"""The SSH DVC remote (README, "Results with DVC") against a real OpenSSH server on localhost,
+"""The SSH DVC remote (README, "Sharing results") against a real OpenSSH server on localhost,
 started by tests/cluster/local_sshd.sh: a small git + DVC project pushes through
 `python -m gna.core.sharing push` to ssh://USER@127.0.0.1:PORT/..., the remote's objects are the
 project's bytes, and a fresh clone pulls them back byte for byte. A wrong port, a key the server

@@ -48,7 +48,7 @@ class RemoteError(RuntimeError):
     """The DVC remote cannot be used as asked; the message says what to configure."""
 
 
-HOW_TO_CONFIGURE = """Configure the remote your lab shares results through (README, "Results with DVC"), e.g.
+HOW_TO_CONFIGURE = """Configure the remote your lab shares results through (README, "Sharing results"), e.g.
   dvc remote add -d lab s3://BUCKET/gna                       # S3 (or S3-compatible: also
   dvc remote modify lab endpointurl https://s3.example.org    #   its endpoint; keys from the
                                                               #   usual AWS variables or files)

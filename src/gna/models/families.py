@@ -6,7 +6,7 @@ attention weights in every layer, and hybrid students replace a transformer's at
 head (gna.students.mixer takes each family's projections, norms, positions, soft-capping,
 windows and layer layout from the model), so they are built for every attention family.
 `FAMILY_PHASES` is what tests/unit/models/test_families.py checks family by family and what the
-README's family table is generated from (`python -m gna.models.families`).
+family table of docs/usage.md is generated from (`python -m gna.models.families`).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def skip_hint(model_name: str, phase: str) -> str:
 
 
 def family_table() -> str:
-    """The README's family × phase table (Markdown)."""
+    """The family × phase table of docs/usage.md (Markdown)."""
     head = "| family | " + " | ".join(PHASES) + " |"
     rule = "|---" * (len(PHASES) + 1) + "|"
 

@@ -240,13 +240,13 @@ def test_every_layer_has_heads_and_windowed_families_declare_their_windows():
         assert DecoderStack(model).packs_choices == all(s.kind == "attention" for s in sites)
 
 
-def test_the_readme_family_table_is_the_generated_one():
+def test_the_documented_family_table_is_the_generated_one():
     from pathlib import Path
 
     from gna.models.families import family_table
 
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    assert family_table() in readme
+    usage = (Path(__file__).resolve().parents[3] / "docs" / "usage.md").read_text()
+    assert family_table() in usage
 
 
 def test_a_tiny_family_a_phase_refuses_must_skip_it_in_the_config():
