@@ -471,3 +471,20 @@ def describe(row: dict, margin: float = DEFAULT_MARGIN) -> str:
     )
     held = f"Holm p = {row['p_holm']:.2g}, not within ±{100 * margin:g}"
     return f"not decided at n = {row['n']}: {change} ({held}); {plan}"
+
+
+def comparison_row(
+    compared: pl.DataFrame, family: str, reference: str, condition: str, task: str, group: str = "all"
+) -> dict | None:
+    """The row of a comparisons table (comparisons) comparing `condition` with `reference` in
+    `family` on `task` and `group`, or None where the two were not compared."""
+    if compared.is_empty():
+        return None
+    rows = compared.filter(
+        (pl.col("family") == family)
+        & (pl.col("reference") == reference)
+        & (pl.col("condition") == condition)
+        & (pl.col("task") == task)
+        & (pl.col("group") == group)
+    )
+    return rows.row(0, named=True) if len(rows) else None

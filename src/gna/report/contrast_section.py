@@ -18,6 +18,7 @@ from matplotlib.ticker import MaxNLocator
 
 from gna.core.chance import above_chance
 from gna.core.paired import ALPHA, decide, fall_excluded, share_upper_bound
+from gna.report.contrast_verdict import removal_verdict
 from gna.report.headline import knowledge_k
 from gna.report.htmlkit import (
     SectionContext,
@@ -117,7 +118,8 @@ def summary_table(
 def to_chance(row: dict, task: str, chance: float | None, margin: float) -> str | None:
     """Where a task the study reports falling to chance does not fall and its comparisons row excludes
     that fall (gna.core.paired.fall_excluded: the exact bound on the share of items lost lies under the
-    points from the unmodified accuracy down to `chance`): a clause saying so; else None."""
+    points from the unmodified accuracy down to `chance`): a clause saying so; else None. What that means
+    for the study is contrast_state's to say: it depends on whether the units removed carry retrieval."""
     if (
         task not in FALLS_TO_CHANCE
         or chance is None
@@ -128,9 +130,17 @@ def to_chance(row: dict, task: str, chance: float | None, margin: float) -> str 
     bound = share_upper_bound(row["reference_only"], row["n"])
     return (
         f" — a fall to chance, as the study reports ({100 * (row['acc_reference'] - chance):.0f} points here), is "
-        f"excluded: at most {100 * bound:.1f}% of the items are lost (exact one-sided 95% bound), so this "
-        "<b>contradicts the study</b>"
+        f"excluded: at most {100 * bound:.1f}% of the items are lost (exact one-sided 95% bound)"
     )
+
+
+def verdict_line(compared: pl.DataFrame, model: str, k: int, margin: float, chance: float) -> str:
+    """The section's one verdict on the study's contrast for `model` (contrast_state), as a sentence."""
+    verdict = removal_verdict(compared, model, k, chance, margin)
+    if verdict is None:
+        return ""
+    state, reason = verdict
+    return f"<p><b>The study's contrast on {html.escape(model)}: {state}</b> — {html.escape(reason)}.</p>"
 
 
 # the task whose answer's log-prob the contrast reads too: retrieval near its ceiling (the premise that the
@@ -314,6 +324,7 @@ def render_contrast(ctx: SectionContext) -> str:
             f"removed together{tested}:</p><ul>"
             + "".join(f"<li>{s}</li>" for s in sentences(compared, model, k, ctx.margin, letter["chance"]))
             + "</ul>"
+            + verdict_line(compared, model, k, ctx.margin, letter["chance"])
         )
         summary = summary_table(compared, model, k, ctx.margin, ctx.show_reference, letter["chance"])
         parts.append(table(summary, left=("task", "verdict")))

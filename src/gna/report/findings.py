@@ -102,15 +102,20 @@ def few_heads(entries: dict, model: str) -> str | None:
 
 
 def letter_not_knowledge(entries: dict, model: str) -> str | None:
-    """The contrast, never stronger than its premise: where the letter format is not answered, or the
-    units removed are not shown to carry retrieval (their KV removal does not fall), it is not tested."""
+    """The contrast, never stronger than its premise: the headline's verdict on it (gna.report.contrast_verdict)
+    with its reason, then the letter format's and the facts' removal. A headline recorded before that
+    entry existed: not tested where the letter format is not answered or the units removed are not shown
+    to carry retrieval (their KV removal does not fall), else only whether a fall to chance is excluded."""
     m = re.escape(model)
+    state, _ = _find(entries, rf"{m}: the study's contrast \(top \d+ removed\)")
     answered = entries.get(f"{model} a letter form answered")
     kv, _ = _find(entries, rf"{m}: top \d+ vs unmodified, kv_retrieval")
     letter, knowledge = _removal(entries, model, "mmlu_letter"), _removal(entries, model, "facts_cloze")
-    if answered is None and kv is None:
+    if state is not None:
+        reason = f"{state['value']}: {state['reason']}"
+    elif answered is None and kv is None:
         return None
-    if answered is not None and answered["value"] != "yes":
+    elif answered is not None and answered["value"] != "yes":
         reason = "not tested: the model answers no letter form above chance"
     elif kv is None or kv["value"] != "falls":
         reason = "not tested: the units removed are not shown to carry retrieval" + (

@@ -29,9 +29,10 @@ from pathlib import Path
 
 import polars as pl
 
-from gna.core.chance import answered
+from gna.core.chance import above_chance, answered
 from gna.core.paired import DEFAULT_MARGIN, NOT_COPYABLE, SUBSETS, decide, fall_excluded, mcnemar_p
 from gna.core.stats import wilson_interval
+from gna.report.contrast_verdict import removal_verdict
 from gna.students.spec import TEACHER_VARIANT, VARIANT_PATTERN
 
 ROUNDING_SHARE = 0.015  # 3 of 200 items: the largest move between Zen 4's and Intel AMX's runs of the same code
@@ -104,6 +105,23 @@ def _fall_to_chance(chosen: pl.DataFrame, accuracies: pl.DataFrame, model: str, 
             "gained": row["condition_only"],
         }
     ]
+
+
+def _contrast(topk: pl.DataFrame, accuracies: pl.DataFrame, model: str, k: int, margin: float) -> list[dict]:
+    """The one verdict on the study's contrast that the report's lead gives (gna.report.contrast_verdict),
+    with its reason: 'not tested' where the letter format cannot be told from chance."""
+    base = accuracies.filter(pl.col("task") == "mmlu_letter")
+    if base.is_empty() or "chance" not in base.columns:
+        return []
+    letter = base.row(0, named=True)
+    if not above_chance(letter["ci_low"], letter["chance"]):
+        verdict = ("not tested", "the letter format cannot be told from chance")
+    else:
+        verdict = removal_verdict(topk, model, k, letter["chance"], margin)
+    if verdict is None:
+        return []
+    return [{"name": f"{model}: the study's contrast (top {k} removed)", "kind": "label", "value": verdict[0],
+             "reason": verdict[1]}]  # fmt: skip
 
 
 def verdict(row: dict, margin: float) -> str:
@@ -232,6 +250,7 @@ def headline(data_dir: str | Path, margin: float = DEFAULT_MARGIN) -> list[dict]
                     out.append(_accuracy(f"{model} top {k} removed {row['task']}", row["acc_condition"], row["n"]))
                 out += _verdicts(chosen, model, margin)
                 out += _fall_to_chance(chosen, acc.filter(pl.col("model") == model), model, k)
+                out += _contrast(topk, acc.filter(pl.col("model") == model), model, k, margin)
                 subsets = topk.filter(
                     (pl.col("family") == "top k vs unmodified" + SUBSETS) & (pl.col("condition") == f"top {k}")
                 )

@@ -16,7 +16,7 @@ import polars as pl  # noqa: E402
 
 from gna.core.chance import SKIPPED
 from gna.core.io import atomic_path, read_json, read_parquet  # noqa: E402
-from gna.core.paired import DEFAULT_MARGIN, decide, describe, detectable_difference  # noqa: E402
+from gna.core.paired import DEFAULT_MARGIN, comparison_row, decide, describe, detectable_difference  # noqa: E402, F401
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -255,23 +255,6 @@ class SectionContext:
     def margin(self) -> float:
         """The equivalence margin of the paired comparisons (report.equivalence_margin)."""
         return self.options.equivalence_margin
-
-
-def comparison_row(
-    compared: pl.DataFrame, family: str, reference: str, condition: str, task: str, group: str = "all"
-) -> dict | None:
-    """The row of a comparisons table (gna.core.paired) comparing `condition` with `reference` in
-    `family` on `task` and `group`, or None where the two were not compared."""
-    if compared.is_empty():
-        return None
-    rows = compared.filter(
-        (pl.col("family") == family)
-        & (pl.col("reference") == reference)
-        & (pl.col("condition") == condition)
-        & (pl.col("task") == task)
-        & (pl.col("group") == group)
-    )
-    return rows.row(0, named=True) if len(rows) else None
 
 
 def comparison_verdict(row: dict, margin: float) -> str:

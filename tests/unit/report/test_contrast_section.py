@@ -2,11 +2,13 @@
 sentences and table follow the paired tests of the remove-top-k comparisons, the random-k control beside."""
 
 import polars as pl
+import pytest
 from test_knowledge_section import acc_rows, paired
 
 from gna.core.paired import comparisons
-from gna.report.contrast_section import render_contrast, sentences, summary_table
-from gna.report.htmlkit import ReportOptions, SectionContext
+from gna.report.contrast_section import TASKS, render_contrast, sentences, summary_table, verdict_line
+from gna.report.contrast_verdict import STATES, contrast_state, removal_premise
+from gna.report.htmlkit import ReportOptions, SectionContext, comparison_row
 
 
 def _baseline(model: str, letter: tuple[int, int]) -> pl.DataFrame:
@@ -140,14 +142,14 @@ def test_a_fall_the_random_control_shares_is_said_not_to_be_specific_to_the_rank
     assert "drawn at random" not in letter
 
 
-def test_a_letter_form_that_does_not_fall_is_said_to_contradict_the_study_where_a_fall_to_chance_is_excluded():
+def test_a_letter_form_that_does_not_fall_says_where_a_fall_to_chance_is_excluded():
     # 42% -> 41% on 100 items, 6 lost / 5 gained: not decided within +-5, yet a fall of 17 points to
     # chance would lose at least 17 of them; at most 11.5% are lost (exact one-sided 95% bound)
     counts = {"top 4": {"mmlu_letter": (6, 5, 36, 53)}}
     letter, *_ = sentences(_compared(counts, "big"), "big", 4, 0.05, chance=0.25)
     assert "not decided at n = 100" in letter and "this n cannot decide it" not in letter
     assert "a fall to chance, as the study reports (17 points here), is excluded: at most 11.5% of the items" in letter
-    assert "<b>contradicts the study</b>" in letter
+    assert "contradict" not in letter  # what it means for the study is the verdict's to say (contrast_state)
     # 12 lost: the bound (18.7%) no longer excludes 17 points; without chance nothing is claimed
     counts = {"top 4": {"mmlu_letter": (12, 11, 30, 47)}}
     letter, *_ = sentences(_compared(counts, "big"), "big", 4, 0.05, chance=0.25)
@@ -196,3 +198,78 @@ def test_retrieval_reads_the_answers_log_prob_against_the_unmodified_model_and_r
     plain = {label: frame.drop("logp_target") for label, frame in per_item.items()}
     (kv_sentence,) = sentences(comparisons(plain, pairs).with_columns(pl.lit("big").alias("model")), "big", 4, 0.05)
     assert "log-prob" not in kv_sentence
+
+
+def _rows(counts: dict, k: int = 4) -> dict:
+    """The contrast's rows of a scripted removal: {task: comparisons row} of top k, and the letter's random control."""
+    compared = _compared(counts, "big")
+    out = {task: comparison_row(compared, "top k vs unmodified", "unmodified", f"top {k}", task) for task in TASKS}
+    out["control"] = comparison_row(compared, "random k vs unmodified", "unmodified", f"random {k} #0", "mmlu_letter")
+    return out
+
+
+@pytest.mark.parametrize(
+    "letter, kv, state",
+    [
+        ((60, 0, 26, 114), (50, 0, 50, 0), "reproduced"),  # 43% -> 13% (interval reaches 25%), KV falls
+        ((6, 5, 36, 53), (50, 0, 50, 0), "contradicted"),  # a fall to chance excluded, the units carry KV
+        ((6, 5, 36, 53), (2, 0, 28, 0), "not tested"),  # the units are not shown to carry retrieval
+        ((12, 11, 30, 47), (50, 0, 50, 0), "undecided"),  # 12 lost of 100: neither shown nor excluded
+    ],
+)
+def test_the_contrast_has_one_verdict_never_stronger_than_its_premise(letter, kv, state):
+    n = sum(letter)
+    counts = {
+        "top 4": {
+            "mmlu_letter": letter,
+            "kv_retrieval": kv,
+            "facts_cloze": (1, 1, 200, 38),
+            "mmlu_cloze": (2, 2, 40, 56),
+        },
+        "random 4 #0": {"mmlu_letter": (2, 2, sum(letter[::2]), n - 4 - sum(letter[::2]))},
+    }
+    rows = _rows(counts)
+    premise, carries = removal_premise(_compared(counts, "big"), "big", 4, 0.05)
+    got, reason = contrast_state(
+        premise_fails=premise,
+        letter=rows["mmlu_letter"],
+        facts=rows["facts_cloze"],
+        cloze=rows["mmlu_cloze"],
+        control=rows["control"],
+        carries_retrieval=carries,
+        chance=0.25,
+        margin=0.05,
+    )
+    assert got == state, reason
+    line = verdict_line(_compared(counts, "big"), "big", 4, 0.05, 0.25)
+    assert f"<b>The study's contrast on big: {state}</b>" in line
+    assert ("contradict" in line) == (state == "contradicted")
+
+
+def test_the_contrast_is_not_reproduced_where_a_fall_is_excluded_without_a_shown_premise():
+    """Where the premise holds but retrieval is not shown (a case study's heads not tested on KV), an
+    excluded fall is 'not reproduced', never 'contradicted'."""
+    rows = _rows({"top 4": {"mmlu_letter": (6, 5, 36, 53)}})
+    state, reason = contrast_state(
+        premise_fails=None,
+        letter=rows["mmlu_letter"],
+        facts=None,
+        cloze=None,
+        control=None,
+        carries_retrieval=False,
+        chance=0.25,
+        margin=0.05,
+    )
+    assert state == "not reproduced" and "at most 11.5% of 100 letter items lost" in reason
+    state, reason = contrast_state(
+        premise_fails="the letter format is at chance",
+        letter=rows["mmlu_letter"],
+        facts=None,
+        cloze=None,
+        control=None,
+        carries_retrieval=True,
+        chance=0.25,
+        margin=0.05,
+    )
+    assert (state, reason) == ("not tested", "the letter format is at chance")
+    assert STATES == ("not tested", "reproduced", "contradicted", "not reproduced", "undecided")

@@ -163,3 +163,16 @@ def test_the_letter_forms_fall_to_chance_is_recorded_as_the_contrast_reads_it(ru
     entry = {e["name"]: e for e in headline(run)}[name]
     # 1 lost of n: the exact bound on the share lost lies far under the 65 points down to chance
     assert entry["value"] == "excluded" and entry["lost"] == 1
+
+
+def test_the_contrasts_one_verdict_is_recorded_with_its_reason(run):
+    """The report's verdict on the study's contrast (gna.report.contrast_verdict): a tiny model whose
+    letter format is at chance is 'not tested', and findings.md reads the entry as it is."""
+    from gna.report.findings import letter_not_knowledge
+
+    entries = {e["name"]: e for e in headline(run)}
+    entry = entries["tiny-llama: the study's contrast (top 4 removed)"]
+    assert (entry["value"], entry["reason"]) == ("not tested", "the letter format cannot be told from chance")
+    assert letter_not_knowledge(entries, "tiny-llama").startswith(
+        "**not tested: the letter format cannot be told from chance**"
+    )

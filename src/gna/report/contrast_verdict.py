@@ -1,0 +1,103 @@
+"""One verdict on the study's contrast per model, never stronger than its premise (contrast_state):
+the report's contrast section, the headline (`make check`) and docs/findings.md read the same one."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from gna.core.paired import comparison_row, decide, fall_excluded, share_upper_bound
+from gna.core.stats import wilson_interval
+
+# the states of the verdict on the study's contrast, in the order they are decided
+STATES = ("not tested", "reproduced", "contradicted", "not reproduced", "undecided")
+
+
+def contrast_state(
+    *,
+    premise_fails: str | None,
+    letter: dict,
+    facts: dict | None,
+    cloze: dict | None,
+    control: dict | None,
+    carries_retrieval: bool,
+    chance: float,
+    margin: float,
+) -> tuple[str, str]:
+    """(state, reason): one verdict on the study's contrast from the paired rows of one removal, decided
+    in the order of STATES, never stronger than its premise.
+
+    - not tested: `premise_fails` names why (the letter format at chance, no units shown to carry the
+      mechanism, ...);
+    - reproduced: the letter format falls with the removal's interval reaching `chance`, facts cloze
+      holds within the margin, MMLU cloze and the random control are not shown to fall;
+    - contradicted: a fall to chance is excluded and the units removed are shown to carry retrieval;
+    - not reproduced: a fall to chance is excluded;
+    - undecided: anything else.
+    Rows are comparisons-table rows (gna.core.paired.decide reads them); `control` is the random
+    control's own removal on the letter format."""
+    if premise_fails:
+        return "not tested", premise_fails
+    falls = decide(letter, margin).verb == "falls"
+    # the removal's own accuracy interval (Wilson) reaches chance
+    reaches = wilson_interval(round(letter["acc_condition"] * letter["n"]), letter["n"])[0] <= chance
+    n = letter["n"]
+    if (
+        falls
+        and reaches
+        and facts is not None
+        and decide(facts, margin).verb == "holds"
+        and (cloze is None or decide(cloze, margin).verb != "falls")
+        and (control is None or decide(control, margin).verb != "falls")
+    ):
+        return "reproduced", (
+            f"the letter format falls to chance ({100 * letter['acc_reference']:.1f}% → "
+            f"{100 * letter['acc_condition']:.1f}%, n = {n}) while facts cloze holds within ±{100 * margin:g} points "
+            "and the random control does not fall"
+        )
+    excluded = fall_excluded(letter["reference_only"], n, letter["acc_reference"] - chance)
+    bound = f"at most {100 * share_upper_bound(letter['reference_only'], n):.1f}% of {n} letter items lost"
+    if excluded and carries_retrieval:
+        return "contradicted", f"a fall to chance is excluded ({bound}) though the units removed carry retrieval"
+    if excluded:
+        return "not reproduced", f"a fall to chance is excluded ({bound})"
+    return "undecided", f"the letter format's change on {n} items decides neither a fall to chance nor its exclusion"
+
+
+def removal_premise(compared: pl.DataFrame, model: str, k: int, margin: float) -> tuple[str | None, bool]:
+    """(why the premise fails or None, whether the units carry retrieval) for the full-model removal of
+    the top k: its KV retrieval must fall, item by item, for the units to be shown to carry retrieval."""
+    kv = comparison_row(compared, "top k vs unmodified", "unmodified", f"top {k}", "kv_retrieval")
+    if kv is None:
+        return "no KV retrieval was scored with the units removed", False
+    verdict = decide(kv, margin)
+    if verdict.verb == "falls":
+        return None, True
+    return (
+        f"the units removed are not shown to carry retrieval (KV {100 * kv['acc_reference']:.1f}% → "
+        f"{100 * kv['acc_condition']:.1f}%, {kv['reference_only']} lost / {kv['condition_only']} gained of {kv['n']}: "
+        f"{verdict.verb})"
+    ), False
+
+
+def removal_verdict(compared: pl.DataFrame, model: str, k: int, chance: float, margin: float) -> tuple[str, str] | None:
+    """contrast_state of the full-model removal of the top k of `model` (its remove-top-k comparisons),
+    None where the letter format was not compared."""
+    sub = compared.filter(pl.col("model") == model)
+
+    def row(family, condition, task):
+        return comparison_row(sub, family, "unmodified", condition, task)
+
+    letter = row("top k vs unmodified", f"top {k}", "mmlu_letter")
+    if letter is None:
+        return None
+    premise, carries = removal_premise(sub, model, k, margin)
+    return contrast_state(
+        premise_fails=premise,
+        letter=letter,
+        facts=row("top k vs unmodified", f"top {k}", "facts_cloze"),
+        cloze=row("top k vs unmodified", f"top {k}", "mmlu_cloze"),
+        control=row("random k vs unmodified", f"random {k} #0", "mmlu_letter"),
+        carries_retrieval=carries,
+        chance=chance,
+        margin=margin,
+    )
