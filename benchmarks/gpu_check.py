@@ -339,7 +339,7 @@ def smoke(parallel: int, keep: str | None, limit_s: float | None, scan: str) -> 
 
     from golden import cpu_kind, outcomes
 
-    from gna.core.replay import job_label, read_plan, replay
+    from gna.core.replay import Rules, job_label, read_plan, replay
 
     workdir = Path(keep or tempfile.mkdtemp(prefix="gna-gpu-smoke-"))
     # lm-eval's own harness needs lm-eval (not on a bare node): its rules are skipped there
@@ -362,7 +362,7 @@ def smoke(parallel: int, keep: str | None, limit_s: float | None, scan: str) -> 
                 workdir,
                 parallel=parallel,
                 env={"GNA_DEVICE": DEVICE, "GNA_SSM_KERNEL": scan},
-                skip_rules=skip,
+                rules=Rules(skip=skip),
                 progress=progress,
             )
         except _Stopped:

@@ -375,7 +375,7 @@ def replay_stages(
     started, its results 'not run: time'."""
     import time
 
-    from gna.core.replay import read_plan, replay
+    from gna.core.replay import Rules, read_plan, replay
 
     plan, golden = read_plan(PLAN), read_golden()
     same_kind = kind == recorded_kind()
@@ -385,7 +385,7 @@ def replay_stages(
             out |= dict.fromkeys(_written_results(plan, (rule,)), "not run: time")
             continue
         workdir = _seeded(Path(root) / rule, inputs_dir, (rule,), plan)
-        for record in replay(PLAN, workdir, rules=(rule,), env=env, parallel=parallel):
+        for record in replay(PLAN, workdir, rules=Rules(only=(rule,)), env=env, parallel=parallel):
             if record["rule"] == rule and record["status"] != "ok":
                 out[record["label"]] = f"{record['status']}: {record.get('error', '')[-300:]}"
         for name in _written_results(plan, (rule,)):
@@ -423,7 +423,7 @@ def record_spread(
     per student result file, each float column's tolerance (SPREAD_FACTOR times its largest relative
     move, at least STUDENT_RTOL) and the columns without floats that a rerun changed. Run it on the
     kind of CPU the golden results were recorded on (their reruns are compared with them)."""
-    from gna.core.replay import read_plan, replay
+    from gna.core.replay import Rules, read_plan, replay
 
     if cpu_kind() != recorded_kind(golden_dir):
         raise SystemExit(f"record the spread where the golden results were recorded ({recorded_kind(golden_dir)})")
@@ -435,7 +435,7 @@ def record_spread(
     for rerun in range(k):
         workdir = _seeded(Path(root) / f"rerun-{rerun}", inputs_dir, rules, plan)
         _nudged_teacher(workdir, plan, rerun)
-        records = replay(PLAN, workdir, rules=rules, parallel=2)
+        records = replay(PLAN, workdir, rules=Rules(only=rules), parallel=2)
         failed = {r["label"]: r.get("error", "")[-300:] for r in records if r["status"] not in ("ok", "given")}
         if failed:
             raise RuntimeError(f"spread rerun {rerun}: jobs did not succeed: {failed}")

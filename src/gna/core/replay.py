@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
 
 from gna.core.io import write_text
@@ -202,20 +203,28 @@ def job_label(job: dict) -> str:
     return f"{job['rule']}[{wildcards}]" if wildcards else job["rule"]
 
 
+@dataclass(frozen=True)
+class Rules:
+    """Which jobs of a plan replay runs: only those of `only` (None: every rule; the others' outputs
+    are given, already in the working folder), never those of `skip` (nor what needs their outputs)."""
+
+    only: tuple[str, ...] | None = None
+    skip: tuple[str, ...] = ()
+
+
 def replay(
     plan_path: str | Path,
     workdir: str | Path,
     *,
     parallel: int = 1,
     env: dict | None = None,
-    skip_rules: tuple[str, ...] = (),
-    rules: tuple[str, ...] | None = None,
+    rules: Rules = Rules(),
     progress=None,
 ) -> list[dict]:
     """Run every job of the plan at `plan_path` in `workdir`, each in its own Python process, up to
     `parallel` at a time, each as soon as the jobs writing its inputs have succeeded; the jobs of
-    `skip_rules` are not run, nor is a job whose input a skipped or failed job should have written.
-    With `rules`, only their jobs run: every other job is given (status 'given'), what they read
+    `rules.skip` are not run, nor is a job whose input a skipped or failed job should have written.
+    With `rules.only`, only their jobs run: every other job is given (status 'given'), what they read
     of its outputs already in `workdir` (a job missing one is 'not run', naming it). Returns one
     record per job: rule, label, status (ok, failed, skipped, given, not run), seconds, the end of
     its log where it failed."""
@@ -248,16 +257,17 @@ def replay(
             record["error"] = text[-3000:]
         return record
 
+    only = rules.only
     for i, job in enumerate(jobs):
-        if rules is not None and job["rule"] not in rules:
+        if only is not None and job["rule"] not in only:
             results[i]["status"] = "given"
-        elif job["rule"] in skip_rules:
+        elif job["rule"] in rules.skip:
             results[i]["status"] = "skipped"
-        elif rules is not None:
+        elif only is not None:
             missing = [
                 p
                 for p in job["input"]["items"]
-                if p in writer and jobs[writer[p]]["rule"] not in rules and not (workdir / _resolved(p, repo)).exists()
+                if p in writer and jobs[writer[p]]["rule"] not in only and not (workdir / _resolved(p, repo)).exists()
             ]
             if missing:
                 results[i].update(status="not run", error=f"given inputs missing in {workdir}: {missing}")

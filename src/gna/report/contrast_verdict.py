@@ -3,6 +3,8 @@ the report's contrast section, the headline (`make check`) and docs/findings.md 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import polars as pl
 
 from gna.core.paired import comparison_row, decide, fall_excluded, share_upper_bound
@@ -12,16 +14,19 @@ from gna.core.stats import wilson_interval
 STATES = ("not tested", "reproduced", "contradicted", "not reproduced", "undecided")
 
 
+@dataclass(frozen=True)
+class ContrastRows:
+    """The paired rows of one removal that the verdict reads (comparisons-table rows, gna.core.paired):
+    the letter format, facts cloze, MMLU cloze, and the random control's own removal on the letter format."""
+
+    letter: dict
+    facts: dict | None = None
+    cloze: dict | None = None
+    control: dict | None = None
+
+
 def contrast_state(
-    *,
-    premise_fails: str | None,
-    letter: dict,
-    facts: dict | None,
-    cloze: dict | None,
-    control: dict | None,
-    carries_retrieval: bool,
-    chance: float,
-    margin: float,
+    rows: ContrastRows, *, premise_fails: str | None, carries_retrieval: bool, chance: float, margin: float
 ) -> tuple[str, str]:
     """(state, reason): one verdict on the study's contrast from the paired rows of one removal, decided
     in the order of STATES, never stronger than its premise.
@@ -33,8 +38,8 @@ def contrast_state(
     - contradicted: a fall to chance is excluded and the units removed are shown to carry retrieval;
     - not reproduced: a fall to chance is excluded;
     - undecided: anything else.
-    Rows are comparisons-table rows (gna.core.paired.decide reads them); `control` is the random
-    control's own removal on the letter format."""
+    """
+    letter, facts, cloze, control = rows.letter, rows.facts, rows.cloze, rows.control
     if premise_fails:
         return "not tested", premise_fails
     falls = decide(letter, margin).verb == "falls"
@@ -91,13 +96,10 @@ def removal_verdict(compared: pl.DataFrame, model: str, k: int, chance: float, m
     if letter is None:
         return None
     premise, carries = removal_premise(sub, model, k, margin)
-    return contrast_state(
-        premise_fails=premise,
-        letter=letter,
+    rows = ContrastRows(
+        letter,
         facts=row("top k vs unmodified", f"top {k}", "facts_cloze"),
         cloze=row("top k vs unmodified", f"top {k}", "mmlu_cloze"),
         control=row("random k vs unmodified", f"random {k} #0", "mmlu_letter"),
-        carries_retrieval=carries,
-        chance=chance,
-        margin=margin,
     )
+    return contrast_state(rows, premise_fails=premise, carries_retrieval=carries, chance=chance, margin=margin)

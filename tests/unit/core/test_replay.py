@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from golden import cpu_kind, outcomes
 
-from gna.core.replay import Names, job_label, read_plan, record_plan, replay, write_plan
+from gna.core.replay import Names, Rules, job_label, read_plan, record_plan, replay, write_plan
 
 REPO = Path(__file__).resolve().parents[3]
 PLAN = REPO / "tests" / "data" / "smoke_plan.json"
@@ -99,7 +99,7 @@ def test_failed_and_skipped_jobs_stop_their_dependents(tmp_path):
     plan = early_plan(tmp_path, break_kv)
     if not any("no-such-template" in json.dumps(j["params"]) for j in read_plan(plan)["jobs"]):
         pytest.fail("the kv_task job's params hold no template to break")
-    results = {r["label"]: r for r in replay(plan, tmp_path / "work", skip_rules=("facts_task",), parallel=2)}
+    results = {r["label"]: r for r in replay(plan, tmp_path / "work", rules=Rules(skip=("facts_task",)), parallel=2)}
     broken = results["kv_task[kv_set=kv_retrieval]"]
     assert broken["status"] == "failed" and "no-such-template" in broken["error"]
     assert results["kv_task[kv_set=prompts/head_sweep]"]["status"] == "ok"

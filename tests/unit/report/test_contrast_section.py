@@ -7,7 +7,7 @@ from test_knowledge_section import acc_rows, paired
 
 from gna.core.paired import comparisons
 from gna.report.contrast_section import TASKS, render_contrast, sentences, summary_table, verdict_line
-from gna.report.contrast_verdict import STATES, contrast_state, removal_premise
+from gna.report.contrast_verdict import STATES, ContrastRows, contrast_state, removal_premise
 from gna.report.htmlkit import ReportOptions, SectionContext, comparison_row
 
 
@@ -230,16 +230,8 @@ def test_the_contrast_has_one_verdict_never_stronger_than_its_premise(letter, kv
     }
     rows = _rows(counts)
     premise, carries = removal_premise(_compared(counts, "big"), "big", 4, 0.05)
-    got, reason = contrast_state(
-        premise_fails=premise,
-        letter=rows["mmlu_letter"],
-        facts=rows["facts_cloze"],
-        cloze=rows["mmlu_cloze"],
-        control=rows["control"],
-        carries_retrieval=carries,
-        chance=0.25,
-        margin=0.05,
-    )
+    scripted = ContrastRows(rows["mmlu_letter"], rows["facts_cloze"], rows["mmlu_cloze"], rows["control"])
+    got, reason = contrast_state(scripted, premise_fails=premise, carries_retrieval=carries, chance=0.25, margin=0.05)
     assert got == state, reason
     line = verdict_line(_compared(counts, "big"), "big", 4, 0.05, 0.25)
     assert f"<b>The study's contrast on big: {state}</b>" in line
@@ -250,26 +242,10 @@ def test_the_contrast_is_not_reproduced_where_a_fall_is_excluded_without_a_shown
     """Where the premise holds but retrieval is not shown (a case study's heads not tested on KV), an
     excluded fall is 'not reproduced', never 'contradicted'."""
     rows = _rows({"top 4": {"mmlu_letter": (6, 5, 36, 53)}})
-    state, reason = contrast_state(
-        premise_fails=None,
-        letter=rows["mmlu_letter"],
-        facts=None,
-        cloze=None,
-        control=None,
-        carries_retrieval=False,
-        chance=0.25,
-        margin=0.05,
-    )
+    letter = ContrastRows(rows["mmlu_letter"])
+    state, reason = contrast_state(letter, premise_fails=None, carries_retrieval=False, chance=0.25, margin=0.05)
     assert state == "not reproduced" and "at most 11.5% of 100 letter items lost" in reason
-    state, reason = contrast_state(
-        premise_fails="the letter format is at chance",
-        letter=rows["mmlu_letter"],
-        facts=None,
-        cloze=None,
-        control=None,
-        carries_retrieval=True,
-        chance=0.25,
-        margin=0.05,
-    )
-    assert (state, reason) == ("not tested", "the letter format is at chance")
+    at_chance = "the letter format is at chance"
+    state, reason = contrast_state(letter, premise_fails=at_chance, carries_retrieval=True, chance=0.25, margin=0.05)
+    assert (state, reason) == ("not tested", at_chance)
     assert STATES == ("not tested", "reproduced", "contradicted", "not reproduced", "undecided")
