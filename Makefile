@@ -80,9 +80,11 @@ test-fast: venv gpu lint
 	$(BIN)/python -m pytest -m "not slow and not extended" $(WORKERS)
 
 ## Refresh the golden smoke results (tests/data/smoke_results) that the golden test compares every smoke run
-## against: only after a change that is meant to change results.
+## against, the student stages' inputs and the device spread (about 13 minutes on 2 cores): only after a
+## change that is meant to change results.
 smoke-golden: venv
 	$(BIN)/python tests/golden.py refresh
+	$(BIN)/python tests/golden.py spread
 
 ## The README's time table: the latest run's record (data/run/record.json) kept as its CPU kind's in
 ## docs/runs/, then the table of every kept record written into the README (gna.report.timing_table)
@@ -102,7 +104,7 @@ smoke-plan: venv
 ## tokenizers and safetensors stay: 5.23 asks for the same); mamba-ssm built without its CUDA
 ## extension (README "GPUs").
 GPU_PY ?= 3.12
-GPU_WHEELS := $(shell grep -iE '^(polars|polars-runtime-32|jsonschema|jsonschema-specifications|referencing|rpds-py|transformers|huggingface_hub|httpx2|httpcore2|truststore|anyio|idna|h11|click|hf-xet)==' requirements.lock)
+GPU_WHEELS := $(shell grep -iE '^(polars|polars-runtime-32|jsonschema|jsonschema-specifications|referencing|rpds-py|transformers|regex|huggingface_hub|httpx2|httpcore2|truststore|anyio|idna|h11|click|hf-xet)==' requirements.lock)
 gpu-wheels: venv
 	rm -rf gpu-wheels && mkdir -p gpu-wheels
 	$(BIN)/python -m pip download --no-deps --only-binary=:all: --python-version $(GPU_PY) --implementation cp \

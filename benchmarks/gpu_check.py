@@ -181,11 +181,8 @@ def machine() -> dict:
 
 def minimum_transformers() -> str:
     """The lowest transformers that pyproject.toml's dependencies allow (its `transformers>=`)."""
-    import tomllib
-
-    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    spec = next(d for d in deps if re.match(r"transformers\s*>=", d))
-    return re.search(r">=\s*([\w.]+)", spec).group(1)
+    # read as text: tomllib is Python 3.11's, and a node may run 3.10
+    return re.search(r'"transformers\s*>=\s*([\w.]+)', (REPO / "pyproject.toml").read_text()).group(1)
 
 
 def transformers_refused(installed: str, minimum: str) -> str | None:
@@ -434,7 +431,7 @@ def stages(parallel: int, limit_s: float | None) -> dict:
     return {
         "wall_s": round(time.perf_counter() - start, 1),
         "counts": counts,
-        "not_as_golden": {k: v for k, v in outcomes.items() if v not in ("bit for bit", "within 0.001")},
+        "not_as_golden": {k: v for k, v in outcomes.items() if not v.startswith(("bit for bit", "within "))},
     }
 
 

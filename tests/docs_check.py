@@ -24,7 +24,7 @@ def pages(repo: Path = REPO) -> list[Path]:
 
 def slug(heading: str) -> str:
     """A heading's anchor as GitHub writes it: lower case, punctuation dropped, spaces to hyphens."""
-    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    text = re.sub(r"[`*]", "", heading.strip().lower())
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 

@@ -258,7 +258,7 @@ def check(name: str, actual: pl.DataFrame, expected: pl.DataFrame, same_kind: bo
         if set(SIGN_COUNTS) <= set(expected.columns) and actual.columns == expected.columns:
             sign_counts_close(actual, expected)
             actual, expected = (frame.drop(*SIGN_COUNTS, *SIGN_P, "logp_median_diff") for frame in (actual, expected))
-        if spread:
+        if spread and trained(name):
             varies = [c for c in spread.get("varies", []) if c in expected.columns]
             actual, expected = actual.drop(varies), expected.drop(varies)
             within(actual, expected, rtol, spread.get("rtol", {}))
@@ -307,17 +307,19 @@ def _data_name(path: str) -> str | None:
     return path[len("data/") :] if path.startswith("data/") else None
 
 
+def _student_output(name: str | None) -> bool:
+    """Whether a path under data/ is a student's: its folder (models/<teacher>-hybrid-…) or a trained result."""
+    if name is None:
+        return False
+    if name.startswith("models/"):
+        return "-hybrid-" in name
+    return name.split("/")[0] in RESULT_FOLDERS and name.endswith(".parquet") and trained(name)
+
+
 def student_jobs(plan: dict) -> list[dict]:
-    """The plan's jobs that train or score a student: those writing a student's Parquet result
-    (trained) or a student's folder (the teacher file and the corpus check are the teacher's side)."""
-    return [
-        job
-        for job in plan["jobs"]
-        if any(
-            (name := _data_name(p)) and ((name.endswith(".parquet") and trained(name)) or "hybrid" in name)
-            for p in job["output"]["items"]
-        )
-    ]
+    """The plan's jobs that train or score a student: those writing a student's folder or a trained result
+    (the teacher file, the corpus check and the report are not students' stages)."""
+    return [job for job in plan["jobs"] if any(_student_output(_data_name(p)) for p in job["output"]["items"])]
 
 
 def stage_input_paths(plan: dict) -> list[str]:
@@ -404,7 +406,13 @@ def _nudged_teacher(workdir: Path, plan: dict, rerun: int) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
-    teacher = next(p for job in student_jobs(plan) for p in job["input"]["items"] if p.startswith("data/models/"))
+    teacher = next(
+        p
+        for job in plan["jobs"]
+        if job["rule"] == "distill_teacher"
+        for p in job["input"]["items"]
+        if p.startswith("data/models/")
+    )
     path = workdir / teacher / "model.safetensors"
     tensors = load_file(path)
     name = next(k for k in tensors if k.endswith("embed_tokens.weight"))
@@ -429,7 +437,7 @@ def record_spread(
         raise SystemExit(f"record the spread where the golden results were recorded ({recorded_kind(golden_dir)})")
     plan, golden = read_plan(PLAN), read_golden(golden_dir)
     rules = ("distill_teacher", *dict.fromkeys(job["rule"] for job in student_jobs(plan)))
-    names = _written_results(plan, rules)
+    names = [name for name in _written_results(plan, rules) if trained(name)]  # a rule's teacher jobs keep 1e-4
     moves: dict[str, dict[str, float]] = {name: {} for name in names}
     varies: dict[str, set[str]] = {name: set() for name in names}
     for rerun in range(k):
@@ -487,9 +495,15 @@ def _relative_moves(actual: pl.DataFrame, expected: pl.DataFrame) -> dict[str, f
                 out[column] = None
             continue
         finite = (e.is_finite() & a.is_finite()).fill_null(False)
+        if not a.is_finite().fill_null(False).equals(e.is_finite().fill_null(False)):
+            out[column] = None  # a value became or stopped being inf, NaN or null
+            continue
         largest = e.filter(finite).abs().max()
         gap = (a - e).filter(finite).abs().max()
-        out[column] = float(gap) / float(largest) if largest and gap is not None else 0.0
+        if not largest:  # a column of zeros: any move is of its whole scale
+            out[column] = None if gap else 0.0
+            continue
+        out[column] = float(gap) / float(largest)
     return out
 
 
@@ -530,9 +544,13 @@ def refresh(workdir: str | Path | None = None, golden_dir: Path = GOLDEN_DIR) ->
         (golden_dir / name).parent.mkdir(parents=True, exist_ok=True)
         frame.write_parquet(golden_dir / name, compression="zstd", compression_level=19)
     (golden_dir / RECORDED_ON).write_text(json.dumps({"cpu": cpu_kind()}) + "\n")
-    if golden_dir == GOLDEN_DIR:
+    stored = golden_dir == GOLDEN_DIR
+    if stored:
         store_stage_inputs(workdir)
-    print(f"wrote {len(frames)} golden files to {golden_dir} and the student stages' inputs, recorded on {cpu_kind()}")
+    print(
+        f"wrote {len(frames)} golden files to {golden_dir}{' and the student stages’ inputs' if stored else ''}, "
+        f"recorded on {cpu_kind()}; record their device spread next: python tests/golden.py spread"
+    )
 
 
 if __name__ == "__main__":

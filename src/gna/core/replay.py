@@ -259,10 +259,10 @@ def replay(
 
     only = rules.only
     for i, job in enumerate(jobs):
-        if only is not None and job["rule"] not in only:
-            results[i]["status"] = "given"
-        elif job["rule"] in rules.skip:
+        if job["rule"] in rules.skip:
             results[i]["status"] = "skipped"
+        elif only is not None and job["rule"] not in only:
+            results[i]["status"] = "given"
         elif only is not None:
             missing = [
                 p

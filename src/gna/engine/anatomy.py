@@ -47,7 +47,10 @@ def _named_child(model, names: tuple[str, ...], kind: type, what: str) -> tuple[
 def soft_capped(config) -> bool:
     """Whether `config` (or its text config) caps attention logits (Gemma 2: tanh at
     attn_logit_softcapping)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    try:  # a config with several text sub-configs names none without decoder=True
+        text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    except ValueError:
+        text = config
     return getattr(text, "attn_logit_softcapping", None) is not None
 
 

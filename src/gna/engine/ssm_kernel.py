@@ -35,6 +35,8 @@ import torch
 
 log = logging.getLogger("gna.engine.ssm_kernel")
 
+# the packages whose CUDA/Triton kernels transformers binds for Mamba-2 and Zamba2 without a device check
+KERNEL_PACKAGES = ("mamba_ssm", "causal_conv1d")
 KERNEL_ENV = "GNA_SSM_KERNEL"  # "torch": the reference only; unset or "triton": the kernel where it runs
 DT_MIN = 1e-6
 
@@ -154,10 +156,10 @@ def ssd_chunked_kernel(inputs: tuple[torch.Tensor, ...], chunk: int = 64, state=
 def cpu_scans_in_torch(model: torch.nn.Module) -> torch.nn.Module:
     """`model`, its transformers modeling modules made to send CPU tensors to their torch scans.
     Where `import mamba_ssm` works when such a module is first imported (a full mamba-ssm build),
-    transformers binds mamba-ssm's Triton kernels for Mamba-2 and Zamba2 with no device check, and a
-    CPU model then fails inside Triton; each such binding is replaced, once per process, by one that
-    chooses by its first tensor's device (the kernel on CUDA, transformers' own torch function
-    elsewhere). Models whose modules bound nothing from mamba-ssm are left as they are."""
+    transformers binds mamba-ssm's Triton kernels (and causal-conv1d's, where installed) for Mamba-2
+    and Zamba2 with no device check, and a CPU model then fails inside them; each such binding is
+    replaced, once per process, by one that chooses by its first tensor's device (the kernel on CUDA,
+    transformers' own torch function elsewhere). Models whose modules bound none are left as they are."""
     for name in {type(m).__module__ for m in model.modules()}:
         module = sys.modules.get(name)
         for attr, fn in list(vars(module).items()) if module is not None else []:
@@ -168,14 +170,15 @@ def cpu_scans_in_torch(model: torch.nn.Module) -> torch.nn.Module:
 
 def _bound_to_mamba_ssm(fn) -> bool:
     """Whether `fn` is a transformers kernel wrapper (use_kernel_func_from_hub_with_fallback: the
-    torch function under __wrapped__, the chosen implementation in its closure) that chose mamba-ssm."""
+    torch function under __wrapped__, the chosen implementation in its closure) that chose a
+    KERNEL_PACKAGES kernel."""
     if not callable(fn) or getattr(fn, "gna_by_device", False) or not hasattr(fn, "__wrapped__"):
         return False
     try:
         chosen = inspect.getclosurevars(fn).nonlocals.get("implementation")
     except (TypeError, ValueError):
         return False
-    return getattr(chosen, "__module__", "").startswith("mamba_ssm")
+    return (getattr(chosen, "__module__", None) or "").startswith(KERNEL_PACKAGES)
 
 
 def _by_device(fn):

@@ -18,7 +18,7 @@ from matplotlib.ticker import MaxNLocator
 
 from gna.core.chance import above_chance
 from gna.core.paired import ALPHA, decide, fall_excluded, share_upper_bound
-from gna.report.contrast_verdict import removal_verdict
+from gna.report.contrast_verdict import removal_premise, removal_verdict
 from gna.report.headline import knowledge_k
 from gna.report.htmlkit import (
     SectionContext,
@@ -116,14 +116,13 @@ def summary_table(
 
 
 def to_chance(row: dict, task: str, chance: float | None, margin: float) -> str | None:
-    """Where a task the study reports falling to chance does not fall and its comparisons row excludes
-    that fall (gna.core.paired.fall_excluded: the exact bound on the share of items lost lies under the
-    points from the unmodified accuracy down to `chance`): a clause saying so; else None. What that means
+    """Where a task the study reports falling to chance has a comparisons row that excludes that fall
+    (gna.core.paired.fall_excluded: the exact bound on the share of items lost lies under the points
+    from the unmodified accuracy down to `chance`): a clause saying so; else None. What that means
     for the study is contrast_state's to say: it depends on whether the units removed carry retrieval."""
     if (
         task not in FALLS_TO_CHANCE
         or chance is None
-        or decide(row, margin).verb == "falls"
         or not fall_excluded(row["reference_only"], row["n"], row["acc_reference"] - chance)
     ):
         return None
@@ -188,17 +187,23 @@ def logp_clause(compared: pl.DataFrame, task: str, k: int) -> str:
 
 
 def sentences(compared: pl.DataFrame, model: str, k: int, margin: float, chance: float | None = None) -> list[str]:
-    """Per task: the top-k removal's paired verdict, and how it stands to what the study reports; for
-    the letter form, whose fall the study reports as one to `chance`, whether that fall is excluded; for
-    retrieval, the answer's log-prob too (logp_clause)."""
+    """Per task: the top-k removal's paired verdict, and how it stands to what the study reports (only
+    where the units removed are shown to carry retrieval: else what the study reports, without a
+    judgement); for the letter form, whose fall the study reports as one to `chance`, whether that fall
+    is excluded; for retrieval, the answer's log-prob too (logp_clause)."""
     out = []
     sub = compared.filter(pl.col("model") == model)
+    premise_fails, _ = removal_premise(sub, model, k, margin)
     for task, name in TASKS.items():
         row = comparison_row(sub, "top k vs unmodified", "unmodified", f"top {k}", task)
         if row is None:
             continue
         verdict = decide(row, margin)
-        stand = to_chance(row, task, chance, margin) or against_study(verdict, CONTRAST[task][0])
+        if premise_fails:  # units not shown to be the study's: what it reports, not a judgement
+            stand = f" — the study reports that it {CONTRAST[task][0]}"
+        else:
+            stand = against_study(verdict, CONTRAST[task][0])
+        stand = (to_chance(row, task, chance, margin) or "") + stand
         out.append(
             f"{html.escape(name)}: {pct(row['acc_reference'])} → {pct(row['acc_condition'])} on the same {row['n']} "
             f"items: {comparison_verdict(row, margin)}{stand}{_control_too(sub, task, k, verdict.verb, margin)}"

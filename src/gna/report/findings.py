@@ -349,9 +349,11 @@ def write_figures(data: dict[str, list[dict]], folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for name, rows in data.items():
         pl.DataFrame(rows).write_csv(folder / f"{name}.csv")
-    removal = pl.DataFrame(data["removal"])
-    models = removal["model"].unique(maintain_order=True).to_list()
-    fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.2), squeeze=False)
+    removal = pl.DataFrame(data["removal"]) if data["removal"] else None
+    models = removal["model"].unique(maintain_order=True).to_list() if removal is not None else []
+    fig, axes = plt.subplots(1, max(1, len(models)), figsize=(4.2 * max(1, len(models)), 3.2), squeeze=False)
+    if not models:
+        axes[0][0].text(0.5, 0.5, "no removal in the headline", ha="center", va="center")
     for ax, model in zip(axes[0], models):
         sub = removal.filter(pl.col("model") == model)
         tasks = sub["task"].unique(maintain_order=True).to_list()

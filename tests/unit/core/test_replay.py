@@ -140,3 +140,22 @@ def test_gpu_check_names_the_failures_of_a_test_run_cut_off(tmp_path):
     assert [name.split("::")[-1] for name in cut["failed_tests"]] == ["test_bad"]
     assert [f["test"].split("::")[-1] for f in cut["failures"]] == ["test_bad"]
     assert "one is not two" in cut["failures"][0]["text"]
+
+
+def test_only_the_named_rules_run_the_others_given_and_a_missing_given_input_is_named(tmp_path):
+    """Rules(only=...): the KV table task runs, the other rules are given; a job of the named rule whose
+    given input is missing is not run and names the file; a skipped rule wins over only."""
+
+    def kv_and_its_baseline(plan):
+        wanted = {"kv_task[kv_set=kv_retrieval]", "baseline[model=tiny-llama, task=kv_retrieval]"}
+        plan["jobs"] = [job for job in plan["jobs"] if job["rule"] == "prepare_model" or job_label(job) in wanted]
+
+    plan = early_plan(tmp_path, kv_and_its_baseline)
+    results = {r["label"]: r for r in replay(plan, tmp_path / "work", rules=Rules(only=("baseline",)))}
+    assert results["kv_task[kv_set=kv_retrieval]"]["status"] == "given"
+    assert results["prepare_model[model=tiny-llama]"]["status"] == "given"
+    baseline = results["baseline[model=tiny-llama, task=kv_retrieval]"]
+    assert baseline["status"] == "not run" and "given inputs missing" in baseline["error"]
+    assert "data/tasks/kv_retrieval.parquet" in baseline["error"]
+    results = replay(plan, tmp_path / "work2", rules=Rules(only=("baseline",), skip=("baseline",)))
+    assert {r["status"] for r in results} == {"given", "skipped"}

@@ -40,12 +40,18 @@ CONTRAST = {
 
 
 def test_the_contrast_is_judged_task_by_task_against_the_study(tmp_path):
-    compared = _compared(CONTRAST, "big")
-    letter, cloze, facts, kv = sentences(compared, "big", 5, 0.05)
+    # the units carry retrieval (KV falls): each task is judged against what the study reports
+    carried = {**CONTRAST, "top 5": {**CONTRAST["top 5"], "kv_retrieval": (45, 1, 50, 4)}}
+    letter, cloze, facts, kv = sentences(_compared(carried, "big"), "big", 5, 0.05)
     assert letter.startswith("MMLU letter: 42.5% → 23.5% on the same 200 items") and "as the study reports" in letter
     assert "<b>holds within ±5 points</b>" in cloze and "as the study reports" in cloze
     assert "<b>falls</b>" in facts and "<b>contradicts the study</b>, which reports that it stays" in facts
-    assert "this n cannot decide it" in kv
+    assert "<b>falls</b>" in kv and "as the study reports" in kv
+    # not shown to carry retrieval (KV not decided): what the study reports, never a judgement of it
+    compared = _compared(CONTRAST, "big")
+    neutral = sentences(compared, "big", 5, 0.05)
+    assert all("the study reports that it" in s and "contradict" not in s for s in neutral)
+    assert "as the study reports" not in " ".join(neutral)
     table = summary_table(compared, "big", 5, 0.05, reference=True)
     assert table["verdict"].to_list() == ["falls", "holds", "falls", "not decided"]
     assert table["5 random removed"].to_list()[0] == "43.0%" and table["random verdict"][1] == "–"
@@ -153,7 +159,8 @@ def test_a_letter_form_that_does_not_fall_says_where_a_fall_to_chance_is_exclude
     # 12 lost: the bound (18.7%) no longer excludes 17 points; without chance nothing is claimed
     counts = {"top 4": {"mmlu_letter": (12, 11, 30, 47)}}
     letter, *_ = sentences(_compared(counts, "big"), "big", 4, 0.05, chance=0.25)
-    assert "fall to chance" not in letter and "this n cannot decide it" in letter
+    # no KV scored: the units are not shown to carry retrieval, so no judgement of the study either
+    assert "fall to chance" not in letter and letter.endswith("— the study reports that it falls")
     assert "fall to chance" not in sentences(_compared(counts, "big"), "big", 4, 0.05)[0]
     # the table says it beside the verdict
     excluded = {"top 4": {"mmlu_letter": (6, 5, 36, 53)}}
