@@ -97,12 +97,12 @@ timing-table: venv
 smoke-plan: venv
 	$(BIN)/python -m gna.core.replay record config/smoke.yaml tests/data/smoke_plan.json
 
-## The wheels a bare, offline CUDA node lacks for benchmarks/gpu_check.py (about 72 MB, into
+## The wheels a bare, offline CUDA node lacks for benchmarks/gpu_check.py (about 73 MB, into
 ## gpu-wheels/), at requirements.lock's versions for that node's Python (GPU_PY): polars and
-## jsonschema; transformers (a node's 5.17 runs Gemma 2 uncapped; gpu_check refuses it) with what
-## its huggingface-hub 2 needs that a 5.17 node's hub 1 did not (httpx2 and its own, click, hf-xet;
+## jsonschema; transformers (a node's 5.17 runs Gemma 2 uncapped; gpu_check refuses it) with the
+## regex it checks at import and what its huggingface-hub 2 needs that a 5.17 node's hub 1 did not (httpx2 and its own, click, hf-xet;
 ## tokenizers and safetensors stay: 5.23 asks for the same); mamba-ssm built without its CUDA
-## extension (README "GPUs").
+## extension (docs/gpu.md).
 GPU_PY ?= 3.12
 GPU_WHEELS := $(shell grep -iE '^(polars|polars-runtime-32|jsonschema|jsonschema-specifications|referencing|rpds-py|transformers|regex|huggingface_hub|httpx2|httpcore2|truststore|anyio|idna|h11|click|hf-xet)==' requirements.lock)
 gpu-wheels: venv
