@@ -16,6 +16,7 @@ from gna.workflow.plan import (
     gna_students,
     model_facts,
     model_heads,
+    model_prune,
     pruned_models,
     pure_ssm_variant,
     sweep_prompts,
@@ -152,6 +153,11 @@ def hybrid_variants():
 GNA_STUDENTS = gna_students(config)
 # the attribution check compares the pre-ranking with the exact sweep, so it needs one
 ATTRIBUTION_MODELS = [m for m in MODELS if model_heads(config, m)["sweep_mode"] == "exact"]
+
+
+def prune_of(wildcards):
+    """The prune section as the model sets it (models.<name>.overrides.prune over prune)."""
+    return model_prune(config, wildcards.model)
 
 
 def heads_of(wildcards):

@@ -1,12 +1,13 @@
-# Layer pruning: gradual sweep from the end, the minimal model, one-at-a-time removal on it.
+# Layer pruning: gradual sweep from the end, the minimal model, one-at-a-time removal on it. Each
+# model's settings are the prune section with its models.<name>.overrides.prune over it (prune_of).
 
 
 rule prune_gradual:
     # baseline: the full model's scores, which say whether a task is at chance (then no depth is scored)
     input:
         model="data/models/{model}",
-        tasks=lambda wc: task_files(config["prune"]["tasks"], wc.model),
-        baseline=expand("data/results/baseline/{{model}}/{task}.items.parquet", task=config["prune"]["tasks"]),
+        tasks=lambda wc: task_files(prune_of(wc)["tasks"], wc.model),
+        baseline=lambda wc: [f"data/results/baseline/{wc.model}/{task}.items.parquet" for task in prune_of(wc)["tasks"]],
     # per_item: per item and depth; heads_kept and prune_individual read the minimal model's scores here
     output:
         summary="data/results/prune/{model}/gradual.parquet",
@@ -15,9 +16,9 @@ rule prune_gradual:
     params:
         settings=lambda wc: {
             "model": wc.model,
-            "max_items": config["prune"]["max_items"],
+            "max_items": prune_of(wc)["max_items"],
             "chance": CHANCE,
-            "retrieval_task": config["prune"]["retrieval_task"],
+            "retrieval_task": prune_of(wc)["retrieval_task"],
             "evaluation": EVALUATION,
         },
         code=code_of("prune_gradual"),
@@ -41,9 +42,9 @@ rule minimal_model:
     params:
         settings=lambda wc: {
             "model": wc.model,
-            "task": config["prune"]["retrieval_task"],
-            "metric": config["prune"]["retrieval_metric"],
-            "fraction": config["prune"]["minimal_fraction"],
+            "task": prune_of(wc)["retrieval_task"],
+            "metric": prune_of(wc)["retrieval_metric"],
+            "fraction": prune_of(wc)["minimal_fraction"],
         },
         code=code_of("minimal_model"),
     log:
@@ -55,7 +56,7 @@ rule minimal_model:
 rule prune_individual:
     input:
         model="data/models/{model}",
-        tasks=lambda wc: task_files(config["prune"]["tasks"], wc.model),
+        tasks=lambda wc: task_files(prune_of(wc)["tasks"], wc.model),
         minimal="data/results/prune/{model}/minimal_model.json",
         gradual_items="data/results/prune/{model}/gradual.items.parquet",
     output:
@@ -63,7 +64,7 @@ rule prune_individual:
     params:
         settings=lambda wc: {
             "model": wc.model,
-            "max_items": config["prune"]["max_items"],
+            "max_items": prune_of(wc)["max_items"],
             "chance": CHANCE,
             "evaluation": EVALUATION,
         },

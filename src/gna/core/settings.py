@@ -106,6 +106,12 @@ def model_heads(config: dict, model: str) -> dict:
     return {**config["heads"], **config["models"][model].get("overrides", {}).get("heads", {})}
 
 
+def model_prune(config: dict, model: str) -> dict:
+    """The prune section for `model`: its models.<name>.overrides.prune over the config's prune section
+    (e.g. a model that answers the letter format cut on MMLU letter, the others on KV retrieval)."""
+    return {**config["prune"], **config["models"][model].get("overrides", {}).get("prune", {})}
+
+
 def model_facts(config: dict, model: str) -> dict:
     """The tasks.facts section for `model`'s format comparison: its models.<name>.overrides.facts
     (compare, draws) over the config's."""

@@ -170,7 +170,7 @@ def _check_semantics(config: dict) -> None:
             "config key 'tasks.facts.formats': choice needs cloze (its known items are read from the "
             "cloze scores); add cloze or remove choice"
         )
-    from gna.workflow.plan import model_facts, model_heads
+    from gna.workflow.plan import model_facts, model_heads, model_prune
 
     compared = {"tasks.facts": facts["compare"]}
     for name, entry in config["models"].items():
@@ -217,19 +217,23 @@ def _check_semantics(config: dict) -> None:
             f"config key 'hybrid.knowledge_heads_kept': {outside} are not in hybrid.heads_kept {hybrid['heads_kept']}"
         )
     formats = set(built_tasks(config))
-    prune = config["prune"]
-    for task in prune["tasks"]:
-        if task not in formats:
+    for where, prune in [("prune", config["prune"])] + [
+        (f"models.{name}.overrides.prune", model_prune(config, name))
+        for name, spec in config["models"].items()
+        if "prune" in spec.get("overrides", {})
+    ]:
+        for task in prune["tasks"]:
+            if task not in formats:
+                raise ConfigError(
+                    f"config key '{where}.tasks': {task!r} is not built; add its format to "
+                    f"tasks.mmlu.formats or tasks.facts.formats, or remove it "
+                    f"(built: {', '.join(sorted(formats))})"
+                )
+        if prune["retrieval_task"] not in prune["tasks"]:
             raise ConfigError(
-                f"config key 'prune.tasks': {task!r} is not built; add its format to "
-                f"tasks.mmlu.formats or tasks.facts.formats, or remove it "
-                f"(built: {', '.join(sorted(formats))})"
+                f"config key '{where}.retrieval_task': {prune['retrieval_task']!r} must be one of "
+                f"{where}.tasks ({', '.join(prune['tasks'])})"
             )
-    if prune["retrieval_task"] not in prune["tasks"]:
-        raise ConfigError(
-            f"config key 'prune.retrieval_task': {prune['retrieval_task']!r} must be one of "
-            f"prune.tasks ({', '.join(prune['tasks'])})"
-        )
     for name, spec in config["models"].items():
         if "/" in name or name.startswith("."):
             raise ConfigError(f"config key 'models.{name}': model names may not contain '/' or start with '.'")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from itertools import product
 
-from gna.core.settings import model_facts, model_heads  # noqa: F401 (the Snakefile imports them from here)
+from gna.core.settings import model_facts, model_heads, model_prune  # noqa: F401 (the Snakefile imports them from here)
 from gna.students.spec import TEACHER_VARIANT, parse_variant, student_name, student_variants, variant_name
 
 

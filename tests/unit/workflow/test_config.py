@@ -188,3 +188,21 @@ def test_a_group_ranking_is_refused_where_a_phase_keeps_single_heads_of_it():
     # a seed of its own: a fresh draw of the same setting
     config["models"][name]["overrides"]["heads"]["table_kv"] = {"dict_size": 30, "n": 4, "seed": 7}
     assert kv_prompt_sets(validate_config(config, SCHEMA))[heads_table_kv(name)]["seed"] == "heads_table-7"
+
+
+def test_a_models_prune_settings_are_its_own_over_the_section_and_checked_by_their_key():
+    from gna.core.settings import model_prune
+
+    config = yaml.safe_load((REPO / "config" / "smoke.yaml").read_text())
+    name = next(iter(config["models"]))
+    config["models"][name]["overrides"] = {"prune": {"retrieval_task": "mmlu_letter", "minimal_fraction": 0.8}}
+    own = validate_config(copy.deepcopy(config), SCHEMA)
+    prune = model_prune(own, name)
+    assert (prune["retrieval_task"], prune["minimal_fraction"]) == ("mmlu_letter", 0.8)
+    assert prune["tasks"] == own["prune"]["tasks"] and own["prune"]["retrieval_task"] == "kv_retrieval"
+    config["models"][name]["overrides"] = {"prune": {"tasks": ["kv_retrieval"], "retrieval_task": "facts_cloze"}}
+    with pytest.raises(ConfigError, match=rf"'models.{name}.overrides.prune.retrieval_task': 'facts_cloze' must be"):
+        validate_config(copy.deepcopy(config), SCHEMA)
+    config["models"][name]["overrides"] = {"prune": {"retrieval_metric": "f1"}}
+    with pytest.raises(ConfigError, match=rf"models.{name}.overrides.prune.retrieval_metric': 'f1' is not allowed"):
+        validate_config(copy.deepcopy(config), SCHEMA)

@@ -3,6 +3,7 @@ Snakefile is parsed."""
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from gna.workflow.config import load_schema, validate_config
@@ -78,3 +79,34 @@ def test_a_model_skipping_prune_has_no_pruning_nor_heads_kept_and_its_own_heads_
     assert path == f"data/tasks/prompts/head_sweep/{name}.parquet"
     assert settings["task"] == "mmlu_letter" and settings["n"] == 6
     assert settings["mmlu"] == {k: own["tasks"]["mmlu"][k] for k in ("n", "seed", "topics")}
+
+
+@pytest.mark.slow
+def test_each_models_prune_rules_read_its_own_settings_and_the_others_the_sections(tmp_path):
+    """A second tiny model pruned on another task (models.<name>.overrides.prune): its pruning jobs
+    carry its settings and read its tasks; the first model's jobs are those of the smoke plan, which
+    the golden results come from."""
+    from gna.core.replay import job_label, read_plan, record_plan
+
+    raw = yaml.safe_load((REPO / "config" / "smoke.yaml").read_text())
+    first = next(iter(raw["models"]))
+    raw["models"]["tiny-second"] = {
+        **raw["models"][first],
+        "seed": 1,
+        "overrides": {"prune": {"tasks": ["mmlu_letter", "facts_cloze"], "retrieval_task": "mmlu_letter"}},
+    }
+    (tmp_path / "two.yaml").write_text(yaml.safe_dump(raw))
+    jobs = {job_label(j): j for j in record_plan(tmp_path / "two.yaml", tmp_path / "work")["jobs"]}
+    smoke = {job_label(j): j for j in read_plan(REPO / "tests" / "data" / "smoke_plan.json")["jobs"]}
+
+    def settings(rule, model):
+        return jobs[f"{rule}[model={model}]"]["params"]["items"][0]
+
+    assert settings("prune_gradual", "tiny-second")["retrieval_task"] == "mmlu_letter"
+    assert settings("minimal_model", "tiny-second")["task"] == "mmlu_letter"
+    second_inputs = jobs["prune_gradual[model=tiny-second]"]["input"]["items"]
+    assert "data/results/baseline/tiny-second/mmlu_letter.items.parquet" in second_inputs
+    assert not any("kv_retrieval" in p for p in second_inputs)
+    for rule in ("prune_gradual", "minimal_model", "prune_individual"):
+        label = f"{rule}[model={first}]"
+        assert jobs[label]["params"] == smoke[label]["params"] and jobs[label]["input"] == smoke[label]["input"]
