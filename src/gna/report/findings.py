@@ -55,7 +55,7 @@ def accuracy(entry: dict) -> str:
     return f"{100 * entry['value']:.1f}% [{100 * low:.1f}–{100 * high:.1f}] (n = {entry['n']})"
 
 
-def verdict(entry: dict) -> str:
+def verdict_text(entry: dict) -> str:
     """'falls: 44 lost / 1 gained of 60, Holm p = 4.7e-11': a paired verdict with its counts and p."""
     counts = f"{entry['lost']} lost / {entry['gained']} gained of {entry['n']}"
     p = f", Holm p = {_p(entry['p_holm'])}" if "p_holm" in entry else ""
@@ -80,7 +80,7 @@ def _removal(entries: dict, model: str, task: str) -> str | None:
     k = match.group(1)
     before, after = entries.get(f"{model} baseline {task}"), entries.get(f"{model} top {k} removed {task}")
     change = f"{accuracy(before)} → {accuracy(after)}" if before and after else ""
-    return f"{TASK_NAMES[task]} {change}, top {k} removed: {verdict(paired)}".replace("  ", " ")
+    return f"{TASK_NAMES[task]} {change}, top {k} removed: {verdict_text(paired)}".replace("  ", " ")
 
 
 def _join(parts: list[str | None]) -> str | None:
@@ -96,7 +96,7 @@ def few_heads(entries: dict, model: str) -> str | None:
         [
             f"top-ranked unit {top['value']}" if top else None,
             _removal(entries, model, "kv_retrieval"),
-            f"against {match.group(1)} random units: {verdict(control)}" if control else None,
+            f"against {match.group(1)} random units: {verdict_text(control)}" if control else None,
         ]
     )
 
@@ -119,7 +119,7 @@ def letter_not_knowledge(entries: dict, model: str) -> str | None:
         reason = "not tested: the model answers no letter form above chance"
     elif kv is None or kv["value"] != "falls":
         reason = "not tested: the units removed are not shown to carry retrieval" + (
-            f" (KV {verdict(kv)})" if kv else ""
+            f" (KV {verdict_text(kv)})" if kv else ""
         )
     else:
         fall, _ = _find(entries, rf"{m}: top \d+ vs unmodified, mmlu_letter: a fall to chance")
@@ -130,7 +130,7 @@ def letter_not_knowledge(entries: dict, model: str) -> str | None:
 def _students(entries: dict, model: str, pattern: str) -> str | None:
     m = re.escape(model)
     rows = [
-        f"{match.group(1)}: {verdict(entry)}"
+        f"{match.group(1)}: {verdict_text(entry)}"
         for name, entry in entries.items()
         if (match := re.fullmatch(rf"{m} students: ({pattern}), kv_retrieval", name))
     ]
@@ -155,10 +155,9 @@ def layer_swap(entries: dict, model: str) -> str | None:
 
 def masking(entries: dict, model: str) -> str | None:
     rows = [
-        f"{name.split('G&A masking: ')[1].split(' vs ')[0]}, {TASK_NAMES[task]}: {verdict(entry)}"
+        f"{name.split('G&A masking: ')[1].split(' vs ')[0]}, {TASK_NAMES['kv_retrieval']}: {verdict_text(entry)}"
         for name, entry in entries.items()
-        for task in ("kv_retrieval",)
-        if name.startswith(f"{model} G&A masking: ") and name.endswith(f", {task}")
+        if name.startswith(f"{model} G&A masking: ") and name.endswith(", kv_retrieval")
     ]
     return "; ".join(rows) or None
 
@@ -166,7 +165,7 @@ def masking(entries: dict, model: str) -> str | None:
 def heads_kept(entries: dict, model: str) -> str | None:
     minimal = entries.get(f"{model} minimal model layers")
     rows = [
-        f"{name.split('heads kept: ')[1].split(' vs ')[0]}: {verdict(entry)}"
+        f"{name.split('heads kept: ')[1].split(' vs ')[0]}: {verdict_text(entry)}"
         for name, entry in entries.items()
         if name.startswith(f"{model} heads kept: ") and name.endswith(", kv_retrieval")
     ]
