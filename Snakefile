@@ -12,6 +12,7 @@ include: "rules/tasks.smk"
 include: "rules/baseline.smk"
 include: "rules/prune.smk"
 include: "rules/heads.smk"
+include: "rules/case.smk"
 include: "rules/gna.smk"
 include: "rules/students_training.smk"
 include: "rules/students_scoring.smk"
@@ -32,6 +33,7 @@ localrules:
     lmeval_crosscheck_task,
     collect_baseline,
     minimal_model,
+    case_dev_items,
     distill_corpus_check,
     hybrid_comparisons,
     report,

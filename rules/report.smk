@@ -10,6 +10,7 @@ def get_report_inputs():
     hybrid = HYBRID["enabled"]
     values = {
         "model": MODELS,
+        "case_model": config["case_study"]["models"],
         "pruned_model": PRUNED_MODELS,
         "attribution_model": ATTRIBUTION_MODELS,
         "hybrid_model": TEACHERS,

@@ -441,6 +441,20 @@ def decide(row: dict, margin: float = DEFAULT_MARGIN) -> Decision:
     return Decision("undecided", margin, max(plans[test], n + 1), test=test)
 
 
+def shallowest_holding(decisions: dict) -> int | None:
+    """The shallowest prefix shown within the margin of the full model by a fixed sequence: the
+    prefixes tested from the deepest down, each at 5%, stopping at the first that is not shown to
+    hold ({layers kept: Decision}; a fall smaller than the margin holds). Testing in an order fixed
+    before the data keeps the family's error at 5% without a correction, where the smallest of all
+    holding prefixes would be a minimum over uncorrected tests."""
+    shallowest = None
+    for k in sorted(decisions, reverse=True):
+        if not (decisions[k].verb == "holds" or decisions[k].within):
+            break
+        shallowest = k
+    return shallowest
+
+
 PRACTICAL_N_FACTOR = 100  # a planned n over this many times the row's n is reported as impractical
 
 

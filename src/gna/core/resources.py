@@ -34,6 +34,10 @@ RULE_MEMORY = {
     "heads_attribution": (6000, 3.0),  # gradients of every head's output
     "heads_topk": (4000, 1.5),
     "heads_kept": (4000, 1.5),
+    "case_prune": (4000, 1.5),
+    "case_layers": (4000, 1.5),
+    "case_sweep": (4000, 1.5),
+    "case_kept": (4000, 1.5),
     "heads_dictsize": (4000, 1.5),
     "gna_roles": (4000, 1.5),
     "gna_masking": (4000, 1.5),

@@ -142,6 +142,16 @@ def verdict_line(compared: pl.DataFrame, model: str, k: int, margin: float, chan
     return f"<p><b>The study's contrast on {html.escape(model)}: {state}</b> — {html.escape(reason)}.</p>"
 
 
+def departure_note(model: str) -> str:
+    """For a model the case study ran on: this table departs from the study, and the verdict is the case study's."""
+    return (
+        f"<p class='note'><b>A departure from the study, labelled:</b> the study's fall to chance comes from its "
+        f"case study (a pruned model, one head kept per critical layer), not from removing top-ranked units of the "
+        f"unpruned model. The one verdict on the study's contrast for {html.escape(model)} is its case study's, "
+        "above; this table is what removing its top-ranked units from the whole model does.</p>"
+    )
+
+
 # the task whose answer's log-prob the contrast reads too: retrieval near its ceiling (the premise that the
 # removed heads carry retrieval) can lose confidence that accuracy cannot show
 LOGP_TASKS = ("kv_retrieval",)
@@ -329,7 +339,11 @@ def render_contrast(ctx: SectionContext) -> str:
             f"removed together{tested}:</p><ul>"
             + "".join(f"<li>{s}</li>" for s in sentences(compared, model, k, ctx.margin, letter["chance"]))
             + "</ul>"
-            + verdict_line(compared, model, k, ctx.margin, letter["chance"])
+            + (
+                departure_note(model)
+                if model in ctx.config.get("case_study", {}).get("models", [])
+                else verdict_line(compared, model, k, ctx.margin, letter["chance"])
+            )
         )
         summary = summary_table(compared, model, k, ctx.margin, ctx.show_reference, letter["chance"])
         parts.append(table(summary, left=("task", "verdict")))

@@ -62,7 +62,10 @@ def contrast_state(
     excluded = fall_excluded(letter["reference_only"], n, letter["acc_reference"] - chance)
     bound = f"at most {100 * share_upper_bound(letter['reference_only'], n):.1f}% of {n} letter items lost"
     if excluded and carries_retrieval:
-        return "contradicted", f"a fall to chance is excluded ({bound}) though the units removed carry retrieval"
+        return "contradicted", (
+            f"this contradicts the study: a fall to chance is excluded ({bound}) though the units removed are shown to "
+            "carry retrieval"
+        )
     if excluded:
         return "not reproduced", f"a fall to chance is excluded ({bound})"
     why = "; ".join(reason for reason, stands in unmet.items() if stands)
@@ -104,3 +107,80 @@ def removal_verdict(compared: pl.DataFrame, model: str, k: int, chance: float, m
         control=row("random k vs unmodified", f"random {k} #0", "mmlu_letter"),
     )
     return contrast_state(rows, premise_fails=premise, carries_retrieval=carries, chance=chance, margin=margin)
+
+
+@dataclass(frozen=True)
+class CaseStudy:
+    """What the MMLU case study of one model left (rules/case.smk): the minimal model, the critical layers
+    and the heads found (their JSON records), and the heads-kept comparisons."""
+
+    minimal: dict
+    critical: dict
+    found: dict
+    kept: pl.DataFrame
+
+
+def carries_retrieval(kept: pl.DataFrame, condition: str, margin: float) -> bool:
+    """Whether removing a head from the kept configuration (`condition`) is shown to cost KV retrieval at
+    some dictionary size: its accuracy falls, or the answer's log-prob is lower on more items (sign test,
+    Holm within the family)."""
+    rows = kept.filter(
+        (pl.col("family") == "vs kept configuration")
+        & (pl.col("condition") == condition)
+        & pl.col("task").str.starts_with("kv_retrieval")
+        & (pl.col("group") == "all")
+    )
+    for row in rows.iter_rows(named=True):
+        if decide(row, margin).verb == "falls":
+            return True
+        if row.get("p_logp_holm") is not None and row["p_logp_holm"] < 0.05 and row["logp_lower"] > row["logp_higher"]:
+            return True
+    return False
+
+
+def case_verdict(case: CaseStudy, chance: float, margin: float) -> tuple[str, str]:
+    """contrast_state of the case study: the removal of a head found from the kept configuration whose
+    letter format falls most, with facts cloze and MMLU cloze under the same removal and the random head
+    of the same layer removed from all heads as the control. Not tested where the minimal model, the
+    critical layers or the heads found are missing (their reason) or the kept configuration itself is
+    at chance on the letter format."""
+    for step in (case.minimal, case.critical, case.found):
+        if step.get("reason"):
+            return "not tested", step["reason"]
+    kept = case.kept
+
+    def row(family, reference, condition, task):
+        return comparison_row(kept, family, reference, condition, task)
+
+    removals = []
+    for head in case.found["heads"]:
+        label = f"kept − L{head['layer']}H{head['head']}"
+        letter = row("vs kept configuration", "kept", label, "mmlu_letter")
+        if letter is not None:
+            removals.append((letter["diff"], head, label, letter))
+    if not removals:
+        return "not tested", "no head found was removed from the kept configuration on MMLU letter"
+    _, head, label, letter = min(removals, key=lambda r: r[0])
+    n = letter["n"]
+    if wilson_interval(round(letter["acc_reference"] * n), n)[0] <= chance:
+        return "not tested", (
+            f"the kept configuration's letter accuracy ({100 * letter['acc_reference']:.1f}%, n = {n}) cannot be told "
+            "from chance, so no removal from it can show a fall"
+        )
+    layer = head["layer"]
+    controls = kept.filter(
+        (pl.col("family") == "vs all heads")
+        & pl.col("condition").str.starts_with(f"all heads − random L{layer}H")
+        & (pl.col("task") == "mmlu_letter")
+        & (pl.col("group") == "all")
+    )
+    rows = ContrastRows(
+        letter,
+        facts=row("vs kept configuration", "kept", label, "facts_cloze"),
+        cloze=row("vs kept configuration", "kept", label, "mmlu_cloze"),
+        control=controls.row(0, named=True) if len(controls) else None,
+    )
+    state, reason = contrast_state(
+        rows, premise_fails=None, carries_retrieval=carries_retrieval(kept, label, margin), chance=chance, margin=margin
+    )
+    return state, f"L{layer}H{head['head']} removed from the kept configuration: {reason}"

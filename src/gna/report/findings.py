@@ -107,7 +107,7 @@ def letter_not_knowledge(entries: dict, model: str) -> str | None:
     entry existed: not tested where the letter format is not answered or the units removed are not shown
     to carry retrieval (their KV removal does not fall), else only whether a fall to chance is excluded."""
     m = re.escape(model)
-    state, _ = _find(entries, rf"{m}: the study's contrast \(top \d+ removed\)")
+    state, _ = _find(entries, rf"{m}: the study's contrast \((top \d+ removed|case study)\)")
     answered = entries.get(f"{model} a letter form answered")
     kv, _ = _find(entries, rf"{m}: top \d+ vs unmodified, kv_retrieval")
     letter, knowledge = _removal(entries, model, "mmlu_letter"), _removal(entries, model, "facts_cloze")

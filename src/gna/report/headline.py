@@ -32,8 +32,10 @@ import polars as pl
 from gna.core.chance import above_chance, answered
 from gna.core.paired import DEFAULT_MARGIN, NOT_COPYABLE, SUBSETS, decide, fall_excluded, mcnemar_p
 from gna.core.stats import wilson_interval
-from gna.report.contrast_verdict import removal_verdict
+from gna.report.contrast_verdict import CaseStudy, case_verdict, removal_verdict
 from gna.students.spec import TEACHER_VARIANT, VARIANT_PATTERN
+
+CASE_CHANCE = 0.25  # the case study's letter format: four options
 
 ROUNDING_SHARE = 0.015  # 3 of 200 items: the largest move between Zen 4's and Intel AMX's runs of the same code
 KNOWLEDGE_K = 5  # the top-k removal the knowledge view reads (the largest k of the table up to it)
@@ -122,6 +124,34 @@ def _contrast(topk: pl.DataFrame, accuracies: pl.DataFrame, model: str, k: int, 
         return []
     return [{"name": f"{model}: the study's contrast (top {k} removed)", "kind": "label", "value": verdict[0],
              "reason": verdict[1]}]  # fmt: skip
+
+
+def case_entries(folder: Path, model: str, margin: float) -> list[dict]:
+    """The MMLU case study of `model` (its results `folder`, rules/case.smk): the minimal model's depth,
+    the critical layers, the heads found, the heads-kept verdicts on the knowledge side and the one verdict
+    on the study's contrast (gna.report.contrast_verdict.case_verdict); none where it did not run."""
+    if not (folder / "minimal.json").is_file():
+        return []
+    case = CaseStudy(
+        minimal=json.loads((folder / "minimal.json").read_text()),
+        critical=json.loads((folder / "critical.json").read_text()),
+        found=json.loads((folder / "found.json").read_text()),
+        kept=_read(folder / "kept.comparisons.parquet"),
+    )
+    heads = ", ".join(f"L{h['layer']}H{h['head']}" for h in case.found["heads"]) or "none"
+    out = [
+        {"name": f"{model} case study: minimal model layers", "kind": "label",
+         "value": str(case.minimal["layers_kept"] or "none")},
+        {"name": f"{model} case study: critical layers", "kind": "label",
+         "value": ", ".join(f"L{x}" for x in case.critical["layers"]) or "none"},
+        {"name": f"{model} case study: heads found", "kind": "label", "value": heads},
+    ]  # fmt: skip
+    out += _verdicts(case.kept, f"{model} case study heads kept", margin, ("mmlu_letter", "mmlu_cloze", "facts_cloze"))
+    state, reason = case_verdict(case, CASE_CHANCE, margin)
+    out.append(
+        {"name": f"{model}: the study's contrast (case study)", "kind": "label", "value": state, "reason": reason}
+    )
+    return out
 
 
 def verdict(row: dict, margin: float) -> str:
@@ -250,7 +280,8 @@ def headline(data_dir: str | Path, margin: float = DEFAULT_MARGIN) -> list[dict]
                     out.append(_accuracy(f"{model} top {k} removed {row['task']}", row["acc_condition"], row["n"]))
                 out += _verdicts(chosen, model, margin)
                 out += _fall_to_chance(chosen, acc.filter(pl.col("model") == model), model, k)
-                out += _contrast(topk, acc.filter(pl.col("model") == model), model, k, margin)
+                if not (data / "results" / "case" / model / "minimal.json").is_file():  # one verdict per model
+                    out += _contrast(topk, acc.filter(pl.col("model") == model), model, k, margin)
                 subsets = topk.filter(
                     (pl.col("family") == "top k vs unmodified" + SUBSETS) & (pl.col("condition") == f"top {k}")
                 )
@@ -268,6 +299,7 @@ def headline(data_dir: str | Path, margin: float = DEFAULT_MARGIN) -> list[dict]
                     model,
                     margin,
                 )
+        out += case_entries(data / "results" / "case" / model, model, margin)
         out += _formats(_read(data / "results" / "facts" / model / "formats.parquet"), model)
         out += _verdicts(_read(heads / "kept.comparisons.parquet"), f"{model} heads kept", margin, ("kv_retrieval",))
         gna = data / "results" / "gna" / model / "masking.comparisons.parquet"

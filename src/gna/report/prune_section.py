@@ -9,7 +9,7 @@ import polars as pl
 import seaborn as sns
 
 from gna.core.chance import SKIPPED
-from gna.core.paired import decide
+from gna.core.paired import decide, shallowest_holding
 from gna.report.htmlkit import (
     SectionContext,
     accuracy_axis,
@@ -177,20 +177,6 @@ def individual_part(individual: pl.DataFrame, minimal: list[dict], ctx: SectionC
         + table(wide, left=("model",), fmt={c: pct for c in wide.columns if c not in ("model", "removed_layer")})
         + "</details>"
     )
-
-
-def shallowest_holding(decisions: dict) -> int | None:
-    """The shallowest prefix shown within the margin of the full model by a fixed sequence: the
-    prefixes tested from the deepest down, each at 5%, stopping at the first that is not shown to
-    hold ({layers kept: Decision}; a fall smaller than the margin holds). Testing in an order fixed
-    before the data keeps the family's error at 5% without a correction, where the smallest of all
-    holding prefixes would be a minimum over uncorrected tests."""
-    shallowest = None
-    for k in sorted(decisions, reverse=True):
-        if not (decisions[k].verb == "holds" or decisions[k].within):
-            break
-        shallowest = k
-    return shallowest
 
 
 def gradual_comparisons_part(compared: pl.DataFrame, margin: float) -> str:

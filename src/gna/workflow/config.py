@@ -234,6 +234,18 @@ def _check_semantics(config: dict) -> None:
                 f"config key '{where}.retrieval_task': {prune['retrieval_task']!r} must be one of "
                 f"{where}.tasks ({', '.join(prune['tasks'])})"
             )
+    case = config["case_study"]
+    unknown = [name for name in case["models"] if name not in config["models"]]
+    if unknown:
+        raise ConfigError(
+            f"config key 'case_study.models': {unknown} are not models (models: {', '.join(config['models'])})"
+        )
+    missing = [task for task in ["mmlu_letter", *case["tasks"]] if task not in formats]
+    if case["models"] and missing:
+        raise ConfigError(
+            f"config key 'case_study.tasks': {sorted(set(missing))} not built; the case study needs MMLU letter and "
+            f"its tasks in tasks.mmlu.formats / tasks.facts.formats (built: {', '.join(sorted(formats))})"
+        )
     for name, spec in config["models"].items():
         if "/" in name or name.startswith("."):
             raise ConfigError(f"config key 'models.{name}': model names may not contain '/' or start with '.'")

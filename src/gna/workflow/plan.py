@@ -97,6 +97,20 @@ def hybrid_results(config: dict) -> list[str]:
     return results
 
 
+# the case study's files per model (rules/case.smk): the report reads each
+CASE_RESULTS = [
+    "gradual.parquet",
+    "gradual.comparisons.parquet",
+    "minimal.json",
+    "layers.comparisons.parquet",
+    "critical.json",
+    "sweep.parquet",
+    "found.json",
+    "kept.parquet",
+    "kept.comparisons.parquet",
+]
+
+
 def all_results(config: dict) -> list[str]:
     """Every phase's results, listed explicitly so that a phase added to an existing run is
     scheduled even when the report it feeds is already up to date."""
@@ -127,4 +141,5 @@ def all_results(config: dict) -> list[str]:
     # the attribution check compares the pre-ranking with the exact sweep, so it needs one
     exact = [m for m in models if model_heads(config, m)["sweep_mode"] == "exact"]
     listed = [p for t in per_model for p in _paths(t, model=exact if t.endswith("attribution.parquet") else models)]
-    return ["data/results/baseline.parquet", *listed, *prune, *gna] + (hybrid_results(config))
+    case = _paths("data/results/case/{model}/{name}", model=config["case_study"]["models"], name=CASE_RESULTS)
+    return ["data/results/baseline.parquet", *listed, *prune, *case, *gna] + (hybrid_results(config))

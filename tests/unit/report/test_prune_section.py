@@ -51,8 +51,7 @@ def test_gradual_pruning_draws_only_the_tasks_scored_at_every_depth_and_names_th
 def test_the_shallowest_prefix_shown_to_hold_is_read_as_a_fixed_sequence_from_the_deepest_down():
     """Prefixes 30, 28, 26 hold, 24 is not decided, 22 holds again: the sequence stops at 24, so the
     answer is 26 (22 would be the minimum over uncorrected tests). A fall within the margin holds."""
-    from gna.core.paired import Decision
-    from gna.report.prune_section import shallowest_holding
+    from gna.core.paired import Decision, shallowest_holding
 
     holds, open_, falls = Decision("holds", 0.05), Decision("undecided", 0.05, 300), Decision("falls", 0.05)
     decisions = {30: holds, 28: holds, 26: Decision("falls", 0.05, within=True), 24: open_, 22: holds}

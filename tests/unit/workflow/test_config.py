@@ -206,3 +206,20 @@ def test_a_models_prune_settings_are_its_own_over_the_section_and_checked_by_the
     config["models"][name]["overrides"] = {"prune": {"retrieval_metric": "f1"}}
     with pytest.raises(ConfigError, match=rf"models.{name}.overrides.prune.retrieval_metric': 'f1' is not allowed"):
         validate_config(copy.deepcopy(config), SCHEMA)
+
+
+def test_the_case_study_runs_on_named_models_that_build_its_tasks_and_is_refused_by_key_otherwise():
+    config = default()
+    own = validate_config(copy.deepcopy(config), SCHEMA)["case_study"]
+    assert own["models"] == ["qwen2.5-coder-1.5b"] and own["deepest"] == 8 and own["control"]["draws"] == 1
+    config["case_study"]["models"] = ["llama-9000"]
+    with pytest.raises(ConfigError, match=r"'case_study.models': \['llama-9000'\] are not models"):
+        validate_config(copy.deepcopy(config), SCHEMA)
+    config["case_study"]["models"] = ["qwen2.5-coder-1.5b"]
+    config["tasks"]["mmlu"]["formats"] = ["cloze"]
+    config["prune"] = {"tasks": ["kv_retrieval"]}
+    with pytest.raises(ConfigError, match=r"'case_study.tasks': \['mmlu_letter'\] not built"):
+        validate_config(copy.deepcopy(config), SCHEMA)
+    config["case_study"] = {"models": [], "deepest": 0}
+    with pytest.raises(ConfigError, match=r"case_study.deepest"):
+        validate_config(copy.deepcopy(config), SCHEMA)
