@@ -307,8 +307,8 @@ def summarize_variants(items: dict[str, pl.DataFrame]) -> pl.DataFrame:
 
 @dataclass(frozen=True)
 class CasePrune(RuleSettings):
-    """Settings of rule case_prune: the `model` (wildcard), the evaluation items per task (`max_items`:
-    case_study.max_items; None: all), `chance` accuracy of the letter format, the report's `margin`
+    """Settings of rule case_prune: the `model` (wildcard), the evaluation items per task other than MMLU
+    letter (`max_items`: case_study.max_items; None: all), `chance` accuracy of the letter format, the report's `margin`
     (report.equivalence_margin) and how the model is loaded and scored (`evaluation`)."""
 
     model: str
@@ -328,7 +328,7 @@ def run_case_prune(inputs: Files, outputs: Files, settings: CasePrune) -> dict:
     items = prune_items(
         Scorer(model, tok, evaluation.batch_size),
         read_parquet(inputs.development),
-        load_task_tables(inputs.tasks, settings.max_items),
+        load_task_tables(inputs.tasks, settings.max_items, whole=(LETTER,)),
     )
     summary = pl.concat(
         [
@@ -418,8 +418,8 @@ def run_case_sweep(inputs: Files, outputs: Files, settings: CaseSweep) -> dict:
 
 @dataclass(frozen=True)
 class CaseKept(RuleSettings):
-    """Settings of rule case_kept: the `model` (wildcard), the evaluation items per task (`max_items`;
-    None: all), the KV prompts per dictionary size (`kv_per_size`; None: all), the random-head
+    """Settings of rule case_kept: the `model` (wildcard), the evaluation items per task other than MMLU
+    letter (`max_items`; None: all), the KV prompts per dictionary size (`kv_per_size`; None: all), the random-head
     `control` (case_study.control) and how the model is loaded and scored (`evaluation`)."""
 
     model: str
