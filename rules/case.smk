@@ -133,3 +133,32 @@ rule case_kept:
         runtime=180,
     script:
         "../workflow_scripts/case_kept.py"
+
+
+rule case_gna:
+    input:
+        model="data/models/{model}",
+        minimal="data/results/case/{model}/minimal.json",
+        found="data/results/case/{model}/found.json",
+        mmlu_letter="data/tasks/mmlu_letter.parquet",
+    output:
+        roles="data/results/case/{model}/roles.parquet",
+        maps="data/results/case/{model}/maps.parquet",
+    params:
+        settings=lambda wc: {
+            "model": wc.model,
+            "items": CASE["gna_items"],
+            "gna": {k: config["gna"][k] for k in ("gather_min", "aggregate_min")},
+            "evaluation": EVALUATION_UNBATCHED,
+        },
+        code=code_of("case_gna"),
+    log:
+        "data/logs/case_gna/{model}.log",
+    benchmark:
+        "data/benchmarks/case_gna/{model}.tsv"
+    threads: 2
+    resources:
+        mem_mb=job_mem_mb("case_gna"),
+        runtime=60,
+    script:
+        "../workflow_scripts/case_gna.py"

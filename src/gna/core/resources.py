@@ -38,6 +38,7 @@ RULE_MEMORY = {
     "case_layers": (4000, 1.5),
     "case_sweep": (4000, 1.5),
     "case_kept": (4000, 1.5),
+    "case_gna": (4000, 1.5),
     "heads_dictsize": (4000, 1.5),
     "gna_roles": (4000, 1.5),
     "gna_masking": (4000, 1.5),

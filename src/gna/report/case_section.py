@@ -12,6 +12,7 @@ import polars as pl
 
 from gna.core.paired import decide
 from gna.report.contrast_verdict import CaseStudy, case_verdict
+from gna.report.gna_section import plot_maps
 from gna.report.htmlkit import (
     SectionContext,
     acc_text,
@@ -235,6 +236,27 @@ def _found_text(found: dict) -> str:
     )
 
 
+def roles_text(roles: pl.DataFrame, model: str) -> str:
+    """The G&A role scores of the heads found inside the minimal model, on MMLU letter questions."""
+    if roles.is_empty() or "found" not in roles.columns:
+        return ""
+    mine = roles.filter((pl.col("model") == model) & pl.col("found"))
+    if mine.is_empty():
+        return ""
+    shown = mine.select(
+        pl.format("L{}H{}", "layer", "head").alias("head"),
+        "role",
+        *[pl.col(c).round(3) for c in ("gather_strict", "aggregate", "selectivity", "sharpness")],
+        "n",
+    )
+    return (
+        "<p>Their Gather-and-Aggregate roles inside the minimal model, on MMLU letter questions (each answer "
+        "option a segment; <i>aggregate</i>: the answer position's attention on the options, <i>selectivity</i>: "
+        "its share on the correct one; <i>gather</i>: an option's last token's attention on its own option):</p>"
+        + table(shown, left=("head", "role"))
+    )
+
+
 def render_case(ctx: SectionContext) -> str:
     """The case study per model: what was run, its verdict on the study's contrast, the pruning curve,
     the critical layers, the head sweep, the heads-kept table beside the study's, KV by size."""
@@ -244,8 +266,12 @@ def render_case(ctx: SectionContext) -> str:
     plot_gradual(gradual, minimal, ctx.figures["case_gradual"])
     plot_layers(ctx.frame("case_layers_comparisons"), critical, ctx.figures["case_layers"])
     plot_sweep(ctx.frame("case_sweep"), ctx.figures["case_sweep"])
+    plot_maps(ctx.frame("case_maps"), ctx.figures["case_maps"], task="mmlu_letter")
     if not minimal:
-        return ""
+        return (
+            "<h2>The study's MMLU case study</h2><p class='note'>The case study ran on no model "
+            "(<code>case_study.models</code> is empty): it needs a model that answers MMLU in letter format.</p>"
+        )
     parts = [
         "<h2>The study's MMLU case study</h2>",
         "<p>The study's fall to chance comes from its case study on Llama-3.1-8B: layers pruned from the end until "
@@ -269,6 +295,7 @@ def render_case(ctx: SectionContext) -> str:
         mine = layers_compared.filter(pl.col("model") == model) if len(layers_compared) else layers_compared
         parts.append(_critical_text(case.critical, mine, ctx.margin))
         parts.append(_found_text(case.found))
+        parts.append(roles_text(ctx.frame("case_roles"), model))
         summary = ctx.frame("case_kept")
         summary = summary.filter(pl.col("model") == model) if len(summary) else summary
         if not summary.is_empty() and "variant" in summary.columns:
@@ -295,6 +322,7 @@ def render_case(ctx: SectionContext) -> str:
     parts.append(ctx.figure("case_gradual"))
     parts.append(ctx.figure("case_layers"))
     parts.append(ctx.figure("case_sweep"))
+    parts.append(ctx.figure("case_maps"))
     if sweep_drawn:
         parts.append(comparisons_note(ctx.margin))
     return "".join(parts)

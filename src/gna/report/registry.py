@@ -100,8 +100,10 @@ SECTIONS: tuple[Section, ...] = (
             Input("case_found", "data/results/case/{case_model}/found.json"),
             Input("case_kept", "data/results/case/{case_model}/kept.parquet"),
             Input("case_kept_comparisons", "data/results/case/{case_model}/kept.comparisons.parquet"),
+            Input("case_roles", "data/results/case/{case_model}/roles.parquet"),
+            Input("case_maps", "data/results/case/{case_model}/maps.parquet"),
         ),
-        _figures("The study's MMLU case study", "case_gradual", "case_layers", "case_sweep"),
+        _figures("The study's MMLU case study", "case_gradual", "case_layers", "case_sweep", "case_maps"),
         "gna.report.case_section:render_case",
     ),
     # the study's central contrast leads; it reads the baseline's and the heads section's inputs

@@ -108,6 +108,8 @@ CASE_RESULTS = [
     "found.json",
     "kept.parquet",
     "kept.comparisons.parquet",
+    "roles.parquet",
+    "maps.parquet",
 ]
 
 

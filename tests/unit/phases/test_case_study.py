@@ -190,3 +190,18 @@ def test_the_heads_kept_table_equals_a_forward_per_variant(tiny_qwen, letter):
         with pruned_layers(model, kept), ablate_heads(model, variants[label]):
             for task, table in {"mmlu_letter": letter, **kv}.items():
                 _same(items[label].filter(pl.col("task") == task), score_table(scorer, table))
+
+
+def test_the_roles_of_the_heads_found_are_read_inside_the_minimal_model(tiny_qwen, letter):
+    from gna.phases.case_study import found_roles
+    from gna.phases.gather_aggregate import GnaRoleConfig, head_roles, mmlu_row_segments
+
+    model, tok = tiny_qwen
+    scorer = Scorer(model, tok, progress=False)
+    roles, maps = found_roles(scorer, letter, [0, 1, 2], [(1, 2), (2, 0)], GnaRoleConfig())
+    assert sorted(roles["layer"].unique().to_list()) == [0, 1, 2] and model.config.num_hidden_layers == 4
+    assert sorted(roles.filter(pl.col("found")).select("layer", "head").rows()) == [(1, 2), (2, 0)]
+    assert set(maps.select("layer", "head").unique().rows()) == {(1, 2), (2, 0)} and maps["task"][0] == "mmlu_letter"
+    # attention in a layer does not depend on the layers after it: the prefix's roles are the full model's
+    full = head_roles(scorer, letter, mmlu_row_segments).filter(pl.col("layer") < 3)
+    assert roles["aggregate"].to_list() == pytest.approx(full["aggregate"].to_list(), abs=1e-5)
