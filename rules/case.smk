@@ -144,12 +144,14 @@ rule case_gna:
     output:
         roles="data/results/case/{model}/roles.parquet",
         maps="data/results/case/{model}/maps.parquet",
+        masking="data/results/case/{model}/masking.parquet",
+        masking_comparisons="data/results/case/{model}/masking.comparisons.parquet",
     params:
         settings=lambda wc: {
             "model": wc.model,
             "items": CASE["gna_items"],
             "gna": {k: config["gna"][k] for k in ("gather_min", "aggregate_min")},
-            "evaluation": EVALUATION_UNBATCHED,
+            "evaluation": EVALUATION,
         },
         code=code_of("case_gna"),
     log:

@@ -12,7 +12,7 @@ import polars as pl
 
 from gna.core.paired import decide
 from gna.report.contrast_verdict import CaseStudy, case_verdict
-from gna.report.gna_section import plot_maps
+from gna.report.gna_section import masking_part, plot_maps
 from gna.report.htmlkit import (
     SectionContext,
     acc_text,
@@ -296,6 +296,18 @@ def render_case(ctx: SectionContext) -> str:
         parts.append(_critical_text(case.critical, mine, ctx.margin))
         parts.append(_found_text(case.found))
         parts.append(roles_text(ctx.frame("case_roles"), model))
+        masking, masked = ctx.frame("case_masking"), ctx.frame("case_masking_comparisons")
+        if "heads" in masking.columns:
+            parts.append(
+                "<p><b>Their pattern alone.</b> The heads found as the study's Gather and Aggregate heads (their own "
+                "roles where they have them, else the earlier layer's head gathering and the later's aggregating), "
+                "inside the minimal model on MMLU letter questions:</p>"
+            )
+            parts.append(
+                masking_part(
+                    masking.filter(pl.col("model") == model), masked.filter(pl.col("model") == model), ctx.margin
+                )
+            )
         summary = ctx.frame("case_kept")
         summary = summary.filter(pl.col("model") == model) if len(summary) else summary
         if not summary.is_empty() and "variant" in summary.columns:

@@ -152,8 +152,8 @@ def model_roles(sub: pl.DataFrame, model: str) -> str:
     )
 
 
-def masking_part(masking: pl.DataFrame, compared: pl.DataFrame, margin: float) -> str:
-    """The masking conditions' accuracies, then (b) and (c) each against (a) item by item."""
+def masking_part(masking: pl.DataFrame, compared: pl.DataFrame, margin: float, intro: str = MASKING_INTRO) -> str:
+    """`intro`, the masking conditions' accuracies, then (b) and (c) each against (a) item by item."""
     if masking.is_empty():
         return ""
     shown = with_acc_cell(masking.rename({"acc": "value"}), "acc (95% interval)").select(
@@ -167,7 +167,7 @@ def masking_part(masking: pl.DataFrame, compared: pl.DataFrame, margin: float) -
         else ""
     )
     return (
-        MASKING_INTRO
+        intro
         + table(shown.sort(["model", "task", "condition"]), left=("model", "heads", "task", "condition", "not run"))
         + paired
     )

@@ -102,6 +102,8 @@ SECTIONS: tuple[Section, ...] = (
             Input("case_kept_comparisons", "data/results/case/{case_model}/kept.comparisons.parquet"),
             Input("case_roles", "data/results/case/{case_model}/roles.parquet"),
             Input("case_maps", "data/results/case/{case_model}/maps.parquet"),
+            Input("case_masking", "data/results/case/{case_model}/masking.parquet"),
+            Input("case_masking_comparisons", "data/results/case/{case_model}/masking.comparisons.parquet"),
         ),
         _figures("The study's MMLU case study", "case_gradual", "case_layers", "case_sweep", "case_maps"),
         "gna.report.case_section:render_case",

@@ -110,6 +110,8 @@ CASE_RESULTS = [
     "kept.comparisons.parquet",
     "roles.parquet",
     "maps.parquet",
+    "masking.parquet",
+    "masking.comparisons.parquet",
 ]
 
 

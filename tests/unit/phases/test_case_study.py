@@ -205,3 +205,28 @@ def test_the_roles_of_the_heads_found_are_read_inside_the_minimal_model(tiny_qwe
     # attention in a layer does not depend on the layers after it: the prefix's roles are the full model's
     full = head_roles(scorer, letter, mmlu_row_segments).filter(pl.col("layer") < 3)
     assert roles["aggregate"].to_list() == pytest.approx(full["aggregate"].to_list(), abs=1e-5)
+
+
+def test_the_masking_of_the_heads_found_runs_inside_the_minimal_model(tiny_qwen, letter):
+    from gna.phases.case_study import found_masking, pattern_roles
+    from gna.phases.gather_aggregate import mmlu_row_segments
+    from gna.phases.masking import CONDITIONS, Segmented, score_masked
+
+    roles = pl.DataFrame({"layer": [1, 2], "head": [2, 0], "role": ["other", "gather"]})
+    assert pattern_roles(roles, [(2, 0), (1, 2)]) == {"gather": (1, 2), "aggregate": (2, 0)}  # the study's order
+    assert pattern_roles(roles.with_columns(pl.Series("role", ["aggregate", "gather"])), [(1, 2), (2, 0)]) == {
+        "aggregate": (1, 2), "gather": (2, 0)}  # fmt: skip
+    assert pattern_roles(roles, [(1, 2)]) == {}
+    model, tok = tiny_qwen
+    scorer = Scorer(model, tok, progress=False)
+    heads = {"gather": (1, 2), "aggregate": (2, 0)}
+    summary, compared = found_masking(scorer, letter, [0, 1, 2], heads)
+    assert summary["condition"].to_list() == list(CONDITIONS) and set(compared["condition"]) == set(CONDITIONS[1:])
+    with pruned_layers(model, [0, 1, 2]):
+        masked = score_masked(scorer, Segmented(letter, mmlu_row_segments), heads)
+        plain = score_table(scorer, letter)
+    row = summary.filter(pl.col("condition") == CONDITIONS[2]).row(0, named=True)
+    assert row["acc"] == pytest.approx(float(masked["correct"].mean()))
+    assert summary.filter(pl.col("condition") == CONDITIONS[0])["acc"][0] == pytest.approx(
+        float(plain["correct"].mean())
+    )
