@@ -298,16 +298,15 @@ def render_case(ctx: SectionContext) -> str:
         parts.append(roles_text(ctx.frame("case_roles"), model))
         masking, masked = ctx.frame("case_masking"), ctx.frame("case_masking_comparisons")
         if "heads" in masking.columns:
-            parts.append(
+            intro = (
                 "<p><b>Their pattern alone.</b> The heads found as the study's Gather and Aggregate heads (their own "
                 "roles where they have them, else the earlier layer's head gathering and the later's aggregating), "
-                "inside the minimal model on MMLU letter questions:</p>"
+                "inside the minimal model on MMLU letter questions, each answer option a segment: (a) unmodified; "
+                "(b) both ablated; (c) both restricted to their G&A pattern. If (c) stays near (a) while (b) falls, "
+                "their pattern alone carries the letter format.</p>"
             )
-            parts.append(
-                masking_part(
-                    masking.filter(pl.col("model") == model), masked.filter(pl.col("model") == model), ctx.margin
-                )
-            )
+            mine = pl.col("model") == model
+            parts.append(masking_part(masking.filter(mine), masked.filter(mine), ctx.margin, intro))
         summary = ctx.frame("case_kept")
         summary = summary.filter(pl.col("model") == model) if len(summary) else summary
         if not summary.is_empty() and "variant" in summary.columns:
