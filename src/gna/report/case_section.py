@@ -155,8 +155,9 @@ def kept_table(summary: pl.DataFrame, compared: pl.DataFrame, margin: float) -> 
     return pl.DataFrame(rows)
 
 
-def kv_table(summary: pl.DataFrame) -> pl.DataFrame:
-    """KV retrieval by dictionary size under each heads-kept variant: accuracy and the answer's mean log-prob."""
+def kv_table(summary: pl.DataFrame, compared: pl.DataFrame) -> pl.DataFrame:
+    """KV retrieval by dictionary size under each heads-kept variant: accuracy, and for a variant derived from
+    the kept configuration the answer's log-prob against it item by item (lower on how many, sign test Holm p)."""
     kv = summary.filter(pl.col("task").str.starts_with("kv_retrieval@") & (pl.col("group") == "all"))
     if kv.is_empty():
         return kv
@@ -164,12 +165,19 @@ def kv_table(summary: pl.DataFrame) -> pl.DataFrame:
     rows = []
     for variant in acc["variant"].unique(maintain_order=True).to_list():
         row = {"configuration": variant}
-        for r in (
-            acc.filter(pl.col("variant") == variant)
-            .sort(pl.col("task").str.split("@").list.get(1).cast(pl.Int64))
-            .iter_rows(named=True)
-        ):
-            row[f"{r['task'].split('@')[1]} keys (n={r['n']})"] = pct(r["value"])
+        sizes = acc.filter(pl.col("variant") == variant).sort(pl.col("task").str.split("@").list.get(1).cast(pl.Int64))
+        for r in sizes.iter_rows(named=True):
+            cell = pct(r["value"])
+            hit = compared.filter(
+                (pl.col("family") == "vs kept configuration")
+                & (pl.col("condition") == variant)
+                & (pl.col("task") == r["task"])
+                & (pl.col("group") == "all")
+            )
+            if len(hit) and hit["p_logp_holm"][0] is not None:
+                h = hit.row(0, named=True)
+                cell += f"; log-prob lower on {h['logp_lower']}/{h['logp_n']}, Holm p {h['p_logp_holm']:.2g}"
+            row[f"{r['task'].split('@')[1]} keys (n={r['n']})"] = cell
         rows.append(row)
     return pl.DataFrame(rows)
 
@@ -322,11 +330,13 @@ def render_case(ctx: SectionContext) -> str:
             parts.append(table(kept_table(summary, case.kept, ctx.margin), left=("configuration",)))
             if ctx.show_reference:
                 parts.append(reference_html(KEPT_HEADS, KEPT_HEADS["what"]))
-            kv = kv_table(summary)
+            kv = kv_table(summary, case.kept)
             if not kv.is_empty():
                 parts.append(
-                    "<p>KV retrieval by dictionary size in the same configurations (accuracy; the study finds that "
-                    "one head's removal costs a constant share and the other's grows with size):</p>"
+                    "<p>KV retrieval by dictionary size in the same configurations: accuracy and, for each removal "
+                    "from the kept configuration, the answer's log-prob against it item by item (where accuracy "
+                    "sits at its ceiling, confidence can still fall). The study finds that one head's removal "
+                    "costs a constant share and the other's grows with size.</p>"
                 )
                 parts.append(table(kv, left=("configuration",)))
             parts.append(comparisons_table(case.kept, ctx.margin))
