@@ -108,7 +108,8 @@ def choose_minimal(compared: pl.DataFrame, summary: pl.DataFrame, chance: float,
     ]
     found = min(clear) if clear else None
     dev_n = int(rows["n"][0]) if len(rows) else 0
-    if found is None:
+    reason = None
+    if holding is None:
         deepest = by_k.get(n_layers - 1)
         shown = (
             f"the {n_layers - 1}-layer prefix {decisions[n_layers - 1].label} on {dev_n} development items "
@@ -118,15 +119,19 @@ def choose_minimal(compared: pl.DataFrame, summary: pl.DataFrame, chance: float,
         )
         reason = (
             f"no prefix short of the full {n_layers} layers is shown to hold within ±{100 * margin:g} points of the "
-            f"full model's letter accuracy with its evaluation interval above chance: {shown}"
+            f"full model's letter accuracy: {shown}"
         )
-    else:
-        reason = None
+    elif found is None:
+        reason = (
+            f"the prefixes of {holding} to {n_layers - 1} layers hold within ±{100 * margin:g} points on {dev_n} "
+            "development items, but none has an evaluation letter interval clear of chance"
+        )
     interval = _letter_interval(summary, found if found is not None else n_layers)
     below = by_k.get(found - 1) if found is not None else None
     return {
         "n_layers": n_layers,
         "layers_kept": found,
+        "holding": holding,  # the shallowest prefix the fixed sequence shows to hold (at chance or not)
         "kept_layers": list(range(found)) if found is not None else list(range(n_layers)),
         "applies": found is not None,
         "reason": reason,
@@ -163,7 +168,7 @@ def choose_critical(compared: pl.DataFrame, margin: float, most: int = 2) -> tup
     margin counts), from the removal comparisons (`removal_items` compared against MINIMAL)."""
     rows = compared.filter((pl.col("task") == LETTER) & (pl.col("group") == "all"))
     falling = [r for r in rows.iter_rows(named=True) if decide(r, margin).verb == "falls"]
-    falling.sort(key=lambda r: (r["diff"], r["condition"]))
+    falling.sort(key=lambda r: (r["diff"], int(r["condition"].removeprefix("without L"))))
     layers = sorted(int(r["condition"].removeprefix("without L")) for r in falling[:most])
     if layers:
         return layers, None
@@ -182,14 +187,13 @@ def sweep_items(scorer: Scorer, table: pl.DataFrame, kept_layers: list[int], lay
 
 def sweep_table(frames: dict) -> pl.DataFrame:
     """One row per head: accuracy and mean log-prob of the answer with it ablated, and their drops from
-    the unablated model, on all items and on each half (half 1: the first half of the items in table
-    order); rank 1 = largest accuracy drop (log-prob drop breaks ties) within its layer."""
+    the unablated model, on all items and on each half (half 1: the items at even positions of the table,
+    half 2: at odd ones); rank 1 = largest accuracy drop (log-prob drop breaks ties) within its layer."""
     base = frames[MINIMAL]
     halves = {"": None, "_half1": 0, "_half2": 1}
-    cut = len(base) // 2
 
-    def part(frame, half):
-        return frame if half is None else (frame.head(cut) if half == 0 else frame.slice(cut))
+    def part(frame, half):  # interleaved: the questions are in id order, which groups them by subject
+        return frame if half is None else frame.gather_every(2, offset=half)
 
     rows = []
     for key, frame in frames.items():
@@ -203,7 +207,6 @@ def sweep_table(frames: dict) -> pl.DataFrame:
             row[f"logp_drop{suffix}"] = float(ref["logp_target"].mean() - mine["logp_target"].mean())
         rows.append(row)
     table = pl.DataFrame(rows)
-    ranks = []
     for suffix in halves:
         table = table.with_columns(
             pl.struct(f"acc_drop{suffix}", f"logp_drop{suffix}")
@@ -211,7 +214,6 @@ def sweep_table(frames: dict) -> pl.DataFrame:
             .over("layer")
             .alias(f"rank{suffix}")
         )
-        ranks.append(f"rank{suffix}")
     return table.sort("layer", "rank")
 
 
@@ -258,8 +260,7 @@ def kept_variants(found: list[tuple[int, int]], n_heads: dict[int, int], control
     rng = random.Random(f"case-control-{control.seed}")
     for layer, head in found:
         variants[f"{ALL_HEADS} − L{layer}H{head}"] = [(layer, head)]
-        for draw in range(control.draws):
-            _, other = rng.choice(others[layer])
+        for draw, (_, other) in enumerate(rng.sample(others[layer], min(control.draws, len(others[layer])))):
             variants[f"{ALL_HEADS} − random L{layer}H{other} #{draw}"] = [(layer, other)]
             swapped = [h for h in kept if h != (layer, other)] + [(layer, head)]
             variants[f"{KEPT}, L{layer}H{other} in place of H{head} #{draw}"] = swapped

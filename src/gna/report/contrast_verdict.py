@@ -131,7 +131,10 @@ def carries_retrieval(kept: pl.DataFrame, condition: str, margin: float) -> bool
         & (pl.col("group") == "all")
     )
     for row in rows.iter_rows(named=True):
-        if decide(row, margin).verb == "falls":
+        verdict = decide(row, margin)
+        if (
+            verdict.verb == "falls" and not verdict.within
+        ):  # as removal_premise: a fall inside the margin carries little
             return True
         if row.get("p_logp_holm") is not None and row["p_logp_holm"] < 0.05 and row["logp_lower"] > row["logp_higher"]:
             return True
@@ -183,4 +186,26 @@ def case_verdict(case: CaseStudy, chance: float, margin: float) -> tuple[str, st
     state, reason = contrast_state(
         rows, premise_fails=None, carries_retrieval=carries_retrieval(kept, label, margin), chance=chance, margin=margin
     )
-    return state, f"L{layer}H{head['head']} removed from the kept configuration: {reason}"
+    return state, f"L{layer}H{head['head']} removed from the kept configuration: {reason}" + swap_clause(
+        kept, head, margin
+    )
+
+
+def swap_clause(kept: pl.DataFrame, head: dict, margin: float) -> str:
+    """Whether the head found matters as itself: the kept configuration with a random other head of its layer
+    kept in its place, against the kept configuration on the letter format (its first draw); '' where not run."""
+    rows = kept.filter(
+        (pl.col("family") == "vs kept configuration")
+        & pl.col("condition").str.starts_with(f"kept, L{head['layer']}H")
+        & pl.col("condition").str.contains(f" in place of H{head['head']} #0", literal=True)
+        & (pl.col("task") == "mmlu_letter")
+        & (pl.col("group") == "all")
+    )
+    if rows.is_empty():
+        return ""
+    row = rows.row(0, named=True)
+    other = row["condition"].split(", ")[1].split(" in place")[0]
+    return (
+        f"; with {other} kept in its place instead, the letter format {decide(row, margin).label} "
+        f"({100 * row['acc_reference']:.1f}% → {100 * row['acc_condition']:.1f}%)"
+    )

@@ -80,7 +80,13 @@ def test_the_minimal_model_is_the_shallowest_prefix_shown_to_hold_and_clear_of_c
     assert chosen["letter"]["n"] == 200 and chosen["letter"]["ci_low"] > CHANCE
     # the shallowest holding prefix at chance on the evaluation items: the next deeper one is chosen
     compared, summary = _prefix_tables(full, {7: same, 6: one_flip, 5: broken}, {7: 0.45, 6: 0.27})
-    assert choose_minimal(compared, summary, CHANCE, MARGIN)["layers_kept"] == 7
+    chosen = choose_minimal(compared, summary, CHANCE, MARGIN)
+    assert (chosen["layers_kept"], chosen["holding"]) == (7, 6)
+    # every holding prefix at chance: none qualifies, and the reason says that, not that none holds
+    compared, summary = _prefix_tables(full, {7: same, 6: one_flip, 5: broken}, {7: 0.26, 6: 0.27})
+    chosen = choose_minimal(compared, summary, CHANCE, MARGIN)
+    assert not chosen["applies"] and "the prefixes of 6 to 7 layers hold" in chosen["reason"]
+    assert "clear of chance" in chosen["reason"]
 
 
 def test_no_prefix_qualifies_and_the_reason_says_why():
@@ -148,6 +154,11 @@ def test_head_sweep_inside_a_pruned_model_equals_the_naive_loop(tiny_qwen, lette
         with pruned_layers(model, kept), ablate_heads(model, [(kept.index(layer), head)]):
             _same(frame, score_table(scorer, letter))
     sweep = sweep_table(frames)
+    # the halves interleave (the development questions come in id order, grouped by subject)
+    first = frames[(1, 0)]["correct"].to_list()[0::2]
+    base = frames[MINIMAL]["correct"].to_list()[0::2]
+    row = sweep.filter((pl.col("layer") == 1) & (pl.col("head") == 0)).row(0, named=True)
+    assert row["acc_drop_half1"] == pytest.approx(sum(base) / len(base) - sum(first) / len(first))
     assert len(sweep) == 8 and sorted(sweep.filter(pl.col("layer") == 1)["rank"].to_list()) == [1, 2, 3, 4]
     found = top_per_layer(sweep)
     assert [f["layer"] for f in found] == [1, 2]
@@ -173,6 +184,9 @@ def test_kept_variants_keep_only_the_heads_found_and_draw_their_controls_from_th
         layer = int(label.split("L")[1].split("H")[0])
         assert sum(h[0] == layer for h in variants[label]) == 3
     assert variants == kept_variants([(1, 2), (3, 0)], {0: 4, 1: 4, 2: 4, 3: 4}, Control(seed=7, draws=2))
+    # draws without replacement: three draws of a layer's three other heads are all of them
+    drawn = kept_variants([(1, 2)], {0: 4, 1: 4}, Control(seed=1, draws=3))
+    assert sorted(variants_of[0][1] for label, variants_of in drawn.items() if "random" in label) == [0, 1, 3]
     pairs = kept_pairs(list(variants))
     assert (VS_KEPT, KEPT, f"{KEPT} − L1H2") in pairs and (VS_ALL, ALL_HEADS, KEPT) in pairs
     assert not any(family == VS_KEPT and label.startswith(ALL_HEADS) for family, _, label in pairs)

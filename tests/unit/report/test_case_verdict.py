@@ -30,7 +30,8 @@ def _kept(letter_lost: int, facts_lost: int = 0, kv_lost: int = 0, control_lost:
         return pl.concat([_items(t, [False] * losses.get(t, 0) + c[losses.get(t, 0) :]) for t, c in base.items()])
 
     per_item = {ALL_HEADS: frame({}), KEPT: frame({}), REMOVED: frame(lost),
-                f"{ALL_HEADS} − random L5H1 #0": frame({"mmlu_letter": control_lost})}  # fmt: skip
+                f"{ALL_HEADS} − random L5H1 #0": frame({"mmlu_letter": control_lost}),
+                f"{KEPT}, L5H1 in place of H2 #0": frame({"mmlu_letter": letter_lost})}  # fmt: skip
     return comparisons(per_item, kept_pairs(list(per_item)))
 
 
@@ -50,6 +51,9 @@ def test_each_state_of_the_case_verdict_is_reached_from_its_table(kept, state):
     assert got == state, reason
     assert reason.startswith("L5H2 removed from the kept configuration")
     assert ("contradict" in reason) == (state == "contradicted")
+    # whether the head matters as itself: a random head of its layer kept in its place
+    swapped = "falls" if kept.filter(pl.col("condition").str.contains("in place"))["reference_only"].max() else "holds"
+    assert f"with L5H1 kept in its place instead, the letter format {swapped}" in reason
 
 
 def test_a_case_study_that_stops_early_is_not_tested_with_its_reason():
