@@ -34,6 +34,7 @@ localrules:
     collect_baseline,
     minimal_model,
     case_dev_items,
+    case_minimal,
     distill_corpus_check,
     hybrid_comparisons,
     report,

@@ -36,14 +36,8 @@ rule case_prune:
         summary="data/results/case/{model}/gradual.parquet",
         per_item="data/results/case/{model}/gradual.items.parquet",
         comparisons="data/results/case/{model}/gradual.comparisons.parquet",
-        minimal="data/results/case/{model}/minimal.json",
     params:
-        settings=lambda wc: {
-            "model": wc.model,
-            "max_items": CASE["max_items"],
-            "margin": MARGIN,
-            "evaluation": EVALUATION,
-        },
+        settings=lambda wc: {"model": wc.model, "max_items": CASE["max_items"], "evaluation": EVALUATION},
         code=code_of("case_prune"),
     log:
         "data/logs/case_prune/{model}.log",
@@ -55,6 +49,22 @@ rule case_prune:
         runtime=120,
     script:
         "../workflow_scripts/case_prune.py"
+
+
+rule case_minimal:
+    # the minimal model: a fixed sequence on the development questions, clear of chance on the evaluation ones
+    input:
+        summary="data/results/case/{model}/gradual.parquet",
+        comparisons="data/results/case/{model}/gradual.comparisons.parquet",
+    output:
+        minimal="data/results/case/{model}/minimal.json",
+    params:
+        settings=lambda wc: {"model": wc.model, "margin": MARGIN},
+        code=code_of("case_minimal"),
+    log:
+        "data/logs/case_minimal/{model}.log",
+    script:
+        "../workflow_scripts/case_minimal.py"
 
 
 rule case_layers:

@@ -90,17 +90,39 @@ def _letter_interval(summary: pl.DataFrame, k: int) -> tuple[float, float, float
     return value, low, high, n
 
 
+def not_broken(row: dict, margin: float) -> bool:
+    """Whether a prefix is shown not to break the letter format against the full model (a comparisons row):
+    it holds within `margin` (gna.core.paired.decide: a change of either sign inside it), or a fall beyond
+    the margin is excluded (the paired difference's 95% lower bound above -margin; a one-sided 2.5% test).
+    The study cuts until MMLU breaks: a prefix that answers more questions is not broken, though it does not
+    hold two-sided."""
+    verdict = decide(row, margin)
+    return verdict.verb == "holds" or verdict.within or row["ci_low"] > -margin
+
+
 def choose_minimal(compared: pl.DataFrame, summary: pl.DataFrame, chance: float, margin: float) -> dict:
-    """The minimal model: of the prefixes the fixed sequence shows to hold within `margin` of the full
-    model on the development letter items (shallowest_holding), the shallowest whose evaluation letter
-    interval (Wilson 95%) lies above `chance`. {n_layers, layers_kept (None where none short of the full
-    model qualifies), kept_layers, applies, reason, the letter interval at that depth, the development
-    decision of the prefix one layer shallower}."""
+    """The minimal model, by a fixed sequence on the development letter items: prefixes tested from the
+    deepest down, stopping at the first not shown to be unbroken (not_broken; an order fixed before the
+    data keeps the family at 5% without a correction); of those passed, the shallowest whose evaluation
+    letter interval (Wilson 95%) lies above `chance`. {n_layers, layers_kept (None where none short of the
+    full model qualifies), holding (the shallowest prefix the sequence passed; `two_sided`: the one that
+    holds within the margin both ways, gna.core.paired.shallowest_holding), kept_layers, applies, reason,
+    the letter interval at that depth, `sequence` (each prefix tested: k, diff, ci_low, lost, gained,
+    passed), the prefix one layer shallower}."""
     rows = compared.filter((pl.col("split") == DEVELOPMENT) & (pl.col("task") == LETTER) & (pl.col("group") == "all"))
     n_layers = int(summary["layers_kept"].max())
-    decisions = {int(r["condition"].split()[0]): decide(r, margin) for r in rows.iter_rows(named=True)}
     by_k = {int(r["condition"].split()[0]): r for r in rows.iter_rows(named=True)}
-    holding = shallowest_holding(decisions)
+    sequence, holding = [], None
+    for k in sorted(by_k, reverse=True):
+        row = by_k[k]
+        passed = not_broken(row, margin)
+        sequence.append(
+            {"layers_kept": k, "diff": row["diff"], "ci_low": row["ci_low"], "ci_high": row["ci_high"],
+             "lost": row["reference_only"], "gained": row["condition_only"], "passed": passed}
+        )  # fmt: skip
+        if not passed:
+            break
+        holding = k
     clear = [
         k
         for k in range(holding or n_layers, n_layers)
@@ -110,28 +132,29 @@ def choose_minimal(compared: pl.DataFrame, summary: pl.DataFrame, chance: float,
     dev_n = int(rows["n"][0]) if len(rows) else 0
     reason = None
     if holding is None:
-        deepest = by_k.get(n_layers - 1)
+        first = sequence[0] if sequence else None
         shown = (
-            f"the {n_layers - 1}-layer prefix {decisions[n_layers - 1].label} on {dev_n} development items "
-            f"({deepest['reference_only']} lost, {deepest['condition_only']} gained)"
-            if deepest is not None
+            f"the {first['layers_kept']}-layer prefix loses {first['lost']} and gains {first['gained']} of {dev_n} "
+            f"development questions ({100 * first['diff']:+.1f} points, 95% interval from {100 * first['ci_low']:+.1f})"
+            if first
             else "no prefix was compared"
         )
         reason = (
-            f"no prefix short of the full {n_layers} layers is shown to hold within ±{100 * margin:g} points of the "
-            f"full model's letter accuracy: {shown}"
+            f"no prefix short of the full {n_layers} layers is shown not to lose more than {100 * margin:g} points of "
+            f"the full model's letter accuracy: {shown}"
         )
     elif found is None:
         reason = (
-            f"the prefixes of {holding} to {n_layers - 1} layers hold within ±{100 * margin:g} points on {dev_n} "
-            "development items, but none has an evaluation letter interval clear of chance"
+            f"the prefixes of {holding} to {n_layers - 1} layers are shown not to lose more than {100 * margin:g} "
+            f"points on {dev_n} development questions, but none has an evaluation letter interval clear of chance"
         )
     interval = _letter_interval(summary, found if found is not None else n_layers)
     below = by_k.get(found - 1) if found is not None else None
     return {
         "n_layers": n_layers,
         "layers_kept": found,
-        "holding": holding,  # the shallowest prefix the fixed sequence shows to hold (at chance or not)
+        "holding": holding,
+        "two_sided": shallowest_holding({k: decide(r, margin) for k, r in by_k.items()}),
         "kept_layers": list(range(found)) if found is not None else list(range(n_layers)),
         "applies": found is not None,
         "reason": reason,
@@ -139,11 +162,18 @@ def choose_minimal(compared: pl.DataFrame, summary: pl.DataFrame, chance: float,
         "margin": margin,
         "chance": chance,
         "letter": dict(zip(("value", "ci_low", "ci_high", "n"), interval)) if interval else None,
+        "sequence": sequence,
         "shallower": (
-            {"layers_kept": found - 1, "verdict": decisions[found - 1].label, "diff": below["diff"]}
+            {
+                "layers_kept": found - 1,
+                "verdict": decide(below, margin).label,
+                "diff": below["diff"],
+                "ci_low": below["ci_low"],
+                "ci_high": below["ci_high"],
+            }
             if below is not None
             else None
-        ),
+        ),  # fmt: skip
     }
 
 
@@ -312,21 +342,18 @@ def summarize_variants(items: dict[str, pl.DataFrame]) -> pl.DataFrame:
 @dataclass(frozen=True)
 class CasePrune(RuleSettings):
     """Settings of rule case_prune: the `model` (wildcard), the evaluation items per task other than MMLU
-    letter (`max_items`: case_study.max_items; None: all), `chance` accuracy of the letter format, the report's `margin`
-    (report.equivalence_margin) and how the model is loaded and scored (`evaluation`)."""
+    letter (`max_items`: case_study.max_items; None: all) and how the model is loaded and scored
+    (`evaluation`)."""
 
     model: str
     max_items: int | None = None
-    chance: float = 0.25
-    margin: float = 0.05
     evaluation: Evaluation = Evaluation()
 
 
-def run_case_prune(inputs: Files, outputs: Files, settings: CasePrune) -> dict:
+def run_case_prune(inputs: Files, outputs: Files, settings: CasePrune) -> pl.DataFrame:
     """Phase case_prune: prune_items on the development letter items and the evaluation tables, its
-    summary, per-item scores and comparisons (each with a model column), and the minimal model
-    (choose_minimal) as JSON. inputs: model, development, tasks; outputs: summary, per_item,
-    comparisons, minimal."""
+    summary, per-item scores and comparisons, each with a model column. inputs: model, development, tasks;
+    outputs: summary, per_item, comparisons."""
     evaluation = settings.evaluation
     model, tok = load_model(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     items = prune_items(
@@ -340,12 +367,29 @@ def run_case_prune(inputs: Files, outputs: Files, settings: CasePrune) -> dict:
             for (split,), part in items.partition_by("split", as_dict=True, maintain_order=True).items()
         ]
     )
-    compared = prune_comparisons(items)
-    minimal = {"model": settings.model, **choose_minimal(compared, summary, settings.chance, settings.margin)}
     named = pl.lit(settings.model).alias("model")
     write_parquet(items.with_columns(named), outputs.per_item)
     write_parquet(summary.with_columns(named), outputs.summary)
-    write_parquet(compared.with_columns(named), outputs.comparisons)
+    write_parquet(prune_comparisons(items).with_columns(named), outputs.comparisons)
+    log.info("case pruning of %s: %d rows", settings.model, len(summary))
+    return summary
+
+
+@dataclass(frozen=True)
+class CaseMinimal(RuleSettings):
+    """Settings of rule case_minimal: the `model` (wildcard), `chance` accuracy of the letter format and the
+    report's `margin` (report.equivalence_margin)."""
+
+    model: str
+    chance: float = 0.25
+    margin: float = 0.05
+
+
+def run_case_minimal(inputs: Files, outputs: Files, settings: CaseMinimal) -> dict:
+    """Phase case_minimal: choose_minimal from case_prune's summary and comparisons, written as JSON with the
+    model name. inputs: summary, comparisons; outputs: minimal."""
+    compared, summary = read_parquet(inputs.comparisons), read_parquet(inputs.summary)
+    minimal = {"model": settings.model, **choose_minimal(compared, summary, settings.chance, settings.margin)}
     write_json(minimal, outputs.minimal)
     log.info("minimal model of %s: %s", settings.model, minimal["layers_kept"] or minimal["reason"])
     return minimal

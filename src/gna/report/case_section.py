@@ -183,22 +183,46 @@ def kv_table(summary: pl.DataFrame, compared: pl.DataFrame) -> pl.DataFrame:
 
 
 def _minimal_text(minimal: dict) -> str:
+    """The minimal model: which prefix, by which rule, its letter interval, what one layer fewer does, and
+    where the two-sided reading differs (a labelled departure)."""
     if not minimal["applies"]:
         return f"<p><b>The case study does not apply to this model:</b> {html.escape(minimal['reason'])}.</p>"
-    letter, below = minimal["letter"], minimal.get("shallower")
+    letter, below, margin = minimal["letter"], minimal.get("shallower"), 100 * minimal["margin"]
     shallower = (
-        f" The {below['layers_kept']}-layer prefix {below['verdict']} ({100 * below['diff']:+.1f} points on the "
-        "development items)."
-        if below
+        f" One layer fewer ({below['layers_kept']} layers): {100 * below['diff']:+.1f} points "
+        f"[{100 * below['ci_low']:+.1f}, {100 * below['ci_high']:+.1f}] on the development questions, "
+        f"{below['verdict']} — the sequence stops there."
+        if below and "ci_low" in below
+        else ""
+    )
+    chosen = (
+        f" (the shallowest prefix the sequence passed was {minimal['holding']} layers; the shallower ones that passed "
+        "are at chance on the evaluation questions)"
+        if minimal.get("holding") not in (None, minimal["layers_kept"])
+        else ""
+    )
+    two_sided = minimal.get("two_sided", minimal["layers_kept"])
+    departure = (
+        "<p class='note'><b>A departure from the report's two-sided reading, labelled:</b> "
+        + (
+            "no prefix holds within the margin both ways"
+            if two_sided is None
+            else f"the shallowest prefix that holds within the margin both ways is {two_sided} layers"
+        )
+        + ", because removing the last layers makes the model answer more development questions right, not fewer "
+        "(gains outside the margin). The study cuts until MMLU breaks, a fall; a gain does not break it, so the "
+        "cut reads one side.</p>"
+        if two_sided != minimal["layers_kept"]
         else ""
     )
     return (
         f"<p><b>Minimal model: layers 0–{minimal['layers_kept'] - 1} ({minimal['layers_kept']} of "
-        f"{minimal['n_layers']})</b>, the shallowest prefix shown to hold within ±{100 * minimal['margin']:g} points "
-        f"of the full model's letter accuracy on {minimal['development_items']} development questions (prefixes tested "
-        f"from the deepest down, stopping at the first not shown to hold), with MMLU letter "
-        f"{acc_text(letter['value'], letter['ci_low'], letter['ci_high'])} on the {letter['n']} evaluation "
-        f"questions, clear of chance.{shallower}</p>"
+        f"{minimal['n_layers']})</b>{chosen}. Prefixes are tested from the deepest down on "
+        f"{minimal['development_items']} development questions, each against the full model item by item, "
+        f"stopping at the first not shown to lose less than {margin:g} points of its letter accuracy (the paired "
+        f"difference's 95% lower bound above −{margin:g}, or within ±{margin:g} both ways). Its MMLU letter accuracy "
+        f"on the {letter['n']} evaluation questions: {acc_text(letter['value'], letter['ci_low'], letter['ci_high'])}, "
+        f"clear of chance.{shallower}</p>" + departure
     )
 
 

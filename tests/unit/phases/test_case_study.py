@@ -85,20 +85,31 @@ def test_the_minimal_model_is_the_shallowest_prefix_shown_to_hold_and_clear_of_c
     # every holding prefix at chance: none qualifies, and the reason says that, not that none holds
     compared, summary = _prefix_tables(full, {7: same, 6: one_flip, 5: broken}, {7: 0.26, 6: 0.27})
     chosen = choose_minimal(compared, summary, CHANCE, MARGIN)
-    assert not chosen["applies"] and "the prefixes of 6 to 7 layers hold" in chosen["reason"]
+    assert (
+        not chosen["applies"] and "the prefixes of 6 to 7 layers are shown not to lose more than 5" in chosen["reason"]
+    )
     assert "clear of chance" in chosen["reason"]
 
 
 def test_no_prefix_qualifies_and_the_reason_says_why():
     full = [True] * 150 + [False] * 150
-    shaky = [not c if i % 10 == 0 else c for i, c in enumerate(full)]  # 30 flips each way: not shown to hold
+    shaky = [False] * 30 + full[30:150] + [True] * 20 + full[170:]  # 30 lost, 20 gained: a fall of 5 not excluded
     compared, summary = _prefix_tables(full, {7: shaky, 6: shaky}, {7: 0.45, 6: 0.45})
     chosen = choose_minimal(compared, summary, CHANCE, MARGIN)
     assert not chosen["applies"] and chosen["layers_kept"] is None and chosen["kept_layers"] == list(range(8))
-    assert (
-        "no prefix short of the full 8 layers" in chosen["reason"] and "7-layer prefix not decided" in chosen["reason"]
-    )
-    assert "15 lost, 15 gained" in chosen["reason"]
+    assert "no prefix short of the full 8 layers is shown not to lose more than 5 points" in chosen["reason"]
+    assert "the 7-layer prefix loses 30 and gains 20 of 300" in chosen["reason"] and len(chosen["sequence"]) == 1
+
+
+def test_a_prefix_that_gains_is_not_broken_though_it_does_not_hold_both_ways():
+    full = [True] * 150 + [False] * 150
+    gains = full[:150] + [True] * 20 + full[170:]  # 20 gained, none lost: rises, not within ±5 both ways
+    broken = [False] * 60 + full[60:]
+    compared, summary = _prefix_tables(full, {7: gains, 6: gains, 5: broken}, {7: 0.5, 6: 0.5})
+    chosen = choose_minimal(compared, summary, CHANCE, MARGIN)
+    assert chosen["layers_kept"] == 6 and chosen["two_sided"] is None
+    assert [s["passed"] for s in chosen["sequence"]] == [True, True, False]
+    assert chosen["shallower"]["layers_kept"] == 5 and chosen["shallower"]["verdict"] == "falls"
 
 
 def _removals(falls: dict[int, int], n: int = 300) -> pl.DataFrame:

@@ -87,8 +87,10 @@ def test_a_case_study_that_ran_shows_its_steps_and_the_verdict_its_tables_decide
             "margin": 0.05,
             "development_items": 200,
             "letter": {"value": 0.6, "ci_low": 0.53, "ci_high": 0.67, "n": 200},
-            "shallower": {"layers_kept": 2, "verdict": "falls", "diff": -0.1},
-        },  # fmt: skip
+            "holding": 3,
+            "two_sided": None,
+            "shallower": {"layers_kept": 2, "verdict": "falls", "diff": -0.1, "ci_low": -0.15, "ci_high": -0.05},
+        },
         "case_layers_comparisons": pl.DataFrame(schema={"task": pl.String, "group": pl.String}),
         "case_critical": {"layers": [5, 7], "removed": [], "reason": None},
         "case_sweep": EMPTY,
@@ -105,7 +107,8 @@ def test_a_case_study_that_ran_shows_its_steps_and_the_verdict_its_tables_decide
         "case_masking_comparisons": _kept(letter_lost=0).clear(),
     }
     html = render_case(_context(tmp_path, files))
-    assert "Minimal model: layers 0–2 (3 of 4)" in html and "The 2-layer prefix falls" in html
+    assert "Minimal model: layers 0–2 (3 of 4)</b>." in html and "One layer fewer (2 layers): -10.0 points" in html
+    assert "A departure from the report's two-sided reading, labelled" in html and "no prefix holds" in html
     assert "case study): reproduced</b>" in html and "L5H2 removed from the kept configuration" in html
     assert "Reference, not produced by this pipeline" in html and "66.32%" in html  # the study's rows, labelled
     assert "10 keys (n=20)" in html and "falls (-50.0)" in html
