@@ -20,6 +20,7 @@ from gna.core.provenance import config_hash, workflow_code_hash
 from gna.core.settings import Files, RuleSettings
 from gna.report import (
     baseline_section,
+    case_section,
     contrast_section,
     gna_section,
     heads_section,
@@ -39,6 +40,7 @@ RENDER_MODULES = {
     module.__name__: module
     for module in (
         baseline_section,
+        case_section,
         contrast_section,
         gna_section,
         heads_section,

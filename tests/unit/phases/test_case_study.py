@@ -218,7 +218,7 @@ def test_the_heads_kept_table_equals_a_forward_per_variant(tiny_qwen, letter):
 
 
 def test_the_roles_of_the_heads_found_are_read_inside_the_minimal_model(tiny_qwen, letter):
-    from gna.phases.case_study import found_roles
+    from gna.phases.case_gna import found_roles
     from gna.phases.gather_aggregate import GnaRoleConfig, head_roles, mmlu_row_segments
 
     model, tok = tiny_qwen
@@ -233,7 +233,7 @@ def test_the_roles_of_the_heads_found_are_read_inside_the_minimal_model(tiny_qwe
 
 
 def test_the_masking_of_the_heads_found_runs_inside_the_minimal_model(tiny_qwen, letter):
-    from gna.phases.case_study import found_masking, pattern_roles
+    from gna.phases.case_gna import found_masking, pattern_roles
     from gna.phases.gather_aggregate import mmlu_row_segments
     from gna.phases.masking import CONDITIONS, Segmented, score_masked
 

@@ -4,6 +4,7 @@
 # the smoke config's models, students and variants (config/smoke.yaml), as rules/report.smk passes them
 SMOKE_VALUES = {
     "model": ["tiny-llama"],
+    "case_model": [],  # the smoke config runs no case study
     "pruned_model": ["tiny-llama"],
     "attribution_model": ["tiny-llama"],
     "hybrid_model": ["tiny-llama"],
