@@ -329,6 +329,11 @@ def render_case(ctx: SectionContext) -> str:
         parts.append(_found_text(case.found))
         parts.append(roles_text(ctx.frame("case_roles"), model))
         masking, masked = ctx.frame("case_masking"), ctx.frame("case_masking_comparisons")
+        if case.found["heads"] and "heads" not in masking.columns:
+            parts.append(
+                "<p class='note'>The masking that keeps only the heads' G&A pattern was not run: it needs a Gather and "
+                "an Aggregate head, and the single head found has neither role.</p>"
+            )
         if "heads" in masking.columns:
             intro = (
                 "<p><b>Their pattern alone.</b> The heads found as the study's Gather and Aggregate heads (their own "
