@@ -186,7 +186,28 @@ def case_verdict(case: CaseStudy, chance: float, margin: float) -> tuple[str, st
     removed = (
         f"L{layer}H{head['head']} removed from the kept configuration (layer {layer} left without attention heads)"
     )
-    return state, f"{removed}: {reason}" + swap_clause(kept, head, margin)
+    return state, f"{removed}: {reason}" + swap_clause(kept, head, margin) + confidence_clause(kept, label, margin)
+
+
+def confidence_clause(kept: pl.DataFrame, condition: str, margin: float) -> str:
+    """Where the removal lowers the KV answer's log-prob (sign test, Holm) without KV accuracy falling: a
+    clause saying that this does not show the head carries retrieval; '' otherwise."""
+    if carries_retrieval(kept, condition, margin):
+        return ""
+    rows = kept.filter(
+        (pl.col("family") == "vs kept configuration")
+        & (pl.col("condition") == condition)
+        & pl.col("task").str.starts_with("kv_retrieval")
+        & (pl.col("group") == "all")
+        & (pl.col("p_logp_holm") < 0.05)
+        & (pl.col("logp_lower") > pl.col("logp_higher"))
+    )
+    if rows.is_empty():
+        return ""
+    return (
+        f"; KV accuracy does not fall, though the answer's log-prob is lower at {len(rows)} dictionary size(s) "
+        "(a lower confidence is not shown retrieval: see the random head kept in its place)"
+    )
 
 
 def swap_clause(kept: pl.DataFrame, head: dict, margin: float) -> str:

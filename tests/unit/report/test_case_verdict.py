@@ -66,3 +66,20 @@ def test_a_case_study_that_stops_early_is_not_tested_with_its_reason():
     low = _kept(letter_lost=0).with_columns(pl.lit(0.27).alias("acc_reference"))
     got, reason = case_verdict(CaseStudy(MINIMAL, CRITICAL, FOUND, low), chance=0.25, margin=0.05)
     assert got == "not tested" and "cannot be told from chance" in reason
+
+
+def test_a_lower_kv_confidence_without_a_kv_fall_is_said_not_to_show_retrieval():
+    kept = _kept(letter_lost=0)
+    kv = {"family": "vs kept configuration", "condition": REMOVED, "task": "kv_retrieval@10", "group": "all"}
+    lowered = kept.with_columns(
+        pl.when(pl.all_horizontal([pl.col(k) == v for k, v in kv.items()]))
+        .then(pl.lit(1e-6))
+        .otherwise(pl.col("p_logp_holm"))
+        .alias("p_logp_holm"),
+        pl.lit(60).alias("logp_lower"),
+        pl.lit(0).alias("logp_higher"),
+    )
+    state, reason = case_verdict(CaseStudy(MINIMAL, CRITICAL, FOUND, lowered), chance=0.25, margin=0.05)
+    assert state == "not reproduced" and "KV accuracy does not fall, though the answer's log-prob is lower" in reason
+    state, reason = case_verdict(CaseStudy(MINIMAL, CRITICAL, FOUND, kept), chance=0.25, margin=0.05)
+    assert "log-prob" not in reason  # no sign test rejected: no clause
