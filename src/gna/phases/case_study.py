@@ -333,6 +333,12 @@ def summarize_variants(items: dict[str, pl.DataFrame]) -> pl.DataFrame:
     )
 
 
+def _scorer(model_path: str, evaluation: Evaluation) -> Scorer:
+    """The model at `model_path` loaded and scored as `evaluation` says."""
+    model, tok = load_model(model_path, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
+    return Scorer(model, tok, evaluation.batch_size)
+
+
 # ---------------------------------------------------------------- rules
 
 
@@ -351,10 +357,8 @@ def run_case_prune(inputs: Files, outputs: Files, settings: CasePrune) -> pl.Dat
     """Phase case_prune: prune_items on the development letter items and the evaluation tables, its
     summary, per-item scores and comparisons, each with a model column. inputs: model, development, tasks;
     outputs: summary, per_item, comparisons."""
-    evaluation = settings.evaluation
-    model, tok = load_model(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
     items = prune_items(
-        Scorer(model, tok, evaluation.batch_size),
+        _scorer(inputs.model, settings.evaluation),
         read_parquet(inputs.development),
         load_task_tables(inputs.tasks, settings.max_items, whole=(LETTER,)),
     )
@@ -413,12 +417,9 @@ def run_case_layers(inputs: Files, outputs: Files, settings: CaseLayers) -> dict
     critical = {"model": settings.model, "layers": [], "removed": [], "reason": minimal["reason"]}
     compared = empty()
     if minimal["applies"]:
-        evaluation = settings.evaluation
-        model, tok = load_model(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
         removed = deepest_layers(minimal["kept_layers"], settings.deepest)
-        frames = removal_items(
-            Scorer(model, tok, evaluation.batch_size), read_parquet(inputs.development), minimal["kept_layers"], removed
-        )
+        scorer = _scorer(inputs.model, settings.evaluation)
+        frames = removal_items(scorer, read_parquet(inputs.development), minimal["kept_layers"], removed)
         compared = comparisons(frames, [(REMOVALS_FAMILY, MINIMAL, label) for label in frames if label != MINIMAL])
         layers, reason = choose_critical(compared, settings.margin)
         critical |= {"layers": layers, "removed": removed, "reason": reason}
@@ -445,10 +446,8 @@ def run_case_sweep(inputs: Files, outputs: Files, settings: CaseSweep) -> dict:
     found = {"model": settings.model, "heads": [], "reason": critical["reason"]}
     sweep = pl.DataFrame(schema={"layer": pl.Int64, "head": pl.Int64, "rank": pl.UInt32})
     if critical["layers"]:
-        evaluation = settings.evaluation
-        model, tok = load_model(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
         frames = sweep_items(
-            Scorer(model, tok, evaluation.batch_size),
+            _scorer(inputs.model, settings.evaluation),
             read_parquet(inputs.development),
             minimal["kept_layers"],
             critical["layers"],
@@ -482,15 +481,14 @@ def run_case_kept(inputs: Files, outputs: Files, settings: CaseKept) -> pl.DataF
     minimal, found = read_json(inputs.minimal), read_json(inputs.found)
     summary, compared = pl.DataFrame(schema={"variant": pl.String, "task": pl.String}), empty()
     if found["heads"]:
-        evaluation = settings.evaluation
-        model, tok = load_model(inputs.model, evaluation.dtype, compute_dtype=evaluation.compute_dtype)
+        scorer = _scorer(inputs.model, settings.evaluation)
         heads = [(h["layer"], h["head"]) for h in found["heads"]]
-        variants = kept_variants(heads, heads_per_layer(head_sites(model)), settings.control)
+        variants = kept_variants(heads, heads_per_layer(head_sites(scorer.model)), settings.control)
         kv = read_parquet(inputs.kv)
         if settings.kv_per_size is not None:
             kv = pl.concat([p.head(settings.kv_per_size) for p in kv.partition_by("group", maintain_order=True)])
         tables = {**load_task_tables(inputs.tasks, settings.max_items, whole=(LETTER,)), **by_dict_size(kv)}
-        items = kept_items(Scorer(model, tok, evaluation.batch_size), tables, minimal["kept_layers"], variants)
+        items = kept_items(scorer, tables, minimal["kept_layers"], variants)
         summary = summarize_variants(items)
         compared = comparisons(items, kept_pairs(list(variants)))
     named = pl.lit(settings.model).alias("model")
