@@ -29,6 +29,7 @@ from gna.report.htmlkit import (
 from gna.report.study import KEPT_HEADS, reference_html
 
 CHANCE = 0.25  # four options
+FIGURES = ("case_gradual", "case_layers", "case_sweep", "case_maps")
 TASKS = {"mmlu_letter": "MMLU letter", "mmlu_cloze": "MMLU cloze", "facts_cloze": "facts cloze"}
 
 
@@ -299,10 +300,11 @@ def render_case(ctx: SectionContext) -> str:
     plot_layers(ctx.frame("case_layers_comparisons"), critical, ctx.figures["case_layers"])
     plot_sweep(ctx.frame("case_sweep"), ctx.figures["case_sweep"])
     plot_maps(ctx.frame("case_maps"), ctx.figures["case_maps"], task="mmlu_letter")
-    if not minimal:
+    if not minimal:  # every figure of the report is drawn: here, placeholders naming why
         return (
             "<h2>The study's MMLU case study</h2><p class='note'>The case study ran on no model "
             "(<code>case_study.models</code> is empty): it needs a model that answers MMLU in letter format.</p>"
+            + "".join(ctx.figure(name) for name in FIGURES)
         )
     parts = [
         "<h2>The study's MMLU case study</h2>",
@@ -369,10 +371,7 @@ def render_case(ctx: SectionContext) -> str:
                 )
                 parts.append(table(kv, left=("configuration",)))
             parts.append(comparisons_table(case.kept, ctx.margin))
-    parts.append(ctx.figure("case_gradual"))
-    parts.append(ctx.figure("case_layers"))
-    parts.append(ctx.figure("case_sweep"))
-    parts.append(ctx.figure("case_maps"))
+    parts += [ctx.figure(name) for name in FIGURES]
     if sweep_drawn:
         parts.append(comparisons_note(ctx.margin))
     return "".join(parts)
