@@ -107,7 +107,17 @@ def letter_not_knowledge(entries: dict, model: str) -> str | None:
     entry existed: not tested where the letter format is not answered or the units removed are not shown
     to carry retrieval (their KV removal does not fall), else only whether a fall to chance is excluded."""
     m = re.escape(model)
-    state, _ = _find(entries, rf"{m}: the study's contrast \((top \d+ removed|case study)\)")
+    state, match = _find(entries, rf"{m}: the study's contrast \((top \d+ removed|case study)\)")
+    if state is not None and match.group(1) == "case study":  # the case study's removal, not the top-k table's
+        removal = [
+            f"{task.replace('_', ' ')}: {verdict_text(row)}"
+            for task in ("mmlu_letter", "facts_cloze")
+            for row in [_find(entries, rf"{m} case study heads kept: kept − L\d+H\d+ vs kept, {task}")[0]]
+            if row is not None
+        ]
+        heads = entries.get(f"{model} case study: heads found")
+        found = f"head found {heads['value']}, removed from the kept configuration" if heads else None
+        return _join([f"**{state['value']}: {state['reason']}**", found, *removal])
     answered = entries.get(f"{model} a letter form answered")
     kv, _ = _find(entries, rf"{m}: top \d+ vs unmodified, kv_retrieval")
     letter, knowledge = _removal(entries, model, "mmlu_letter"), _removal(entries, model, "facts_cloze")

@@ -63,3 +63,19 @@ def test_a_claim_the_headline_lacks_says_so_and_provenance_is_not_compared():
     assert page.count(NOT_IN_HEADLINE) >= 8
     lines, ok = compare(entries, [entries[0]])
     assert ok and not any("provenance" in line for line in lines)
+
+
+def test_a_model_with_a_case_study_is_judged_by_it_not_by_its_top_k_table():
+    case = "m case study heads kept: kept − L23H6 vs kept"
+    entries = {
+        "m: the study's contrast (case study)": {"name": "x", "kind": "label", "value": "not reproduced",
+                                                  "reason": "a fall to chance is excluded"},
+        "m case study: heads found": {"name": "x", "kind": "label", "value": "L23H6"},
+        f"{case}, mmlu_letter": _entry(f"{case}, mmlu_letter", "holds", 200, 2, 0),
+        f"{case}, facts_cloze": _entry(f"{case}, facts_cloze", "holds", 240, 1, 0),
+        "m: top 4 vs unmodified, mmlu_letter": _entry("m: top 4 vs unmodified, mmlu_letter", "undecided", 200, 5, 4),
+    }  # fmt: skip
+    cell = letter_not_knowledge(entries, "m")
+    assert cell.startswith("**not reproduced: a fall to chance is excluded**; head found L23H6")
+    assert "mmlu letter: holds: 2 lost / 0 gained of 200" in cell and "facts cloze: holds" in cell
+    assert "top 4" not in cell
