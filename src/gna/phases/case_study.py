@@ -36,8 +36,9 @@ from gna.core.settings import Evaluation, Files, RuleSettings
 from gna.core.stats import wilson_interval
 from gna.engine.ablation import score_ablations
 from gna.engine.anatomy import head_sites, heads_per_layer
-from gna.engine.scoring import Scorer, Variant, score_variants, summarize_task
+from gna.engine.scoring import Scorer, Variant, score_variants
 from gna.models.prepare import load_model
+from gna.phases.head_tables import score_items, summarize_items
 from gna.phases.pruning import gradual_comparisons, gradual_items, summarize_gradual
 from gna.tasks.tables import load_task_tables
 
@@ -311,25 +312,11 @@ def by_dict_size(table: pl.DataFrame) -> dict[str, pl.DataFrame]:
     }
 
 
-def kept_items(
-    scorer: Scorer, tables: dict[str, pl.DataFrame], kept_layers: list[int], variants: dict[str, list]
-) -> dict[str, pl.DataFrame]:
-    """{label: per-item scores of every table under the variant}, exact prefix reuse per table."""
-    per_task = [
-        score_ablations(scorer, table, variants, layers=kept_layers, desc=f"heads kept: {name}")
-        for name, table in tables.items()
-    ]
-    return {label: pl.concat([frames[label] for frames in per_task]) for label in variants}
-
-
 def summarize_variants(items: dict[str, pl.DataFrame]) -> pl.DataFrame:
-    """Each variant's per-item scores summarized per task (summarize_task), with a `variant` column."""
+    """Each variant's per-item scores summarized per task (gna.phases.head_tables.summarize_items), with a
+    `variant` column."""
     return pl.concat(
-        [
-            summarize_task(part).with_columns(pl.lit(label).alias("variant"))
-            for label, frame in items.items()
-            for part in frame.partition_by("task", maintain_order=True)
-        ]
+        [frame.with_columns(pl.lit(label).alias("variant")) for label, frame in summarize_items(items).items()]
     )
 
 
@@ -488,7 +475,7 @@ def run_case_kept(inputs: Files, outputs: Files, settings: CaseKept) -> pl.DataF
         if settings.kv_per_size is not None:
             kv = pl.concat([p.head(settings.kv_per_size) for p in kv.partition_by("group", maintain_order=True)])
         tables = {**load_task_tables(inputs.tasks, settings.max_items, whole=(LETTER,)), **by_dict_size(kv)}
-        items = kept_items(scorer, tables, minimal["kept_layers"], variants)
+        items = score_items(scorer, tables, variants, layers=minimal["kept_layers"], desc="heads kept")
         summary = summarize_variants(items)
         compared = comparisons(items, kept_pairs(list(variants)))
     named = pl.lit(settings.model).alias("model")

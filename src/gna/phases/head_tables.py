@@ -31,7 +31,7 @@ log = logging.getLogger("gna.phases.head_tables")
 SWEEP_TASK = "kv_retrieval"  # the task the ranking was measured on (the per-head sweep's prompts)
 
 
-def _score_items(
+def score_items(
     scorer: Scorer, tables: dict[str, pl.DataFrame], ablations: dict, layers=None, desc: str = "ablations"
 ) -> dict[object, pl.DataFrame]:
     """{key: per-item scores of every task, concatenated in table order} with the heads of each
@@ -44,7 +44,7 @@ def _score_items(
     return {key: pl.concat([frames[key] for frames in per_task]) for key in ablations}
 
 
-def _summaries(items: dict[object, pl.DataFrame]) -> dict[object, pl.DataFrame]:
+def summarize_items(items: dict[object, pl.DataFrame]) -> dict[object, pl.DataFrame]:
     """{key: summarize_task of each task of the key's per-item scores, concatenated in order}."""
     return {
         key: pl.concat([summarize_task(part) for part in frame.partition_by("task", maintain_order=True)])
@@ -53,8 +53,8 @@ def _summaries(items: dict[object, pl.DataFrame]) -> dict[object, pl.DataFrame]:
 
 
 def _score(scorer: Scorer, tables, ablations, layers=None, desc="ablations"):
-    """_score_items, each key's per-item scores summarized per task (summarize_task)."""
-    return _summaries(_score_items(scorer, tables, ablations, layers, desc))
+    """score_items, each key's per-item scores summarized per task (summarize_task)."""
+    return summarize_items(score_items(scorer, tables, ablations, layers, desc))
 
 
 def top_units(ranking: pl.DataFrame, k: int) -> list[tuple[int, int]]:
@@ -150,7 +150,7 @@ def remove_top_k(
                 items[i, task] = known_items(table, reference.scores_of(task))
                 del wanted[i]
         items.update(
-            {(i, task): frame for i, frame in _score_items(scorer, {task: table}, wanted, desc="remove top-k").items()}
+            {(i, task): frame for i, frame in score_items(scorer, {task: table}, wanted, desc="remove top-k").items()}
         )
     summaries = {key: summarize_task(frame) for key, frame in items.items()}
     if per_item is not None:
@@ -259,7 +259,7 @@ def heads_kept(
                 unablated[task] = base
     ablated_tables = {t: table for t, table in tables.items() if t not in unablated}
     items = (
-        _score_items(
+        score_items(
             scorer,
             ablated_tables,
             {label: ablated for label, _, _, ablated in variants},
@@ -275,7 +275,7 @@ def heads_kept(
         items = {variants[0][0]: pl.concat(list(unablated.values()))}
     if per_item is not None:
         per_item.update(items)
-    summaries = _summaries(items)
+    summaries = summarize_items(items)
     frames = []
     for label, kept_a, kept_b, _ in variants:
         if label not in summaries:

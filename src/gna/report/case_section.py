@@ -37,15 +37,9 @@ def _by_model(records: list[dict]) -> dict[str, dict]:
     return {r["model"]: r for r in records}
 
 
-def case_of(ctx: SectionContext, model: str) -> CaseStudy:
-    """The case study of `model` as the report inputs hold it."""
-    kept = ctx.frame("case_kept_comparisons")
-    return CaseStudy(
-        minimal=_by_model(ctx.records("case_minimal"))[model],
-        critical=_by_model(ctx.records("case_critical"))[model],
-        found=_by_model(ctx.records("case_found"))[model],
-        kept=kept.filter(pl.col("model") == model) if not kept.is_empty() else kept,
-    )
+def _of(frame: pl.DataFrame, model: str) -> pl.DataFrame:
+    """`model`'s rows of a report input (an input with no rows has no model column)."""
+    return frame.filter(pl.col("model") == model) if len(frame) else frame
 
 
 def plot_gradual(gradual: pl.DataFrame, minimal: dict[str, dict], path) -> None:
@@ -315,10 +309,13 @@ def render_case(ctx: SectionContext) -> str:
         "the evaluation questions, and every number below the selections is read on the evaluation questions, "
         "each change paired item by item with the configuration it changes.</p>",
     ]
-    layers_compared = ctx.frame("case_layers_comparisons")
-    sweep_drawn = False
+    found = _by_model(ctx.records("case_found"))
+    layers_compared, kept_compared = ctx.frame("case_layers_comparisons"), ctx.frame("case_kept_comparisons")
+    kept_summary, roles = ctx.frame("case_kept"), ctx.frame("case_roles")
+    masking, masked = ctx.frame("case_masking"), ctx.frame("case_masking_comparisons")
+    kept_shown = False
     for model in sorted(minimal):
-        case = case_of(ctx, model)
+        case = CaseStudy(minimal[model], critical[model], found[model], _of(kept_compared, model))
         state, reason = case_verdict(case, CHANCE, ctx.margin)
         parts.append(f"<h3>{html.escape(model)}</h3>")
         parts.append(
@@ -326,11 +323,9 @@ def render_case(ctx: SectionContext) -> str:
             f"{html.escape(reason)}.</p>"
         )
         parts.append(_minimal_text(case.minimal))
-        mine = layers_compared.filter(pl.col("model") == model) if len(layers_compared) else layers_compared
-        parts.append(_critical_text(case.critical, mine, ctx.margin))
+        parts.append(_critical_text(case.critical, _of(layers_compared, model), ctx.margin))
         parts.append(_found_text(case.found))
-        parts.append(roles_text(ctx.frame("case_roles"), model))
-        masking, masked = ctx.frame("case_masking"), ctx.frame("case_masking_comparisons")
+        parts.append(roles_text(roles, model))
         if case.found["heads"] and "heads" not in masking.columns:
             parts.append(
                 "<p class='note'>The masking that keeps only the heads' G&A pattern was not run: it needs a Gather and "
@@ -344,12 +339,10 @@ def render_case(ctx: SectionContext) -> str:
                 "(b) both ablated; (c) both restricted to their G&A pattern. If (c) stays near (a) while (b) falls, "
                 "their pattern alone carries the letter format.</p>"
             )
-            mine = pl.col("model") == model
-            parts.append(masking_part(masking.filter(mine), masked.filter(mine), ctx.margin, intro))
-        summary = ctx.frame("case_kept")
-        summary = summary.filter(pl.col("model") == model) if len(summary) else summary
+            parts.append(masking_part(_of(masking, model), _of(masked, model), ctx.margin, intro))
+        summary = _of(kept_summary, model)
         if not summary.is_empty() and "variant" in summary.columns:
-            sweep_drawn = True
+            kept_shown = True
             parts.append(
                 "<p><b>Heads kept.</b> The minimal model with every head of its other layers and, in each critical "
                 "layer, only the head found; then each head found removed, and both. The controls: a random other "
@@ -372,6 +365,6 @@ def render_case(ctx: SectionContext) -> str:
                 parts.append(table(kv, left=("configuration",)))
             parts.append(comparisons_table(case.kept, ctx.margin))
     parts += [ctx.figure(name) for name in FIGURES]
-    if sweep_drawn:
+    if kept_shown:
         parts.append(comparisons_note(ctx.margin))
     return "".join(parts)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from gna.core.paired import comparison_row, decide, fall_excluded, share_upper_bound
+from gna.core.paired import ALPHA, comparison_row, decide, fall_excluded, share_upper_bound
 from gna.core.stats import wilson_interval
 
 # the states of the verdict on the study's contrast, in the order they are decided
@@ -120,18 +120,22 @@ class CaseStudy:
     kept: pl.DataFrame
 
 
-def carries_retrieval(kept: pl.DataFrame, condition: str, margin: float) -> bool:
-    """Whether removing a head from the kept configuration (`condition`) is shown to cost KV retrieval at
-    some dictionary size: its accuracy falls beyond the margin (as removal_premise reads the top-k removal).
-    The answer's log-prob is not enough: any change to a critical layer's attention moves it (the random
-    head kept in the found head's place lowers it as often)."""
-    rows = kept.filter(
+def _kv_rows(kept: pl.DataFrame, condition: str) -> pl.DataFrame:
+    """The heads-kept comparisons of `condition` against the kept configuration on KV retrieval, one per size."""
+    return kept.filter(
         (pl.col("family") == "vs kept configuration")
         & (pl.col("condition") == condition)
         & pl.col("task").str.starts_with("kv_retrieval")
         & (pl.col("group") == "all")
     )
-    for row in rows.iter_rows(named=True):
+
+
+def carries_retrieval(kept: pl.DataFrame, condition: str, margin: float) -> bool:
+    """Whether removing a head from the kept configuration (`condition`) is shown to cost KV retrieval at
+    some dictionary size: its accuracy falls beyond the margin (as removal_premise reads the top-k removal).
+    The answer's log-prob is not enough: any change to a critical layer's attention moves it (the random
+    head kept in the found head's place lowers it as often)."""
+    for row in _kv_rows(kept, condition).iter_rows(named=True):
         verdict = decide(row, margin)
         if verdict.verb == "falls" and not verdict.within:
             return True
@@ -194,13 +198,8 @@ def confidence_clause(kept: pl.DataFrame, condition: str, margin: float) -> str:
     clause saying that this does not show the head carries retrieval; '' otherwise."""
     if carries_retrieval(kept, condition, margin):
         return ""
-    rows = kept.filter(
-        (pl.col("family") == "vs kept configuration")
-        & (pl.col("condition") == condition)
-        & pl.col("task").str.starts_with("kv_retrieval")
-        & (pl.col("group") == "all")
-        & (pl.col("p_logp_holm") < 0.05)
-        & (pl.col("logp_lower") > pl.col("logp_higher"))
+    rows = _kv_rows(kept, condition).filter(
+        (pl.col("p_logp_holm") < ALPHA) & (pl.col("logp_lower") > pl.col("logp_higher"))
     )
     if rows.is_empty():
         return ""

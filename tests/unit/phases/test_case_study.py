@@ -24,7 +24,6 @@ from gna.phases.case_study import (
     by_dict_size,
     choose_critical,
     choose_minimal,
-    kept_items,
     kept_pairs,
     kept_variants,
     removal_items,
@@ -32,6 +31,7 @@ from gna.phases.case_study import (
     sweep_table,
     top_per_layer,
 )
+from gna.phases.head_tables import score_items
 from gna.tasks.tables import build_kv_retrieval, build_mmlu, load_mmlu_jsonl, select_mmlu
 
 CHANCE, MARGIN = 0.25, 0.05
@@ -210,7 +210,7 @@ def test_the_heads_kept_table_equals_a_forward_per_variant(tiny_qwen, letter):
     variants = kept_variants([(1, 2), (2, 0)], {0: 4, 1: 4, 2: 4, 3: 4}, Control())
     kv = by_dict_size(build_kv_retrieval([3, 5], 2, 0, "lookup"))
     assert sorted(kv) == ["kv_retrieval@3", "kv_retrieval@5"]
-    items = kept_items(scorer, {"mmlu_letter": letter, **kv}, kept, variants)
+    items = score_items(scorer, {"mmlu_letter": letter, **kv}, variants, layers=kept, desc="heads kept")
     for label in (KEPT, f"{KEPT} − L1H2 − L2H0"):
         with pruned_layers(model, kept), ablate_heads(model, variants[label]):
             for task, table in {"mmlu_letter": letter, **kv}.items():
