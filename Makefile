@@ -37,9 +37,12 @@ gpu: venv
 ## Run the whole study on the default config (config/config.yaml) through DVC, which runs
 ## `snakemake --cores $(CORES)` and records every output in its cache. First, a tracked output
 ## that no job wrote (edited, replaced, added or deleted by hand) is set aside and restored from
-## the DVC cache or computed again, so DVC never records it (gna.core.guard names each one).
+## the DVC cache or computed again, so DVC never records it (gna.core.guard names each one). Then
+## the machine's matmul peak is measured (gna.engine.peak, ~10 s): the run record reads each step's
+## useful GFLOP/s as a fraction of it.
 reproduce: venv
 	$(BIN)/python -m gna.core.guard
+	$(BIN)/python -m gna.engine.peak data/run/peak.json
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
 	-$(CHECK)
 

@@ -269,17 +269,21 @@ def score_variants(
     desc: str = "variants",
     base_key: object = None,
 ) -> dict:
-    """Score many variants with exact prefix reuse: per batch the base model's layers run once,
-    the hidden state entering each needed layer is kept, and each variant runs only its own
-    layers from there. Returns {variant.key: per-item frame}, plus the base model's own scores
+    """Score many variants with exact prefix reuse: per batch the base model's layers run once
+    (up to the last resume point only, where the base model's scores are not asked for), the
+    hidden state entering each needed layer is kept, and each variant runs only its own layers
+    from there. Returns {variant.key: per-item frame}, plus the base model's own scores
     under `base_key` when one is given (read from the same pass: no extra forward)."""
     resume_points = {v.resume_at for v in variants}
     missing = sorted(resume_points - set(layers))
     if missing:
         raise ValueError(f"cannot resume at layers {missing}: not among the kept layers {layers}")
 
+    # without the base model's own scores, no layer after the last resume point is computed
+    until = None if base_key is not None or not resume_points else max(resume_points, key=layers.index)
+
     def forward(stack, batch, units):
-        run = stack.record(batch, layers, keep=resume_points)
+        run = stack.record(batch, layers, keep=resume_points, until=until)
         readouts = {base_key: stack.readout(run.final, batch)} if base_key is not None else {}
         for v in variants:
             with v.context() if v.context else contextlib.nullcontext():

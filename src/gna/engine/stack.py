@@ -15,6 +15,7 @@ it once per model with the model's own forward and names the family and the mism
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import weakref
 from dataclasses import dataclass, field
@@ -134,7 +135,14 @@ class DecoderStack:
         self.windows = sliding_windows(model.config, self.n_layers)
         # a context and all its choices share one sequence only where every layer honours the
         # block mask: attention layers do, a recurrent (SSM) layer would read the other choices
-        self.packs_choices = all(s.kind == "attention" for s in head_sites(model))
+        sites = head_sites(model)
+        self.packs_choices = all(s.kind == "attention" for s in sites)
+        # useful FLOPs (gna.core.work): per token through each layer, and its attention's query width
+        self.token_flops = [work.linear_flops(layer) for layer in self.layers]
+        self.attention_width = [0] * self.n_layers
+        for site in sites:
+            if site.kind == "attention":
+                self.attention_width[site.layer] += site.n_heads * site.head_dim
         params = inspect.signature(self.base.forward).parameters
         self._takes_positions = "position_ids" in params
 
@@ -152,13 +160,34 @@ class DecoderStack:
         layers: list[int] | None = None,
         masks: dict | None = None,
         keep: set[int] | None = None,
+        until: int | None = None,
     ) -> Pass:
         """Run the model's own decoder over `layers` (default all) on `batch` and record each
         layer's call, the hidden state entering the layers in `keep` (default all) and the final
-        one. masks: {layer: additive mask [B, 1 or heads, T, T]} replacing the packed one there."""
+        one. masks: {layer: additive mask [B, 1 or heads, T, T]} replacing the packed one there.
+        until: a layer of `layers` after the first; it and the layers after it are not computed
+        (the hidden state entering it is the last one recorded; their calls are still recorded,
+        and `final` is None): what variants that all resume at or before it need, bit for bit."""
         layers = list(range(self.n_layers)) if layers is None else list(layers)
+        skipped = layers[layers.index(until) :] if until is not None and until != layers[0] else []
+        stale = set(skipped[1:])  # their entering state is not computed
         run = Pass(layers)
         handles = []
+        shape = {}  # what a computed layer returns (a tensor, or a tuple led by it): a skipped one returns the same
+
+        def keep_shape(module, args, kwargs, out):
+            shape.setdefault("out", out)
+
+        def passed_through(own_forward):
+            hidden_name = next(iter(inspect.signature(own_forward).parameters))
+
+            @functools.wraps(own_forward)  # the layer's signature, which LayerCall.bind reads
+            def forward(*args, **kwargs):
+                h = kwargs[hidden_name] if hidden_name in kwargs else args[0]
+                out = shape.get("out")
+                return (h, *out[1:]) if isinstance(out, tuple) else h
+
+            return forward
 
         def recorder(original: int):
             def hook(module, args, kwargs):
@@ -168,7 +197,7 @@ class DecoderStack:
                 if self.packs_choices:
                     call = call.with_mask(self._mask(batch, original, masks))
                 run.calls[original] = call
-                if keep is None or original in keep:
+                if (keep is None or original in keep) and original not in stale:
                     run.entering[original] = h
                 return (), {call.hidden: h, **call.kwargs}
 
@@ -183,31 +212,53 @@ class DecoderStack:
         if self._takes_positions:
             kwargs["position_ids"] = batch.positions
         view = pruned_layers(self.model, layers) if layers != list(range(self.n_layers)) else contextlib.nullcontext()
+        computed = layers[: len(layers) - len(skipped)]
+        own = {}  # a skipped layer's own instance forward, if it had one
         try:
             with view:
                 for original in layers:
                     handles.append(
                         self.layers[original].register_forward_pre_hook(recorder(original), with_kwargs=True)
                     )
+                if skipped and computed:
+                    handles.append(self.layers[computed[0]].register_forward_hook(keep_shape, with_kwargs=True))
+                for original in skipped:
+                    layer = self.layers[original]
+                    own[original] = vars(layer).get("forward")
+                    layer.forward = passed_through(layer.forward)
                 handles.append(self.norm.register_forward_pre_hook(final))
                 self.base(**kwargs)
-                work.add(batch.ids.numel(), len(layers))
+                work.add(batch.ids.numel(), len(computed), self.flops(batch.ids.shape, computed))
         finally:
             for handle in handles:
                 handle.remove()
-        if run.final is None:
+            for original, forward in own.items():
+                if forward is None:
+                    del self.layers[original].forward  # the class's own again
+                else:
+                    self.layers[original].forward = forward
+        if skipped:
+            run.final = None
+        elif run.final is None:
             raise UnsupportedModel(f"{family_of(self.model)}: the final norm was not applied by the decoder")
         return run
 
     def run(self, h: torch.Tensor, run: Pass, layers: list[int]) -> torch.Tensor:
         """Call `layers` in order from the hidden state `h` with the arguments recorded in `run`."""
-        work.add(h.shape[0] * h.shape[1], len(layers))
+        work.add(h.shape[0] * h.shape[1], len(layers), self.flops(h.shape, layers))
         for i in layers:
             h = run.calls[i](self.layers[i], h)
         return h
 
+    def flops(self, shape, layers: list[int]) -> float:
+        """Useful FLOPs of `layers` on a batch of `shape` [B, T, …]: the linear layers at every
+        position and causal attention (2 · T² · query width per sequence)."""
+        b, t = int(shape[0]), int(shape[1])
+        return float(sum(b * t * self.token_flops[i] + 2 * b * t * t * self.attention_width[i] for i in layers))
+
     def logprobs(self, hidden: torch.Tensor, normed: bool = False) -> torch.Tensor:
         """Log-softmax over the vocabulary of hidden states [N, d] (final norm unless `normed`)."""
+        work.add_flops(2 * hidden.shape[0] * self.head.weight.numel())
         if not normed:
             hidden = self.norm(hidden)
         logits = self.head(hidden).float()

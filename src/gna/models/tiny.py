@@ -6,6 +6,8 @@ and digits of KV values become separate tokens (exercising multi-token scoring p
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 
@@ -153,3 +155,20 @@ def tiny_random_model(spec: dict):
     model = engine_ready(MODEL_FOR_CAUSAL_LM_MAPPING[type(config)](config))
     model.eval()
     return model, tok
+
+
+def shaped_random_model(model_dir: str | Path, layers: int, seed: int = 0):
+    """A random model with the shapes of the prepared model at `model_dir` (its config.json) and its
+    first `layers` decoder layers: a model's speed per layer without its weights (benchmarks). Its
+    per-layer settings (layer_types) are cut to `layers` as well."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from gna.engine.anatomy import engine_ready
+
+    config = AutoConfig.from_pretrained(model_dir)
+    for key in ("layer_types", "layers_block_type"):
+        if isinstance(getattr(config, key, None), list):
+            setattr(config, key, getattr(config, key)[:layers])
+    config.num_hidden_layers = layers
+    torch.manual_seed(seed)
+    return engine_ready(AutoModelForCausalLM.from_config(config)).eval()

@@ -16,6 +16,7 @@ import polars as pl
 
 from gna.core.io import write_text
 from gna.core.provenance import config_hash, git_commit, machine
+from gna.engine.peak import PEAK_FILE, read_peak
 from gna.report.htmlkit import CSS, table
 
 RUN_RECORD = "data/run/index.html"
@@ -72,23 +73,39 @@ def part_timings(logs_dir: str | Path) -> pl.DataFrame:
     return pl.DataFrame(rows, schema={"step": pl.String, "part": pl.String, "seconds": pl.Float64})
 
 
+WORK_SCHEMA = {"step": pl.String, "layer-tokens (M)": pl.Float64, "GFLOP": pl.Float64}
+
+
 def work_counts(logs_dir: str | Path) -> pl.DataFrame:
-    """Layer-tokens each step ran (gna.core.work), from the `<step>.work.json` files under `logs_dir`."""
-    rows = [
-        {
-            "step": str(path.relative_to(logs_dir)).removesuffix(".work.json"),
-            "layer-tokens (M)": json.loads(path.read_text())["layer_tokens"] / 1e6,
-        }
-        for path in sorted(Path(logs_dir).rglob("*.work.json"))
-    ]
-    return pl.DataFrame(rows, schema={"step": pl.String, "layer-tokens (M)": pl.Float64})
+    """Layer-tokens and useful GFLOP each step ran (gna.core.work), from the `<step>.work.json` files
+    under `logs_dir` (GFLOP null in a count written before FLOPs were counted)."""
+    rows = []
+    for path in sorted(Path(logs_dir).rglob("*.work.json")):
+        counts = json.loads(path.read_text())
+        flops = counts.get("flops")
+        rows.append(
+            {
+                "step": str(path.relative_to(logs_dir)).removesuffix(".work.json"),
+                "layer-tokens (M)": counts["layer_tokens"] / 1e6,
+                "GFLOP": None if flops is None else flops / 1e9,
+            }
+        )
+    return pl.DataFrame(rows, schema=WORK_SCHEMA)
 
 
-def with_work(steps: pl.DataFrame, logs_dir: str | Path) -> pl.DataFrame:
-    """`steps` (timings) with each step's layer-tokens and seconds per billion of them (null for a
-    step that counts none: downloads, tables, the lm-eval cross-check, the report)."""
-    return steps.join(work_counts(logs_dir), on="step", how="left", maintain_order="left").with_columns(
-        (pl.col("seconds") / pl.col("layer-tokens (M)")).alias("s per M layer-tokens")
+def with_work(steps: pl.DataFrame, logs_dir: str | Path, peak: dict | None = None) -> pl.DataFrame:
+    """`steps` (timings) with each step's layer-tokens and seconds per million of them, its useful
+    GFLOP/s and, given the `peak` measured at the run's start (gna.engine.peak), their fraction of
+    it (null for a step that counts none: downloads, tables, the lm-eval cross-check, the report)."""
+    peak_rate = (peak or {}).get("GFLOP/s")
+    return (
+        steps.join(work_counts(logs_dir), on="step", how="left", maintain_order="left")
+        .with_columns(
+            (pl.col("seconds") / pl.col("layer-tokens (M)")).alias("s per M layer-tokens"),
+            (pl.col("GFLOP") / pl.col("seconds")).alias("GFLOP/s"),
+        )
+        .with_columns((pl.col("GFLOP/s") / peak_rate if peak_rate else pl.lit(None, pl.Float64)).alias("of peak"))
+        .drop("GFLOP")
     )
 
 
@@ -120,6 +137,7 @@ def write_run_record(
     per-phase and per-step timings (timings, phase_timings) and the timed parts (part_timings);
     beside it, record.json: the same machine and steps for gna.report.timing_table."""
     mach = machine()
+    peak = read_peak(Path(out_path).with_name(Path(PEAK_FILE).name))
     about = {
         "written": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "git commit": git_commit(workflow_dir),
@@ -127,24 +145,32 @@ def write_run_record(
         "python / torch": f"{mach['python']} / {mach['torch']}",
         "machine": f"{mach['platform']}, {mach['cpu']} ({mach['kernels']}), {mach['cpu_count']} CPUs, "
         f"CUDA {'yes' if mach['cuda'] else 'no'}",
+        "matmul peak at the run's start": "not measured (make reproduce measures it)"
+        if peak is None
+        else f"{peak['GFLOP/s']:.0f} GFLOP/s {peak['dtype']} ({peak['kernel']}, {peak['threads']} threads, "
+        f"{'×'.join(map(str, peak['shape']))})",
     }
     fmt = {
         "seconds": lambda v: f"{v:.1f}",
         "peak RSS (MB)": lambda v: f"{v:.0f}",
         "layer-tokens (M)": lambda v: "" if v is None else f"{v:.2f}",
         "s per M layer-tokens": lambda v: "" if v is None else f"{v:.1f}",
+        "GFLOP/s": lambda v: "" if v is None else f"{v:.0f}",
+        "of peak": lambda v: "" if v is None else f"{v:.0%}",
     }
     body = [
         "<h1>Run record</h1>",
         "<p>How the latest run of this folder went: wall time and peak memory per study phase and of "
         "each step, from Snakemake's benchmark records, beside the work each step did (layer-tokens: tokens "
-        "through decoder layers, forward; a count that does not depend on the machine) (the sum of wall times is the "
-        "run's length on one "
-        "job at a time). A step run in an earlier invocation keeps its record. These numbers describe the "
-        "machine, not the results, so they are kept out of the results and the report.</p>",
+        "through decoder layers, forward; a count that does not depend on the machine), its useful GFLOP/s "
+        "(linear layers, causal attention and the output head at the rows read out; a training step counts 3× "
+        "its forward) and their fraction of the matmul peak measured at the run's start (the sum of wall times "
+        "is the run's length on one job at a time). A step run in an earlier invocation keeps its record. "
+        "These numbers describe the machine, not the results, so they are kept out of the results and the "
+        "report.</p>",
         table(pl.DataFrame({"item": list(about), "value": list(about.values())}), left=("item", "value")),
     ]
-    steps, parts = with_work(timings(benchmark_dir), logs_dir), part_timings(logs_dir)
+    steps, parts = with_work(timings(benchmark_dir), logs_dir, peak), part_timings(logs_dir)
     record = {
         "written": about["written"],
         "git commit": about["git commit"],
@@ -153,7 +179,8 @@ def write_run_record(
         "cpu_count": mach["cpu_count"],
         "cuda": mach["cuda"],
         "models": sorted(config.get("models", {})),
-        "steps": steps.select("step", "seconds", "peak RSS (MB)", "layer-tokens (M)").to_dicts(),
+        "peak": peak,
+        "steps": steps.select("step", "seconds", "peak RSS (MB)", "layer-tokens (M)", "GFLOP/s", "of peak").to_dicts(),
     }
     write_text(json.dumps(record, indent=1) + "\n", Path(out_path).with_name(Path(RUN_RECORD_JSON).name))
     if steps.is_empty():

@@ -132,12 +132,13 @@ def align_layers(
     targets = attention_targets(base, ms, hidden, batch)
     curve = []
     warmup = warmup_steps(steps, align.warmup)
+    mixer_flops = sum(work.linear_flops(m) for m in ms)  # per token; the scans' own FLOPs are not counted
     with tqdm(range(steps), desc=f"align n={state_size}", disable=not progress, mininterval=2.0) as bar:
         for step in bar:
             for g in opt.param_groups:
                 g["lr"] = lr * lr_schedule(step, steps, warmup)
             pick = torch.randperm(n_seq, generator=rng, device="cpu")[:batch].to(hidden.device)
-            work.add(len(pick) * length, n_layers)
+            work.add(len(pick) * length, n_layers, work.TRAINING * len(pick) * length * mixer_flops)
             opt.zero_grad(set_to_none=True)
             per_layer = []
             for i, (layer, m, metric) in enumerate(zip(layers_of(student), ms, metrics)):
@@ -235,7 +236,7 @@ def realign_in_context(
                 for g in opt.param_groups:
                     g["lr"] = lr * lr_schedule(step, steps, warmup)
                 pick = torch.randperm(n_seq, generator=rng, device="cpu")[:batch].to(u.device)
-                work.add(len(pick) * length, 1)
+                work.add(len(pick) * length, 1, work.TRAINING * len(pick) * length * work.linear_flops(m))
                 opt.zero_grad(set_to_none=True)
                 _fit_error(m, u, target, metric, pick, compute_dtype).backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)

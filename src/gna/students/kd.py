@@ -168,9 +168,11 @@ def kd_backward(
     autocast = functools.partial(torch.autocast, ids.device.type, dtype=torch.bfloat16, enabled=low is not None)
     with autocast():
         hidden = student.base_model(input_ids=ids, use_cache=False).last_hidden_state
-    work.add(ids.numel(), len(layers_of(student)))
+    layers = layers_of(student)
+    work.add(ids.numel(), len(layers), work.TRAINING * ids.numel() * sum(work.linear_flops(la) for la in layers))
     flat = hidden.detach().reshape(-1, hidden.shape[-1]).requires_grad_(True)
     head = student.get_output_embeddings()
+    work.add_flops(work.TRAINING * 2 * flat.shape[0] * head.weight.numel())
     target, top_idx = target.reshape(-1, target.shape[-1]), top_idx.reshape(-1, top_idx.shape[-1])
     weights = weights.reshape(-1).float()
     total, loss = weights.sum(), 0.0

@@ -51,7 +51,8 @@ def teacher_activations(
         for start in tqdm(range(0, len(ids), batch), desc="teacher activations", disable=not progress):
             captured.clear()
             logits = model(input_ids=ids[start : start + batch], use_cache=False).logits.float()
-            work.add(ids[start : start + batch].numel(), len(layers))
+            tokens = ids[start : start + batch].numel()
+            work.add(tokens, len(layers), tokens * sum(work.linear_flops(layer) for layer in layers))
             if start < n_hidden:
                 hidden.append(compact(torch.stack(captured)[:, : n_hidden - start].float()))
             lp, ix = torch.log_softmax(logits, -1).topk(top_k, dim=-1)

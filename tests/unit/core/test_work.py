@@ -26,9 +26,10 @@ def test_scoring_counts_every_token_through_every_layer_it_runs(tiny_llama):
     assert work.layer_tokens() == len(items) * width * n_layers
     assert collate(items).ids.numel() == len(items) * width
     work.reset()
-    # removing layer 1: the base pass, then layers 2.. again from the state entering 1's successors
+    # removing layer 1: the base pass up to the state entering layer 1 (layer 0 only: nothing reads the
+    # base model's own scores), then layers 2.. from it
     score_removals(Scorer(model, tok, batch_size=4, progress=False), KV, list(range(n_layers)), [1])
-    assert work.layer_tokens() == len(items) * width * (n_layers + n_layers - 2)
+    assert work.layer_tokens() == len(items) * width * (1 + n_layers - 2)
 
 
 def test_a_job_writes_its_count_beside_its_log(tmp_path):
@@ -37,4 +38,28 @@ def test_a_job_writes_its_count_beside_its_log(tmp_path):
         f"setup({str(tmp_path / 'step.log')!r})\nwork.add(1000, 3)\n"
     )
     subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)
-    assert json.loads((tmp_path / "step.work.json").read_text()) == {"layer_tokens": 3000}
+    assert json.loads((tmp_path / "step.work.json").read_text()) == {"layer_tokens": 3000, "flops": 0.0}
+
+
+def test_scoring_counts_its_useful_flops_from_the_models_shapes(tiny_llama):
+    """2 per weight of the layers' linear maps at every position, causal attention (2 · T² · query
+    width per sequence), and the output head at the read-out rows: computed here from the config."""
+    model, tok = tiny_llama
+    c = model.config
+    d, head_dim = c.hidden_size, c.hidden_size // c.num_attention_heads
+    per_token = 2 * (
+        d * c.num_attention_heads * head_dim * 2  # q and o
+        + 2 * d * c.num_key_value_heads * head_dim  # k and v
+        + 3 * d * c.intermediate_size  # gate, up, down
+    )
+    items = [pack(e.context, e.choices) for e in encode_table(tok, KV)]
+    width = max(len(it.ids) for it in items)
+    rows = sum(len({p for positions in it.score_at for p in positions}) for it in items)
+    scorer = Scorer(model, tok, batch_size=4, progress=False)
+    score_table(scorer, KV)
+    work.reset()
+    score_table(scorer, KV)
+    layers = c.num_hidden_layers
+    attention = 2 * len(items) * width**2 * c.num_attention_heads * head_dim
+    head = 2 * rows * d * c.vocab_size
+    assert work.useful_flops() == len(items) * width * per_token * layers + attention * layers + head

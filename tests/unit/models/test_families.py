@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from gna.core import work
 from gna.engine.anatomy import all_heads, decoder_layers, head_sites, sliding_windows
 from gna.engine.device import device_of
 from gna.engine.hooks import ablate_heads, active_hooks
-from gna.engine.scoring import Scorer, score_removals, score_table, score_table_ref
+from gna.engine.scoring import Scorer, Variant, score_removals, score_table, score_table_ref, score_variants
 from gna.engine.stack import DecoderStack, pruned_layers
 from gna.models.families import FAMILY_PHASES, STUDENT_FAMILIES, check_student_family
 from gna.models.prepare import load_model, prepare_model
@@ -88,6 +89,25 @@ def test_exact_head_sweep_equals_a_naive_forward_per_head(family):
     unablated = sweep.filter(sweep["layer"] == -1)["mean_logp"][0]
     assert any(abs(r - unablated) > 1e-6 for r in sweep.filter(sweep["layer"] >= 0)["mean_logp"])
     assert active_hooks(model) == 0
+
+
+def test_variants_without_the_base_model_stop_recording_at_their_last_resume_point_bit_for_bit(family):
+    """score_variants without base_key computes no layer after the last resume point: each variant's
+    scores equal those read beside a full recording (base_key given), bit for bit, for fewer layer-tokens;
+    the layers run their own forward again afterwards."""
+    arch, model, tok = family
+    n = model.config.num_hidden_layers
+    scorer = Scorer(model, tok, batch_size=3, progress=False)
+    variants = [Variant("from 1", 1, list(range(1, n))), Variant("from 2", 2, list(range(2, n)))]
+    work.reset()
+    stopped = score_variants(scorer, KV, list(range(n)), variants)
+    counted = work.layer_tokens()
+    work.reset()
+    full = score_variants(scorer, KV, list(range(n)), variants, base_key="base")
+    for key in ("from 1", "from 2"):
+        assert stopped[key].equals(full[key]), key
+    assert counted < work.layer_tokens()
+    assert "base" not in stopped and all("forward" not in vars(layer) for layer in decoder_layers(model))
 
 
 def test_ablating_a_head_equals_zeroing_its_slice_of_the_projection_weights(family):

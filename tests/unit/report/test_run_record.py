@@ -22,9 +22,14 @@ def test_run_record_gathers_benchmark_records_and_timed_parts(tmp_path):
         ("heads_attribution/m", "verify top 5", 0.5),
     ]
     (logs / "heads_sweep").mkdir(parents=True)
-    (logs / "heads_sweep/m.work.json").write_text(json.dumps({"layer_tokens": 2_500_000}))
+    (logs / "heads_sweep/m.work.json").write_text(json.dumps({"layer_tokens": 2_500_000, "flops": 2.5e12}))
     work = with_work(timings(bench), logs)
     assert work["layer-tokens (M)"].to_list() == [None, 2.5] and work["s per M layer-tokens"][1] == 5.0
+    assert work["GFLOP/s"].to_list() == [None, 200.0] and work["of peak"].to_list() == [None, None]
+    assert with_work(timings(bench), logs, {"GFLOP/s": 400.0})["of peak"].to_list() == [None, 0.5]
+    (tmp_path / "run").mkdir()
+    peak = {"GFLOP/s": 800.0, "dtype": "bfloat16", "kernel": "oneDNN prepacked", "threads": 2, "shape": [4, 4, 4]}
+    (tmp_path / "run/peak.json").write_text(json.dumps(peak))
     assert phase_timings(work).filter(pl.col("phase") == "all")["layer-tokens (M)"][0] == 2.5
     write_run_record(tmp_path / "run/index.html", bench, logs, {"a": 1}, REPO)
     page = (tmp_path / "run/index.html").read_text()
@@ -46,7 +51,11 @@ def test_run_record_gathers_benchmark_records_and_timed_parts(tmp_path):
         "seconds": 12.5,
         "peak RSS (MB)": 800.0,
         "layer-tokens (M)": 2.5,
+        "GFLOP/s": 200.0,
+        "of peak": 0.25,
     }
+    assert record["peak"] == peak and "800 GFLOP/s bfloat16 (oneDNN prepacked, 2 threads, 4×4×4)" in page
+    assert "<td class=''>25%</td>" in page
     assert record["kernels"] in ("AMX", "AVX-512 + BF16", "AVX-512", "AVX2", "unknown") and record["models"] == []
     write_run_record(tmp_path / "empty.html", tmp_path / "none", tmp_path / "none", {}, REPO)
     assert "No benchmark records" in (tmp_path / "empty.html").read_text()
