@@ -148,7 +148,76 @@ def _linear_in_float32(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor
     return y if module.bias is None else y + module.bias.to(y.dtype)
 
 
-_KERNELS = (_linear_in_low_precision, _linear_in_float32)
+# linear layers of one module that read the same input: attention's query/key/value projections and
+# the MLP's gate and up projections, by their names in transformers' families (GPT-2, GPT-NeoX and
+# Phi-3 store them fused already)
+SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+class InputGroup:
+    """Linear layers that read one input, multiplied by linears_computed_in as one matmul with
+    their low-precision copies side by side: one cast of the input and one larger matmul instead
+    of one of each per layer. The members' own copies (`weight_low`) are views of the group's, so
+    the group costs no memory; where a member's weight changed in place (a restored checkpoint)
+    the group's copy is made again (weight)."""
+
+    def __init__(self, members: list[torch.nn.Linear]):
+        self.members = members
+        self.sizes = [m.out_features for m in members]
+        self.of: tuple = ()
+        self.fused: torch.Tensor | None = None
+        self.pending: tuple | None = None  # (input, its version, {member: output}) not yet asked for
+
+    def weight(self) -> torch.Tensor:
+        """The members' low-precision weights side by side, each member's `weight_low` a view of it."""
+        state = tuple(_weight_state(m.weight) for m in self.members)
+        if state != self.of:
+            self.fused = torch.cat([_low_weight(m) for m in self.members])
+            for m, part in zip(self.members, self.fused.split(self.sizes)):
+                m.weight_low = part
+            self.of = state
+        return self.fused
+
+    def output(self, module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        """`module`'s output for `x`: from the matmul its group made for the same `x` where one
+        is pending, else from a new one whose other outputs wait for their layers' calls."""
+        pending = self.pending
+        if pending is not None and pending[0] is x and pending[1] == _version(x) and module in pending[2]:
+            out = pending[2].pop(module)
+            if not pending[2]:
+                self.pending = None
+            return out
+        y = _low_matmul(x, self.weight(), module.low_dtype)
+        outs = {}
+        for m, part in zip(self.members, y.split(self.sizes, dim=-1)):
+            outs[m] = part if m.bias is None else part + m.bias.to(x.dtype)
+        mine = outs.pop(module)
+        self.pending = (x, _version(x), outs)
+        return mine
+
+
+def _version(x: torch.Tensor) -> int | None:
+    """x's version counter (changed by in-place writes); None for an inference tensor, which has none."""
+    return None if x.is_inference() else x._version
+
+
+def _linear_in_group(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return module.input_group.output(module, x)
+
+
+def input_groups(model) -> list[list[torch.nn.Linear]]:
+    """The linear layers of `model` that read one input (SHARED_INPUT), group by group: members of
+    one module with the same input width and no other forward of their own."""
+    groups = []
+    for module in model.modules():
+        for names in SHARED_INPUT:
+            members = [getattr(module, name, None) for name in names]
+            if all(type(m) is torch.nn.Linear for m in members) and len({m.in_features for m in members}) == 1:
+                groups.append(members)
+    return groups
+
+
+_KERNELS = (_linear_in_low_precision, _linear_in_float32, _linear_in_group)
 
 
 def _kernel_of(module: torch.nn.Linear):
@@ -171,7 +240,7 @@ def linear_group(modules: list[torch.nn.Linear], x: torch.Tensor) -> tuple[torch
     kernels = {_kernel_of(m) for m in modules}
     kernel = kernels.pop() if len(kernels) == 1 else None
     if kernel is not None:  # as the layers' own forward, with the bias added after the matmul
-        if kernel is _linear_in_low_precision:
+        if kernel in (_linear_in_low_precision, _linear_in_group):
             y = _low_matmul(x, torch.cat([_low_weight(m) for m in modules]), modules[0].low_dtype)
         else:
             y = _matmul_in_float32(x, torch.cat([m.weight for m in modules]))
@@ -187,7 +256,7 @@ def linear_group(modules: list[torch.nn.Linear], x: torch.Tensor) -> tuple[torch
     return y.split(sizes, dim=-1)
 
 
-def linears_computed_in(model, compute_dtype: str):
+def linears_computed_in(model, compute_dtype: str, grouped: bool = True):
     """Evaluate `model` with its linear layers' matmuls in `compute_dtype` (a COMPUTE_DTYPES
     name). Each linear layer, the output head included, keeps its weight; for bfloat16 it
     multiplies with a copy in that dtype, its input cast to it and its output cast back: the
@@ -200,7 +269,9 @@ def linears_computed_in(model, compute_dtype: str):
     weights multiply through oneDNN's float32 kernel (float32_linear: same precision, about 2.2×
     faster on AMD CPUs; elsewhere F.linear as before). For evaluation only: the weights stop
     taking gradients (none would reach them); inputs' gradients still flow (attribution).
-    Returns `model`."""
+    `grouped` (bf16): the layers that read one input (input_groups: q|k|v, gate|up) multiply as
+    one (InputGroup), which agrees with one matmul per layer (grouped=False, the reference) up to
+    the rounding of a differently blocked matmul (tested). Returns `model`."""
     low = COMPUTE_DTYPES[compute_dtype]
     if low is None:
         if float32_kernel_available(model.device):
@@ -222,10 +293,18 @@ def linears_computed_in(model, compute_dtype: str):
             module.low_dtype = low
             module.weight_low_of = _weight_state(module.weight)
             module.forward = functools.partial(_linear_in_low_precision, module)
+    for members in input_groups(model) if grouped else []:
+        if all(_kernel_of(m) is _linear_in_low_precision and m.low_dtype == low for m in members):
+            group = InputGroup(members)
+            group.weight()
+            for m in members:
+                m.input_group = group
+                m.forward = functools.partial(_linear_in_group, m)
     return model
 
 
-_SET_UP = ("forward", "low_dtype", "weight_low_of")  # what linears_computed_in sets on a module, besides weight_low
+# what linears_computed_in sets on a module, besides weight_low
+_SET_UP = ("forward", "low_dtype", "weight_low_of", "input_group")
 
 
 @contextlib.contextmanager

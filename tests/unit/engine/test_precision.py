@@ -376,3 +376,36 @@ def test_a_model_set_up_for_evaluation_is_set_up_the_same_after_a_scoped_evaluat
         pass
     assert torch.equal(_logp(fast, ids), before)
     assert all(hasattr(m, "weight_low") for m in fast.modules() if isinstance(m, torch.nn.Linear))
+
+
+def test_layers_that_read_one_input_multiply_as_one_and_agree_with_a_matmul_each(tiny_llama, bf16_path, monkeypatch):
+    """q|k|v and gate|up multiply as one matmul (one cast of their input), their weight copies views
+    of the group's (no extra memory); the log-probs agree with one matmul per layer (the reference,
+    grouped=False) far within bf16's rounding, and follow a member's weight changed in place."""
+    model = tiny_llama[0]
+    ids = _ids(model, 5)
+    grouped = linears_computed_in(copy.deepcopy(model), "bfloat16")
+    single = linears_computed_in(copy.deepcopy(model), "bfloat16", grouped=False)
+    attention, mlp = grouped.base_model.layers[0].self_attn, grouped.base_model.layers[0].mlp
+    group = attention.q_proj.input_group
+    assert group is attention.k_proj.input_group is attention.v_proj.input_group
+    assert mlp.gate_proj.input_group is mlp.up_proj.input_group and not hasattr(mlp.down_proj, "input_group")
+    assert all(m.weight_low._base is group.fused for m in group.members)
+    matmuls = []
+    low_matmul = precision._low_matmul
+    monkeypatch.setattr(precision, "_low_matmul", lambda *a: matmuls.append(1) or low_matmul(*a))
+    reference = _logp(single, ids)
+    per_layer = len(matmuls)
+    matmuls.clear()
+    got = _logp(grouped, ids)
+    layers = model.config.num_hidden_layers
+    assert (per_layer, len(matmuls)) == (7 * layers + 1, 4 * layers + 1)  # + the output head
+    assert (got - reference).abs().max() < BF16_LOGP_TOL / 10
+    assert group.pending is None  # every output made was asked for
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        for m in (grouped, changed):
+            m.base_model.layers[0].self_attn.v_proj.weight.mul_(0.5)
+    after = _logp(grouped, ids)
+    assert (after - got).abs().max() > 1e-3
+    assert torch.equal(after, _logp(linears_computed_in(changed, "bfloat16"), ids))
