@@ -240,8 +240,3 @@ def load_model(
     if compute_dtype is not None:
         linears_computed_in(model.eval(), compute_dtype)
     return model.eval(), AutoTokenizer.from_pretrained(model_dir)
-
-
-def read_provenance(model_dir: str | Path) -> dict:
-    path = Path(model_dir) / "gna_source.json"
-    return json.loads(path.read_text()) if path.exists() else {}

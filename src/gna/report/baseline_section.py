@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import polars as pl
 
 from gna.core.paired import comparisons, decide
-from gna.models.prepare import read_provenance
+from gna.models.folders import read_provenance
 from gna.report.htmlkit import (
     SectionContext,
     acc_text,

@@ -16,7 +16,6 @@ import polars as pl
 
 from gna.core.io import write_text
 from gna.core.provenance import config_hash, git_commit, machine
-from gna.engine.peak import PEAK_FILE, read_peak
 from gna.report.htmlkit import CSS, table
 
 RUN_RECORD = "data/run/index.html"
@@ -136,6 +135,8 @@ def write_run_record(
     """Write the run record page `out_path`: time, commit, config hash and machine, then the
     per-phase and per-step timings (timings, phase_timings) and the timed parts (part_timings);
     beside it, record.json: the same machine and steps for gna.report.timing_table."""
+    from gna.engine.peak import PEAK_FILE, read_peak  # here: the report reads RUN_RECORD without torch
+
     mach = machine()
     peak = read_peak(Path(out_path).with_name(Path(PEAK_FILE).name))
     about = {

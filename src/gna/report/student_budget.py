@@ -22,7 +22,7 @@ from gna.report.htmlkit import (
     table,
 )
 from gna.report.student_tables import PERPLEXITY, kv_at, metric_formats, metric_table
-from gna.students.student_evaluation import (
+from gna.students.spec import (
     KD_VS_REALIGNED,
     STAGE_BY_STAGE,
     THROUGH_TRAINING,

@@ -245,3 +245,22 @@ def load_student(model_dir: Path, dtype=None, device: str | None = "auto"):
 
     model.to(compute_device(device)).eval()
     return model, AutoTokenizer.from_pretrained(model_dir)
+
+
+# the stages of training, as the through-training tables name them (gna.students.student_evaluation)
+ALIGNED_STAGE = "aligned"  # the SSM heads as alignment fitted them, before realignment
+KD_VS_REALIGNED = "KD checkpoint vs realigned"
+THROUGH_TRAINING = "through training vs teacher"
+STAGE_BY_STAGE = "each stage vs the one before"
+
+
+def stage_label(kd_steps: int) -> str:
+    """A KD checkpoint's stage: step 0 is the realigned student (distill_kd realigns before KD)."""
+    return "realigned" if kd_steps == 0 else f"KD {kd_steps}"
+
+
+def stage_order(stage: str) -> int:
+    """Training order of a stage: ALIGNED_STAGE first, then stage_label's by KD step."""
+    if stage == ALIGNED_STAGE:
+        return -1
+    return 0 if stage == "realigned" else int(stage.removeprefix("KD "))

@@ -20,7 +20,18 @@ from gna.core.tensor_files import read_tensors
 from gna.engine.device import device_of
 from gna.engine.scoring import Scorer, known_items, score_table, summarize_task
 from gna.students.mixer import restore, snapshot, swapped_to_attention
-from gna.students.spec import TEACHER_VARIANT, load_any, parse_variant, ranked_heads, read_spec
+from gna.students.spec import (
+    ALIGNED_STAGE,
+    KD_VS_REALIGNED,
+    STAGE_BY_STAGE,
+    TEACHER_VARIANT,
+    THROUGH_TRAINING,
+    load_any,
+    parse_variant,
+    ranked_heads,
+    read_spec,
+    stage_label,
+)
 from gna.tasks.tables import context_swapped, load_item_scores, load_task_tables
 
 log = logging.getLogger("gna.students.student_evaluation")
@@ -394,24 +405,6 @@ def run_hybrid_budget(inputs: Files, outputs: Files, settings: HybridBudget) -> 
     else:
         write_parquet(pl.DataFrame(schema=COMPARISON_COLUMNS), outputs.knowledge)
     return out
-
-
-ALIGNED_STAGE = "aligned"  # the SSM heads as alignment fitted them, before realignment
-KD_VS_REALIGNED = "KD checkpoint vs realigned"
-THROUGH_TRAINING = "through training vs teacher"
-STAGE_BY_STAGE = "each stage vs the one before"
-
-
-def stage_label(kd_steps: int) -> str:
-    """A KD checkpoint's stage: step 0 is the realigned student (distill_kd realigns before KD)."""
-    return "realigned" if kd_steps == 0 else f"KD {kd_steps}"
-
-
-def stage_order(stage: str) -> int:
-    """Training order of a stage: ALIGNED_STAGE first, then stage_label's by KD step."""
-    if stage == ALIGNED_STAGE:
-        return -1
-    return 0 if stage == "realigned" else int(stage.removeprefix("KD "))
 
 
 def knowledge_through_training(

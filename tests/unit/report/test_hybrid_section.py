@@ -249,7 +249,7 @@ def _facts(correct: list[bool]) -> pl.DataFrame:
 def test_facts_through_training_names_the_stage_that_loses_them():
     """knowledge_part: the stage-by-stage comparison that falls is named with its counts, and the
     first stage below the teacher; a student whose stages never differ reads 'not shown'."""
-    from gna.students.student_evaluation import STAGE_BY_STAGE, THROUGH_TRAINING
+    from gna.students.spec import STAGE_BY_STAGE, THROUGH_TRAINING
 
     n = 200
     teacher = _facts([True] * 180 + [False] * 20)
@@ -276,7 +276,7 @@ def test_kd_effect_reads_the_chosen_checkpoint_against_the_realigned_student():
     """kd_effect: the sentence is the chosen step's paired row (its counts, Holm p and verb); a
     student that kept step 0 gets the checkpoints' verbs against it instead."""
     from gna.report.student_budget import kd_effect
-    from gna.students.student_evaluation import KD_VS_REALIGNED
+    from gna.students.spec import KD_VS_REALIGNED
 
     def kv(correct):
         return pl.DataFrame({"task": "kv_retrieval", "item_id": list(range(50)), "group": "10", "correct": correct})

@@ -382,7 +382,7 @@ def test_facts_are_compared_with_the_teacher_at_every_stage_of_training(phase, t
     compared item by item with the teacher's answers and with the stage before; the aligned stage
     scores as a student built from the aligned file alone does, and without facts the table is
     empty."""
-    from gna.students.student_evaluation import ALIGNED_STAGE, STAGE_BY_STAGE, THROUGH_TRAINING
+    from gna.students.spec import ALIGNED_STAGE, STAGE_BY_STAGE, THROUGH_TRAINING
     from gna.tasks.facts import FactSelection, build_facts, read_local_facts
 
     root, p = phase
