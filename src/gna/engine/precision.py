@@ -82,18 +82,22 @@ def _linear_in_low_precision(module: torch.nn.Linear, x: torch.Tensor) -> torch.
     return y if module.bias is None else y + module.bias.to(x.dtype)
 
 
-def warn_if_autocast_emulated(device: torch.device, compute_dtype: str, key: str) -> None:
-    """Warn, naming the config `key`, where training would run bf16 autocast on a CPU without bf16
-    instructions: autocast has no float32-kernel path (_low_matmul is evaluation's), so its
-    matmuls go through PyTorch's emulated bf16 kernel, about 5x slower than float32 (measured on
-    an AMD AVX2-only CPU)."""
+def training_dtype(device: torch.device, compute_dtype: str, key: str) -> str:
+    """The compute dtype training runs in for the config's `compute_dtype` at `key`: as asked,
+    except bf16 on a CPU without bf16 instructions, which trains in float32 (said in the log).
+    There bf16 autocast, which has no float32-kernel path (_low_matmul is evaluation's), would
+    multiply through PyTorch's emulated bf16 kernel, about 5x slower than float32 (measured on an
+    AMD AVX2-only CPU); float32 is the computation bf16 autocast approximates, so the students
+    differ from a bf16 run by more than rounding only as two training runs in different
+    precisions do."""
     if COMPUTE_DTYPES.get(compute_dtype) == torch.bfloat16 and emulated_low_matmul(device, torch.bfloat16):
-        log.warning(
-            "%s.compute_dtype bfloat16: this CPU has no bf16 instructions (AVX512-BF16 or AMX), so bf16 autocast "
-            "runs PyTorch's emulated bf16 matmuls, about 5x slower than float32 here; set %s.compute_dtype: float32",
-            key,
+        log.info(
+            "%s.compute_dtype bfloat16: this CPU has no bf16 instructions (AVX512-BF16 or AMX), where bf16 autocast "
+            "runs PyTorch's emulated bf16 matmuls (about 5x slower than float32): training runs in float32",
             key,
         )
+        return "float32"
+    return compute_dtype
 
 
 def emulated_low_matmul(device: torch.device, low: torch.dtype) -> bool:

@@ -27,7 +27,7 @@ from gna.core.io import write_parquet
 from gna.core.settings import Files, RuleSettings
 from gna.core.tensor_files import compact, read_tensors, write_tensors
 from gna.engine.device import device_of
-from gna.engine.precision import warn_if_autocast_emulated
+from gna.engine.precision import training_dtype
 from gna.models.prepare import load_model
 from gna.students.mixer import HybridMixer, layer_forward, layers_of, mixer_input, mixers, rotary, snapshot
 from gna.students.spec import make_hybrid
@@ -110,8 +110,7 @@ def align_layers(
     Returns the SSM parameters {"<layer>.<param>": tensor} and the loss curve (relative error
     per layer, every CURVE_EVERY steps and at the last)."""
     steps, batch, lr = align.steps, align.batch, align.lr
-    compute_dtype, first_token = align.compute_dtype, align.first_token
-    warn_if_autocast_emulated(hidden.device, compute_dtype, "hybrid.align")
+    compute_dtype, first_token = training_dtype(hidden.device, align.compute_dtype, "hybrid.align"), align.first_token
     torch.manual_seed(seed)
     student = make_hybrid(copy.deepcopy(model), [], state_size)
     for p in student.parameters():
@@ -207,7 +206,7 @@ def realign_in_context(
     rows = []
     if not steps:
         return pl.DataFrame(rows, schema=schema)
-    warn_if_autocast_emulated(hidden.device, compute_dtype, "hybrid.realign")
+    compute_dtype = training_dtype(hidden.device, compute_dtype, "hybrid.realign")
     hidden = hidden[:, : realign.windows]
     for p in student.parameters():
         p.requires_grad_(False)

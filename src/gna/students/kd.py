@@ -20,7 +20,7 @@ from gna.core.io import atomic_dir, read_parquet, write_parquet
 from gna.core.settings import Files, RuleSettings
 from gna.core.tensor_files import read_tensors, write_tensors
 from gna.engine.device import device_of
-from gna.engine.precision import COMPUTE_DTYPES, evaluated_in, frozen_weights_in, warn_if_autocast_emulated
+from gna.engine.precision import COMPUTE_DTYPES, evaluated_in, frozen_weights_in, training_dtype
 from gna.engine.scoring import Scorer
 from gna.models.prepare import load_model
 from gna.students.alignment import Realign, load_aligned, lr_schedule, realign_in_context, warmup_steps
@@ -329,8 +329,7 @@ def distill_logits(
     weights = torch.ones(ids.shape, device=ids.device) if weights is None else weights.float()
     warmup = warmup_steps(steps, kd.warmup)
     _train_mode(student)
-    low = COMPUTE_DTYPES[compute_dtype]
-    warn_if_autocast_emulated(ids.device, compute_dtype, "hybrid.kd")
+    low = COMPUTE_DTYPES[training_dtype(ids.device, compute_dtype, "hybrid.kd")]
     frozen = contextlib.ExitStack()
 
     def validate(steps_done: int) -> None:

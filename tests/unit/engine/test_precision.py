@@ -318,21 +318,22 @@ def test_float32_kernel_evaluates_like_the_reference(tiny_llama):
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-5)
 
 
-def test_training_in_bf16_on_a_cpu_without_bf16_instructions_is_named(monkeypatch, caplog):
-    """bf16 autocast has no float32-kernel path: where it would run emulated, the config key to
-    change is named; elsewhere, and for float32, nothing is said."""
+def test_training_in_bf16_on_a_cpu_without_bf16_instructions_runs_in_float32_and_says_so(monkeypatch, caplog):
+    """bf16 autocast has no float32-kernel path: where it would run emulated, training takes float32 and
+    the log names the config key; elsewhere, and for float32, the dtype asked for, silently."""
     cpu = torch.device("cpu")
-    for lacks, dtype, warned in ((True, "bfloat16", True), (True, "float32", False), (False, "bfloat16", False)):
+    for lacks, dtype, expected in (
+        (True, "bfloat16", "float32"),
+        (True, "float32", "float32"),
+        (False, "bfloat16", "bfloat16"),
+    ):
         monkeypatch.setattr(precision, "cpu_lacks_bf16", lambda lacks=lacks: lacks)
         caplog.clear()
-        with caplog.at_level("WARNING", logger="gna.engine.precision"):
-            precision.warn_if_autocast_emulated(cpu, dtype, "hybrid.kd")
-        assert ("set hybrid.kd.compute_dtype: float32" in caplog.text) == warned, (lacks, dtype)
+        with caplog.at_level("INFO", logger="gna.engine.precision"):
+            assert precision.training_dtype(cpu, dtype, "hybrid.kd") == expected
+        assert ("hybrid.kd.compute_dtype bfloat16" in caplog.text) == (dtype != expected), (lacks, dtype)
     monkeypatch.setattr(precision, "cpu_lacks_bf16", lambda: True)
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="gna.engine.precision"):
-        precision.warn_if_autocast_emulated(torch.device("meta"), "bfloat16", "hybrid.align")
-    assert caplog.text == ""  # not a CPU
+    assert precision.training_dtype(torch.device("meta"), "bfloat16", "hybrid.align") == "bfloat16"  # not a CPU
 
 
 def test_checkpoint_selection_scores_a_student_as_its_evaluation_does_then_training_goes_on(tiny_llama, bf16_path):

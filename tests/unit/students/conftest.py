@@ -7,11 +7,23 @@ from conftest import MINI_MMLU  # tests/conftest.py (this file is unit.students.
 
 from gna.core.io import write_parquet
 from gna.core.settings import Files
+from gna.students import alignment, kd
 from gna.students.alignment import DistillAlign, run_distill_align
 from gna.students.kd import DistillKD, run_distill_kd
 from gna.students.teacher_file import DistillTeacher, run_distill_teacher
 from gna.tasks.tables import build_kv_retrieval
 from unit.students.rules import CORPUS, KD
+
+
+@pytest.fixture(scope="session", autouse=True)
+def training_as_configured():
+    """Student tests train in the compute dtype their settings name on every CPU kind: on a CPU
+    without bf16 instructions the pipeline trains bf16 settings in float32 instead
+    (gna.engine.precision.training_dtype, tested there and in test_distillation)."""
+    with pytest.MonkeyPatch.context() as patch:
+        for module in (alignment, kd):
+            patch.setattr(module, "training_dtype", lambda device, compute_dtype, key: compute_dtype)
+        yield
 
 
 def kd_outputs(root, stem: str, student) -> Files:

@@ -388,6 +388,28 @@ def test_bf16_distillation_step_agrees_with_the_float32_reference(tiny_llama):
     assert ref_grad.abs().max() > 0
 
 
+def test_on_a_cpu_without_bf16_instructions_a_bf16_kd_step_is_the_float32_one(tiny_llama, monkeypatch):
+    """There bf16 autocast would run emulated: the step asked in bf16 runs in float32 (the same loss,
+    bit for bit), where a CPU with bf16 instructions runs it in bf16 (another loss)."""
+    from gna.engine import precision
+    from gna.students import kd
+
+    model, _ = tiny_llama
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(4))
+    acts = teacher_activations(model, ids, top_k=8, progress=False)
+    monkeypatch.setattr(kd, "training_dtype", precision.training_dtype)  # the pipeline's, not the fixture's
+
+    def loss(compute_dtype: str, lacks_bf16: bool) -> float:
+        monkeypatch.setattr(precision, "cpu_lacks_bf16", lambda: lacks_bf16)
+        student = make_hybrid(copy.deepcopy(model), [(1, 0)], 4)
+        batch = {"ids": ids, "top_logp": acts["top_logp"], "top_idx": acts["top_idx"]}
+        settings = KDSettings(steps=1, batch=2, lr=0.0, compute_dtype=compute_dtype)
+        return distill_logits(student, batch, settings, seed=0, watch=Watch(progress=False))[0]["loss"][0]
+
+    assert loss("bfloat16", lacks_bf16=True) == loss("float32", lacks_bf16=True)
+    assert loss("bfloat16", lacks_bf16=False) != loss("float32", lacks_bf16=False)
+
+
 def test_frozen_weights_are_held_in_bf16_during_distillation_and_restored_exactly(tiny_llama):
     """Only frozen linear weights change dtype inside the block (trained SSM weights and the
     output head tied to the embeddings stay float32), and every weight is back bit for bit."""
