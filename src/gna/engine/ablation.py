@@ -19,14 +19,16 @@ def score_ablations(
     ablations: dict,
     layers: list[int] | None = None,
     desc: str = "ablations",
+    more: tuple[Variant, ...] = (),
 ) -> dict:
     """{key: per-item frame} of `table` scored by the model made of `layers` (default all) with the
     heads of each entry of `ablations` {key: [(layer, head), …]} ablated together; an empty list
     is the model itself. Exact prefix reuse (gna.engine.scoring.score_variants): per batch one
     pass records the hidden state entering each layer, and each ablation reruns only the layers
     from its first ablated head's on — the same scores as a full forward per ablation (tested),
-    with the model itself read from that pass."""
-    if not ablations:
+    with the model itself read from that pass. `more`: other variants scored in the same pass
+    (e.g. attention masks from a layer on), under their own keys."""
+    if not ablations and not more:
         return {}
     model = scorer.model
     sites = head_sites(model)
@@ -43,8 +45,8 @@ def score_ablations(
         variants.append(
             Variant(key, layers[start], layers[start:], context=lambda heads=heads: ablate_heads(model, heads, sites))
         )
-    frames = score_variants(scorer, table, layers, variants, desc, base_key=plain[0] if plain else None)
-    return {key: frames[plain[0] if key in plain else key] for key in ablations}
+    frames = score_variants(scorer, table, layers, variants + list(more), desc, base_key=plain[0] if plain else None)
+    return {key: frames[plain[0] if key in plain else key] for key in ablations} | {v.key: frames[v.key] for v in more}
 
 
 SWEEP_UNITS = ("head", "group")

@@ -259,6 +259,7 @@ class Variant:
     resume_at: int
     run_layers: list[int]
     context: object = None  # a callable returning a context manager (e.g. head ablation)
+    layer_masks: LayerMasks | None = None  # masks replacing the packed one in some of run_layers (score_table's)
 
 
 def score_variants(
@@ -286,8 +287,15 @@ def score_variants(
         run = stack.record(batch, layers, keep=resume_points, until=until)
         readouts = {base_key: stack.readout(run.final, batch)} if base_key is not None else {}
         for v in variants:
+            masks = None
+            if v.layer_masks is not None:
+                if not stack.packs_choices:
+                    raise UnsupportedModel(
+                        f"{family_of(stack.model)}: per-layer attention masks need a model of attention layers only"
+                    )
+                masks = v.layer_masks(batch, [u.row for u in units])
             with v.context() if v.context else contextlib.nullcontext():
-                out = stack.run(run.entering[v.resume_at], run, v.run_layers)
+                out = stack.run(run.entering[v.resume_at], run, v.run_layers, batch, masks)
             readouts[v.key] = stack.readout(out, batch)
         return readouts
 

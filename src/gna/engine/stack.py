@@ -243,11 +243,17 @@ class DecoderStack:
             raise UnsupportedModel(f"{family_of(self.model)}: the final norm was not applied by the decoder")
         return run
 
-    def run(self, h: torch.Tensor, run: Pass, layers: list[int]) -> torch.Tensor:
-        """Call `layers` in order from the hidden state `h` with the arguments recorded in `run`."""
+    def run(
+        self, h: torch.Tensor, run: Pass, layers: list[int], batch: PackedBatch | None = None, masks: dict | None = None
+    ) -> torch.Tensor:
+        """Call `layers` in order from the hidden state `h` with the arguments recorded in `run`;
+        masks: {layer: additive mask} replacing the packed one of `batch` there, as record's do."""
         work.add(h.shape[0] * h.shape[1], len(layers), self.flops(h.shape, layers))
         for i in layers:
-            h = run.calls[i](self.layers[i], h)
+            call = run.calls[i]
+            if masks and i in masks:
+                call = call.with_mask(self._mask(batch, i, masks))
+            h = call(self.layers[i], h)
         return h
 
     def flops(self, shape, layers: list[int]) -> float:

@@ -28,8 +28,9 @@ from gna.core.io import read_parquet, write_parquet
 from gna.core.paired import comparisons, empty
 from gna.core.settings import Evaluation, Files, RuleSettings
 from gna.engine.ablation import score_ablations
+from gna.engine.anatomy import decoder_layers
 from gna.engine.packing import PackedBatch
-from gna.engine.scoring import Scorer, accuracy_of, known_or_scored, score_table
+from gna.engine.scoring import Scorer, Variant, accuracy_of, known_or_scored, score_table
 from gna.phases.gather_aggregate import ROLES, Segments, best_role_head, kv_row_segments, mmlu_row_segments
 from gna.students.mixer import mixers, ssm_heads_of
 from gna.students.spec import load_any
@@ -85,11 +86,9 @@ def head_mask(
     return mask
 
 
-def score_masked(
-    scorer: Scorer, items: Segmented, heads: dict[str, tuple[int, int]], restrict: bool = True
-) -> pl.DataFrame:
-    """Score the table of `items` with the heads {'gather': (layer, head), 'aggregate': (layer,
-    head)} restricted to their G&A pattern on each item's segments."""
+def pattern_masks(scorer: Scorer, items: Segmented, heads: dict[str, tuple[int, int]], restrict: bool = True):
+    """The layer masks (gna.engine.scoring.LayerMasks) that restrict the heads {'gather': (layer,
+    head), 'aggregate': (layer, head)} to their G&A pattern on each item's segments of `items`."""
     table, segment_fn, tok = items.table, items.segments, scorer.tok
     n_heads = scorer.model.config.num_attention_heads
     rows_of = list(table.iter_rows(named=True))
@@ -109,7 +108,25 @@ def score_masked(
             masks[layer] = m if base is None else torch.minimum(base, m)  # both restrictions
         return masks
 
-    return score_table(scorer, table, layer_masks=layer_masks)
+    return layer_masks
+
+
+def score_masked(
+    scorer: Scorer, items: Segmented, heads: dict[str, tuple[int, int]], restrict: bool = True
+) -> pl.DataFrame:
+    """Score the table of `items` with the heads {'gather': (layer, head), 'aggregate': (layer,
+    head)} restricted to their G&A pattern on each item's segments (pattern_masks), in a pass of
+    its own (the reference of pattern_variant)."""
+    return score_table(scorer, items.table, layer_masks=pattern_masks(scorer, items, heads, restrict))
+
+
+def pattern_variant(scorer: Scorer, items: Segmented, heads: dict[str, tuple[int, int]]) -> Variant:
+    """Condition (c) as a variant of the unmodified model (gna.engine.scoring.Variant): it resumes
+    at the first masked layer with the pattern_masks from there, so a pass that scores (a) and (b)
+    scores it too; the same scores as score_masked, bit for bit (tested)."""
+    first = min(layer for layer, _ in heads.values())
+    n_layers = len(decoder_layers(scorer.model))
+    return Variant(CONDITIONS[2], first, list(range(first, n_layers)), layer_masks=pattern_masks(scorer, items, heads))
 
 
 def heads_label(heads: dict[str, tuple[int, int]], ssm_heads: set[tuple[int, int]] | None = None) -> str:
@@ -145,19 +162,21 @@ def masking_experiment(
     The heads column is heads_label(heads, the student's SSM heads where the model is one).
     `reference` is the unmodified model: by its `chance` policy, where (a) cannot be told from
     chance no condition can show a loss, so the retrieval table's (c) and the knowledge table's
-    (b) are not run; (a)'s skipped_reason says why. (a) and (b) of the retrieval table come from
-    one pass either way; the knowledge table's (a) is then scored first (one more pass where it
-    is above chance), or read from its `scored` {task: the model's per-item scores} where they
-    hold its items. `per_item`, where given, receives each condition's per-item scores, appended
-    to its list (masking_comparisons)."""
+    (b) are not run; (a)'s skipped_reason says why. (a), (b) and (c) of the retrieval table come
+    from one pass (pattern_variant; (c) dropped where (a) is at chance); the knowledge table's (a)
+    is scored first (one more pass where it is above chance), or read from its `scored` {task:
+    the model's per-item scores} where they hold its items. `per_item`, where given, receives each
+    condition's per-item scores, appended to its list (masking_comparisons)."""
     table, chance = retrieval.table, reference.chance
 
-    def plain_and_ablated(items: pl.DataFrame, with_plain: bool = True) -> list[tuple[str, pl.DataFrame, None]]:
-        # one pass: (b) reruns only the layers from its first head's on (exact prefix reuse)
+    def plain_and_ablated(
+        items: pl.DataFrame, with_plain: bool = True, more: tuple[Variant, ...] = ()
+    ) -> list[tuple[str, pl.DataFrame, None]]:
+        # one pass: (b) (and `more`) rerun only the layers from their first head's on (exact prefix reuse)
         wanted = {CONDITIONS[1]: list(heads.values())}
         if with_plain:
             wanted = {CONDITIONS[0]: [], **wanted}
-        frames = score_ablations(scorer, items, wanted)
+        frames = score_ablations(scorer, items, wanted, more=more)
         return [(condition, frame, None) for condition, frame in frames.items()]
 
     def left_out_because(unmodified: pl.DataFrame, items: pl.DataFrame, left_out: str) -> str | None:
@@ -167,12 +186,11 @@ def masking_experiment(
             return f"{reason}: {left_out} not run"
         return None
 
-    results = plain_and_ablated(table)
+    # (c) in the same pass, dropped where (a) turns out to be at chance
+    results = plain_and_ablated(table, more=(pattern_variant(scorer, retrieval, heads),))
     reason = left_out_because(results[0][1], table, "(c)")
-    if reason is None:
-        results.append((CONDITIONS[2], score_masked(scorer, retrieval, heads), None))
-    else:
-        results[0] = (*results[0][:2], reason)
+    if reason is not None:
+        results = [(*results[0][:2], reason), results[1]]
     for items in [knowledge] if isinstance(knowledge, pl.DataFrame) else knowledge or []:
         if not len(items):
             continue

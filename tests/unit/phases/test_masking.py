@@ -264,3 +264,19 @@ def test_masking_leaves_out_what_cannot_show_a_loss_where_the_model_is_at_chance
         check_exact=False,
         rel_tol=1e-6,
     )
+
+
+def test_the_pattern_only_condition_from_the_shared_pass_equals_its_own_pass_bit_for_bit(tiny_llama):
+    """(c) runs as a variant of the pass that scores (a) and (b), from its first masked layer on
+    (pattern_variant): its per-item scores equal score_masked's full pass with the same masks, on a
+    teacher and on a student whose masked heads are an SSM head and a kept attention head."""
+    from gna.phases.masking import CONDITIONS, score_masked
+
+    model, tok = tiny_llama
+    kv = build_kv_retrieval([4, 6], 4, 3, "lookup")
+    student = make_hybrid(copy.deepcopy(model), [HEADS["aggregate"]], 4)
+    for m in (model, student):
+        per_item = {}
+        masking_experiment(Scorer(m, tok, batch_size=3), Segmented(kv, kv_row_segments), HEADS, per_item=per_item)
+        alone = score_masked(Scorer(m, tok, batch_size=3), Segmented(kv, kv_row_segments), HEADS)
+        assert_frame_equal(per_item[CONDITIONS[2]][0], alone, check_exact=True)
