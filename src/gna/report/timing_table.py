@@ -1,7 +1,8 @@
 """The README's time table, generated from run records, never typed by hand.
 
-A default run writes its run record (gna.report.run_record: data/run/record.json, the machine and
-every step's wall time, peak memory and layer-tokens). `make timing-table` keeps it under
+A default run writes its run record (gna.report.run_record: data/run/record.json, the machine, the
+matmul peak measured at its start, and every step's wall time, peak memory, layer-tokens and useful
+GFLOP/s). `make timing-table` keeps it under
 docs/runs/ as the record of its CPU kind (one file per CPU model and kernels) and writes the table
 of every kept record into the README between its two markers. A test checks that the README's
 table is the one the kept records give.
@@ -38,12 +39,15 @@ def summary(record: dict) -> dict:
     its cores; the sum is the run's length one job at a time), seconds per million layer-tokens
     over the steps that count them, the largest peak RSS and the commit."""
     minutes: dict[str, float] = {}
-    seconds, tokens = 0.0, 0.0
+    seconds, tokens, flops, counted = 0.0, 0.0, 0.0, 0.0
     for step in record["steps"]:
         owner = model_of(step["step"], record["models"])
         minutes[owner] = minutes.get(owner, 0.0) + step["seconds"] / 60
         if step.get("layer-tokens (M)"):
             seconds, tokens = seconds + step["seconds"], tokens + step["layer-tokens (M)"]
+        if step.get("GFLOP/s"):
+            flops, counted = flops + step["GFLOP/s"] * step["seconds"], counted + step["seconds"]
+    peak = (record.get("peak") or {}).get("GFLOP/s")
     return {
         "cpu": record["cpu"],
         "kernels": record["kernels"],
@@ -51,10 +55,21 @@ def summary(record: dict) -> dict:
         "minutes": minutes,
         "total": sum(minutes.values()),
         "s per M layer-tokens": seconds / tokens if tokens else None,
+        # the steps that count FLOPs together: their useful GFLOP/s, and its fraction of the run's peak
+        "GFLOP/s": flops / counted if counted else None,
+        "of peak": flops / counted / peak if counted and peak else None,
         "peak GB": max((s["peak RSS (MB)"] for s in record["steps"]), default=0.0) / 1024,
         "commit": str(record["git commit"])[:7],
         "written": record["written"],
     }
+
+
+def _rate_cell(row: dict) -> str:
+    """'230 (41%)': the useful GFLOP/s of the steps that count FLOPs and its fraction of the run's
+    peak; '–' for a record written before FLOPs were counted."""
+    if row["GFLOP/s"] is None:
+        return "–"
+    return f"{row['GFLOP/s']:.0f}" + ("" if row["of peak"] is None else f" ({row['of peak']:.0%})")
 
 
 def markdown(records: list[dict]) -> str:
@@ -62,13 +77,14 @@ def markdown(records: list[dict]) -> str:
     rows = [summary(r) for r in records]
     models = sorted({m for r in rows for m in r["minutes"]}, key=lambda m: (m == SHARED, m))
     head = ["CPU", "kernels", "cores", *(f"{m} (min)" for m in models), "all (min)", "s / M layer-tokens"]
-    head += ["peak RSS (GB)", "commit", "written"]
+    head += ["GFLOP/s (of peak)", "peak RSS (GB)", "commit", "written"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["cpu"], r["kernels"], str(r["cores"])]
         cells += [f"{r['minutes'][m]:.1f}" if m in r["minutes"] else "–" for m in models]
         rate = r["s per M layer-tokens"]
-        cells += [f"{r['total']:.1f}", "–" if rate is None else f"{rate:.1f}", f"{r['peak GB']:.1f}"]
+        cells += [f"{r['total']:.1f}", "–" if rate is None else f"{rate:.1f}", _rate_cell(r)]
+        cells.append(f"{r['peak GB']:.1f}")
         cells += [r["commit"], r["written"]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

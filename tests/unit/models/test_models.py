@@ -8,13 +8,13 @@ import torch
 
 from gna.core.settings import Files
 from gna.engine.device import device_of
+from gna.models.folders import read_provenance
 from gna.models.prepare import (
     ModelSource,
     PrepareModel,
     load_model,
     load_source,
     prepare_model,
-    read_provenance,
     run_prepare_model,
 )
 from gna.models.sources import ChecksumError, SourceError

@@ -56,12 +56,26 @@ def test_a_records_row_sums_minutes_per_model_and_rates_the_work():
     lines = table.splitlines()
     assert lines[0] == (
         "| CPU | kernels | cores | small (min) | small-big (min) | shared (min) | all (min) | s / M layer-tokens "
-        "| peak RSS (GB) | commit | written |"
+        "| GFLOP/s (of peak) | peak RSS (GB) | commit | written |"
     )
     assert lines[2].startswith(
-        "| AMD EPYC 9R14, family 25 | AVX-512 + BF16 | 2 | 5.0 | 10.0 | 1.0 | 16.0 | 120.0 | 10.0 |"
+        "| AMD EPYC 9R14, family 25 | AVX-512 + BF16 | 2 | 5.0 | 10.0 | 1.0 | 16.0 | 120.0 | – | 10.0 |"
     )
-    assert lines[3].startswith("| Intel Xeon 8488C, family 6 | AMX | 2 | 1.0 | – | – | 1.0 | 30.0 | 1.0 | 0123456 |")
+    assert lines[3].startswith(
+        "| Intel Xeon 8488C, family 6 | AMX | 2 | 1.0 | – | – | 1.0 | 30.0 | – | 1.0 | 0123456 |"
+    )
+
+
+def test_a_record_with_flops_rates_its_steps_against_the_peak_measured_at_its_start():
+    """The steps that count FLOPs together: their FLOPs over their seconds, and that over the peak."""
+    counted = record("Intel Xeon 8488C, family 6", "AMX", [("baseline/small/kv_retrieval", 60.0, 1024.0, 2.0)])
+    counted["steps"][0]["GFLOP/s"] = 300.0
+    counted["steps"].append({"step": "heads_sweep/small", "seconds": 20.0, "peak RSS (MB)": 1.0, "GFLOP/s": 700.0})
+    counted["steps"].append({"step": "report", "seconds": 5.0, "peak RSS (MB)": 1.0, "GFLOP/s": None})
+    assert summary(counted)["GFLOP/s"] == pytest.approx(400.0) and summary(counted)["of peak"] is None
+    counted["peak"] = {"GFLOP/s": 1600.0}
+    assert summary(counted)["of peak"] == pytest.approx(0.25)
+    assert "| 400 (25%) |" in markdown([counted])
 
 
 def test_keep_write_and_check_the_readme_table(tmp_path, capsys):
