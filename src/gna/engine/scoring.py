@@ -36,13 +36,17 @@ from gna.engine.stack import DecoderStack, check_engine, reference_scores
 
 @dataclass(frozen=True)
 class Scorer:
-    """A model ready to be scored: the model, its tokenizer, the items per forward (eval.batch_size)
-    and whether progress bars show. What every scoring function takes first."""
+    """A model ready to be scored: the model, its tokenizer, the items per forward (eval.batch_size),
+    whether progress bars show and whether the last layer computes only the rows read out. What
+    every scoring function takes first."""
 
     model: Any
     tok: Any
     batch_size: int = 8
     progress: bool = True
+    # the last layer of a pass computes its MLP and attention output projection at the read rows
+    # only (DecoderStack.read_rows_only, within rounding of the full layer); False: every position
+    read_rows_only: bool = True
 
 
 @dataclass
@@ -241,7 +245,8 @@ def score_table(
                 f"{family_of(model)}: per-layer attention masks need a model of attention layers only"
             )
         masks = layer_masks(batch, [u.row for u in units]) if layer_masks is not None else None
-        run = stack.record(batch, layers, masks, keep)  # one pass; depth k reads the state after k layers
+        # one pass; depth k reads the state after k layers, the last layer only at the read rows
+        run = stack.record(batch, layers, masks, keep, read_only=scorer.read_rows_only)
         return {k: stack.readout(run.after(k), batch) for k in wanted}
 
     frames = score_batches(scorer, table, forward, desc)
@@ -284,7 +289,7 @@ def score_variants(
     until = None if base_key is not None or not resume_points else max(resume_points, key=layers.index)
 
     def forward(stack, batch, units):
-        run = stack.record(batch, layers, keep=resume_points, until=until)
+        run = stack.record(batch, layers, keep=resume_points, until=until, read_only=scorer.read_rows_only)
         readouts = {base_key: stack.readout(run.final, batch)} if base_key is not None else {}
         for v in variants:
             masks = None
@@ -295,7 +300,7 @@ def score_variants(
                     )
                 masks = v.layer_masks(batch, [u.row for u in units])
             with v.context() if v.context else contextlib.nullcontext():
-                out = stack.run(run.entering[v.resume_at], run, v.run_layers, batch, masks)
+                out = stack.run(run.entering[v.resume_at], run, v.run_layers, batch, masks, scorer.read_rows_only)
             readouts[v.key] = stack.readout(out, batch)
         return readouts
 

@@ -72,6 +72,10 @@ def pruned_layers(model, keep: list[int]):
             m.layer_idx = idx
 
 
+# a decoder layer's MLP, by its name in transformers' families
+POSITIONWISE_MLPS = ("mlp", "feed_forward")
+
+
 @dataclass
 class LayerCall:
     """How the model's own forward called one decoder layer, every argument by name (GPT-2 passes
@@ -140,9 +144,22 @@ class DecoderStack:
         # useful FLOPs (gna.core.work): per token through each layer, and its attention's query width
         self.token_flops = [work.linear_flops(layer) for layer in self.layers]
         self.attention_width = [0] * self.n_layers
+        # per layer, the parts that act on each position alone: its MLP and its attention's output
+        # projections (where a layer has an SSM site, none: its scan reads along the sequence)
+        self.positionwise: list[list[torch.nn.Module]] = [[] for _ in self.layers]
         for site in sites:
             if site.kind == "attention":
                 self.attention_width[site.layer] += site.n_heads * site.head_dim
+                self.positionwise[site.layer].append(site.module)
+        for i, layer in enumerate(self.layers):
+            mlp = next(
+                (getattr(layer, n) for n in POSITIONWISE_MLPS if isinstance(getattr(layer, n, None), torch.nn.Module)),
+                None,
+            )
+            if any(s.layer == i and s.kind != "attention" for s in sites):
+                self.positionwise[i] = []
+            elif mlp is not None:
+                self.positionwise[i].append(mlp)
         params = inspect.signature(self.base.forward).parameters
         self._takes_positions = "position_ids" in params
 
@@ -161,13 +178,15 @@ class DecoderStack:
         masks: dict | None = None,
         keep: set[int] | None = None,
         until: int | None = None,
+        read_only: bool = False,
     ) -> Pass:
         """Run the model's own decoder over `layers` (default all) on `batch` and record each
         layer's call, the hidden state entering the layers in `keep` (default all) and the final
         one. masks: {layer: additive mask [B, 1 or heads, T, T]} replacing the packed one there.
         until: a layer of `layers` after the first; it and the layers after it are not computed
         (the hidden state entering it is the last one recorded; their calls are still recorded,
-        and `final` is None): what variants that all resume at or before it need, bit for bit."""
+        and `final` is None): what variants that all resume at or before it need, bit for bit.
+        read_only: `final` is read by readout only, so the last layer runs read_rows_only."""
         layers = list(range(self.n_layers)) if layers is None else list(layers)
         skipped = layers[layers.index(until) :] if until is not None and until != layers[0] else []
         stale = set(skipped[1:])  # their entering state is not computed
@@ -227,7 +246,9 @@ class DecoderStack:
                     own[original] = vars(layer).get("forward")
                     layer.forward = passed_through(layer.forward)
                 handles.append(self.norm.register_forward_pre_hook(final))
-                self.base(**kwargs)
+                last = self.read_rows_only(layers[-1], batch) if read_only and not skipped else contextlib.nullcontext()
+                with last:
+                    self.base(**kwargs)
                 work.add(batch.ids.numel(), len(computed), self.flops(batch.ids.shape, computed))
         finally:
             for handle in handles:
@@ -244,16 +265,25 @@ class DecoderStack:
         return run
 
     def run(
-        self, h: torch.Tensor, run: Pass, layers: list[int], batch: PackedBatch | None = None, masks: dict | None = None
+        self,
+        h: torch.Tensor,
+        run: Pass,
+        layers: list[int],
+        batch: PackedBatch | None = None,
+        masks: dict | None = None,
+        read_only: bool = False,
     ) -> torch.Tensor:
         """Call `layers` in order from the hidden state `h` with the arguments recorded in `run`;
-        masks: {layer: additive mask} replacing the packed one of `batch` there, as record's do."""
+        masks: {layer: additive mask} replacing the packed one of `batch` there, as record's do;
+        read_only: the result is read by readout only, so the last layer runs read_rows_only."""
         work.add(h.shape[0] * h.shape[1], len(layers), self.flops(h.shape, layers))
         for i in layers:
             call = run.calls[i]
             if masks and i in masks:
                 call = call.with_mask(self._mask(batch, i, masks))
-            h = call(self.layers[i], h)
+            last = read_only and i == layers[-1]
+            with self.read_rows_only(i, batch) if last else contextlib.nullcontext():
+                h = call(self.layers[i], h)
         return h
 
     def flops(self, shape, layers: list[int]) -> float:
@@ -272,16 +302,59 @@ class DecoderStack:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return torch.log_softmax(logits, dim=-1)
 
-    def readout(self, h: torch.Tensor, batch: PackedBatch, normed: bool = False):
-        """Per item: (summed log-prob per choice, greedy flag per choice), from the hidden state
-        `h` after some layer (the final norm is applied here unless `normed`)."""
-        # Unique positions only: every choice's first token is predicted at the same (last
-        # context) position, so projecting per (choice, token) would repeat the vocab matmul.
+    @staticmethod
+    def read_positions(batch: PackedBatch) -> dict[tuple[int, int], int]:
+        """{(row, position): index} of the positions readout reads, each once: every choice's first
+        token is predicted at the same (last context) position, so projecting per (choice, token)
+        would repeat the vocabulary matmul."""
         where: dict[tuple[int, int], int] = {}
         for b, item in enumerate(batch.items):
             for positions in item.score_at:
                 for p in positions:
                     where.setdefault((b, p), len(where))
+        return where
+
+    @contextlib.contextmanager
+    def read_rows_only(self, layer: int, batch: PackedBatch):
+        """Within the block, the position-wise parts of `layer` (its MLP and attention output
+        projections) compute only the positions readout reads, zeros elsewhere: the read-out of
+        the layer's output is the full layer's up to the rounding of matmuls over fewer rows
+        (tested); its other positions are not the layer's, so only a layer whose output nothing
+        but the read-out reads may run so. Its query, key and value projections and attention
+        still run at every position (every position is a key)."""
+        parts = self.positionwise[layer]
+        where = self.read_positions(batch)
+        rows = torch.tensor([b for b, _ in where], device=batch.ids.device)
+        cols = torch.tensor([p for _, p in where], device=batch.ids.device)
+        own = {}
+
+        def at_read_rows(module, forward):
+            def restricted(x, *args, **kwargs):
+                part = forward(x[rows, cols], *args, **kwargs)
+                out = part.new_zeros(*x.shape[:-1], part.shape[-1])
+                out[rows, cols] = part
+                return out
+
+            return restricted
+
+        skipped = batch.ids.numel() - len(where)
+        work.add_flops(-skipped * sum(work.linear_flops(m) for m in parts))  # not computed
+        try:
+            for module in parts:
+                own[module] = vars(module).get("forward")
+                module.forward = at_read_rows(module, module.forward)
+            yield
+        finally:
+            for module, forward in own.items():
+                if forward is None:
+                    del module.forward
+                else:
+                    module.forward = forward
+
+    def readout(self, h: torch.Tensor, batch: PackedBatch, normed: bool = False):
+        """Per item: (summed log-prob per choice, greedy flag per choice), from the hidden state
+        `h` after some layer (the final norm is applied here unless `normed`)."""
+        where = self.read_positions(batch)
         rows = torch.tensor([b for b, _ in where], device=h.device)
         cols = torch.tensor([p for _, p in where], device=h.device)
         logp = self.logprobs(h[rows, cols], normed)

@@ -55,11 +55,15 @@ def test_scoring_counts_its_useful_flops_from_the_models_shapes(tiny_llama):
     items = [pack(e.context, e.choices) for e in encode_table(tok, KV)]
     width = max(len(it.ids) for it in items)
     rows = sum(len({p for positions in it.score_at for p in positions}) for it in items)
-    scorer = Scorer(model, tok, batch_size=4, progress=False)
-    score_table(scorer, KV)
-    work.reset()
-    score_table(scorer, KV)
     layers = c.num_hidden_layers
     attention = 2 * len(items) * width**2 * c.num_attention_heads * head_dim
     head = 2 * rows * d * c.vocab_size
-    assert work.useful_flops() == len(items) * width * per_token * layers + attention * layers + head
+    # the last layer's MLP and output projection run at the read rows only (Scorer.read_rows_only)
+    skipped = (len(items) * width - rows) * 2 * (d * c.num_attention_heads * head_dim + 3 * d * c.intermediate_size)
+    for read_rows_only, not_run in ((False, 0), (True, skipped)):
+        scorer = Scorer(model, tok, batch_size=4, progress=False, read_rows_only=read_rows_only)
+        score_table(scorer, KV)
+        work.reset()
+        score_table(scorer, KV)
+        expected = len(items) * width * per_token * layers + attention * layers + head - not_run
+        assert work.useful_flops() == expected, read_rows_only

@@ -110,6 +110,43 @@ def test_variants_without_the_base_model_stop_recording_at_their_last_resume_poi
     assert "base" not in stopped and all("forward" not in vars(layer) for layer in decoder_layers(model))
 
 
+def test_the_last_layer_at_the_read_rows_only_reads_out_as_the_full_layer(family):
+    """Scorer.read_rows_only (the default): a pass's last layer computes its MLP and attention output
+    projection at the read rows only; the scores equal the full layer's (read_rows_only=False, the
+    reference) within float32 rounding, in a plain pass, with layers read out early (depths), and in
+    variants; the modules' own forwards are back afterwards."""
+    arch, model, tok = family
+    n = model.config.num_hidden_layers
+    stack = DecoderStack(model)
+    restricted = [layer for layer in range(n) if stack.positionwise[layer]]
+    if arch in ("mamba", "falcon_mamba", "mamba2", "zamba2"):
+        assert not restricted  # a scan reads along the sequence: nothing is position-wise alone
+    else:
+        assert restricted == list(range(n))
+    variants = [Variant("from 2", 2, list(range(2, n)))]
+    for scores in (
+        lambda s: score_table(s, KV),
+        lambda s: score_table(s, KV, depths=[1, n]),
+        lambda s: score_variants(s, KV, list(range(n)), variants, base_key="base")["from 2"],
+    ):
+        fast = scores(Scorer(model, tok, batch_size=3, progress=False))
+        full = scores(Scorer(model, tok, batch_size=3, progress=False, read_rows_only=False))
+        assert np.abs(_flat(fast) - _flat(full)).max() <= 1e-5
+        assert fast["pred"].to_list() == full["pred"].to_list()
+    assert all("forward" not in vars(m) or m.forward.__name__ != "restricted" for m in model.modules())
+    if restricted:  # the cut is real: the positions nothing reads hold no layer output
+        from gna.engine.packing import collate, pack
+        from gna.engine.scoring import encode_table
+
+        items = [pack(e.context, e.choices) for e in encode_table(tok, KV.head(2))]
+        batch = collate(items, device=device_of(model))
+        with torch.inference_mode():
+            fast, full = (stack.record(batch, read_only=flag).final for flag in (True, False))
+        read = torch.zeros(fast.shape[:2], dtype=torch.bool)
+        read[tuple(zip(*stack.read_positions(batch)))] = True
+        assert torch.allclose(fast[read], full[read], atol=1e-5) and not torch.allclose(fast[~read], full[~read])
+
+
 def test_ablating_a_head_equals_zeroing_its_slice_of_the_projection_weights(family):
     """Independent of the hooks: a head's output enters a linear projection (o_proj, dense,
     Conv1D c_proj, Mamba's out_proj), so zeroing it equals zeroing its input columns there."""
