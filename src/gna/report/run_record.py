@@ -36,6 +36,7 @@ PHASE_OF_RULE_PREFIX = {
     "lm_eval": "baseline",
     "prune_": "pruning",
     "minimal_model": "pruning",
+    "case_": "MMLU case study",
     "heads_": "heads",
     "gna_": "gather & aggregate",
     "distill_": "students",
@@ -116,10 +117,19 @@ def phase_of(step: str) -> str:
 
 def phase_timings(steps: pl.DataFrame) -> pl.DataFrame:
     """Per phase (phase_of): steps, summed wall time and the largest peak RSS, plus a total row;
-    with summed layer-tokens where `steps` has them (with_work)."""
+    with summed layer-tokens, and the useful GFLOP/s and fraction of the peak of the steps that
+    count FLOPs (weighted by their time), where `steps` has them (with_work)."""
     aggs = [pl.len().alias("steps"), pl.col("seconds").sum(), pl.col("peak RSS (MB)").max()]
     if "layer-tokens (M)" in steps.columns:
         aggs.append(pl.col("layer-tokens (M)").sum())
+    for rate in ("GFLOP/s", "of peak"):  # over the steps that count FLOPs, weighted by their time
+        if rate in steps.columns:
+            counted = pl.col(rate).is_not_null()
+            aggs.append(
+                ((pl.col(rate) * pl.col("seconds")).sum() / pl.col("seconds").filter(counted).sum())
+                .fill_nan(None)  # a phase without such steps
+                .alias(rate)
+            )
     by_phase = (
         steps.with_columns(pl.col("step").map_elements(phase_of, return_dtype=pl.String).alias("phase"))
         .group_by("phase", maintain_order=True)

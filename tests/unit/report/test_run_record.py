@@ -31,6 +31,9 @@ def test_run_record_gathers_benchmark_records_and_timed_parts(tmp_path):
     peak = {"GFLOP/s": 800.0, "dtype": "bfloat16", "kernel": "oneDNN prepacked", "threads": 2, "shape": [4, 4, 4]}
     (tmp_path / "run/peak.json").write_text(json.dumps(peak))
     assert phase_timings(work).filter(pl.col("phase") == "all")["layer-tokens (M)"][0] == 2.5
+    by_phase = phase_timings(with_work(timings(bench), logs, {"GFLOP/s": 400.0})).rows_by_key("phase", named=True)
+    assert (by_phase["heads"][0]["GFLOP/s"], by_phase["heads"][0]["of peak"]) == (200.0, 0.5)
+    assert by_phase["students"][0]["GFLOP/s"] is None and by_phase["all"][0]["of peak"] == 0.5
     write_run_record(tmp_path / "run/index.html", bench, logs, {"a": 1}, REPO)
     page = (tmp_path / "run/index.html").read_text()
     for needle in (
