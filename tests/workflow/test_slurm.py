@@ -89,14 +89,21 @@ def test_smoke_baseline_runs_as_slurm_jobs_and_equals_the_local_results(tmp_path
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     print(f"baseline through SLURM in {seconds:.0f}s")
 
-    # every job that loads a model ran in SLURM; the quick model-free steps ran locally (localrules)
-    jobs = subprocess.run(
-        ["sacct", "-n", "-X", "-P", "-o", "JobID,Comment,Partition,State,AllocTRES"],
-        capture_output=True,
-        text=True,
-        env=slurm_env,
-    ).stdout.splitlines()
-    ours = [line.split("|") for line in jobs if line.split("|")[0] not in submitted]
+    # every job that loads a model ran in SLURM; the quick model-free steps ran locally (localrules).
+    # slurmdbd writes the accounting after the job ends, asynchronously: on a busy host it can lag
+    # the plugin's own status check, so read it until the jobs appear (at most 60 s)
+    deadline = time.monotonic() + 60
+    while True:
+        jobs = subprocess.run(
+            ["sacct", "-n", "-X", "-P", "-o", "JobID,Comment,Partition,State,AllocTRES"],
+            capture_output=True,
+            text=True,
+            env=slurm_env,
+        ).stdout.splitlines()
+        ours = [line.split("|") for line in jobs if line.split("|")[0] not in submitted]
+        if (ours and all(job[3] == "COMPLETED" for job in ours)) or time.monotonic() > deadline:
+            break
+        time.sleep(2)
     print("\n".join("|".join(job) for job in ours))
     # the three baseline tasks as one group job (profile `groups`): one GPU (the fake GRES here) on
     # the GPU partition, the threads and memory of one job, the three run one after another inside it
