@@ -7,6 +7,11 @@ Each choice's tokens attend to the whole context and to their own earlier tokens
 block mask), and their positions continue from the context, so every logit equals the one a
 separate forward of context + choice would give. The last token of a choice is never fed: it
 is only predicted. Items are right-padded into batches; padding attends only to itself.
+
+`pack_tree` packs several contexts that share a prefix (one fact asked under each rotation of
+its options) one level deeper: the prefix once, each context's rest as a branch that sees the
+prefix and itself, and that context's choices after it, each seeing the prefix, its branch and
+itself. Every logit is again the one a separate forward would give.
 """
 
 from __future__ import annotations
@@ -23,9 +28,12 @@ PAD = -2
 class PackedItem:
     ids: list[int]
     positions: list[int]
-    segment: list[int]  # CONTEXT, or the choice index
+    segment: list[int]  # CONTEXT, or the choice index (pack_tree: or a branch's own index)
     score_at: list[list[int]]  # per choice: packed positions whose logits predict its tokens
     targets: list[list[int]]  # per choice: the token ids predicted there
+    # per position, the segment of the branch it continues (pack_tree), which it also sees;
+    # None: none (every choice continues the context itself)
+    branch: list[int] | None = None
 
     @property
     def context_length(self) -> int:
@@ -45,6 +53,38 @@ def pack(context: list[int], choices: list[list[int]]) -> PackedItem:
         score_at.append(where)
         targets.append(list(cont))
     return PackedItem(ids, positions, segment, score_at, targets)
+
+
+def pack_tree(prefix: list[int], branches: list[tuple[list[int], list[list[int]]]]) -> PackedItem:
+    """Contexts prefix + rest that share `prefix`, each with its choices (`branches`: [(rest,
+    choices)], every rest at least one token), as one sequence: the prefix, then per context its
+    rest and its choices (as `pack` places them after a context). The choices are numbered in
+    order over the contexts (the second context's first choice follows the first context's
+    last). Segments: CONTEXT for the prefix; each rest and each choice one of its own."""
+    if not prefix or any(not rest for rest, _ in branches):
+        raise ValueError("pack_tree needs a prefix and a rest of at least one token per context")
+    ids, positions = list(prefix), list(range(len(prefix)))
+    segment, branch = [CONTEXT] * len(prefix), [CONTEXT] * len(prefix)
+    score_at, targets = [], []
+    n_choices = sum(len(choices) for _, choices in branches)
+    for b, (rest, choices) in enumerate(branches):
+        own = n_choices + b  # after every choice's index
+        start = len(ids)
+        ids += rest
+        positions += range(len(prefix), len(prefix) + len(rest))
+        segment += [own] * len(rest)
+        branch += [own] * len(rest)
+        inner = pack(list(range(len(prefix) + len(rest))), choices)  # the choices as after this context
+        for where, cont in zip(inner.score_at, choices):
+            j = len(score_at)
+            fed = where[1:]
+            score_at.append([start + len(rest) - 1] + list(range(len(ids), len(ids) + len(fed))))
+            targets.append(list(cont))
+            ids += cont[:-1]
+            positions += [inner.positions[p] for p in fed]
+            segment += [j] * len(fed)
+            branch += [own] * len(fed)
+    return PackedItem(ids, positions, segment, score_at, targets, branch)
 
 
 @dataclass
@@ -73,14 +113,16 @@ def collate(
     ids = torch.zeros(len(items), width, dtype=torch.long, device=device)
     pos = torch.zeros(len(items), width, dtype=torch.long, device=device)
     seg = torch.full((len(items), width), PAD, dtype=torch.long, device=device)
+    stem = torch.full((len(items), width), PAD, dtype=torch.long, device=device)
     for b, it in enumerate(items):
         n = len(it.ids)
         ids[b, :n] = torch.tensor(it.ids, device=device)
         pos[b, :n] = torch.tensor(it.positions, device=device)
         seg[b, :n] = torch.tensor(it.segment, device=device)
+        stem[b, :n] = torch.tensor(it.segment if it.branch is None else it.branch, device=device)
     q, k = seg[:, :, None], seg[:, None, :]
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-    allowed = causal & ((k == CONTEXT) | (k == q)) & (q != PAD)
+    allowed = causal & ((k == CONTEXT) | (k == q) | (k == stem[:, :, None])) & (q != PAD)
     allowed |= torch.eye(width, dtype=torch.bool, device=device)  # padding rows see themselves: no empty softmax
     mask = torch.zeros(len(items), 1, width, width, dtype=dtype, device=device)
     mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)

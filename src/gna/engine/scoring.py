@@ -30,7 +30,7 @@ from gna.core.chance import DEGENERACY_METRIC, DEGENERATE_AGREEMENT
 from gna.core.stats import wilson_exprs, wilson_interval
 from gna.engine.anatomy import UnsupportedModel, decoder_layers, family_of
 from gna.engine.device import device_of
-from gna.engine.packing import PackedBatch, PackedItem, collate, pack
+from gna.engine.packing import PackedBatch, PackedItem, collate, pack, pack_tree
 from gna.engine.stack import DecoderStack, check_engine, reference_scores
 
 
@@ -188,20 +188,28 @@ def score_batches(
     `forward(stack, batch, units)`, which runs the layers and returns {key: stack.readout(...)}.
     Returns {key: per_item_frame}, keys in the order `forward` first gave them. Runs under
     inference_mode, or with autograd on when `grad` (forward then does its own backward)."""
-    model, tok, batch_size, progress = scorer.model, scorer.tok, scorer.batch_size, scorer.progress
-    stack = check_engine(model)
+    stack = check_engine(scorer.model)
     units = []
-    for row, e in enumerate(encode_table(tok, table)):
+    for row, e in enumerate(encode_table(scorer.tok, table)):
         if stack.packs_choices:
             units.append(Unit(row, list(range(len(e.choices))), pack(e.context, e.choices)))
         else:
             units += [Unit(row, [j], pack(e.context, [c])) for j, c in enumerate(e.choices)]
-    n_choices = [len(c) for c in table["choices"]]
+    scores = _score_units(scorer, stack, units, [len(c) for c in table["choices"]], forward, desc, grad)
+    return {key: per_item_frame(table, values) for key, values in scores.items()}
+
+
+def _score_units(
+    scorer: Scorer, stack: DecoderStack, units: list[Unit], n_choices: list[int], forward, desc: str, grad: bool
+) -> dict[object, list]:
+    """score_batches' loop over packed `units`: {key: per row, (log-prob per choice, greedy flag
+    per choice)}; n_choices: each row's number of choices."""
+    model, batch_size, progress = scorer.model, scorer.batch_size, scorer.progress
     scores: dict[object, list] = {}
     dtype, device = next(model.parameters()).dtype, device_of(model)
     with (
         torch.enable_grad() if grad else torch.inference_mode(),
-        tqdm(total=len(table), desc=desc, disable=not progress, mininterval=2.0, unit="item") as bar,
+        tqdm(total=len(n_choices), desc=desc, disable=not progress, mininterval=2.0, unit="item") as bar,
     ):
         for batch_units in _batches(units, batch_size):
             batch = collate([u.item for u in batch_units], dtype, device)
@@ -212,7 +220,50 @@ def score_batches(
                         per_item[unit.row][0][j] = total
                         per_item[unit.row][1][j] = flag
             bar.update(sum(1 for u in batch_units if u.choices[-1] == n_choices[u.row] - 1))
-    return {key: per_item_frame(table, values) for key, values in scores.items()}
+    return scores
+
+
+def shared_prefix(contexts: list[list[int]]) -> int:
+    """How many leading tokens `contexts` share, leaving each at least one of its own."""
+    first, most = contexts[0], min(len(c) for c in contexts) - 1
+    return next((i for i in range(most) if any(c[i] != first[i] for c in contexts)), most)
+
+
+def score_as_tree(scorer: Scorer, tables: list[pl.DataFrame], desc: str = "scoring") -> list[pl.DataFrame]:
+    """score_table of each of `tables`, which ask the same items in the same order with contexts
+    that share a prefix (one fact under each rotation of its options): each item's contexts and
+    their choices packed as one tree (gna.engine.packing.pack_tree), so the shared prefix runs
+    once. Within rounding of scoring each table alone (other batches; tested). A model whose
+    layers do not pack choices scores each table alone."""
+    stack = check_engine(scorer.model)
+    if not stack.packs_choices or len(tables) < 2:
+        return [score_table(scorer, t, desc) for t in tables]
+    ids = [t["item_id"].to_list() for t in tables]
+    if any(other != ids[0] for other in ids[1:]):
+        raise ValueError("score_as_tree: the tables do not ask the same items in the same order")
+    encoded = [encode_table(scorer.tok, t) for t in tables]
+    items = list(zip(*encoded))
+    shared = [shared_prefix([e.context for e in contexts]) for contexts in items]
+    if 0 in shared:  # an item whose contexts differ from their first token: no tree to share
+        return [score_table(scorer, t, desc) for t in tables]
+    units, n_choices = [], []
+    for row, (contexts, n) in enumerate(zip(items, shared)):
+        if len({len(e.choices) for e in contexts}) > 1:
+            raise ValueError(f"score_as_tree: the tables give item {ids[0][row]!r} different numbers of choices")
+        n_choices.append(sum(len(e.choices) for e in contexts))
+        branches = [(e.context[n:], e.choices) for e in contexts]
+        units.append(Unit(row, list(range(n_choices[-1])), pack_tree(contexts[0].context[:n], branches)))
+
+    def forward(stack, batch, units):
+        run = stack.record(batch, keep=set(), read_only=scorer.read_rows_only)
+        return {None: stack.readout(run.final, batch)}
+
+    values = _score_units(scorer, stack, units, n_choices, forward, desc, False)[None]
+    frames = []
+    for t, table in enumerate(tables):
+        own = [slice(t * len(e.choices), (t + 1) * len(e.choices)) for e in encoded[t]]
+        frames.append(per_item_frame(table, [(totals[s], greedy[s]) for (totals, greedy), s in zip(values, own)]))
+    return frames
 
 
 def score_table(

@@ -22,7 +22,7 @@ from gna.core.chance import above_chance, chance_accuracy
 from gna.core.io import read_parquet, write_parquet
 from gna.core.settings import Evaluation, Files, RuleSettings
 from gna.core.stats import wilson_interval
-from gna.engine.scoring import Scorer, known_items, score_table, starts_with_bos
+from gna.engine.scoring import Scorer, known_items, score_as_tree, starts_with_bos
 from gna.models.prepare import load_model
 from gna.tasks.facts import LETTERS, ChoiceForm, FactSelection, build_facts, repeats_solved_answer
 
@@ -45,14 +45,21 @@ def chat_renderer(tok):
     return render
 
 
-def scores_of(scorer: Scorer, table: pl.DataFrame, earlier: list[tuple[pl.DataFrame, pl.DataFrame]]) -> pl.DataFrame:
-    """The scorer's model's per-item scores on `table`: read from `earlier` [(task table, its
-    per-item scores)] where one holds the same prompts (the task's own formats, scored by the
-    baseline), else scored (no progress bar)."""
-    for task_table, items in earlier:
-        if task_table.select(PROMPT).equals(table.select(PROMPT)):
-            return known_items(table, items)
-    return score_table(replace(scorer, progress=False), table)
+def scores_of(
+    scorer: Scorer, tables: list[pl.DataFrame], earlier: list[tuple[pl.DataFrame, pl.DataFrame]]
+) -> list[pl.DataFrame]:
+    """The scorer's model's per-item scores on each of `tables` (one form's rotations): read from
+    `earlier` [(task table, its per-item scores)] where one holds the same prompts (the task's own
+    formats, scored by the baseline), the others scored together (score_as_tree: a fact's rotations
+    share their prompt's start; no progress bar)."""
+
+    def known(table):
+        held = [items for task_table, items in earlier if task_table.select(PROMPT).equals(table.select(PROMPT))]
+        return known_items(table, held[0]) if held else None
+
+    found = [known(t) for t in tables]
+    scored = iter(score_as_tree(replace(scorer, progress=False), [t for t, f in zip(tables, found) if f is None]))
+    return [f if f is not None else next(scored) for f in found]
 
 
 def form_row(tables: list[pl.DataFrame], scored: list[pl.DataFrame], tok) -> dict:
@@ -163,14 +170,20 @@ def compare_formats(
         if note:
             rows.append(row | {"n": 0})
             return
+
+        def rotated():
+            return [build("choice", replace(form, rotation=r), split) for r in range(1, len(LETTERS))]
+
         tables = [build("choice", form, split) if form else build("cloze")]
-        scored = [scores_of(scorer, tables[0], earlier)]
+        if form and circular:  # the four rotations asked at once
+            tables += rotated()
+        scored = scores_of(scorer, tables, earlier)
         low = wilson_interval(int(scored[0]["correct"].sum()), len(scored[0]))[0]
-        if form and (circular or (circular is None and above_chance(low, chance_accuracy(tables[0])))):
-            tables += [build("choice", replace(form, rotation=r), split) for r in range(1, len(LETTERS))]
-            scored += [scores_of(scorer, t, earlier) for t in tables[1:]]
-            if split == "dev":
-                passed[row["form"]] = circular_items(scored)
+        if form and circular is None and above_chance(low, chance_accuracy(tables[0])):
+            tables += rotated()
+            scored += scores_of(scorer, tables[1:], earlier)
+        if len(tables) > 1 and split == "dev":
+            passed[row["form"]] = circular_items(scored)
         rows.append(row | form_row(tables, scored, tok))
         log.info(
             "%s, %s: acc %.3f [%.3f, %.3f], circular %s",

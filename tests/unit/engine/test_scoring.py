@@ -174,3 +174,35 @@ def test_per_item_scores_keep_the_facts_relation_and_copyable_flag(tiny_llama):
     kv_items = score_table(Scorer(model, tok, progress=False), kv)
     assert kv_items.select(*ITEM_ATTRIBUTES).null_count().row(0) == (len(kv), len(kv))
     assert pl.concat([kv_items, items]).height == len(kv) + len(cloze)  # the tasks' frames stack
+
+
+def test_a_packed_tree_shows_each_choice_exactly_its_own_sequence():
+    """pack_tree: every choice's read rows see, through the collated mask, exactly the tokens of
+    its own context (prefix + rest) and its own earlier tokens, at the positions a separate
+    forward gives them; padding sees only itself."""
+    import torch
+
+    from gna.engine.packing import collate, pack, pack_tree
+
+    prefix = [1, 2, 3]
+    branches = [([4, 5], [[20], [21]]), ([6], [[22, 23, 24], [25]]), ([7, 8, 9], [[26, 27]])]
+    tree = pack_tree(prefix, branches)
+    plain = pack([0, 1], [[5, 6]])  # a shorter item: padding in the batch
+    batch = collate([tree, plain])
+    visible = batch.mask[0, 0] == 0
+    ids, positions = batch.ids[0].tolist(), batch.positions[0].tolist()
+    choices = [(prefix + rest, cont) for rest, conts in branches for cont in conts]
+    assert len(tree.score_at) == len(choices) == len(tree.targets)
+    for (context, cont), rows, targets in zip(choices, tree.score_at, tree.targets):
+        assert targets == cont
+        sequence = context + cont[:-1]
+        for t, row in enumerate(rows):  # the row predicting token t of the choice
+            seen = visible[row].nonzero().flatten().tolist()
+            assert [ids[p] for p in seen] == sequence[: len(context) + t]
+            assert [positions[p] for p in seen] == list(range(len(context) + t))
+    pad = batch.mask[1, 0] == 0
+    width = len(plain.ids)
+    assert all(pad[p].nonzero().flatten().tolist() == [p] for p in range(width, pad.shape[0]))
+    assert torch.equal(pad[:width, :width], collate([plain]).mask[0, 0] == 0)
+    with pytest.raises(ValueError, match="prefix"):
+        pack_tree([], branches)

@@ -147,6 +147,54 @@ def test_the_last_layer_at_the_read_rows_only_reads_out_as_the_full_layer(family
         assert torch.allclose(fast[read], full[read], atol=1e-5) and not torch.allclose(fast[~read], full[~read])
 
 
+def _rotations():
+    """One fact table under each rotation of its options (letter answers after a solved example,
+    and option-text answers: one-token and several-token choices)."""
+    from dataclasses import replace
+
+    from conftest import MINI_MMLU
+
+    from gna.tasks.facts import ChoiceForm, FactSelection, build_facts, read_local_facts
+
+    facts = read_local_facts(MINI_MMLU.parent / "mini_facts.csv")
+    selection = FactSelection(("capital", "symbol"), 2, seed=1)
+    return {
+        answer: [
+            build_facts(facts, selection, "choice", replace(ChoiceForm(answer=answer, shots=shots), rotation=r))
+            for r in range(4)
+        ]
+        for answer, shots in (("letter", 1), ("text", 0))
+    }
+
+
+def test_contexts_packed_as_one_tree_score_as_each_table_alone(family):
+    """score_as_tree (a fact's rotations: the shared prefix runs once) gives every table's scores
+    within float32 rounding of scoring it alone (the reference), with the same predictions, for
+    fewer layer-tokens where the model packs choices; a model that does not scores each alone."""
+    from gna.engine.scoring import score_as_tree
+
+    arch, model, tok = family
+    scorer = Scorer(model, tok, batch_size=3, progress=False)
+    rotations = _rotations()
+    packs = DecoderStack(model).packs_choices
+    if not packs:  # scored table by table: one form, two rotations show it
+        rotations = {"letter": rotations["letter"][:2]}
+    score_table(scorer, rotations["letter"][0].head(1))  # a first pass may count a probe of the stack
+    for answer, tables in rotations.items():
+        work.reset()
+        alone = [score_table(scorer, t) for t in tables]
+        separately = work.layer_tokens()
+        work.reset()
+        together = score_as_tree(scorer, tables)
+        for a, b in zip(together, alone):
+            assert a.drop("logprobs", "logp_target").equals(b.drop("logprobs", "logp_target")), answer
+            assert np.abs(_flat(a) - _flat(b)).max() <= 1e-5, answer
+        if packs:
+            assert work.layer_tokens() < 0.9 * separately, answer
+        else:
+            assert work.layer_tokens() == separately
+
+
 def test_ablating_a_head_equals_zeroing_its_slice_of_the_projection_weights(family):
     """Independent of the hooks: a head's output enters a linear projection (o_proj, dense,
     Conv1D c_proj, Mamba's out_proj), so zeroing it equals zeroing its input columns there."""
