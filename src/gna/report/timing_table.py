@@ -10,6 +10,9 @@ table is the one the kept records give.
     python -m gna.report.timing_table keep data/run/record.json docs/runs   # keep a run's record
     python -m gna.report.timing_table write docs/runs README.md             # the README's table
     python -m gna.report.timing_table check docs/runs README.md             # is it up to date?
+    python -m gna.report.timing_table compare BEFORE.json AFTER.json 'distill_*' 'hybrid_*'
+                                        # two runs of one host, step by step (a kept record's
+                                        # earlier version: git show <commit>:docs/runs/<file>)
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from fnmatch import fnmatch
 from pathlib import Path
 
 from gna.core.io import write_text
@@ -111,8 +115,64 @@ def record_name(record: dict) -> str:
     return re.sub(r"[^a-z0-9]+", "-", f"{record['cpu']} {record['kernels']}".lower()).strip("-") + ".json"
 
 
+def _host(record: dict) -> tuple:
+    return record["cpu"], record["kernels"], record["cpu_count"], bool(record.get("cuda"))
+
+
+def comparison(before: dict, after: dict, patterns: tuple[str, ...] = ("*",)) -> str:
+    """Two run records of one host in Markdown: each step either holds whose name matches one of
+    `patterns` (fnmatch: 'distill_*'), with its seconds before and after, the speed-up (before /
+    after), its layer-tokens before and after (where they differ, work was cut, not only sped up)
+    and its useful GFLOP/s after; then the steps both hold, summed. Refuses records of two kinds
+    of machine: a speed-up is one host's."""
+    if _host(before) != _host(after):
+        raise ValueError(f"two kinds of machine: {_host(before)} before, {_host(after)} after")
+    steps = [
+        {s["step"]: s for s in r["steps"] if any(fnmatch(s["step"], p) for p in patterns)} for r in (before, after)
+    ]
+    names = sorted(set(steps[0]) | set(steps[1]))
+    if not names:
+        raise ValueError(f"no step of either record matches {' or '.join(patterns)}")
+
+    def cell(value, fmt):
+        return "–" if value is None else format(value, fmt)
+
+    head = ["step", "s before", "s after", "speed-up", "layer-tokens (M) before", "after", "GFLOP/s after"]
+    lines = [
+        f"{before['cpu']}, {before['kernels']}, {before['cpu_count']} cores: before {str(before['git commit'])[:7]} "
+        f"({before['written']}), after {str(after['git commit'])[:7]} ({after['written']})",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|---|" + "---:|" * (len(head) - 1),
+    ]
+    both = [n for n in names if n in steps[0] and n in steps[1]]
+    for name in names:
+        old, new = steps[0].get(name, {}), steps[1].get(name, {})
+        ratio = old["seconds"] / new["seconds"] if old and new and new["seconds"] else None
+        cells = [name, cell(old.get("seconds"), ".1f"), cell(new.get("seconds"), ".1f"), cell(ratio, ".2f")]
+        cells += [cell(old.get("layer-tokens (M)"), ".3f"), cell(new.get("layer-tokens (M)"), ".3f")]
+        lines.append("| " + " | ".join([*cells, cell(new.get("GFLOP/s"), ".0f")]) + " |")
+    old_s, new_s = (sum(steps[i][n]["seconds"] for n in both) for i in (0, 1))
+    total = f"{old_s / new_s:.2f}" if new_s else "–"
+    lines.append(f"| **{len(both)} steps in both** | {old_s:.1f} | {new_s:.1f} | **{total}** | | | |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if len(args) >= 3 and args[0] == "compare":
+        paths = [Path(a) for a in args[1:3]]
+        missing = [str(p) for p in paths if not p.is_file()]
+        if missing:
+            print(f"{', '.join(missing)}: no run record", file=sys.stderr)
+            return 2
+        before, after = (json.loads(p.read_text()) for p in paths)
+        try:
+            print(comparison(before, after, tuple(args[3:]) or ("*",)))
+        except ValueError as err:
+            print(f"{paths[0]}, {paths[1]}: {err}", file=sys.stderr)
+            return 2
+        return 0
     if len(args) != 3 or args[0] not in ("keep", "write", "check"):
         print(__doc__, file=sys.stderr)
         return 2

@@ -6,7 +6,17 @@ import json
 import pytest
 from conftest import REPO
 
-from gna.report.timing_table import BEGIN, END, main, markdown, model_of, read_records, summary, with_table
+from gna.report.timing_table import (
+    BEGIN,
+    END,
+    comparison,
+    main,
+    markdown,
+    model_of,
+    read_records,
+    summary,
+    with_table,
+)
 
 
 def record(cpu: str, kernels: str, steps: list[tuple]) -> dict:
@@ -101,3 +111,48 @@ def test_keep_write_and_check_the_readme_table(tmp_path, capsys):
 def test_the_readmes_table_is_the_one_the_kept_records_give():
     readme = (REPO / "README.md").read_text()
     assert with_table(readme, markdown(read_records(REPO / "docs" / "runs"))) == readme
+
+
+def test_two_runs_of_one_host_compare_step_by_step_and_two_hosts_are_refused(tmp_path, capsys):
+    """compare: the matching steps' seconds before and after, their speed-up and layer-tokens (a
+    work cut shows there), a step of one record only with dashes, the sum over the steps both hold;
+    records of two kinds of machine are refused, as is a pattern nothing matches."""
+    before = record(
+        "Intel Xeon, family 6",
+        "AMX",
+        [
+            ("distill_kd/small-k0-n16", 100.0, 1.0, 2.0),
+            ("hybrid_score/small-k0-n16", 50.0, 1.0, 1.0),
+            ("report", 9.0, 1.0, None),
+        ],
+    )
+    after = record(
+        "Intel Xeon, family 6",
+        "AMX",
+        [
+            ("distill_kd/small-k0-n16", 40.0, 1.0, 2.0),
+            ("hybrid_score/small-k0-n16", 35.0, 1.0, 0.5),
+            ("hybrid_memory/small", 5.0, 1.0, None),
+        ],
+    )
+    table = comparison(before, after, ("distill_*", "hybrid_*"))
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| ")}
+    assert "report" not in rows
+    assert "| 100.0 | 40.0 | 2.50 | 2.000 | 2.000 |" in rows["distill_kd/small-k0-n16"]
+    assert "| 50.0 | 35.0 | 1.43 | 1.000 | 0.500 |" in rows["hybrid_score/small-k0-n16"]
+    assert "| – | 5.0 | – |" in rows["hybrid_memory/small"]
+    assert "| 150.0 | 75.0 | **2.00** |" in rows["**2 steps in both**"]
+    with pytest.raises(ValueError, match="two kinds of machine"):
+        comparison(before, ZEN4)
+    with pytest.raises(ValueError, match="no step"):
+        comparison(before, after, ("prune_*",))
+    paths = []
+    for name, r in (("before", before), ("after", after)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(r))
+    assert main(["compare", *map(str, paths), "distill_*"]) == 0
+    assert "distill_kd/small-k0-n16" in capsys.readouterr().out
+    assert main(["compare", str(paths[0]), str(tmp_path / "none.json")]) == 2
+    (tmp_path / "zen4.json").write_text(json.dumps(ZEN4))
+    assert main(["compare", str(paths[0]), str(tmp_path / "zen4.json")]) == 2
+    assert "two kinds of machine" in capsys.readouterr().err
