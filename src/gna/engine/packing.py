@@ -74,15 +74,14 @@ def pack_tree(prefix: list[int], branches: list[tuple[list[int], list[list[int]]
         positions += range(len(prefix), len(prefix) + len(rest))
         segment += [own] * len(rest)
         branch += [own] * len(rest)
-        inner = pack(list(range(len(prefix) + len(rest))), choices)  # the choices as after this context
-        for where, cont in zip(inner.score_at, choices):
-            j = len(score_at)
-            fed = where[1:]
-            score_at.append([start + len(rest) - 1] + list(range(len(ids), len(ids) + len(fed))))
+        after = len(prefix) + len(rest)  # the position a choice's first token takes
+        for cont in choices:  # as `pack` places them after a context
+            fed = cont[:-1]
+            segment += [len(score_at)] * len(fed)
+            score_at.append([start + len(rest) - 1, *range(len(ids), len(ids) + len(fed))])
             targets.append(list(cont))
-            ids += cont[:-1]
-            positions += [inner.positions[p] for p in fed]
-            segment += [j] * len(fed)
+            ids += fed
+            positions += range(after, after + len(fed))
             branch += [own] * len(fed)
     return PackedItem(ids, positions, segment, score_at, targets, branch)
 
@@ -113,16 +112,16 @@ def collate(
     ids = torch.zeros(len(items), width, dtype=torch.long, device=device)
     pos = torch.zeros(len(items), width, dtype=torch.long, device=device)
     seg = torch.full((len(items), width), PAD, dtype=torch.long, device=device)
-    stem = torch.full((len(items), width), PAD, dtype=torch.long, device=device)
+    branch = torch.full((len(items), width), PAD, dtype=torch.long, device=device)
     for b, it in enumerate(items):
         n = len(it.ids)
         ids[b, :n] = torch.tensor(it.ids, device=device)
         pos[b, :n] = torch.tensor(it.positions, device=device)
         seg[b, :n] = torch.tensor(it.segment, device=device)
-        stem[b, :n] = torch.tensor(it.segment if it.branch is None else it.branch, device=device)
+        branch[b, :n] = torch.tensor(it.segment if it.branch is None else it.branch, device=device)
     q, k = seg[:, :, None], seg[:, None, :]
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-    allowed = causal & ((k == CONTEXT) | (k == q) | (k == stem[:, :, None])) & (q != PAD)
+    allowed = causal & ((k == CONTEXT) | (k == q) | (k == branch[:, :, None])) & (q != PAD)
     allowed |= torch.eye(width, dtype=torch.bool, device=device)  # padding rows see themselves: no empty softmax
     mask = torch.zeros(len(items), 1, width, width, dtype=dtype, device=device)
     mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
