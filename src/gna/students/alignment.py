@@ -131,7 +131,8 @@ def align_layers(
     targets = attention_targets(base, ms, hidden, batch)
     curve = []
     warmup = warmup_steps(steps, align.warmup)
-    mixer_flops = sum(work.linear_flops(m) for m in ms)  # per token; the scans' own FLOPs are not counted
+    # per token: the SSM projections (the teacher's q/k/v/o do not run in a step); the scans' own FLOPs are not counted
+    mixer_flops = sum(work.linear_flops(p) for m in ms for p in m.ssm_projections)
     with tqdm(range(steps), desc=f"align n={state_size}", disable=not progress, mininterval=2.0) as bar:
         for step in bar:
             for g in opt.param_groups:
@@ -235,7 +236,8 @@ def realign_in_context(
                 for g in opt.param_groups:
                     g["lr"] = lr * lr_schedule(step, steps, warmup)
                 pick = torch.randperm(n_seq, generator=rng, device="cpu")[:batch].to(u.device)
-                work.add(len(pick) * length, 1, work.TRAINING * len(pick) * length * work.linear_flops(m))
+                flops = work.TRAINING * len(pick) * length * sum(work.linear_flops(p) for p in m.ssm_projections)
+                work.add(len(pick) * length, 1, flops)
                 opt.zero_grad(set_to_none=True)
                 _fit_error(m, u, target, metric, pick, compute_dtype).backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -309,6 +309,12 @@ class HybridMixer(nn.Module):
                 named[f"{key}.bias"] = bias
         return named
 
+    @property
+    def ssm_projections(self) -> list[nn.Linear]:
+        """The SSM heads' five projections of the layer input (x, B, C, decay, first-token share),
+        in the order ssm_inputs multiplies them as one matmul."""
+        return [self.x_proj, self.B_proj, self.C_proj, self.decay_proj, self.sink_proj]
+
     def ssm_params(self) -> list[nn.Parameter]:
         """The trainable SSM parameters (without the first-token share's when it is switched off)."""
         return [v for k, v in self.ssm_state().items() if self.first_token_share or not k.startswith("sink_proj")]
@@ -397,9 +403,7 @@ class HybridMixer(nn.Module):
         (linear_group)."""
         b, length, _ = u.shape
         s, n, p = len(self.ssm_heads), self.state_size, self.head_dim
-        x, Bm, Cm, decay, sink = linear_group(
-            [self.x_proj, self.B_proj, self.C_proj, self.decay_proj, self.sink_proj], self.ssm_dtype(u)
-        )
+        x, Bm, Cm, decay, sink = linear_group(self.ssm_projections, self.ssm_dtype(u))
         x, Bm, Cm = x.reshape(b, length, s, p), Bm.reshape(b, length, s, n), Cm.reshape(b, length, s, n)
         log_a = -F.softplus(decay)
         share = torch.sigmoid(sink) if self.first_token_share else torch.zeros_like(sink)

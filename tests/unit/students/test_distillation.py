@@ -482,8 +482,9 @@ def test_teacher_states_past_float16_are_kept_in_float32_and_align(tiny_llama):
 
 def test_the_distillation_stages_count_their_layer_tokens(tiny_llama):
     """The run record's work counts (gna.core.work) of the three distillation stages: the
-    teacher's forward over every window, each alignment step's batch through every layer, each KD
-    step's batch through the student's decoder."""
+    teacher's forward over every window, each alignment step's batch through every layer (its
+    FLOPs those of the SSM projections alone, forward and backward: the teacher's q/k/v/o do not
+    run in a step), each KD step's batch through the student's decoder."""
     from gna.core import work
 
     model, _ = tiny_llama
@@ -495,6 +496,10 @@ def test_the_distillation_stages_count_their_layer_tokens(tiny_llama):
     work.reset()
     align_layers(model, acts["hidden"], 4, Align(steps=3, batch=2, lr=1e-3), 0, False)
     assert work.layer_tokens() == 3 * 2 * length * layers
+    ssm = mixers(make_hybrid(copy.deepcopy(model), [], 4))
+    per_token = sum(2 * p.weight.numel() for m in ssm for p in m.ssm_projections)
+    assert per_token < sum(2 * p.weight.numel() for m in ssm for p in m.modules() if isinstance(p, torch.nn.Linear))
+    assert work.useful_flops() == work.TRAINING * 3 * 2 * length * per_token
     work.reset()
     student = make_hybrid(copy.deepcopy(model), [(1, 0)], 4)
     targets = {"ids": ids, "top_logp": acts["top_logp"], "top_idx": acts["top_idx"], "weights": None}
