@@ -6,7 +6,8 @@ KD step of the pipeline's own code, by the torch profiler's self time per operat
         [--state-size 16] [--heads-kept 10] [--seq-len 256] [--batch 4] [--compute-dtype bfloat16]
         [--align-steps 4] [--threads 2]
 
-Uses the prepared model where `make reproduce` made it (else a tiny random Llama) and random
+Uses the prepared model where `make reproduce` made it (else a tiny random Llama; `--shapes-only`:
+random weights of its config.json's shapes, for a machine without the weights) and random
 windows (the time does not depend on the tokens); alignment's step is the difference between
 1 + `--align-steps` steps and 1, per step: its set-up, once per state size, cancels out.
 `--compute-dtype bfloat16` is the default config's;
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import torch
 from _common import model_or_tiny
@@ -30,6 +32,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from gna.core import work
 from gna.engine.precision import COMPUTE_DTYPES, frozen_weights_in, training_dtype
+from gna.models.tiny import shaped_random_model
 from gna.students.alignment import Align, align_layers
 from gna.students.kd import KDBatch, kd_backward
 from gna.students.mixer import mixers
@@ -80,8 +83,14 @@ def main() -> dict:
     ap.add_argument("--compute-dtype", default="bfloat16", choices=sorted(COMPUTE_DTYPES))
     ap.add_argument("--align-steps", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--shapes-only", action="store_true", help="random weights of the model's config.json")
     args = ap.parse_args()
-    model, _, name = model_or_tiny(args.model_dir, args.threads)
+    if args.shapes_only:
+        torch.set_num_threads(args.threads)
+        layers = json.loads(Path(args.model_dir, "config.json").read_text())["num_hidden_layers"]
+        model, name = shaped_random_model(args.model_dir, layers), f"{Path(args.model_dir).name} (random weights)"
+    else:
+        model, _, name = model_or_tiny(args.model_dir, args.threads)
     model.float().eval()
     cfg = model.config
     dtype = training_dtype(torch.device("cpu"), args.compute_dtype, "benchmark")

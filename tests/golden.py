@@ -25,6 +25,9 @@ gradient by more than 1e-3 (tests/unit/students/test_distillation.py). So they a
   magnitude, in SPREAD_K reruns of the student chain on the recording CPU with the teacher's
   embeddings moved by one ulp (`record_spread`), and never below 1e-3; the columns that such a
   rerun changed though they hold no floats (a chosen checkpoint's step) are not compared there.
+  A comparisons table's sign-test counts and median log-prob change keep their CPU slack, widened to
+  SPREAD_FACTOR times their largest move in those reruns (in items and in nats: `sign` in the file's
+  entry), since a trained student's per-item log-probs move further than between two CPU kinds.
 CPU kinds keep 1e-3, and the recording kind bit for bit.
 
     python tests/golden.py refresh WORKDIR   # store the results of a finished smoke run in WORKDIR
@@ -76,12 +79,15 @@ def sign_slack(n: int) -> int:
     return max(2, math.ceil(0.05 * n))
 
 
-def sign_counts_close(actual: pl.DataFrame, expected: pl.DataFrame) -> None:
+def sign_counts_close(actual: pl.DataFrame, expected: pl.DataFrame, moved: dict | None = None) -> None:
     """Assert each row's log-prob sign counts within sign_slack of the golden ones and its median change
-    within MEDIAN_SLACK nats (nulls where they are null); raises AssertionError naming the column, the
-    row and both values."""
-    items = [(sign_slack(m), "items") for m in expected["logp_n"].to_list()]
-    slacks = {column: items for column in SIGN_COUNTS} | {"logp_median_diff": [(MEDIAN_SLACK, "nats")] * len(items)}
+    within MEDIAN_SLACK nats (nulls where they are null), each widened to `moved` where given (a
+    device's student: {"items": ..., "nats": ...}, device_spread's `sign`); raises AssertionError
+    naming the column, the row and both values."""
+    moved = moved or {}
+    items = [(max(sign_slack(m), moved.get("items", 0)), "items") for m in expected["logp_n"].to_list()]
+    nats = max(MEDIAN_SLACK, moved.get("nats", 0.0))
+    slacks = {column: items for column in SIGN_COUNTS} | {"logp_median_diff": [(nats, "nats")] * len(items)}
     for column, allowed in slacks.items():
         a, e = actual[column], expected[column]
         if not a.is_null().equals(e.is_null()):
@@ -256,7 +262,7 @@ def check(name: str, actual: pl.DataFrame, expected: pl.DataFrame, same_kind: bo
     rtol = STUDENT_RTOL if trained(name) else TEACHER_RTOL
     try:
         if set(SIGN_COUNTS) <= set(expected.columns) and actual.columns == expected.columns:
-            sign_counts_close(actual, expected)
+            sign_counts_close(actual, expected, (spread or {}).get("sign") if trained(name) else None)
             actual, expected = (frame.drop(*SIGN_COUNTS, *SIGN_P, "logp_median_diff") for frame in (actual, expected))
         if spread and trained(name):
             varies = [c for c in spread.get("varies", []) if c in expected.columns]
@@ -440,6 +446,7 @@ def record_spread(
     names = [name for name in _written_results(plan, rules) if trained(name)]  # a rule's teacher jobs keep 1e-4
     moves: dict[str, dict[str, float]] = {name: {} for name in names}
     varies: dict[str, set[str]] = {name: set() for name in names}
+    sign: dict[str, dict[str, float]] = {}
     for rerun in range(k):
         workdir = _seeded(Path(root) / f"rerun-{rerun}", inputs_dir, rules, plan)
         _nudged_teacher(workdir, plan, rerun)
@@ -448,11 +455,14 @@ def record_spread(
         if failed:
             raise RuntimeError(f"spread rerun {rerun}: jobs did not succeed: {failed}")
         for name in names:
-            for column, move in _relative_moves(stable(pl.read_parquet(workdir / "data" / name)), golden[name]).items():
+            rerun_frame = stable(pl.read_parquet(workdir / "data" / name))
+            for column, move in _relative_moves(rerun_frame, golden[name]).items():
                 if move is None:
                     varies[name].add(column)
                 else:
                     moves[name][column] = max(moves[name].get(column, 0.0), move)
+            for unit, move in _sign_moves(rerun_frame, golden[name]).items():
+                sign.setdefault(name, {})[unit] = max(sign.get(name, {}).get(unit, 0.0), move)
     spread = {
         "measured_on": cpu_kind(),
         "reruns": k,
@@ -466,12 +476,31 @@ def record_spread(
                 "varies": sorted(varies[name]),
                 "largest_move": {c: float(f"{m:.3g}") for c, m in sorted(moves[name].items())},
             }
+            | ({"sign": _sign_slack(sign[name])} if name in sign else {})
             for name in names
         },
     }
     write_json = Path(golden_dir) / DEVICE_SPREAD
     write_json.write_text(json.dumps(spread, indent=1) + "\n")
     return spread
+
+
+def _sign_moves(actual: pl.DataFrame, expected: pl.DataFrame) -> dict[str, float]:
+    """A rerun's largest move of a comparisons table's sign-test counts (items) and median log-prob
+    change (nats), rows where both are set; {} for a frame without them or whose rows differ."""
+    if not set(SIGN_COUNTS) <= set(expected.columns) or actual.height != expected.height:
+        return {}
+
+    def largest(columns) -> float:
+        gaps = [abs(x - y) for c in columns for x, y in zip(actual[c], expected[c]) if x is not None and y is not None]
+        return float(max(gaps, default=0.0))
+
+    return {"items": largest(SIGN_COUNTS), "nats": largest(["logp_median_diff"])}
+
+
+def _sign_slack(moves: dict[str, float]) -> dict[str, float]:
+    """SPREAD_FACTOR times the sign columns' largest moves: whole items, nats to 3 digits."""
+    return {"items": math.ceil(SPREAD_FACTOR * moves["items"]), "nats": float(f"{SPREAD_FACTOR * moves['nats']:.3g}")}
 
 
 def _relative_moves(actual: pl.DataFrame, expected: pl.DataFrame) -> dict[str, float | None]:

@@ -274,7 +274,7 @@ def test_on_a_device_a_students_columns_are_judged_by_the_recorded_spread(run_da
     """device_spread.json says how it was recorded and gives each student column its tolerance; on a
     device that tolerance holds at half and fails at one and a half, a column a rerun changed is not
     compared there, and on another CPU kind every student column keeps 1e-3."""
-    from golden import STUDENT_RTOL, check, device_spread, is_device, trained
+    from golden import MEDIAN_SLACK, STUDENT_RTOL, check, device_spread, is_device, trained
 
     spread = device_spread()
     assert spread["reruns"] >= 4 and spread["measured_on"] == recorded_kind() and "one-ulp" in spread["rule"]
@@ -318,6 +318,17 @@ def test_on_a_device_a_students_columns_are_judged_by_the_recorded_spread(run_da
     assert check(name, changed, frame, False, free) == "within the device spread"
     with pytest.raises(AssertionError, match="k2-n8.parquet"):
         check(name, changed, frame, False)
+    # a students' comparison: its median log-prob change judged by the reruns' move, wider than a CPU kind's
+    name = "results/hybrid/tiny-llama/comparisons.parquet"
+    entry, frame = spread["files"][name], golden[name]
+    assert entry["sign"]["nats"] > 2 * MEDIAN_SLACK
+    row = int(frame["logp_median_diff"].is_not_null().arg_max())
+    moved = _moved(frame, "logp_median_diff", row, 0.5 * entry["sign"]["nats"])
+    assert check(name, moved, frame, False, entry) == "within the device spread"
+    with pytest.raises(AssertionError, match="column 'logp_median_diff'"):
+        check(name, moved, frame, False)
+    with pytest.raises(AssertionError, match="column 'logp_median_diff'"):
+        check(name, _moved(frame, "logp_median_diff", row, 1.5 * entry["sign"]["nats"]), frame, False, entry)
 
 
 @pytest.mark.slow

@@ -67,8 +67,8 @@ def test_soft_capped_models_load_eager_under_older_transformers(older_transforme
     assert model.config._attn_implementation == "eager"
     assert tiny_random_model(GEMMA2)[0].config._attn_implementation == "eager"
     ids = torch.tensor([tok(KV["context"][0]).input_ids])
-    with torch.no_grad():
-        dropped = (plain(ids).logits - model(ids).logits).abs().max().item()
+    with torch.no_grad():  # the loader puts `model` on the suite's device; `plain` stays on the CPU
+        dropped = (plain(ids).logits - model(ids.to(model.device)).logits.cpu()).abs().max().item()
     # what the patch costs where a loader keeps sdpa (measured: 0.56 here; 3.6e-3 on 5.17 at Gemma 2's cap)
     assert dropped > 1e-4
     teacher = _flat(score_table(Scorer(model, tok, progress=False), KV))
