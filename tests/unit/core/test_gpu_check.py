@@ -22,6 +22,7 @@ from gpu_check import (  # noqa: E402
     MARGIN_S,
     UNIT_TESTS,
     minimum_transformers,
+    not_replayed,
     plan,
     transformers_refused,
 )
@@ -113,3 +114,17 @@ def test_the_check_on_the_cpu_records_versions_plan_durations_and_a_hang_by_name
     assert hang["test"].endswith("test_hangs") and "per-test alarm" in hang["message"]
     seconds = {d["test"].split("::")[-1]: d["s"] for d in part["durations"]}
     assert set(seconds) == {"test_ok", "test_hangs"} and 4 < seconds["test_hangs"] < 30
+
+
+def test_a_file_of_a_job_not_replayed_is_not_a_difference_but_a_failed_jobs_is():
+    from gna.core.replay import job_label, read_plan
+
+    jobs = read_plan(REPO / "tests" / "data" / "smoke_plan.json")["jobs"]
+    by_rule = {job["rule"]: job for job in jobs}
+    skipped, failed = by_rule["lm_eval_crosscheck"], by_rule["collect_baseline"]
+    names = [p.removeprefix("data/") for job in (skipped, failed) for p in job["output"]["items"]]
+    files = dict.fromkeys(names, "missing") | {"results/other.parquet": "bit for bit"}
+    records = [{"label": job_label(skipped), "status": "skipped"}, {"label": job_label(failed), "status": "failed"}]
+    marked = not_replayed(files, records, jobs)
+    assert marked[names[0]] == "not replayed" and marked[names[1]] == "missing"
+    assert marked["results/other.parquet"] == "bit for bit" and files[names[0]] == "missing"
