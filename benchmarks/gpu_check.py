@@ -342,6 +342,7 @@ def smoke(parallel: int, keep: str | None, limit_s: float | None, scan: str) -> 
     # lm-eval's own harness needs lm-eval (not on a bare node): its rules are skipped there
     skip = () if _has("lm_eval") else ("lm_eval", "lm_eval_crosscheck")
     plan_path = REPO / "tests" / "data" / "smoke_plan.json"
+    plan_jobs = read_plan(plan_path)["jobs"]
     finished: list[dict] = []
 
     stop = threading.Event()
@@ -378,7 +379,7 @@ def smoke(parallel: int, keep: str | None, limit_s: float | None, scan: str) -> 
         _stop_children()  # one started as the first were killed
         done = {r["label"]: r for r in finished}
         jobs = []
-        for job in read_plan(plan_path)["jobs"]:
+        for job in plan_jobs:
             label = job_label(job)
             status = "skipped" if job["rule"] in skip else "not finished"
             jobs.append(done.get(label, {"label": label, "status": status}))
@@ -401,7 +402,7 @@ def smoke(parallel: int, keep: str | None, limit_s: float | None, scan: str) -> 
         )[:8],
     }
     files = outcomes(workdir / "data", kind=DEVICE if DEVICE == "cuda" else cpu_kind())
-    files = not_replayed(files, jobs, read_plan(plan_path)["jobs"])
+    files = not_replayed(files, jobs, plan_jobs)
     out["golden"] = {
         "files": len(files),
         **{o: sum(v == o for v in files.values()) for o in sorted(set(files.values())) if not o.startswith("differs")},

@@ -446,7 +446,7 @@ def record_spread(
     names = [name for name in _written_results(plan, rules) if trained(name)]  # a rule's teacher jobs keep 1e-4
     moves: dict[str, dict[str, float]] = {name: {} for name in names}
     varies: dict[str, set[str]] = {name: set() for name in names}
-    sign: dict[str, dict[str, float]] = {}
+    sign: dict[str, dict[str, float]] = {name: {} for name in names}
     for rerun in range(k):
         workdir = _seeded(Path(root) / f"rerun-{rerun}", inputs_dir, rules, plan)
         _nudged_teacher(workdir, plan, rerun)
@@ -462,7 +462,7 @@ def record_spread(
                 else:
                     moves[name][column] = max(moves[name].get(column, 0.0), move)
             for unit, move in _sign_moves(rerun_frame, golden[name]).items():
-                sign.setdefault(name, {})[unit] = max(sign.get(name, {}).get(unit, 0.0), move)
+                sign[name][unit] = max(sign[name].get(unit, 0.0), move)
     spread = {
         "measured_on": cpu_kind(),
         "reruns": k,
@@ -476,7 +476,7 @@ def record_spread(
                 "varies": sorted(varies[name]),
                 "largest_move": {c: float(f"{m:.3g}") for c, m in sorted(moves[name].items())},
             }
-            | ({"sign": _sign_slack(sign[name])} if name in sign else {})
+            | ({"sign": _sign_slack(sign[name])} if sign[name] else {})
             for name in names
         },
     }
